@@ -1,0 +1,386 @@
+//! The one validated configuration: embedded defaults, overlaid by a TOML file, overlaid by flags.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub const DEFAULT_CONFIG: &str = "/etc/maintd/maintd.toml";
+pub const DAEMON_PORT: u16 = 1816;
+pub const COLLECTOR_PORT: u16 = 1815;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Config {
+    pub cluster: ClusterConfig,
+    pub daemon: DaemonConfig,
+    pub collector: CollectorConfig,
+    pub actions: ActionsConfig,
+    pub inventory: InventoryConfig,
+    pub nodes: Vec<NodeConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ClusterConfig {
+    /// The HMAC key shared by the daemon, the collectors and the CLI (hex, mode 0600).
+    pub key_file: PathBuf,
+    /// Which cluster backend the daemon drives: "inventory" (the embedded default).
+    pub backend: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DaemonConfig {
+    pub listen: SocketAddr,
+    pub state_dir: PathBuf,
+    /// SQLite database; defaults to `<state-dir>/state.db`.
+    pub db: Option<PathBuf>,
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub poll_timeout: Duration,
+    pub poll_concurrency: usize,
+    /// How far a report's timestamp may be from the daemon's clock.
+    #[serde(with = "humantime_serde")]
+    pub report_window: Duration,
+    pub max_report_bytes: usize,
+    /// How far a signed API request's timestamp may be from the daemon's clock.
+    #[serde(with = "humantime_serde")]
+    pub request_window: Duration,
+    /// Whitelist directory of the inventory hooks.
+    pub repair_dir: PathBuf,
+    #[serde(with = "humantime_serde")]
+    pub hook_timeout: Duration,
+    /// How long the daemon waits for a live repair on a collector before failing the job.
+    #[serde(with = "humantime_serde")]
+    pub live_repair_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CollectorConfig {
+    /// This node's name as the daemon knows it; defaults to the host name.
+    pub node: Option<String>,
+    pub listen: SocketAddr,
+    /// Bare name of the diagnose command in `diagnose-dir`; empty = built-in (always Ok).
+    pub diagnose: String,
+    pub diagnose_dir: PathBuf,
+    #[serde(with = "humantime_serde")]
+    pub diagnose_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub diagnose_timeout: Duration,
+    pub diagnose_output_cap: usize,
+    pub repair_dir: PathBuf,
+    #[serde(with = "humantime_serde")]
+    pub repair_timeout: Duration,
+    /// Environment given to diagnose and repair commands (nothing else is inherited but PATH).
+    pub env: BTreeMap<String, String>,
+    #[serde(with = "humantime_serde")]
+    pub request_window: Duration,
+}
+
+/// Which actions the daemon may take. A disabled action is still noted, never executed.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ActionsConfig {
+    pub live_repair: bool,
+    pub evacuate: bool,
+    pub evacuate_failover: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct InventoryConfig {
+    pub hooks: HooksConfig,
+}
+
+/// Names of the inventory hooks in the daemon's `repair-dir`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct HooksConfig {
+    pub evacuate: String,
+    pub evacuate_failover: String,
+    pub offline: String,
+    pub online: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct NodeConfig {
+    pub name: String,
+    /// `host:port` of the node's collector; the port defaults to 1815.
+    pub collector: String,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            key_file: "/etc/maintd/cluster.key".into(),
+            backend: "inventory".into(),
+        }
+    }
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], DAEMON_PORT)),
+            state_dir: "/var/lib/maintd".into(),
+            db: None,
+            poll_interval: Duration::from_secs(5),
+            poll_timeout: Duration::from_secs(2),
+            poll_concurrency: 512,
+            report_window: Duration::from_secs(30),
+            max_report_bytes: 256 * 1024,
+            request_window: Duration::from_secs(60),
+            repair_dir: "/etc/maintd/repair.d".into(),
+            hook_timeout: Duration::from_secs(600),
+            live_repair_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        CollectorConfig {
+            node: None,
+            listen: SocketAddr::from(([0, 0, 0, 0], COLLECTOR_PORT)),
+            diagnose: String::new(),
+            diagnose_dir: "/etc/maintd/diagnose.d".into(),
+            diagnose_interval: Duration::from_secs(5),
+            diagnose_timeout: Duration::from_secs(30),
+            diagnose_output_cap: 64 * 1024,
+            repair_dir: "/etc/maintd/repair.d".into(),
+            repair_timeout: Duration::from_secs(600),
+            env: BTreeMap::new(),
+            request_window: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Default for ActionsConfig {
+    fn default() -> Self {
+        ActionsConfig {
+            live_repair: true,
+            evacuate: true,
+            evacuate_failover: true,
+        }
+    }
+}
+
+impl Default for HooksConfig {
+    fn default() -> Self {
+        HooksConfig {
+            evacuate: "evacuate".into(),
+            evacuate_failover: "evacuate-failover".into(),
+            offline: "offline".into(),
+            online: "online".into(),
+        }
+    }
+}
+
+impl Default for InventoryConfig {
+    fn default() -> Self {
+        InventoryConfig {
+            hooks: HooksConfig::default(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cluster: ClusterConfig::default(),
+            daemon: DaemonConfig::default(),
+            collector: CollectorConfig::default(),
+            actions: ActionsConfig::default(),
+            inventory: InventoryConfig::default(),
+            nodes: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads `path`, or the default path if it exists, or the embedded defaults. A path given
+    /// explicitly must exist.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let (path, explicit) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG), false),
+        };
+        if !explicit && !path.exists() {
+            return Ok(Config::default());
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let cfg = Config::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })?;
+        Ok(cfg)
+    }
+
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<text>".into(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.cluster.backend != "inventory" {
+            return bad(format!(
+                "cluster.backend {:?} is not supported (expected \"inventory\")",
+                self.cluster.backend
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for n in &self.nodes {
+            if crate::exec::validate_name(&n.name).is_err() {
+                return bad(format!("node name {:?} must be [A-Za-z0-9._-]", n.name));
+            }
+            if !seen.insert(n.name.as_str()) {
+                return bad(format!("node {:?} is listed twice", n.name));
+            }
+            if let Err(e) = collector_address(&n.collector) {
+                return bad(format!("node {:?}: {e}", n.name));
+            }
+        }
+        let d = &self.daemon;
+        for (name, v) in [
+            ("daemon.poll-interval", d.poll_interval),
+            ("daemon.poll-timeout", d.poll_timeout),
+            ("daemon.report-window", d.report_window),
+            ("daemon.hook-timeout", d.hook_timeout),
+            ("daemon.live-repair-timeout", d.live_repair_timeout),
+            ("collector.diagnose-interval", self.collector.diagnose_interval),
+            ("collector.diagnose-timeout", self.collector.diagnose_timeout),
+            ("collector.repair-timeout", self.collector.repair_timeout),
+        ] {
+            if v.is_zero() {
+                return bad(format!("{name} must be greater than zero"));
+            }
+        }
+        if d.poll_concurrency == 0 {
+            return bad("daemon.poll-concurrency must be at least 1".into());
+        }
+        if !self.collector.diagnose.is_empty()
+            && crate::exec::validate_name(&self.collector.diagnose).is_err()
+        {
+            return bad(format!(
+                "collector.diagnose {:?} must be a bare name of [A-Za-z0-9._-] in diagnose-dir",
+                self.collector.diagnose
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.daemon
+            .db
+            .clone()
+            .unwrap_or_else(|| self.daemon.state_dir.join("state.db"))
+    }
+
+    pub fn node_name(&self) -> String {
+        self.collector.node.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "localhost".into())
+        })
+    }
+}
+
+/// Normalizes a collector address to `host:port` (port 1815 when omitted).
+pub fn collector_address(addr: &str) -> Result<String, String> {
+    let addr = addr.trim();
+    if addr.is_empty() || addr.contains('/') || addr.contains(char::is_whitespace) {
+        return Err(format!("collector address {addr:?} must be host or host:port"));
+    }
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && !host.ends_with(':') => {
+            port.parse::<u16>()
+                .map_err(|_| format!("collector address {addr:?} has a bad port"))?;
+            Ok(addr.to_string())
+        }
+        _ => Ok(format!("{addr}:{COLLECTOR_PORT}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_defaults_are_valid() {
+        let c = Config::default();
+        c.validate().unwrap();
+        assert_eq!(c.daemon.listen.port(), 1816);
+        assert_eq!(c.collector.listen.port(), 1815);
+        assert_eq!(c.db_path(), PathBuf::from("/var/lib/maintd/state.db"));
+    }
+
+    #[test]
+    fn parses_a_full_file() {
+        let c = Config::parse(
+            r#"
+            [cluster]
+            key-file = "/k"
+            [daemon]
+            poll-interval = "1s"
+            state-dir = "/tmp/s"
+            [actions]
+            evacuate-failover = false
+            [[nodes]]
+            name = "n1"
+            collector = "127.0.0.1:9000"
+            [[nodes]]
+            name = "n2"
+            collector = "n2.example"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.daemon.poll_interval, Duration::from_secs(1));
+        assert!(!c.actions.evacuate_failover && c.actions.evacuate);
+        assert_eq!(collector_address(&c.nodes[1].collector).unwrap(), "n2.example:1815");
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let err = |t: &str| Config::parse(t).unwrap_err().to_string();
+        assert!(err("[daemon]\npoll-interval = \"soon\"").contains("poll-interval"));
+        assert!(err("[daemon]\nbogus = 1").contains("bogus"));
+        assert!(err("[[nodes]]\nname=\"a\"\ncollector=\"x:1\"\n[[nodes]]\nname=\"a\"\ncollector=\"y:1\"").contains("twice"));
+        assert!(err("[[nodes]]\nname=\"a/b\"\ncollector=\"x:1\"").contains("a/b"));
+        assert!(err("[[nodes]]\nname=\"a\"\ncollector=\"x:99999\"").contains("bad port"));
+        assert!(err("[collector]\ndiagnose = \"../x\"").contains("bare name"));
+        assert!(err("[daemon]\npoll-interval = \"0s\"").contains("greater than zero"));
+        assert!(err("[cluster]\nbackend = \"nope\"").contains("not supported"));
+    }
+}

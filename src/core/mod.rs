@@ -1,0 +1,655 @@
+//! The pure decision core: the repair-event model and `decide(state, observations, now) -> actions`
+//! (event identity, acknowledgement by tag removal, supersession, rounds). No I/O and no clock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::report::{Status, Verdict};
+
+#[cfg(test)]
+mod tests;
+
+/// Wall-clock instants in ns since the epoch, always passed in.
+pub type Nanos = i64;
+
+/// Namespace of event ids: an id is a v5 uuid of (node, canonical JSON, creation time), so the
+/// core stays deterministic without a random source.
+const EVENT_NAMESPACE: Uuid = Uuid::from_u128(0x6d61_696e_7464_4576_656e_7473_0000_0001);
+
+pub const TAG_PREFIX: &str = "maintd:";
+
+pub fn ready_tag(id: &Uuid) -> String {
+    format!("maintd:repairready:{id}")
+}
+
+pub fn failed_tag(id: &Uuid) -> String {
+    format!("maintd:repairfailed:{id}")
+}
+
+/// The reason trail every job carries to the backend.
+pub fn reason_trail(id: &Uuid) -> String {
+    format!("maintd:{id}")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RepairStatus {
+    Noted,
+    Pending,
+    Canceled,
+    Failed,
+    Completed,
+}
+
+impl RepairStatus {
+    pub fn is_final(self) -> bool {
+        matches!(self, RepairStatus::Failed | RepairStatus::Completed)
+    }
+
+    pub fn is_active(self) -> bool {
+        matches!(self, RepairStatus::Noted | RepairStatus::Pending)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairStatus::Noted => "noted",
+            RepairStatus::Pending => "pending",
+            RepairStatus::Canceled => "canceled",
+            RepairStatus::Failed => "failed",
+            RepairStatus::Completed => "completed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RepairStatus> {
+        Some(match s {
+            "noted" => RepairStatus::Noted,
+            "pending" => RepairStatus::Pending,
+            "canceled" => RepairStatus::Canceled,
+            "failed" => RepairStatus::Failed,
+            "completed" => RepairStatus::Completed,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub id: Uuid,
+    pub node: String,
+    pub original: Value,
+    /// Canonical JSON of `original`: with `node`, the event's identity.
+    pub canonical: String,
+    pub action: Status,
+    pub command: Option<String>,
+    pub status: RepairStatus,
+    /// The tag that was added, or will be added on success.
+    pub tag: String,
+    /// Whether `tag` has been applied to the node by the backend.
+    pub tagged: bool,
+    /// Whether an operator removed the repairready tag.
+    pub acknowledged: bool,
+    pub superseded_by: Option<Uuid>,
+    /// Why the event waits, or what ended it.
+    pub note: Option<String>,
+    pub created: Nanos,
+    pub updated: Nanos,
+}
+
+impl Event {
+    /// Evacuations leave the node offline until the event is acknowledged and cleared.
+    pub fn takes_node_offline(&self) -> bool {
+        matches!(self.action, Status::Evacuate | Status::EvacuateFailover)
+    }
+
+    /// The jobs this event needs, in order.
+    pub fn plan(&self) -> Vec<JobKind> {
+        match self.action {
+            Status::Ok => vec![],
+            Status::LiveRepair if self.command.is_some() => vec![JobKind::LiveRepair],
+            Status::LiveRepair => vec![],
+            Status::Evacuate => vec![JobKind::Evacuate, JobKind::Offline],
+            Status::EvacuateFailover => vec![JobKind::EvacuateFailover, JobKind::Offline],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobKind {
+    LiveRepair,
+    Evacuate,
+    EvacuateFailover,
+    Offline,
+    Online,
+}
+
+impl JobKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::LiveRepair => "live-repair",
+            JobKind::Evacuate => "evacuate",
+            JobKind::EvacuateFailover => "evacuate-failover",
+            JobKind::Offline => "offline",
+            JobKind::Online => "online",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobKind> {
+        Some(match s {
+            "live-repair" => JobKind::LiveRepair,
+            "evacuate" => JobKind::Evacuate,
+            "evacuate-failover" => JobKind::EvacuateFailover,
+            "offline" => JobKind::Offline,
+            "online" => JobKind::Online,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobStatus {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Running => "running",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobStatus> {
+        Some(match s {
+            "running" => JobStatus::Running,
+            "succeeded" => JobStatus::Succeeded,
+            "failed" => JobStatus::Failed,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub id: i64,
+    pub event: Uuid,
+    pub node: String,
+    pub round: i64,
+    pub kind: JobKind,
+    pub command: Option<String>,
+    pub status: JobStatus,
+    pub reason: String,
+    pub detail: Option<String>,
+    pub created: Nanos,
+    pub finished: Option<Nanos>,
+}
+
+/// Which actions may be executed; a disabled one is noted and waits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    pub live_repair: bool,
+    pub evacuate: bool,
+    pub evacuate_failover: bool,
+}
+
+impl Policy {
+    pub fn allows(&self, s: Status) -> bool {
+        match s {
+            Status::Ok => true,
+            Status::LiveRepair => self.live_repair,
+            Status::Evacuate => self.evacuate,
+            Status::EvacuateFailover => self.evacuate_failover,
+        }
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            live_repair: true,
+            evacuate: true,
+            evacuate_failover: true,
+        }
+    }
+}
+
+/// Everything the decision needs, rebuilt from the store and the backend on every tick.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// Non-cleared events.
+    pub events: Vec<Event>,
+    /// Jobs of the non-cleared events.
+    pub jobs: Vec<Job>,
+    /// Whether any job (of any event, cleared or not) still runs: a round is in progress.
+    pub round_running: Option<i64>,
+    pub last_round: i64,
+    /// Tags per node, as the backend reports them.
+    pub tags: BTreeMap<String, BTreeSet<String>>,
+    pub policy: Policy,
+}
+
+/// What the last poll says about a node.
+#[derive(Debug, Clone)]
+pub enum Observation {
+    /// A report that passed verification.
+    Report(Verdict),
+    /// Unreachable, rejected, or not polled yet: nothing is concluded from it.
+    Unknown,
+}
+
+pub type Observations = BTreeMap<String, Observation>;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSpec {
+    pub event: Uuid,
+    pub node: String,
+    pub kind: JobKind,
+    pub command: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    CreateEvent(Event),
+    /// Ends an active event without a tag (operator cancel is an API call; here: supersession).
+    Cancel {
+        event: Uuid,
+        superseded_by: Uuid,
+    },
+    Acknowledge {
+        event: Uuid,
+    },
+    Clear {
+        event: Uuid,
+        why: String,
+    },
+    /// Sets a final status and the tag to apply.
+    Finalize {
+        event: Uuid,
+        node: String,
+        status: RepairStatus,
+        tag: String,
+        note: Option<String>,
+    },
+    /// Re-applies a final event's tag that was recorded but never reached the backend.
+    ApplyTag {
+        event: Uuid,
+        node: String,
+        tag: String,
+    },
+    Note {
+        event: Uuid,
+        note: Option<String>,
+    },
+    /// All jobs of a round, submitted at once; no node appears twice.
+    StartRound {
+        round: i64,
+        jobs: Vec<JobSpec>,
+    },
+}
+
+/// Effective view of the events while actions for this tick are being chosen.
+struct Draft<'a> {
+    state: &'a State,
+    events: Vec<Event>,
+    cleared: HashSet<Uuid>,
+    status: HashMap<Uuid, RepairStatus>,
+    acked: HashSet<Uuid>,
+    jobs: HashMap<Uuid, Vec<&'a Job>>,
+    out: Vec<Action>,
+}
+
+impl<'a> Draft<'a> {
+    fn status(&self, e: &Event) -> RepairStatus {
+        *self.status.get(&e.id).unwrap_or(&e.status)
+    }
+
+    fn acked(&self, e: &Event) -> bool {
+        e.acknowledged || self.acked.contains(&e.id)
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Event> {
+        self.events.iter().filter(|e| !self.cleared.contains(&e.id))
+    }
+
+    fn clear(&mut self, id: Uuid, why: impl Into<String>) {
+        if self.cleared.insert(id) {
+            self.out.push(Action::Clear {
+                event: id,
+                why: why.into(),
+            });
+        }
+    }
+
+    fn jobs_of(&self, id: &Uuid) -> &[&'a Job] {
+        self.jobs.get(id).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    fn next_step(&self, e: &Event) -> Option<JobKind> {
+        let jobs = self.jobs_of(&e.id);
+        e.plan().into_iter().find(|k| {
+            !jobs
+                .iter()
+                .any(|j| j.kind == *k && j.status == JobStatus::Succeeded)
+        })
+    }
+
+    fn finalize(&mut self, e: &Event, status: RepairStatus, note: Option<String>) {
+        let tag = match status {
+            RepairStatus::Completed => ready_tag(&e.id),
+            _ => failed_tag(&e.id),
+        };
+        self.status.insert(e.id, status);
+        self.out.push(Action::Finalize {
+            event: e.id,
+            node: e.node.clone(),
+            status,
+            tag,
+            note,
+        });
+    }
+
+    fn note(&mut self, e: &Event, note: Option<String>) {
+        if e.note != note {
+            self.out.push(Action::Note { event: e.id, note });
+        }
+    }
+}
+
+/// Decides what to do now. Pure: the same inputs always give the same actions.
+pub fn decide(state: &State, observations: &Observations, now: Nanos) -> Vec<Action> {
+    let mut jobs: HashMap<Uuid, Vec<&Job>> = HashMap::new();
+    for j in &state.jobs {
+        jobs.entry(j.event).or_default().push(j);
+    }
+    let mut d = Draft {
+        state,
+        events: state.events.clone(),
+        cleared: HashSet::new(),
+        status: HashMap::new(),
+        acked: HashSet::new(),
+        jobs,
+        out: Vec::new(),
+    };
+    settle_jobs(&mut d);
+    follow_tags(&mut d);
+    observe(&mut d, observations, now);
+    plan_round(&mut d, observations);
+    d.out
+}
+
+/// Finalizes events whose jobs have all run, or one of which failed.
+fn settle_jobs(d: &mut Draft) {
+    let events = d.events.clone();
+    for e in &events {
+        let jobs = d.jobs_of(&e.id);
+        let failed = jobs.iter().find(|j| j.status == JobStatus::Failed).copied();
+        let running = jobs.iter().any(|j| j.status == JobStatus::Running);
+        if e.status.is_active() {
+            if let Some(j) = failed {
+                let why = format!(
+                    "job {} ({}) failed: {}",
+                    j.id,
+                    j.kind.as_str(),
+                    j.detail.as_deref().unwrap_or("no detail")
+                );
+                d.finalize(e, RepairStatus::Failed, Some(why));
+            } else if !running
+                && !jobs.is_empty()
+                && d.next_step(e).is_none()
+            {
+                d.finalize(e, RepairStatus::Completed, None);
+            }
+        } else if e.status == RepairStatus::Completed && e.acknowledged {
+            let online: Vec<_> = jobs.iter().filter(|j| j.kind == JobKind::Online).collect();
+            if let Some(j) = online.iter().find(|j| j.status == JobStatus::Failed) {
+                let why = format!(
+                    "bringing the node back online failed (job {}): {}",
+                    j.id,
+                    j.detail.as_deref().unwrap_or("no detail")
+                );
+                d.finalize(e, RepairStatus::Failed, Some(why));
+            } else if online.iter().any(|j| j.status == JobStatus::Succeeded) {
+                d.clear(e.id, "acknowledged; node back online");
+            }
+        }
+    }
+}
+
+/// Acknowledgement: a removed repairfailed tag forgets the event; a removed repairready tag marks
+/// it acknowledged. A final event whose tag never reached the backend gets it again.
+fn follow_tags(d: &mut Draft) {
+    let events = d.events.clone();
+    for e in &events {
+        if d.cleared.contains(&e.id) || !e.status.is_final() || d.status(e) != e.status {
+            continue;
+        }
+        if !e.tagged {
+            d.out.push(Action::ApplyTag {
+                event: e.id,
+                node: e.node.clone(),
+                tag: e.tag.clone(),
+            });
+            continue;
+        }
+        let present = d
+            .state
+            .tags
+            .get(&e.node)
+            .is_some_and(|t| t.contains(&e.tag));
+        if present {
+            continue;
+        }
+        match e.status {
+            RepairStatus::Failed => d.clear(e.id, "repairfailed tag removed"),
+            RepairStatus::Completed if !e.acknowledged => {
+                d.acked.insert(e.id);
+                d.out.push(Action::Acknowledge { event: e.id });
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Creates events for new reports and forgets the ones that are no longer observed.
+fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
+    for (node, obs) in observations {
+        let Observation::Report(v) = obs else {
+            continue;
+        };
+        let canonical = v.canonical();
+        let mine: Vec<Event> = d.live().filter(|e| &e.node == node).cloned().collect();
+        for e in &mine {
+            if e.canonical == canonical {
+                continue;
+            }
+            match d.status(e) {
+                RepairStatus::Canceled => d.clear(e.id, "canceled and no longer observed"),
+                RepairStatus::Noted => d.clear(e.id, "no longer observed before any job ran"),
+                RepairStatus::Completed if d.acked(e) && !e.takes_node_offline() => {
+                    d.clear(e.id, "acknowledged and no longer observed")
+                }
+                // Evacuated nodes are cleared by the round planner once they are back online.
+                _ => {}
+            }
+        }
+        let known = mine
+            .iter()
+            .any(|e| e.canonical == canonical && !d.cleared.contains(&e.id));
+        if v.status != Status::Ok && !known {
+            let id = Uuid::new_v5(
+                &EVENT_NAMESPACE,
+                format!("{node}\n{canonical}\n{now}").as_bytes(),
+            );
+            let e = Event {
+                id,
+                node: node.clone(),
+                original: v.original.clone(),
+                canonical,
+                action: v.status,
+                command: v.command.clone(),
+                status: RepairStatus::Noted,
+                tag: ready_tag(&id),
+                tagged: false,
+                acknowledged: false,
+                superseded_by: None,
+                note: None,
+                created: now,
+                updated: now,
+            };
+            d.out.push(Action::CreateEvent(e.clone()));
+            d.events.push(e);
+        }
+    }
+}
+
+fn observed(obs: &Observations, e: &Event) -> bool {
+    match obs.get(&e.node) {
+        Some(Observation::Report(v)) => v.canonical() == e.canonical,
+        // Without a verified report we cannot know it is gone.
+        _ => true,
+    }
+}
+
+/// Starts the next round once every job of the previous one has finished: per node the most
+/// invasive active event (ties: the oldest) gets its next job; milder events are superseded.
+fn plan_round(d: &mut Draft, observations: &Observations) {
+    let mut nodes: BTreeMap<String, Vec<Event>> = BTreeMap::new();
+    for e in d.live() {
+        nodes.entry(e.node.clone()).or_default().push(e.clone());
+    }
+    if let Some(round) = d.state.round_running {
+        for evs in nodes.values() {
+            for e in evs {
+                if d.status(e) == RepairStatus::Noted {
+                    d.note(e, Some(format!("waiting for round {round} to finish")));
+                }
+            }
+        }
+        return;
+    }
+    let mut specs = Vec::new();
+    for (node, evs) in &nodes {
+        let active: Vec<&Event> = evs.iter().filter(|e| d.status(e).is_active()).collect();
+        if let Some(why) = node_block(d, evs, observations, &active, &mut specs) {
+            for e in &active {
+                d.note(e, Some(why.clone()));
+            }
+            continue;
+        }
+        let Some(winner) = active
+            .iter()
+            .copied()
+            .min_by(|a, b| {
+                b.action
+                    .cmp(&a.action)
+                    .then(a.created.cmp(&b.created))
+                    .then(a.id.cmp(&b.id))
+            })
+            .cloned()
+        else {
+            continue;
+        };
+        for e in &active {
+            if e.id == winner.id {
+                continue;
+            }
+            if e.action < winner.action {
+                d.status.insert(e.id, RepairStatus::Canceled);
+                d.out.push(Action::Cancel {
+                    event: e.id,
+                    superseded_by: winner.id,
+                });
+            } else {
+                d.note(e, Some(format!("waiting behind older event {}", winner.id)));
+            }
+        }
+        if !d.state.policy.allows(winner.action) {
+            d.note(
+                &winner,
+                Some(format!("action {} is disabled by configuration", winner.action)),
+            );
+            continue;
+        }
+        match d.next_step(&winner) {
+            Some(kind) => specs.push(JobSpec {
+                event: winner.id,
+                node: node.clone(),
+                kind,
+                command: winner.command.clone(),
+            }),
+            // Nothing to run (a live repair without a command): ready for the operator now.
+            None if d.jobs_of(&winner.id).is_empty() => {
+                d.finalize(&winner, RepairStatus::Completed, None)
+            }
+            None => {}
+        }
+    }
+    if !specs.is_empty() {
+        d.out.push(Action::StartRound {
+            round: d.state.last_round + 1,
+            jobs: specs,
+        });
+    }
+}
+
+/// Why a node takes no new job this round, if it must wait. May schedule the online job of an
+/// acknowledged evacuation instead.
+fn node_block(
+    d: &mut Draft,
+    evs: &[Event],
+    observations: &Observations,
+    active: &[&Event],
+    specs: &mut Vec<JobSpec>,
+) -> Option<String> {
+    for e in evs {
+        let st = d.status(e);
+        if st == RepairStatus::Failed {
+            return Some(format!(
+                "node has failed event {}; remove tag {} to acknowledge",
+                e.id,
+                failed_tag(&e.id)
+            ));
+        }
+        if st != RepairStatus::Completed || !e.takes_node_offline() {
+            continue;
+        }
+        if !d.acked(e) {
+            return Some(format!(
+                "node was evacuated for event {}; remove tag {} to acknowledge",
+                e.id, e.tag
+            ));
+        }
+        if observed(observations, e) {
+            return Some(format!(
+                "acknowledged event {} is still observed; waiting for the report to change",
+                e.id
+            ));
+        }
+        if active.iter().any(|a| a.takes_node_offline()) {
+            // Another evacuation is due: the node stays offline for it.
+            d.clear(e.id, "acknowledged; node stays offline for a newer evacuation");
+            continue;
+        }
+        let online_running = d
+            .jobs_of(&e.id)
+            .iter()
+            .any(|j| j.kind == JobKind::Online && j.status == JobStatus::Running);
+        if !online_running {
+            specs.push(JobSpec {
+                event: e.id,
+                node: e.node.clone(),
+                kind: JobKind::Online,
+                command: None,
+            });
+        }
+        return Some(format!("bringing the node back online for event {}", e.id));
+    }
+    None
+}

@@ -1,0 +1,14 @@
+//! maintd: cluster maintenance and node-repair daemon.
+//!
+//! Module map:
+//! - `report`: diagnose verdicts, the signed report envelope, keys and request signatures.
+//! - `config`: the one validated configuration (defaults, TOML file, flags).
+//! - `exec`: whitelisted command lookup and bounded subprocess runs.
+//! - `core`: the pure decision core, `decide(state, observations, now) -> actions`.
+//! - `store`: SQLite persistence (events, jobs, rounds, poll state, inventory tags).
+
+pub mod config;
+pub mod core;
+pub mod exec;
+pub mod report;
+pub mod store;

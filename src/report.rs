@@ -1,0 +1,601 @@
+//! Diagnose verdicts, the signed report envelope, HMAC keys, and signing of reports and API requests.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Domain separators keep a signature made for one purpose from being valid for another.
+const REPORT_DOMAIN: &[u8] = b"maintd-report-v1\n";
+const REQUEST_DOMAIN: &[u8] = b"maintd-request-v1\n";
+
+/// Header names of a signed HTTP request.
+pub const TIMESTAMP_HEADER: &str = "x-maintd-timestamp";
+pub const SIGNATURE_HEADER: &str = "x-maintd-signature";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("not valid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("diagnose output must be a JSON object")]
+    NotAnObject,
+    #[error("missing field `{0}`")]
+    Missing(&'static str),
+    #[error("unknown field `{0}`")]
+    UnknownField(String),
+    #[error("unknown status {0} (expected Ok, live-repair, evacuate or evacuate-failover)")]
+    UnknownStatus(String),
+    #[error("`command` must be a string naming a repair command")]
+    BadCommand,
+    #[error("`command` is only allowed with status live-repair")]
+    CommandNotAllowed,
+    #[error("report is {size} bytes, over the {cap}-byte cap")]
+    TooLarge { size: usize, cap: usize },
+    #[error("envelope field `{0}` is missing or has the wrong value")]
+    Envelope(&'static str),
+    #[error("signature does not verify under the cluster key")]
+    BadSignature,
+    #[error("report is signed for node {signed:?}, but was fetched from node {expected:?}")]
+    WrongNode { signed: String, expected: String },
+    #[error("report timestamp is {age_s:.1} s away from now (window {window_s} s)")]
+    Stale { age_s: f64, window_s: u64 },
+    #[error("sequence {seq} is not above the last accepted {last} (replay?)")]
+    Replay { seq: u64, last: u64 },
+}
+
+/// The verdict of a self-diagnose, ordered by invasiveness (Ok < live-repair < evacuate < evacuate-failover).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Status {
+    #[serde(rename = "Ok")]
+    Ok,
+    #[serde(rename = "live-repair")]
+    LiveRepair,
+    #[serde(rename = "evacuate")]
+    Evacuate,
+    #[serde(rename = "evacuate-failover")]
+    EvacuateFailover,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "Ok",
+            Status::LiveRepair => "live-repair",
+            Status::Evacuate => "evacuate",
+            Status::EvacuateFailover => "evacuate-failover",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        Some(match s {
+            "Ok" => Status::Ok,
+            "live-repair" => Status::LiveRepair,
+            "evacuate" => Status::Evacuate,
+            "evacuate-failover" => Status::EvacuateFailover,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A validated diagnose verdict. `original` is the object as the script printed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub status: Status,
+    pub command: Option<String>,
+    pub original: Value,
+}
+
+impl Verdict {
+    /// The verdict a broken or missing diagnose turns into: it never triggers an action.
+    pub fn ok_with_error(reason: &str) -> Verdict {
+        Verdict {
+            status: Status::Ok,
+            command: None,
+            original: serde_json::json!({"status": "Ok", "details": {"diagnose-error": reason}}),
+        }
+    }
+
+    pub fn builtin_ok() -> Verdict {
+        Verdict {
+            status: Status::Ok,
+            command: None,
+            original: serde_json::json!({"status": "Ok", "details": null}),
+        }
+    }
+
+    pub fn parse_bytes(bytes: &[u8]) -> Result<Verdict, ReportError> {
+        let value: Value = serde_json::from_slice(bytes).map_err(ReportError::Json)?;
+        Verdict::from_value(value)
+    }
+
+    pub fn from_value(value: Value) -> Result<Verdict, ReportError> {
+        let obj = value.as_object().ok_or(ReportError::NotAnObject)?;
+        if let Some(k) = obj
+            .keys()
+            .find(|k| !matches!(k.as_str(), "status" | "command" | "details"))
+        {
+            return Err(ReportError::UnknownField(k.clone()));
+        }
+        let status = match obj.get("status") {
+            None => return Err(ReportError::Missing("status")),
+            Some(Value::String(s)) => {
+                Status::parse(s).ok_or_else(|| ReportError::UnknownStatus(format!("{s:?}")))?
+            }
+            Some(other) => return Err(ReportError::UnknownStatus(other.to_string())),
+        };
+        let command = match obj.get("command") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if status == Status::LiveRepair => Some(s.clone()),
+            Some(Value::String(_)) => return Err(ReportError::CommandNotAllowed),
+            Some(_) => return Err(ReportError::BadCommand),
+        };
+        Ok(Verdict {
+            status,
+            command,
+            original: value,
+        })
+    }
+
+    /// The identity of an event: the same canonical JSON is the same event.
+    pub fn canonical(&self) -> String {
+        canonical_json(&self.original)
+    }
+}
+
+/// Serializes JSON with object keys sorted and no whitespace, so equal values give equal bytes
+/// whatever order a script printed them in (and whatever map type serde_json was built with).
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String((*k).clone()).to_string());
+                out.push(':');
+                write_canonical(&map[k.as_str()], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(v, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// The cluster HMAC key.
+#[derive(Clone)]
+pub struct Key(Vec<u8>);
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Key(<redacted>)")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("cannot read key file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("key file {path} is accessible by group or others (mode {mode:o}); run chmod 600 {path}")]
+    Permissions { path: String, mode: u32 },
+    #[error("key file {path} must hold at least 32 hex digits (16 bytes)")]
+    Format { path: String },
+    #[error("cannot write key file {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no random bytes: {0}")]
+    Random(String),
+}
+
+impl Key {
+    pub fn from_bytes(bytes: Vec<u8>) -> Key {
+        Key(bytes)
+    }
+
+    /// Loads a key file, refusing one that group or others can read or write.
+    pub fn load(path: &Path) -> Result<Key, KeyError> {
+        let p = path.display().to_string();
+        let meta = std::fs::metadata(path).map_err(|source| KeyError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(KeyError::Permissions { path: p, mode });
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        let bytes = hex::decode(text.trim()).map_err(|_| KeyError::Format { path: p.clone() })?;
+        if bytes.len() < 16 {
+            return Err(KeyError::Format { path: p });
+        }
+        Ok(Key(bytes))
+    }
+
+    /// Writes a fresh 256-bit key with mode 0600; refuses to overwrite an existing file.
+    pub fn generate(path: &Path) -> Result<(), KeyError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| KeyError::Random(e.to_string()))?;
+        let write_err = |source| KeyError::Write {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(write_err)?;
+        writeln!(f, "{}", hex::encode(bytes)).map_err(write_err)?;
+        f.sync_all().map_err(write_err)
+    }
+
+    fn mac(&self, domain: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(domain);
+        for p in parts {
+            mac.update(p);
+        }
+        mac
+    }
+
+    fn sign(&self, domain: &[u8], parts: &[&[u8]]) -> String {
+        hex::encode(self.mac(domain, parts).finalize().into_bytes())
+    }
+
+    /// Constant-time comparison (hmac's `verify_slice`).
+    fn verify(&self, domain: &[u8], parts: &[&[u8]], sig_hex: &str) -> bool {
+        match hex::decode(sig_hex) {
+            Ok(sig) => self.mac(domain, parts).verify_slice(&sig).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Signature of an HTTP request: method, path, timestamp and body.
+    pub fn sign_request(&self, method: &str, path: &str, timestamp_ns: i64, body: &[u8]) -> String {
+        let head = format!("{method}\n{path}\n{timestamp_ns}\n");
+        self.sign(REQUEST_DOMAIN, &[head.as_bytes(), body])
+    }
+
+    pub fn verify_request(
+        &self,
+        method: &str,
+        path: &str,
+        timestamp_ns: i64,
+        body: &[u8],
+        sig_hex: &str,
+    ) -> bool {
+        let head = format!("{method}\n{path}\n{timestamp_ns}\n");
+        self.verify(REQUEST_DOMAIN, &[head.as_bytes(), body], sig_hex)
+    }
+}
+
+/// Checks a signed request's headers; returns a message naming what was wrong.
+pub fn check_signed_request(
+    key: &Key,
+    method: &str,
+    path: &str,
+    timestamp: Option<&str>,
+    signature: Option<&str>,
+    body: &[u8],
+    now_ns: i64,
+    window_s: u64,
+) -> Result<(), String> {
+    let (Some(ts), Some(sig)) = (timestamp, signature) else {
+        return Err(format!(
+            "request must be signed: send {TIMESTAMP_HEADER} and {SIGNATURE_HEADER} headers"
+        ));
+    };
+    let ts: i64 = ts
+        .parse()
+        .map_err(|_| format!("{TIMESTAMP_HEADER} must be an integer of nanoseconds"))?;
+    let age = (now_ns - ts).unsigned_abs();
+    if age > window_s.saturating_mul(1_000_000_000) {
+        return Err(format!(
+            "request timestamp is {:.1} s away from now (window {window_s} s)",
+            age as f64 / 1e9
+        ));
+    }
+    if !key.verify_request(method, path, ts, body, sig) {
+        return Err("request signature does not verify under the cluster key".into());
+    }
+    Ok(())
+}
+
+/// Ganeti mond's report envelope, extended with what makes it verifiable: the node it is for, a
+/// per-collector sequence number and an HMAC over everything else.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Envelope {
+    pub name: String,
+    pub version: String,
+    pub format_version: u32,
+    /// When the report was signed and served, in ns since the epoch.
+    pub timestamp: i64,
+    pub category: String,
+    pub kind: u32,
+    pub node: String,
+    pub seq: u64,
+    /// When the diagnose that produced `data` finished, in ns since the epoch.
+    #[serde(rename = "diagnosed-at")]
+    pub diagnosed_at: i64,
+    /// Set when the diagnose failed; `data` is then an Ok verdict with the reason in details.
+    #[serde(rename = "diagnose-error")]
+    pub diagnose_error: Option<String>,
+    pub data: Value,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub signature: String,
+}
+
+/// Freshness and size rules the daemon applies to every report.
+#[derive(Debug, Clone, Copy)]
+pub struct VerifyRules {
+    pub window_s: u64,
+    pub max_bytes: usize,
+}
+
+/// A report that passed every check.
+#[derive(Debug, Clone)]
+pub struct VerifiedReport {
+    pub envelope: Envelope,
+    pub verdict: Verdict,
+}
+
+impl Envelope {
+    pub fn new(
+        node: &str,
+        seq: u64,
+        timestamp: i64,
+        diagnosed_at: i64,
+        verdict: &Verdict,
+        error: Option<String>,
+    ) -> Envelope {
+        Envelope {
+            name: "diagnose".into(),
+            version: "B".into(),
+            format_version: 1,
+            timestamp,
+            category: "node".into(),
+            kind: 1,
+            node: node.into(),
+            seq,
+            diagnosed_at,
+            diagnose_error: error,
+            data: verdict.original.clone(),
+            signature: String::new(),
+        }
+    }
+
+    fn signing_bytes(&self) -> String {
+        let mut v = serde_json::to_value(self).expect("envelope serializes");
+        if let Value::Object(m) = &mut v {
+            m.remove("signature");
+        }
+        canonical_json(&v)
+    }
+
+    pub fn sign(mut self, key: &Key) -> Envelope {
+        self.signature.clear();
+        self.signature = key.sign(REPORT_DOMAIN, &[self.signing_bytes().as_bytes()]);
+        self
+    }
+
+    /// Verifies a raw report body fetched from `expected_node`. `last_seq` is the highest sequence
+    /// accepted so far from that node.
+    pub fn verify(
+        body: &[u8],
+        key: &Key,
+        expected_node: &str,
+        last_seq: Option<u64>,
+        now_ns: i64,
+        rules: VerifyRules,
+    ) -> Result<VerifiedReport, ReportError> {
+        if body.len() > rules.max_bytes {
+            return Err(ReportError::TooLarge {
+                size: body.len(),
+                cap: rules.max_bytes,
+            });
+        }
+        let env: Envelope = serde_json::from_slice(body).map_err(ReportError::Json)?;
+        if env.name != "diagnose" {
+            return Err(ReportError::Envelope("name"));
+        }
+        if env.format_version != 1 {
+            return Err(ReportError::Envelope("format_version"));
+        }
+        if env.signature.is_empty() {
+            return Err(ReportError::Envelope("signature"));
+        }
+        if !key.verify(
+            REPORT_DOMAIN,
+            &[env.signing_bytes().as_bytes()],
+            &env.signature,
+        ) {
+            return Err(ReportError::BadSignature);
+        }
+        if env.node != expected_node {
+            return Err(ReportError::WrongNode {
+                signed: env.node,
+                expected: expected_node.into(),
+            });
+        }
+        let age = (now_ns - env.timestamp).unsigned_abs();
+        if age > rules.window_s.saturating_mul(1_000_000_000) {
+            return Err(ReportError::Stale {
+                age_s: age as f64 / 1e9,
+                window_s: rules.window_s,
+            });
+        }
+        if let Some(last) = last_seq
+            && env.seq.cmp(&last) != Ordering::Greater
+        {
+            return Err(ReportError::Replay {
+                seq: env.seq,
+                last,
+            });
+        }
+        let verdict = Verdict::from_value(env.data.clone())?;
+        Ok(VerifiedReport {
+            envelope: env,
+            verdict,
+        })
+    }
+}
+
+/// Wall-clock time in ns since the epoch. Only executors and servers call this; the core gets `now`.
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> Key {
+        Key::from_bytes(vec![7; 32])
+    }
+    const RULES: VerifyRules = VerifyRules {
+        window_s: 30,
+        max_bytes: 65536,
+    };
+
+    fn signed(node: &str, seq: u64, ts: i64) -> Vec<u8> {
+        let v = Verdict::parse_bytes(br#"{"status":"evacuate","details":{"disk":"sda"}}"#).unwrap();
+        serde_json::to_vec(&Envelope::new(node, seq, ts, ts, &v, None).sign(&key())).unwrap()
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys_recursively() {
+        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"z":[1,{"y":2,"x":1}],"c":null}}"#).unwrap();
+        assert_eq!(canonical_json(&a), r#"{"a":{"c":null,"z":[1,{"x":1,"y":2}]},"b":1}"#);
+    }
+
+    #[test]
+    fn verdict_validation_names_the_problem() {
+        let e = |s: &str| Verdict::parse_bytes(s.as_bytes()).unwrap_err().to_string();
+        assert!(e("[1]").contains("object"));
+        assert!(e(r#"{"details":1}"#).contains("status"));
+        assert!(e(r#"{"status":"broken"}"#).contains("unknown status"));
+        assert!(e(r#"{"status":"evacuate","command":"x"}"#).contains("only allowed"));
+        assert!(e(r#"{"status":"live-repair","command":3}"#).contains("command"));
+        assert!(e(r#"{"status":"Ok","extra":1}"#).contains("extra"));
+        assert!(e("not json").contains("JSON"));
+        let v = Verdict::parse_bytes(br#"{"status":"live-repair","command":"fix"}"#).unwrap();
+        assert_eq!(v.command.as_deref(), Some("fix"));
+        assert!(Status::Ok < Status::LiveRepair && Status::Evacuate < Status::EvacuateFailover);
+    }
+
+    #[test]
+    fn a_signed_report_verifies_and_tampering_is_caught() {
+        let body = signed("n1", 5, 1_000);
+        let r = Envelope::verify(&body, &key(), "n1", Some(4), 2_000, RULES).unwrap();
+        assert_eq!(r.verdict.status, Status::Evacuate);
+
+        let tampered = String::from_utf8(body.clone()).unwrap().replace("sda", "sdb");
+        let err = Envelope::verify(tampered.as_bytes(), &key(), "n1", None, 2_000, RULES);
+        assert!(matches!(err, Err(ReportError::BadSignature)));
+
+        let other = Key::from_bytes(vec![8; 32]);
+        assert!(matches!(
+            Envelope::verify(&body, &other, "n1", None, 2_000, RULES),
+            Err(ReportError::BadSignature)
+        ));
+        assert!(matches!(
+            Envelope::verify(&body, &key(), "n2", None, 2_000, RULES),
+            Err(ReportError::WrongNode { .. })
+        ));
+        assert!(matches!(
+            Envelope::verify(&body, &key(), "n1", Some(5), 2_000, RULES),
+            Err(ReportError::Replay { .. })
+        ));
+        assert!(matches!(
+            Envelope::verify(&body, &key(), "n1", None, 31_000_000_001, RULES),
+            Err(ReportError::Stale { .. })
+        ));
+        let small = VerifyRules {
+            window_s: 30,
+            max_bytes: 10,
+        };
+        assert!(matches!(
+            Envelope::verify(&body, &key(), "n1", None, 2_000, small),
+            Err(ReportError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn request_signatures_bind_method_path_time_and_body() {
+        let k = key();
+        let sig = k.sign_request("POST", "/1/events/x/cancel", 10, b"{}");
+        assert!(k.verify_request("POST", "/1/events/x/cancel", 10, b"{}", &sig));
+        assert!(!k.verify_request("POST", "/1/events/y/cancel", 10, b"{}", &sig));
+        assert!(!k.verify_request("POST", "/1/events/x/cancel", 11, b"{}", &sig));
+        assert!(!k.verify_request("POST", "/1/events/x/cancel", 10, b"{1}", &sig));
+        let now = 10 + 5_000_000_000;
+        assert!(
+            check_signed_request(&k, "POST", "/p", Some("10"), Some(&k.sign_request("POST", "/p", 10, b"")), b"", now, 30)
+                .is_ok()
+        );
+        assert!(check_signed_request(&k, "POST", "/p", None, None, b"", now, 30).is_err());
+        assert!(
+            check_signed_request(&k, "POST", "/p", Some("10"), Some(&k.sign_request("POST", "/p", 10, b"")), b"", now, 1)
+                .unwrap_err()
+                .contains("away from now")
+        );
+    }
+
+    #[test]
+    fn key_file_permissions_are_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k");
+        Key::generate(&p).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        Key::load(&p).unwrap();
+        assert!(Key::generate(&p).is_err(), "must not overwrite");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(Key::load(&p).unwrap_err().to_string().contains("chmod 600"));
+    }
+}
