@@ -12,3 +12,8 @@ pub mod core;
 pub mod exec;
 pub mod report;
 pub mod store;
+pub mod collector;
+pub mod http;
+pub mod cluster;
+pub mod daemon;
+pub mod jobrunner;

@@ -557,6 +557,10 @@ impl Store {
                  ON CONFLICT(name) DO UPDATE SET reachable=1, last_answer_ns=?2, unreachable_since_ns=NULL,
                    rejected=rejected+1, last_rejection=?3",
             )?;
+            let mut no_report = tx.prepare_cached(
+                "INSERT INTO nodes (name, reachable, last_answer_ns, last_error) VALUES (?1, 1, ?2, ?3)
+                 ON CONFLICT(name) DO UPDATE SET reachable=1, last_answer_ns=?2, unreachable_since_ns=NULL, last_error=?3",
+            )?;
             let mut down = tx.prepare_cached(
                 "INSERT INTO nodes (name, reachable, unreachable_since_ns, last_error) VALUES (?1, 0, ?2, ?3)
                  ON CONFLICT(name) DO UPDATE SET reachable=0, last_error=?3,
@@ -565,6 +569,8 @@ impl Store {
             for u in updates {
                 if let Some(r) = &u.rejection {
                     rejected.execute(params![u.name, now, r])?;
+                } else if u.answered && u.report.is_none() {
+                    no_report.execute(params![u.name, now, u.error])?;
                 } else if u.answered {
                     ok.execute(params![
                         u.name,

@@ -1,0 +1,201 @@
+//! The cluster backend trait (tags, evacuate, offline, online) and the local inventory backend:
+//! nodes from the config file, tags and offline flags in SQLite, actions as whitelisted hooks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::config::{ActionsConfig, Config, HooksConfig};
+use crate::core::{Event, Job, JobKind};
+use crate::exec::{self, ExecError, RunSpec};
+use crate::jobrunner::{JobRunner, Outcome};
+use crate::report::now_ns;
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("unknown node {0:?}")]
+    UnknownNode(String),
+    #[error("hook {hook:?} for {action} is not usable: {source}")]
+    Hook {
+        hook: String,
+        action: &'static str,
+        #[source]
+        source: ExecError,
+    },
+    #[error("cannot set up the job directory: {0}")]
+    Jobs(#[source] std::io::Error),
+}
+
+/// What the daemon needs from a cluster. Every job method must be idempotent: after a daemon
+/// restart the same job is run again and must not repeat work that already happened.
+#[async_trait::async_trait]
+pub trait Cluster: Send + Sync + 'static {
+    /// Tags of every node.
+    async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError>;
+    async fn add_tag(&self, node: &str, tag: &str) -> Result<(), ClusterError>;
+    /// Returns whether the tag was there.
+    async fn remove_tag(&self, node: &str, tag: &str) -> Result<bool, ClusterError>;
+    /// Runs an evacuate, evacuate-failover, offline or online job for `event`.
+    async fn run_job(&self, job: &Job, event: &Value) -> Outcome;
+    async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError>;
+}
+
+/// The embedded default backend.
+pub struct Inventory {
+    store: Arc<Store>,
+    nodes: BTreeSet<String>,
+    repair_dir: PathBuf,
+    hooks: HooksConfig,
+    timeout: Duration,
+    runner: JobRunner,
+}
+
+impl Inventory {
+    /// Builds the backend and checks that every hook an enabled action needs is whitelisted.
+    pub fn new(cfg: &Config, store: Arc<Store>) -> Result<Inventory, ClusterError> {
+        let inv = Inventory {
+            store,
+            nodes: cfg.nodes.iter().map(|n| n.name.clone()).collect(),
+            repair_dir: cfg.daemon.repair_dir.clone(),
+            hooks: cfg.inventory.hooks.clone(),
+            timeout: cfg.daemon.hook_timeout,
+            runner: JobRunner::new(cfg.daemon.state_dir.join("jobs")).map_err(ClusterError::Jobs)?,
+        };
+        inv.check_hooks(&cfg.actions)?;
+        Ok(inv)
+    }
+
+    fn check_hooks(&self, actions: &ActionsConfig) -> Result<(), ClusterError> {
+        let mut needed = Vec::new();
+        if actions.evacuate {
+            needed.push(("evacuate", &self.hooks.evacuate));
+        }
+        if actions.evacuate_failover {
+            needed.push(("evacuate-failover", &self.hooks.evacuate_failover));
+        }
+        if actions.evacuate || actions.evacuate_failover {
+            needed.push(("offline", &self.hooks.offline));
+            needed.push(("online", &self.hooks.online));
+        }
+        for (action, hook) in needed {
+            exec::resolve(&self.repair_dir, hook).map_err(|source| ClusterError::Hook {
+                hook: hook.clone(),
+                action,
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn hook(&self, kind: JobKind) -> Option<&str> {
+        Some(match kind {
+            JobKind::Evacuate => &self.hooks.evacuate,
+            JobKind::EvacuateFailover => &self.hooks.evacuate_failover,
+            JobKind::Offline => &self.hooks.offline,
+            JobKind::Online => &self.hooks.online,
+            JobKind::LiveRepair => return None,
+        })
+    }
+
+    fn known(&self, node: &str) -> Result<(), ClusterError> {
+        if self.nodes.contains(node) {
+            Ok(())
+        } else {
+            Err(ClusterError::UnknownNode(node.into()))
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Cluster for Inventory {
+    async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError> {
+        Ok(self.store.inventory_tags()?)
+    }
+
+    async fn add_tag(&self, node: &str, tag: &str) -> Result<(), ClusterError> {
+        self.known(node)?;
+        Ok(self.store.inventory_add_tag(node, tag, now_ns())?)
+    }
+
+    async fn remove_tag(&self, node: &str, tag: &str) -> Result<bool, ClusterError> {
+        self.known(node)?;
+        Ok(self.store.inventory_remove_tag(node, tag)?)
+    }
+
+    async fn run_job(&self, job: &Job, event: &Value) -> Outcome {
+        let Some(hook) = self.hook(job.kind) else {
+            return Outcome::failed(format!("{} is not an inventory job", job.kind.as_str()));
+        };
+        let program = match exec::resolve(&self.repair_dir, hook) {
+            Ok(p) => p,
+            Err(e) => return Outcome::failed(format!("hook refused: {e}")),
+        };
+        let event_id = job.event.to_string();
+        let spec = RunSpec {
+            program,
+            args: vec![job.node.clone(), event_id.clone()],
+            stdin: serde_json::to_vec(event).unwrap_or_default(),
+            env: vec![
+                ("MAINTD_NODE".into(), job.node.clone()),
+                ("MAINTD_EVENT".into(), event_id),
+                ("MAINTD_JOB".into(), job.id.to_string()),
+                ("MAINTD_ACTION".into(), job.kind.as_str().into()),
+                ("MAINTD_REASON".into(), job.reason.clone()),
+            ],
+            timeout: self.timeout,
+            output_cap: 4096,
+        };
+        let outcome = self.runner.run(job.id, &spec).await;
+        if outcome.ok {
+            let flag = match job.kind {
+                JobKind::Offline => Some(true),
+                JobKind::Online => Some(false),
+                _ => None,
+            };
+            if let Some(offline) = flag
+                && let Err(e) = self.store.inventory_set_offline(&job.node, offline, now_ns())
+            {
+                return Outcome::failed(format!("hook succeeded but recording it failed: {e}"));
+            }
+        }
+        outcome
+    }
+
+    async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
+        Ok(self.store.inventory_offline()?)
+    }
+}
+
+/// The JSON an event is shown as (API, hooks' stdin).
+pub fn event_json(e: &Event, jobs: &[Job]) -> Value {
+    serde_json::json!({
+        "id": e.id,
+        "node": e.node,
+        "original": e.original,
+        "action": e.action.as_str(),
+        "repair-status": e.status.as_str(),
+        "jobs": jobs.iter().map(|j| serde_json::json!({
+            "id": j.id,
+            "kind": j.kind.as_str(),
+            "round": j.round,
+            "status": j.status.as_str(),
+            "reason": j.reason,
+            "detail": j.detail,
+            "created": j.created,
+            "finished": j.finished,
+        })).collect::<Vec<_>>(),
+        "tag": e.tag,
+        "tagged": e.tagged,
+        "acknowledged": e.acknowledged,
+        "superseded-by": e.superseded_by,
+        "note": e.note,
+        "created": e.created,
+        "updated": e.updated,
+    })
+}

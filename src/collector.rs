@@ -1,0 +1,467 @@
+//! The node agent (`maintd collector`): runs the whitelisted diagnose on its own interval, serves
+//! the cached verdict as a signed report on port 1815, and runs signed live-repair requests one at
+//! a time.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::config::{CollectorConfig, Config};
+use crate::exec::{self, ExecError, RunSpec};
+use crate::http::{ApiError, parse_json, verify_signed};
+use crate::report::{Envelope, Key, KeyError, Verdict, canonical_json, now_ns};
+
+/// Output of a repair kept for the daemon.
+const REPAIR_TAIL_CHARS: usize = 4096;
+/// Finished repairs remembered for the daemon to collect.
+const REPAIRS_KEPT: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectorError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("{0}")]
+    Listen(#[source] std::io::Error),
+    #[error("collector server failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// The result of one diagnose run.
+#[derive(Debug, Clone)]
+pub struct Diagnosis {
+    pub verdict: Verdict,
+    /// Why the diagnose failed, if it did; the verdict is then Ok and never triggers an action.
+    pub error: Option<String>,
+    pub at: i64,
+}
+
+/// Runs the configured diagnose once. Any failure becomes an Ok verdict flagged with the reason.
+pub async fn diagnose(cfg: &CollectorConfig) -> Diagnosis {
+    let (verdict, error) = match diagnose_inner(cfg).await {
+        Ok(v) => (v, None),
+        Err(reason) => (Verdict::ok_with_error(&reason), Some(reason)),
+    };
+    Diagnosis {
+        verdict,
+        error,
+        at: now_ns(),
+    }
+}
+
+async fn diagnose_inner(cfg: &CollectorConfig) -> Result<Verdict, String> {
+    if cfg.diagnose.is_empty() {
+        return Ok(Verdict::builtin_ok());
+    }
+    let program = exec::resolve(&cfg.diagnose_dir, &cfg.diagnose)
+        .map_err(|e| format!("diagnose command refused: {e}"))?;
+    let out = exec::run(&RunSpec {
+        program,
+        args: vec![],
+        stdin: vec![],
+        env: cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        timeout: cfg.diagnose_timeout,
+        output_cap: cfg.diagnose_output_cap,
+    })
+    .await
+    .map_err(|e| match e {
+        ExecError::Timeout { timeout, .. } => format!("diagnose timed out after {timeout:?}"),
+        other => format!("diagnose failed: {other}"),
+    })?;
+    if out.stdout_len > cfg.diagnose_output_cap {
+        return Err(format!(
+            "diagnose printed {} bytes, over the {}-byte cap",
+            out.stdout_len, cfg.diagnose_output_cap
+        ));
+    }
+    if !out.success() {
+        let code = out.code.map_or("a signal".to_string(), |c| format!("code {c}"));
+        return Err(format!(
+            "diagnose exited with {code}: {}",
+            exec::tail_chars(String::from_utf8_lossy(&out.stderr_tail).trim(), 512)
+        ));
+    }
+    Verdict::parse_bytes(&out.stdout).map_err(|e| format!("diagnose printed invalid output: {e}"))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RepairState {
+    Queued,
+    Running,
+    Done,
+}
+
+/// What the daemon sees of a live repair.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RepairStatus {
+    pub job: String,
+    pub event: String,
+    pub command: String,
+    pub state: RepairState,
+    #[serde(rename = "exit-code")]
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+    pub output: String,
+    pub seq: u64,
+}
+
+/// A daemon's request to run a live repair.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepairRequest {
+    /// Idempotency key: the same job is never run twice.
+    pub job: String,
+    pub event: String,
+    pub command: String,
+    /// The event's whole diagnose JSON, given to the command on stdin.
+    pub input: Value,
+}
+
+pub struct Collector {
+    node: String,
+    key: Key,
+    cfg: CollectorConfig,
+    latest: RwLock<Option<Diagnosis>>,
+    seq: AtomicU64,
+    repairs: Mutex<BTreeMap<String, RepairStatus>>,
+    repair_seq: AtomicU64,
+    /// One repair at a time per node.
+    repair_slot: Semaphore,
+}
+
+impl Collector {
+    pub fn new(node: String, key: Key, cfg: CollectorConfig) -> Arc<Collector> {
+        // Seeded from the clock so the sequence keeps increasing across restarts without a
+        // state file; the daemon rejects any sequence not above the last one it accepted.
+        let seed = (now_ns() / 1000).max(1) as u64;
+        Arc::new(Collector {
+            node,
+            key,
+            cfg,
+            latest: RwLock::new(None),
+            seq: AtomicU64::new(seed),
+            repairs: Mutex::new(BTreeMap::new()),
+            repair_seq: AtomicU64::new(0),
+            repair_slot: Semaphore::new(1),
+        })
+    }
+
+    pub fn set_diagnosis(&self, d: Diagnosis) {
+        *self.latest.write().unwrap_or_else(|p| p.into_inner()) = Some(d);
+    }
+
+    /// Signs the cached verdict now, with the next sequence number.
+    pub fn signed_report(&self) -> Option<Envelope> {
+        let d = self
+            .latest
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        Some(
+            Envelope::new(&self.node, seq, now_ns(), d.at, &d.verdict, d.error.clone())
+                .sign(&self.key),
+        )
+    }
+
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/", get(|| async { Json(json!([1])) }))
+            .route("/1/report/diagnose", get(report))
+            .route("/1/repair", post(start_repair))
+            .route("/1/repair/{job}", get(repair_status))
+            .fallback(crate::http::not_found_fallback)
+            .method_not_allowed_fallback(crate::http::method_not_allowed)
+            .with_state(self.clone())
+    }
+
+    fn window(&self) -> u64 {
+        self.cfg.request_window.as_secs()
+    }
+
+    async fn run_repair(self: Arc<Self>, req: RepairRequest) {
+        let _slot = self.repair_slot.acquire().await;
+        self.update(&req.job, |r| r.state = RepairState::Running);
+        info!(job = %req.job, event = %req.event, command = %req.command, "live repair started");
+        let result = match exec::resolve(&self.cfg.repair_dir, &req.command) {
+            Err(e) => Err(format!("repair command refused: {e}")),
+            Ok(program) => {
+                let mut env: Vec<(String, String)> = self
+                    .cfg
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                env.push(("MAINTD_NODE".into(), self.node.clone()));
+                env.push(("MAINTD_EVENT".into(), req.event.clone()));
+                env.push(("MAINTD_REASON".into(), format!("maintd:{}", req.event)));
+                exec::run(&RunSpec {
+                    program,
+                    args: vec![],
+                    stdin: canonical_json(&req.input).into_bytes(),
+                    env,
+                    timeout: self.cfg.repair_timeout,
+                    output_cap: REPAIR_TAIL_CHARS,
+                })
+                .await
+                .map_err(|e| e.to_string())
+            }
+        };
+        self.update(&req.job, |r| {
+            r.state = RepairState::Done;
+            match &result {
+                Ok(out) => {
+                    r.exit_code = out.code;
+                    r.output = out.tail(REPAIR_TAIL_CHARS);
+                    if out.code.is_none() {
+                        r.error = Some("repair command was killed by a signal".into());
+                    }
+                }
+                Err(e) => r.error = Some(e.clone()),
+            }
+        });
+        info!(job = %req.job, ok = matches!(&result, Ok(o) if o.success()), "live repair finished");
+    }
+
+    fn update(&self, job: &str, f: impl FnOnce(&mut RepairStatus)) {
+        if let Some(r) = self
+            .repairs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(job)
+        {
+            f(r);
+        }
+    }
+}
+
+async fn report(State(c): State<Arc<Collector>>) -> Response {
+    match c.signed_report() {
+        Some(env) => Json(env).into_response(),
+        None => ApiError::unavailable("no diagnose has finished yet").into_response(),
+    }
+}
+
+fn valid_job_key(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+async fn start_repair(
+    State(c): State<Arc<Collector>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    verify_signed(&c.key, c.window(), &method, &uri, &headers, &body)?;
+    let req: RepairRequest = parse_json(&body)?;
+    if !valid_job_key(&req.job) {
+        return Err(ApiError::bad_request("job must be 1-128 chars of [A-Za-z0-9._-]"));
+    }
+    exec::validate_name(&req.command).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let mut repairs = c.repairs.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(existing) = repairs.get(&req.job) {
+        return Ok((StatusCode::OK, Json(existing.clone())).into_response());
+    }
+    if repairs.len() >= REPAIRS_KEPT
+        && let Some(oldest) = repairs
+            .values()
+            .filter(|r| r.state == RepairState::Done)
+            .min_by_key(|r| r.seq)
+            .map(|r| r.job.clone())
+    {
+        repairs.remove(&oldest);
+    }
+    let status = RepairStatus {
+        job: req.job.clone(),
+        event: req.event.clone(),
+        command: req.command.clone(),
+        state: RepairState::Queued,
+        exit_code: None,
+        error: None,
+        output: String::new(),
+        seq: c.repair_seq.fetch_add(1, Ordering::SeqCst),
+    };
+    repairs.insert(req.job.clone(), status.clone());
+    drop(repairs);
+    let span = info_span!("repair", job = %req.job);
+    tokio::spawn(c.clone().run_repair(req).instrument(span));
+    Ok((StatusCode::ACCEPTED, Json(status)).into_response())
+}
+
+async fn repair_status(
+    State(c): State<Arc<Collector>>,
+    Path(job): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Json<RepairStatus>, ApiError> {
+    verify_signed(&c.key, c.window(), &method, &uri, &headers, b"")?;
+    c.repairs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&job)
+        .cloned()
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no repair {job:?} on this collector")))
+}
+
+/// Runs the collector until `shutdown` resolves.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), CollectorError> {
+    let key = Key::load(&cfg.cluster.key_file)?;
+    let node = cfg.node_name();
+    let ccfg = cfg.collector.clone();
+    let listener = crate::http::bind(ccfg.listen)
+        .await
+        .map_err(CollectorError::Listen)?;
+    let collector = Collector::new(node.clone(), key, ccfg.clone());
+    info!(node = %node, listen = %ccfg.listen, diagnose = %ccfg.diagnose, "collector started");
+
+    let c = collector.clone();
+    let diag_loop = tokio::spawn(
+        async move {
+            let mut tick = tokio::time::interval(c.cfg.diagnose_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let d = diagnose(&c.cfg).await;
+                if let Some(e) = &d.error {
+                    warn!(error = %e, "diagnose error; reporting Ok");
+                }
+                c.set_diagnosis(d);
+            }
+        }
+        .instrument(info_span!("diagnose")),
+    );
+    let result = axum::serve(listener, collector.router())
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(CollectorError::Serve);
+    diag_loop.abort();
+    // Let a running repair reach its end rather than abandon it half-way.
+    let _ = tokio::time::timeout(Duration::from_secs(30), collector.repair_slot.acquire()).await;
+    info!("collector stopped");
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::testing::{script, whitelist_dir};
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    fn cfg(dir: &std::path::Path, name: &str) -> CollectorConfig {
+        CollectorConfig {
+            diagnose: name.into(),
+            diagnose_dir: dir.into(),
+            repair_dir: dir.into(),
+            diagnose_timeout: Duration::from_millis(500),
+            diagnose_output_cap: 256,
+            ..CollectorConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn broken_diagnose_scripts_report_ok_with_the_reason() {
+        let d = whitelist_dir();
+        script(d.path(), "good", r#"echo '{"status":"evacuate","details":{"d":1}}'"#);
+        script(d.path(), "badjson", "echo '{nope'");
+        script(d.path(), "badstatus", r#"echo '{"status":"panic"}'"#);
+        script(d.path(), "fails", "echo boom >&2; exit 4");
+        script(d.path(), "slow", "sleep 5");
+        script(d.path(), "huge", "head -c 1000 /dev/zero | tr '\\0' 'a'");
+        let ok = diagnose(&cfg(d.path(), "good")).await;
+        assert!(ok.error.is_none());
+        assert_eq!(ok.verdict.status, crate::report::Status::Evacuate);
+        for (name, expect) in [
+            ("badjson", "invalid output"),
+            ("badstatus", "unknown status"),
+            ("fails", "code 4: boom"),
+            ("slow", "timed out"),
+            ("huge", "over the 256-byte cap"),
+            ("../good", "refused"),
+            ("absent", "refused"),
+        ] {
+            let r = diagnose(&cfg(d.path(), name)).await;
+            let err = r.error.unwrap_or_default();
+            assert!(err.contains(expect), "{name}: {err}");
+            assert_eq!(r.verdict.status, crate::report::Status::Ok);
+            assert_eq!(r.verdict.original["details"]["diagnose-error"], err);
+        }
+        let builtin = diagnose(&cfg(d.path(), "")).await;
+        assert!(builtin.error.is_none());
+        assert_eq!(builtin.verdict.status, crate::report::Status::Ok);
+    }
+
+    #[tokio::test]
+    async fn reports_are_signed_with_increasing_sequence() {
+        let key = Key::from_bytes(vec![1; 32]);
+        let c = Collector::new("n1".into(), key.clone(), CollectorConfig::default());
+        let app = c.router();
+        let resp = app
+            .clone()
+            .oneshot(Request::get("/1/report/diagnose").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        c.set_diagnosis(diagnose(&CollectorConfig::default()).await);
+        let mut last = None;
+        for _ in 0..2 {
+            let resp = app
+                .clone()
+                .oneshot(Request::get("/1/report/diagnose").body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+            let rules = crate::report::VerifyRules {
+                window_s: 30,
+                max_bytes: 1 << 20,
+            };
+            let v = Envelope::verify(&body, &key, "n1", last, now_ns(), rules).unwrap();
+            last = Some(v.envelope.seq);
+        }
+    }
+
+    #[tokio::test]
+    async fn unsigned_repair_requests_are_refused_and_run_nothing() {
+        let d = whitelist_dir();
+        let marker = d.path().join("ran");
+        script(d.path(), "fix", &format!("touch {}", marker.display()));
+        let c = Collector::new("n1".into(), Key::from_bytes(vec![1; 32]), cfg(d.path(), ""));
+        let body = serde_json::to_vec(&json!({"job":"j1","event":"e","command":"fix","input":{}})).unwrap();
+        let resp = c
+            .router()
+            .oneshot(
+                Request::post("/1/repair")
+                    .header("x-maintd-timestamp", now_ns().to_string())
+                    .header("x-maintd-signature", "00".repeat(32))
+                    .body(Body::from(body))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        let v: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
+        assert_eq!(v["error"], "unauthorized");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!marker.exists());
+    }
+}

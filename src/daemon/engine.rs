@@ -1,0 +1,186 @@
+//! The tick loop and the executor: poll, rebuild state from the store, `decide`, and carry out
+//! the actions. The only place where decisions turn into side effects.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::cluster::{Cluster, event_json};
+use crate::core::{Action, Job, JobKind, Observations, Policy, decide};
+use crate::jobrunner::Outcome;
+use crate::report::now_ns;
+use crate::store::Store;
+
+use super::live_repair::LiveRepairs;
+use super::metrics::{JobLabel, Metrics};
+use super::poller::Poller;
+
+pub struct Engine<C: Cluster> {
+    pub store: Arc<Store>,
+    pub cluster: Arc<C>,
+    pub poller: Poller,
+    pub repairs: LiveRepairs,
+    pub policy: Policy,
+    pub poll_interval: Duration,
+    /// Wakes the loop for a decision without polling (a job ended, an operator acted).
+    pub wake: Arc<Notify>,
+    pub metrics: Metrics,
+}
+
+impl<C: Cluster> Engine<C> {
+    /// Runs until `shutdown` resolves. Jobs run in detached runners or on collectors, so stopping
+    /// the loop never abandons one half-way: a restart picks each up from its recorded state.
+    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        match self.store.running_jobs() {
+            Ok(jobs) => {
+                for j in jobs {
+                    info!(job = j.id, node = %j.node, kind = j.kind.as_str(), "resuming job");
+                    self.clone().spawn_job(j);
+                }
+            }
+            Err(e) => error!(error = %e, "cannot list running jobs"),
+        }
+        let mut tick = tokio::time::interval(self.poll_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut obs = Arc::new(Observations::new());
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                _ = tick.tick() => {
+                    obs = Arc::new(self.poller.poll_all().instrument(info_span!("poll")).await);
+                }
+                _ = self.wake.notified() => {}
+            }
+            self.tick(obs.clone()).await;
+        }
+        info!("engine stopped");
+    }
+
+    /// One decision: rebuild the state, decide, execute.
+    pub async fn tick(self: &Arc<Self>, obs: Arc<Observations>) {
+        let tags = match self.cluster.tags().await {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, "cannot read tags; skipping this decision");
+                return;
+            }
+        };
+        let state = match self.store.load_state(self.policy, tags) {
+            Ok(s) => s,
+            Err(e) => {
+                error!(error = %e, "cannot load state; skipping this decision");
+                return;
+            }
+        };
+        let now = now_ns();
+        let actions = decide(&state, &obs, now);
+        drop(obs);
+        for action in actions {
+            if let Err(e) = self.execute(&action, now).await {
+                // The next tick rebuilds from the store and decides again.
+                error!(error = %e, ?action, "action failed");
+            }
+        }
+    }
+
+    async fn execute(self: &Arc<Self>, action: &Action, now: i64) -> Result<(), String> {
+        match action {
+            Action::CreateEvent(e) => {
+                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                self.metrics.events_created.inc();
+                info!(event = %e.id, node = %e.node, action = %e.action, "event noted");
+            }
+            Action::Cancel {
+                event,
+                superseded_by,
+            } => {
+                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                info!(event = %event, by = %superseded_by, "event superseded");
+            }
+            Action::Acknowledge { event } => {
+                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                info!(event = %event, "event acknowledged");
+            }
+            Action::Clear { event, why } => {
+                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                info!(event = %event, why = %why, "event forgotten");
+            }
+            Action::Note { .. } => self.store.apply(action, now).map_err(|e| e.to_string())?,
+            Action::Finalize {
+                event,
+                node,
+                status,
+                tag,
+                ..
+            } => {
+                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                info!(event = %event, node = %node, status = status.as_str(), tag = %tag, "event finalized");
+                self.tag(event, node, tag, now).await?;
+            }
+            Action::ApplyTag { event, node, tag } => self.tag(event, node, tag, now).await?,
+            Action::StartRound { round, jobs } => {
+                let jobs = self
+                    .store
+                    .start_round(*round, jobs, now)
+                    .map_err(|e| e.to_string())?;
+                info!(round, jobs = jobs.len(), "round started");
+                for j in jobs {
+                    self.metrics.jobs_started.inc();
+                    self.clone().spawn_job(j);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn tag(&self, event: &uuid::Uuid, node: &str, tag: &str, now: i64) -> Result<(), String> {
+        self.cluster
+            .add_tag(node, tag)
+            .await
+            .map_err(|e| format!("tagging {node} with {tag}: {e}"))?;
+        self.store
+            .mark_tagged(event, now)
+            .map_err(|e| e.to_string())
+    }
+
+    fn spawn_job(self: Arc<Self>, job: Job) {
+        let span = info_span!("job", job = job.id, node = %job.node, kind = job.kind.as_str(), reason = %job.reason);
+        tokio::spawn(
+            async move {
+                let outcome = self.run_job(&job).await;
+                info!(ok = outcome.ok, detail = %outcome.detail, "job finished");
+                self.metrics
+                    .jobs_finished
+                    .get_or_create(&JobLabel {
+                        kind: job.kind.as_str().into(),
+                        outcome: if outcome.ok { "succeeded" } else { "failed" }.into(),
+                    })
+                    .inc();
+                if let Err(e) = self
+                    .store
+                    .finish_job(job.id, outcome.ok, &outcome.detail, now_ns())
+                {
+                    error!(error = %e, "cannot record the job's end; it resumes on restart");
+                }
+                self.wake.notify_one();
+            }
+            .instrument(span),
+        );
+    }
+
+    async fn run_job(&self, job: &Job) -> Outcome {
+        let event = match self.store.event(&job.event) {
+            Ok(Some((e, jobs, _))) => (e.clone(), event_json(&e, &jobs)),
+            Ok(None) => return Outcome::failed("the job's event is gone"),
+            Err(e) => return Outcome::failed(format!("cannot load the job's event: {e}")),
+        };
+        match job.kind {
+            JobKind::LiveRepair => self.repairs.run(job, &event.0).await,
+            _ => self.cluster.run_job(job, &event.1).await,
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Live-repair jobs: a signed, idempotent request to the node's collector, then polling for the
+//! result. A restarted daemon sends the same request again and gets the existing run back.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::collector::{RepairRequest, RepairState, RepairStatus};
+use crate::config::{Config, collector_address};
+use crate::core::{Event, Job};
+use crate::http::{error_message, read_capped, send_signed};
+use crate::jobrunner::Outcome;
+use crate::report::Key;
+
+const POLL: Duration = Duration::from_millis(250);
+/// Extra time beyond the collector's own repair timeout before the daemon gives up.
+const MARGIN: Duration = Duration::from_secs(30);
+
+pub struct LiveRepairs {
+    client: reqwest::Client,
+    key: Key,
+    bases: HashMap<String, String>,
+    timeout: Duration,
+}
+
+enum Step {
+    Status(RepairStatus),
+    Missing,
+    Retry(String),
+}
+
+impl LiveRepairs {
+    pub fn new(key: Key, cfg: &Config) -> LiveRepairs {
+        LiveRepairs {
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("a plain HTTP client always builds"),
+            key,
+            bases: cfg
+                .nodes
+                .iter()
+                .map(|n| {
+                    (
+                        n.name.clone(),
+                        format!("http://{}", collector_address(&n.collector).unwrap_or_default()),
+                    )
+                })
+                .collect(),
+            timeout: cfg.daemon.live_repair_timeout + MARGIN,
+        }
+    }
+
+    async fn call(&self, base: &str, method: reqwest::Method, path: &str, body: Option<Vec<u8>>) -> Step {
+        let resp = match send_signed(&self.client, &self.key, method, base, path, body).await {
+            Ok(r) => r,
+            Err(e) => return Step::Retry(format!("collector unreachable: {e}")),
+        };
+        let status = resp.status();
+        let bytes = match read_capped(resp, 1 << 20).await {
+            Ok(b) => b,
+            Err(e) => return Step::Retry(e.to_string()),
+        };
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Step::Missing;
+        }
+        if !status.is_success() {
+            return Step::Retry(error_message(status, &bytes));
+        }
+        match serde_json::from_slice(&bytes) {
+            Ok(s) => Step::Status(s),
+            Err(e) => Step::Retry(format!("collector sent an unreadable repair status: {e}")),
+        }
+    }
+
+    pub async fn run(&self, job: &Job, event: &Event) -> Outcome {
+        let Some(base) = self.bases.get(&job.node) else {
+            return Outcome::failed(format!("node {} has no collector address", job.node));
+        };
+        let Some(command) = job.command.clone() else {
+            return Outcome::failed("live-repair job without a command");
+        };
+        let key = format!("{}-{}", job.event, job.id);
+        let req = RepairRequest {
+            job: key.clone(),
+            event: job.event.to_string(),
+            command,
+            input: event.original.clone(),
+        };
+        let body = serde_json::to_vec(&req).expect("request serializes");
+        let deadline = Instant::now() + self.timeout;
+        let mut accepted = false;
+        let mut last_err = String::new();
+        while Instant::now() < deadline {
+            let step = if accepted {
+                self.call(base, reqwest::Method::GET, &format!("/1/repair/{key}"), None)
+                    .await
+            } else {
+                self.call(base, reqwest::Method::POST, "/1/repair", Some(body.clone()))
+                    .await
+            };
+            match step {
+                Step::Status(s) if s.state == RepairState::Done => {
+                    let ok = s.exit_code == Some(0) && s.error.is_none();
+                    let what = match (&s.error, s.exit_code) {
+                        (Some(e), _) => e.clone(),
+                        (None, Some(c)) => format!("exit {c}"),
+                        (None, None) => "no exit code".into(),
+                    };
+                    return Outcome {
+                        ok,
+                        detail: format!("{} on {}: {what}: {}", s.command, job.node, s.output.trim()),
+                    };
+                }
+                Step::Status(_) => accepted = true,
+                Step::Missing if accepted => {
+                    return Outcome::failed(format!(
+                        "collector on {} lost repair {key} (restarted?)",
+                        job.node
+                    ));
+                }
+                Step::Missing => last_err = "collector has no repair endpoint".into(),
+                Step::Retry(e) => {
+                    debug!(error = %e, "live repair: will retry");
+                    last_err = e;
+                }
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Outcome::failed(format!(
+            "live repair on {} did not finish within {:?}: {last_err}",
+            job.node, self.timeout
+        ))
+    }
+}

@@ -1,0 +1,78 @@
+//! Prometheus metrics of the daemon: poll cycles, report verification, jobs.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabel {
+    pub kind: String,
+    pub outcome: String,
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub poll_cycle_seconds: Histogram,
+    pub reports_accepted: Counter,
+    pub reports_rejected: Family<ReasonLabel, Counter>,
+    pub nodes_unreachable: Gauge,
+    pub jobs_started: Counter,
+    pub jobs_finished: Family<JobLabel, Counter>,
+    pub events_created: Counter,
+}
+
+impl Metrics {
+    pub fn register(reg: &mut Registry) -> Metrics {
+        let m = Metrics {
+            poll_cycle_seconds: Histogram::new(
+                [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0].into_iter(),
+            ),
+            reports_accepted: Counter::default(),
+            reports_rejected: Family::default(),
+            nodes_unreachable: Gauge::default(),
+            jobs_started: Counter::default(),
+            jobs_finished: Family::default(),
+            events_created: Counter::default(),
+        };
+        reg.register(
+            "maintd_poll_cycle_seconds",
+            "Time to poll and verify every collector once",
+            m.poll_cycle_seconds.clone(),
+        );
+        reg.register(
+            "maintd_reports_accepted",
+            "Reports that passed verification",
+            m.reports_accepted.clone(),
+        );
+        reg.register(
+            "maintd_reports_rejected",
+            "Reports rejected, by reason",
+            m.reports_rejected.clone(),
+        );
+        reg.register(
+            "maintd_nodes_unreachable",
+            "Nodes whose collector did not answer the last poll",
+            m.nodes_unreachable.clone(),
+        );
+        reg.register("maintd_jobs_started", "Jobs submitted", m.jobs_started.clone());
+        reg.register(
+            "maintd_jobs_finished",
+            "Jobs finished, by kind and outcome",
+            m.jobs_finished.clone(),
+        );
+        reg.register(
+            "maintd_events_created",
+            "Repair events created",
+            m.events_created.clone(),
+        );
+        m
+    }
+}

@@ -1,0 +1,104 @@
+//! The master daemon (`maintd daemon`): master lock, state store, backend, poller, engine and
+//! the HTTP API, wired together and shut down together.
+
+pub mod api;
+pub mod engine;
+pub mod live_repair;
+pub mod lock;
+pub mod metrics;
+pub mod poller;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::Notify;
+use tracing::{Instrument, info, info_span};
+
+use crate::cluster::{ClusterError, Inventory};
+use crate::config::Config;
+use crate::core::Policy;
+use crate::report::{Key, KeyError};
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error("{0}")]
+    Listen(#[source] std::io::Error),
+    #[error("API server failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+impl DaemonError {
+    /// Process exit code: 11 when another daemon is the master, as in Ganeti.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            DaemonError::Lock(lock::LockError::Held { .. }) => lock::EXIT_NOT_MASTER,
+            _ => 1,
+        }
+    }
+}
+
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), DaemonError> {
+    let _lock = lock::acquire(&cfg.daemon.state_dir)?;
+    let key = Key::load(&cfg.cluster.key_file)?;
+    let store = Arc::new(Store::open(&cfg.db_path())?);
+    let cluster = Arc::new(Inventory::new(&cfg, store.clone())?);
+    let listener = crate::http::bind(cfg.daemon.listen)
+        .await
+        .map_err(DaemonError::Listen)?;
+    let mut registry = Registry::default();
+    let metrics = metrics::Metrics::register(&mut registry);
+    let wake = Arc::new(Notify::new());
+    let cfg = Arc::new(cfg);
+    let engine = Arc::new(engine::Engine {
+        store: store.clone(),
+        cluster: cluster.clone(),
+        poller: poller::Poller::new(&cfg, key.clone(), store.clone(), metrics.clone())?,
+        repairs: live_repair::LiveRepairs::new(key.clone(), &cfg),
+        policy: Policy {
+            live_repair: cfg.actions.live_repair,
+            evacuate: cfg.actions.evacuate,
+            evacuate_failover: cfg.actions.evacuate_failover,
+        },
+        poll_interval: cfg.daemon.poll_interval,
+        wake: wake.clone(),
+        metrics,
+    });
+    let app = api::router(Arc::new(api::ApiState {
+        store,
+        cluster,
+        key,
+        cfg: cfg.clone(),
+        wake,
+        registry: Arc::new(registry),
+    }));
+    info!(listen = %cfg.daemon.listen, nodes = cfg.nodes.len(), db = %cfg.db_path().display(), "daemon started");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let engine_task = tokio::spawn(engine.run(stop(stop_rx.clone())).instrument(info_span!("engine")));
+    let server = axum::serve(listener, app).with_graceful_shutdown(stop(stop_rx));
+    let server_task = tokio::spawn(async move { server.await });
+    shutdown.await;
+    info!("shutting down");
+    let _ = stop_tx.send(true);
+    let _ = engine_task.await;
+    let served = server_task.await;
+    info!("daemon stopped");
+    match served {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(DaemonError::Serve(e)),
+        Err(e) => Err(DaemonError::Serve(std::io::Error::other(e))),
+    }
+}
