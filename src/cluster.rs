@@ -53,6 +53,7 @@ pub struct Inventory {
     repair_dir: PathBuf,
     hooks: HooksConfig,
     timeout: Duration,
+    env: Vec<(String, String)>,
     runner: JobRunner,
 }
 
@@ -65,7 +66,14 @@ impl Inventory {
             repair_dir: cfg.daemon.repair_dir.clone(),
             hooks: cfg.inventory.hooks.clone(),
             timeout: cfg.daemon.hook_timeout,
-            runner: JobRunner::new(cfg.daemon.state_dir.join("jobs")).map_err(ClusterError::Jobs)?,
+            env: cfg
+                .daemon
+                .hook_env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            runner: JobRunner::new(cfg.daemon.state_dir.join("jobs"))
+                .map_err(ClusterError::Jobs)?,
         };
         inv.check_hooks(&cfg.actions)?;
         Ok(inv)
@@ -137,17 +145,19 @@ impl Cluster for Inventory {
             Err(e) => return Outcome::failed(format!("hook refused: {e}")),
         };
         let event_id = job.event.to_string();
+        let mut env = self.env.clone();
+        env.extend([
+            ("MAINTD_NODE".into(), job.node.clone()),
+            ("MAINTD_EVENT".into(), event_id.clone()),
+            ("MAINTD_JOB".into(), job.id.to_string()),
+            ("MAINTD_ACTION".into(), job.kind.as_str().into()),
+            ("MAINTD_REASON".into(), job.reason.clone()),
+        ]);
         let spec = RunSpec {
             program,
-            args: vec![job.node.clone(), event_id.clone()],
+            args: vec![job.node.clone(), event_id],
             stdin: serde_json::to_vec(event).unwrap_or_default(),
-            env: vec![
-                ("MAINTD_NODE".into(), job.node.clone()),
-                ("MAINTD_EVENT".into(), event_id),
-                ("MAINTD_JOB".into(), job.id.to_string()),
-                ("MAINTD_ACTION".into(), job.kind.as_str().into()),
-                ("MAINTD_REASON".into(), job.reason.clone()),
-            ],
+            env,
             timeout: self.timeout,
             output_cap: 4096,
         };
@@ -159,7 +169,9 @@ impl Cluster for Inventory {
                 _ => None,
             };
             if let Some(offline) = flag
-                && let Err(e) = self.store.inventory_set_offline(&job.node, offline, now_ns())
+                && let Err(e) = self
+                    .store
+                    .inventory_set_offline(&job.node, offline, now_ns())
             {
                 return Outcome::failed(format!("hook succeeded but recording it failed: {e}"));
             }

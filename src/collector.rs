@@ -71,7 +71,11 @@ async fn diagnose_inner(cfg: &CollectorConfig) -> Result<Verdict, String> {
         program,
         args: vec![],
         stdin: vec![],
-        env: cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        env: cfg
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         timeout: cfg.diagnose_timeout,
         output_cap: cfg.diagnose_output_cap,
     })
@@ -87,7 +91,9 @@ async fn diagnose_inner(cfg: &CollectorConfig) -> Result<Verdict, String> {
         ));
     }
     if !out.success() {
-        let code = out.code.map_or("a signal".to_string(), |c| format!("code {c}"));
+        let code = out
+            .code
+            .map_or("a signal".to_string(), |c| format!("code {c}"));
         return Err(format!(
             "diagnose exited with {code}: {}",
             exec::tail_chars(String::from_utf8_lossy(&out.stderr_tail).trim(), 512)
@@ -272,7 +278,9 @@ async fn start_repair(
     verify_signed(&c.key, c.window(), &method, &uri, &headers, &body)?;
     let req: RepairRequest = parse_json(&body)?;
     if !valid_job_key(&req.job) {
-        return Err(ApiError::bad_request("job must be 1-128 chars of [A-Za-z0-9._-]"));
+        return Err(ApiError::bad_request(
+            "job must be 1-128 chars of [A-Za-z0-9._-]",
+        ));
     }
     exec::validate_name(&req.command).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let mut repairs = c.repairs.lock().unwrap_or_else(|p| p.into_inner());
@@ -323,7 +331,10 @@ async fn repair_status(
 }
 
 /// Runs the collector until `shutdown` resolves.
-pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), CollectorError> {
+pub async fn run(
+    cfg: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CollectorError> {
     let key = Key::load(&cfg.cluster.key_file)?;
     let node = cfg.node_name();
     let ccfg = cfg.collector.clone();
@@ -382,7 +393,11 @@ mod tests {
     #[tokio::test]
     async fn broken_diagnose_scripts_report_ok_with_the_reason() {
         let d = whitelist_dir();
-        script(d.path(), "good", r#"echo '{"status":"evacuate","details":{"d":1}}'"#);
+        script(
+            d.path(),
+            "good",
+            r#"echo '{"status":"evacuate","details":{"d":1}}'"#,
+        );
         script(d.path(), "badjson", "echo '{nope'");
         script(d.path(), "badstatus", r#"echo '{"status":"panic"}'"#);
         script(d.path(), "fails", "echo boom >&2; exit 4");
@@ -418,7 +433,11 @@ mod tests {
         let app = c.router();
         let resp = app
             .clone()
-            .oneshot(Request::get("/1/report/diagnose").body(Body::empty()).unwrap())
+            .oneshot(
+                Request::get("/1/report/diagnose")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -427,10 +446,16 @@ mod tests {
         for _ in 0..2 {
             let resp = app
                 .clone()
-                .oneshot(Request::get("/1/report/diagnose").body(Body::empty()).unwrap())
+                .oneshot(
+                    Request::get("/1/report/diagnose")
+                        .body(Body::empty())
+                        .unwrap(),
+                )
                 .await
                 .unwrap();
-            let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                .await
+                .unwrap();
             let rules = crate::report::VerifyRules {
                 window_s: 30,
                 max_bytes: 1 << 20,
@@ -446,7 +471,8 @@ mod tests {
         let marker = d.path().join("ran");
         script(d.path(), "fix", &format!("touch {}", marker.display()));
         let c = Collector::new("n1".into(), Key::from_bytes(vec![1; 32]), cfg(d.path(), ""));
-        let body = serde_json::to_vec(&json!({"job":"j1","event":"e","command":"fix","input":{}})).unwrap();
+        let body = serde_json::to_vec(&json!({"job":"j1","event":"e","command":"fix","input":{}}))
+            .unwrap();
         let resp = c
             .router()
             .oneshot(
@@ -459,7 +485,12 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
-        let v: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap()).unwrap();
+        let v: Value = serde_json::from_slice(
+            &axum::body::to_bytes(resp.into_body(), 1 << 16)
+                .await
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(v["error"], "unauthorized");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!marker.exists());

@@ -68,6 +68,8 @@ pub struct DaemonConfig {
     pub repair_dir: PathBuf,
     #[serde(with = "humantime_serde")]
     pub hook_timeout: Duration,
+    /// Extra environment for the inventory hooks (nothing else is inherited but PATH).
+    pub hook_env: BTreeMap<String, String>,
     /// How long the daemon waits for a live repair on a collector before failing the job.
     #[serde(with = "humantime_serde")]
     pub live_repair_timeout: Duration,
@@ -152,6 +154,7 @@ impl Default for DaemonConfig {
             request_window: Duration::from_secs(60),
             repair_dir: "/etc/maintd/repair.d".into(),
             hook_timeout: Duration::from_secs(600),
+            hook_env: BTreeMap::new(),
             live_repair_timeout: Duration::from_secs(600),
         }
     }
@@ -278,8 +281,14 @@ impl Config {
             ("daemon.report-window", d.report_window),
             ("daemon.hook-timeout", d.hook_timeout),
             ("daemon.live-repair-timeout", d.live_repair_timeout),
-            ("collector.diagnose-interval", self.collector.diagnose_interval),
-            ("collector.diagnose-timeout", self.collector.diagnose_timeout),
+            (
+                "collector.diagnose-interval",
+                self.collector.diagnose_interval,
+            ),
+            (
+                "collector.diagnose-timeout",
+                self.collector.diagnose_timeout,
+            ),
             ("collector.repair-timeout", self.collector.repair_timeout),
         ] {
             if v.is_zero() {
@@ -321,7 +330,9 @@ impl Config {
 pub fn collector_address(addr: &str) -> Result<String, String> {
     let addr = addr.trim();
     if addr.is_empty() || addr.contains('/') || addr.contains(char::is_whitespace) {
-        return Err(format!("collector address {addr:?} must be host or host:port"));
+        return Err(format!(
+            "collector address {addr:?} must be host or host:port"
+        ));
     }
     match addr.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && !host.ends_with(':') => {
@@ -368,7 +379,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.daemon.poll_interval, Duration::from_secs(1));
         assert!(!c.actions.evacuate_failover && c.actions.evacuate);
-        assert_eq!(collector_address(&c.nodes[1].collector).unwrap(), "n2.example:1815");
+        assert_eq!(
+            collector_address(&c.nodes[1].collector).unwrap(),
+            "n2.example:1815"
+        );
     }
 
     #[test]
@@ -376,7 +390,12 @@ mod tests {
         let err = |t: &str| Config::parse(t).unwrap_err().to_string();
         assert!(err("[daemon]\npoll-interval = \"soon\"").contains("poll-interval"));
         assert!(err("[daemon]\nbogus = 1").contains("bogus"));
-        assert!(err("[[nodes]]\nname=\"a\"\ncollector=\"x:1\"\n[[nodes]]\nname=\"a\"\ncollector=\"y:1\"").contains("twice"));
+        assert!(
+            err(
+                "[[nodes]]\nname=\"a\"\ncollector=\"x:1\"\n[[nodes]]\nname=\"a\"\ncollector=\"y:1\""
+            )
+            .contains("twice")
+        );
         assert!(err("[[nodes]]\nname=\"a/b\"\ncollector=\"x:1\"").contains("a/b"));
         assert!(err("[[nodes]]\nname=\"a\"\ncollector=\"x:99999\"").contains("bad port"));
         assert!(err("[collector]\ndiagnose = \"../x\"").contains("bare name"));

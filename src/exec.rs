@@ -223,12 +223,23 @@ pub async fn run(spec: &RunSpec) -> Result<RunOutput, ExecError> {
         let _ = stdin.write_all(&input).await;
         let _ = stdin.shutdown().await;
     });
-    let out = tokio::spawn(read_tail(child.stdout.take().expect("piped"), spec.output_cap));
-    let err = tokio::spawn(read_tail(child.stderr.take().expect("piped"), spec.output_cap));
+    let out = tokio::spawn(read_tail(
+        child.stdout.take().expect("piped"),
+        spec.output_cap,
+    ));
+    let err = tokio::spawn(read_tail(
+        child.stderr.take().expect("piped"),
+        spec.output_cap,
+    ));
 
     let status = match tokio::time::timeout(spec.timeout, child.wait()).await {
         Ok(Ok(status)) => status,
-        Ok(Err(source)) => return Err(ExecError::Wait { path: shown, source }),
+        Ok(Err(source)) => {
+            return Err(ExecError::Wait {
+                path: shown,
+                source,
+            });
+        }
         Err(_) => {
             kill_group(pid);
             let _ = child.wait().await;
@@ -317,27 +328,52 @@ mod tests {
         script(d.path(), "good", "true");
         assert!(resolve(d.path(), "good").is_ok());
         for bad in ["", ".", "..", "../x", "a/b", "a b", "x;y", "\u{e9}"] {
-            assert!(matches!(resolve(d.path(), bad), Err(ExecError::BadName(_))), "{bad:?}");
+            assert!(
+                matches!(resolve(d.path(), bad), Err(ExecError::BadName(_))),
+                "{bad:?}"
+            );
         }
         std::os::unix::fs::symlink(d.path().join("good"), d.path().join("link")).unwrap();
-        assert!(matches!(resolve(d.path(), "link"), Err(ExecError::Symlink(_))));
+        assert!(matches!(
+            resolve(d.path(), "link"),
+            Err(ExecError::Symlink(_))
+        ));
         let gw = script(d.path(), "gw", "true");
         std::fs::set_permissions(&gw, std::fs::Permissions::from_mode(0o775)).unwrap();
-        assert!(matches!(resolve(d.path(), "gw"), Err(ExecError::Writable { .. })));
+        assert!(matches!(
+            resolve(d.path(), "gw"),
+            Err(ExecError::Writable { .. })
+        ));
         let noexec = script(d.path(), "noexec", "true");
         std::fs::set_permissions(&noexec, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(resolve(d.path(), "noexec"), Err(ExecError::NotExecutable(_))));
+        assert!(matches!(
+            resolve(d.path(), "noexec"),
+            Err(ExecError::NotExecutable(_))
+        ));
         std::fs::create_dir(d.path().join("sub")).unwrap();
-        assert!(matches!(resolve(d.path(), "sub"), Err(ExecError::NotRegular(_))));
-        assert!(matches!(resolve(d.path(), "absent"), Err(ExecError::Missing { .. })));
+        assert!(matches!(
+            resolve(d.path(), "sub"),
+            Err(ExecError::NotRegular(_))
+        ));
+        assert!(matches!(
+            resolve(d.path(), "absent"),
+            Err(ExecError::Missing { .. })
+        ));
         std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-        assert!(matches!(resolve(d.path(), "good"), Err(ExecError::Writable { .. })));
+        assert!(matches!(
+            resolve(d.path(), "good"),
+            Err(ExecError::Writable { .. })
+        ));
     }
 
     #[tokio::test]
     async fn runs_with_stdin_and_caps_output() {
         let d = whitelist_dir();
-        let p = script(d.path(), "cat", "cat; echo; seq 1 100; echo err >&2; exit 3");
+        let p = script(
+            d.path(),
+            "cat",
+            "cat; echo; seq 1 100; echo err >&2; exit 3",
+        );
         let out = run(&spec(p, 10_000)).await.unwrap();
         assert_eq!(out.code, Some(3));
         assert_eq!(out.stdout.len(), 16);
@@ -371,6 +407,9 @@ mod tests {
         let err = run(&spec(p, 300)).await.unwrap_err();
         assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        assert!(!marker.exists(), "a child of the timed-out command survived");
+        assert!(
+            !marker.exists(),
+            "a child of the timed-out command survived"
+        );
     }
 }

@@ -94,7 +94,8 @@ pub fn verify_signed(
 
 /// Parses a JSON body, naming the problem when it is malformed.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
 /// Sends a request signed with the cluster key. `path` includes any query string.

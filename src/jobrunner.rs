@@ -88,7 +88,10 @@ impl JobRunner {
         if !dir.exists()
             && let Err(e) = self.prepare(&dir, spec)
         {
-            return Outcome::failed(format!("cannot prepare job directory {}: {e}", dir.display()));
+            return Outcome::failed(format!(
+                "cannot prepare job directory {}: {e}",
+                dir.display()
+            ));
         }
         let mut spawned_at = None;
         loop {
@@ -167,47 +170,52 @@ fn read_result(dir: &Path) -> Option<Outcome> {
 
 /// Entry point of `maintd run-job <dir>`: claims the job (exactly once), runs it, and writes the
 /// result atomically.
-pub fn run_job_main(dir: &Path) -> std::io::Result<()> {
-    let claim = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(dir.join(STARTED));
-    let mut claim = match claim {
-        Ok(f) => f,
+pub async fn run_job_main(dir: &Path) -> std::io::Result<()> {
+    // Claim with a complete pid file: written aside, then hard-linked into place, which fails if
+    // another runner already claimed the job. Readers never see a half-written claim.
+    let mine = dir.join(format!("{STARTED}.{}", std::process::id()));
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&mine)?;
+        writeln!(f, "{}", std::process::id())?;
+        f.sync_all()?;
+    }
+    let claimed = std::fs::hard_link(&mine, dir.join(STARTED));
+    let _ = std::fs::remove_file(&mine);
+    match claimed {
+        Ok(()) => {}
         // Another runner owns this job.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(e),
-    };
-    writeln!(claim, "{}", std::process::id())?;
-    claim.sync_all()?;
-    let spec: FileSpec = serde_json::from_slice(&std::fs::read(dir.join(SPEC))?)
-        .map_err(std::io::Error::other)?;
+    }
+    let spec: FileSpec =
+        serde_json::from_slice(&std::fs::read(dir.join(SPEC))?).map_err(std::io::Error::other)?;
     let input = std::fs::read(dir.join(INPUT))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let outcome = rt.block_on(async {
-        match exec::run(&RunSpec {
-            program: spec.program.clone(),
-            args: spec.args,
-            stdin: input,
-            env: spec.env,
-            timeout: Duration::from_millis(spec.timeout_ms),
-            output_cap: OUTPUT_CAP,
-        })
-        .await
-        {
-            Ok(out) => {
-                let tail = out.tail(1024);
-                let code = out.code.map_or("killed by a signal".into(), |c| format!("exit {c}"));
-                Outcome {
-                    ok: out.success(),
-                    detail: format!("{} {code}: {}", spec.program.display(), tail.trim()),
-                }
+    let outcome = match exec::run(&RunSpec {
+        program: spec.program.clone(),
+        args: spec.args,
+        stdin: input,
+        env: spec.env,
+        timeout: Duration::from_millis(spec.timeout_ms),
+        output_cap: OUTPUT_CAP,
+    })
+    .await
+    {
+        Ok(out) => {
+            let tail = out.tail(1024);
+            let code = out
+                .code
+                .map_or("killed by a signal".into(), |c| format!("exit {c}"));
+            Outcome {
+                ok: out.success(),
+                detail: format!("{} {code}: {}", spec.program.display(), tail.trim()),
             }
-            Err(e) => Outcome::failed(e.to_string()),
         }
-    });
+        Err(e) => Outcome::failed(e.to_string()),
+    };
     write_atomic(&dir.join(RESULT), &serde_json::to_vec(&outcome)?)
 }

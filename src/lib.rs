@@ -7,13 +7,15 @@
 //! - `core`: the pure decision core, `decide(state, observations, now) -> actions`.
 //! - `store`: SQLite persistence (events, jobs, rounds, poll state, inventory tags).
 
+pub mod bench;
+pub mod cli;
+pub mod cluster;
+pub mod collector;
 pub mod config;
 pub mod core;
+pub mod daemon;
 pub mod exec;
+pub mod http;
+pub mod jobrunner;
 pub mod report;
 pub mod store;
-pub mod collector;
-pub mod http;
-pub mod cluster;
-pub mod daemon;
-pub mod jobrunner;

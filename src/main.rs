@@ -1,1 +1,27 @@
-fn main() {}
+//! The `maintd` binary: parse arguments, set up tracing, run the command.
+
+use clap::Parser;
+use maintd::cli::{Cli, LogFormat, run};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => fmt.json().init(),
+        LogFormat::Text => fmt.init(),
+    }
+    let code = match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            let code = e.exit_code();
+            eprintln!("maintd: {:#}", anyhow::Error::from(e));
+            code
+        }
+    };
+    std::process::exit(code);
+}

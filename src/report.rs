@@ -211,7 +211,9 @@ pub enum KeyError {
         #[source]
         source: std::io::Error,
     },
-    #[error("key file {path} is accessible by group or others (mode {mode:o}); run chmod 600 {path}")]
+    #[error(
+        "key file {path} is accessible by group or others (mode {mode:o}); run chmod 600 {path}"
+    )]
     Permissions { path: String, mode: u32 },
     #[error("key file {path} must hold at least 32 hex digits (16 bytes)")]
     Format { path: String },
@@ -476,10 +478,7 @@ impl Envelope {
         if let Some(last) = last_seq
             && env.seq.cmp(&last) != Ordering::Greater
         {
-            return Err(ReportError::Replay {
-                seq: env.seq,
-                last,
-            });
+            return Err(ReportError::Replay { seq: env.seq, last });
         }
         let verdict = Verdict::from_value(env.data.clone())?;
         Ok(VerifiedReport {
@@ -516,8 +515,12 @@ mod tests {
 
     #[test]
     fn canonical_json_sorts_keys_recursively() {
-        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"z":[1,{"y":2,"x":1}],"c":null}}"#).unwrap();
-        assert_eq!(canonical_json(&a), r#"{"a":{"c":null,"z":[1,{"x":1,"y":2}]},"b":1}"#);
+        let a: Value =
+            serde_json::from_str(r#"{"b":1,"a":{"z":[1,{"y":2,"x":1}],"c":null}}"#).unwrap();
+        assert_eq!(
+            canonical_json(&a),
+            r#"{"a":{"c":null,"z":[1,{"x":1,"y":2}]},"b":1}"#
+        );
     }
 
     #[test]
@@ -541,7 +544,9 @@ mod tests {
         let r = Envelope::verify(&body, &key(), "n1", Some(4), 2_000, RULES).unwrap();
         assert_eq!(r.verdict.status, Status::Evacuate);
 
-        let tampered = String::from_utf8(body.clone()).unwrap().replace("sda", "sdb");
+        let tampered = String::from_utf8(body.clone())
+            .unwrap()
+            .replace("sda", "sdb");
         let err = Envelope::verify(tampered.as_bytes(), &key(), "n1", None, 2_000, RULES);
         assert!(matches!(err, Err(ReportError::BadSignature)));
 
@@ -608,7 +613,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("k");
         Key::generate(&p).unwrap();
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         Key::load(&p).unwrap();
         assert!(Key::generate(&p).is_err(), "must not overwrite");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();

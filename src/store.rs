@@ -630,7 +630,8 @@ impl Store {
 
     pub fn inventory_tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>> {
         let c = self.conn();
-        let mut stmt = c.prepare_cached("SELECT node, tag FROM inventory_tags ORDER BY node, tag")?;
+        let mut stmt =
+            c.prepare_cached("SELECT node, tag FROM inventory_tags ORDER BY node, tag")?;
         let mut rows = stmt.query([])?;
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         while let Some(r) = rows.next()? {
@@ -698,14 +699,18 @@ mod tests {
 
     /// Runs decide and applies its event-level actions and rounds, as the executor does.
     fn tick(s: &Store, o: &Observations, now: Nanos) -> Vec<Action> {
-        let state = s.load_state(Policy::default(), s.inventory_tags().unwrap()).unwrap();
+        let state = s
+            .load_state(Policy::default(), s.inventory_tags().unwrap())
+            .unwrap();
         let actions = decide(&state, o, now);
         for a in &actions {
             match a {
                 Action::StartRound { round, jobs } => {
                     s.start_round(*round, jobs, now).unwrap();
                 }
-                Action::Finalize { event, node, tag, .. } => {
+                Action::Finalize {
+                    event, node, tag, ..
+                } => {
                     s.apply(a, now).unwrap();
                     s.inventory_add_tag(node, tag, now).unwrap();
                     s.mark_tagged(event, now).unwrap();
@@ -720,7 +725,10 @@ mod tests {
     fn events_round_trip_and_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
-        let o = obs("n1", r#"{"status":"evacuate","details":{"b":2,"a":[1,2.5,"x"]}}"#);
+        let o = obs(
+            "n1",
+            r#"{"status":"evacuate","details":{"b":2,"a":[1,2.5,"x"]}}"#,
+        );
         {
             let s = Store::open(&path).unwrap();
             tick(&s, &o, 100);
@@ -760,8 +768,13 @@ mod tests {
     fn cancel_outcomes() {
         let s = Store::open_in_memory().unwrap();
         let a = tick(&s, &obs("n1", r#"{"status":"evacuate"}"#), 1);
-        let Action::CreateEvent(e) = &a[0] else { panic!() };
-        assert_eq!(s.cancel(&Uuid::new_v4(), 2).unwrap(), CancelOutcome::NotFound);
+        let Action::CreateEvent(e) = &a[0] else {
+            panic!()
+        };
+        assert_eq!(
+            s.cancel(&Uuid::new_v4(), 2).unwrap(),
+            CancelOutcome::NotFound
+        );
         assert_eq!(s.cancel(&e.id, 2).unwrap(), CancelOutcome::Canceled);
         assert_eq!(
             s.cancel(&e.id, 3).unwrap(),

@@ -400,10 +400,7 @@ fn settle_jobs(d: &mut Draft) {
                     j.detail.as_deref().unwrap_or("no detail")
                 );
                 d.finalize(e, RepairStatus::Failed, Some(why));
-            } else if !running
-                && !jobs.is_empty()
-                && d.next_step(e).is_none()
-            {
+            } else if !running && !jobs.is_empty() && d.next_step(e).is_none() {
                 d.finalize(e, RepairStatus::Completed, None);
             }
         } else if e.status == RepairStatus::Completed && e.acknowledged {
@@ -573,7 +570,10 @@ fn plan_round(d: &mut Draft, observations: &Observations) {
         if !d.state.policy.allows(winner.action) {
             d.note(
                 &winner,
-                Some(format!("action {} is disabled by configuration", winner.action)),
+                Some(format!(
+                    "action {} is disabled by configuration",
+                    winner.action
+                )),
             );
             continue;
         }
@@ -634,7 +634,10 @@ fn node_block(
         }
         if active.iter().any(|a| a.takes_node_offline()) {
             // Another evacuation is due: the node stays offline for it.
-            d.clear(e.id, "acknowledged; node stays offline for a newer evacuation");
+            d.clear(
+                e.id,
+                "acknowledged; node stays offline for a newer evacuation",
+            );
             continue;
         }
         let online_running = d

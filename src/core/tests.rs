@@ -165,7 +165,10 @@ fn ok_reports_and_unknown_observations_create_nothing() {
     let s = state(vec![], vec![]);
     let a = decide(
         &s,
-        &obs(&[("n1", report(json!({"status": "Ok"}))), ("n2", Observation::Unknown)]),
+        &obs(&[
+            ("n1", report(json!({"status": "Ok"}))),
+            ("n2", Observation::Unknown),
+        ]),
         NOW,
     );
     assert!(a.is_empty(), "{a:?}");
@@ -174,7 +177,10 @@ fn ok_reports_and_unknown_observations_create_nothing() {
 #[test]
 fn same_json_is_the_same_event_whatever_the_key_order() {
     let e = Event::test("n1", evac("sda"), NOW - 100).with(RepairStatus::Pending);
-    let s = state(vec![e.clone()], vec![job(&e, 1, JobKind::Evacuate, JobStatus::Running)]);
+    let s = state(
+        vec![e.clone()],
+        vec![job(&e, 1, JobKind::Evacuate, JobStatus::Running)],
+    );
     let reordered = verdict(json!({"details": {"disk": "sda"}, "status": "evacuate"}));
     let a = decide(&s, &obs(&[("n1", Observation::Report(reordered))]), NOW);
     assert!(created(&a).is_empty(), "{a:?}");
@@ -207,11 +213,16 @@ fn ids_are_deterministic_and_distinct_per_creation_time() {
 #[test]
 fn no_new_round_while_a_job_runs() {
     let busy = Event::test("n1", evac("sda"), NOW - 100).with(RepairStatus::Pending);
-    let s = state(vec![busy.clone()], vec![job(&busy, 1, JobKind::Evacuate, JobStatus::Running)]);
+    let s = state(
+        vec![busy.clone()],
+        vec![job(&busy, 1, JobKind::Evacuate, JobStatus::Running)],
+    );
     let a = decide(&s, &obs(&[("n2", report(live("fix")))]), NOW);
     assert_eq!(created(&a).len(), 1);
     assert!(round(&a).is_none());
-    assert!(a.iter().any(|x| matches!(x, Action::Note { note: Some(n), .. } if n.contains("waiting for round 1"))));
+    assert!(a.iter().any(
+        |x| matches!(x, Action::Note { note: Some(n), .. } if n.contains("waiting for round 1"))
+    ));
 }
 
 #[test]
@@ -225,8 +236,14 @@ fn one_round_runs_every_node_in_parallel_and_never_a_node_twice() {
     assert_eq!(jobs.len(), 2);
     let nodes: BTreeSet<_> = jobs.iter().map(|j| j.node.as_str()).collect();
     assert_eq!(nodes.len(), 2);
-    assert!(jobs.iter().any(|j| j.event == a2.id && j.kind == JobKind::Evacuate));
-    assert!(jobs.iter().any(|j| j.event == b.id && j.kind == JobKind::EvacuateFailover));
+    assert!(
+        jobs.iter()
+            .any(|j| j.event == a2.id && j.kind == JobKind::Evacuate)
+    );
+    assert!(
+        jobs.iter()
+            .any(|j| j.event == b.id && j.kind == JobKind::EvacuateFailover)
+    );
     assert!(a.contains(&Action::Cancel {
         event: a1.id,
         superseded_by: a2.id
@@ -257,11 +274,20 @@ fn a_more_invasive_report_supersedes_a_pending_milder_event_in_the_next_round() 
     // An evacuation half-way (evacuated, not yet offlined) is superseded by a failover.
     let ev2 = Event::test("n1", evac("sdc"), NOW - 50).with(RepairStatus::Pending);
     let fo = Event::test("n1", failover(), NOW - 10);
-    let s3 = state(vec![ev2.clone(), fo.clone()], vec![job(&ev2, 2, JobKind::Evacuate, JobStatus::Succeeded)]);
+    let s3 = state(
+        vec![ev2.clone(), fo.clone()],
+        vec![job(&ev2, 2, JobKind::Evacuate, JobStatus::Succeeded)],
+    );
     let a = decide(&s3, &obs(&[("n1", report(failover()))]), NOW);
-    assert!(a.contains(&Action::Cancel { event: ev2.id, superseded_by: fo.id }));
+    assert!(a.contains(&Action::Cancel {
+        event: ev2.id,
+        superseded_by: fo.id
+    }));
     let (_, jobs) = round(&a).unwrap();
-    assert_eq!((jobs[0].event, jobs[0].kind), (fo.id, JobKind::EvacuateFailover));
+    assert_eq!(
+        (jobs[0].event, jobs[0].kind),
+        (fo.id, JobKind::EvacuateFailover)
+    );
 }
 
 #[test]
@@ -279,11 +305,19 @@ fn ties_go_to_the_oldest_event() {
 fn the_evacuation_plan_is_evacuate_then_offline_then_ready() {
     let e = Event::test("n1", evac("sda"), NOW - 100).with(RepairStatus::Pending);
     let j1 = job(&e, 1, JobKind::Evacuate, JobStatus::Succeeded);
-    let a = decide(&state(vec![e.clone()], vec![j1.clone()]), &Observations::new(), NOW);
+    let a = decide(
+        &state(vec![e.clone()], vec![j1.clone()]),
+        &Observations::new(),
+        NOW,
+    );
     let (_, jobs) = round(&a).unwrap();
     assert_eq!(jobs[0].kind, JobKind::Offline);
     let j2 = job(&e, 2, JobKind::Offline, JobStatus::Succeeded);
-    let a = decide(&state(vec![e.clone()], vec![j1, j2]), &Observations::new(), NOW);
+    let a = decide(
+        &state(vec![e.clone()], vec![j1, j2]),
+        &Observations::new(),
+        NOW,
+    );
     assert_eq!(
         a,
         vec![Action::Finalize {
@@ -300,7 +334,10 @@ fn the_evacuation_plan_is_evacuate_then_offline_then_ready() {
 fn a_failed_job_fails_the_event_and_submits_nothing_more() {
     let e = Event::test("n1", evac("sda"), NOW - 100).with(RepairStatus::Pending);
     let a = decide(
-        &state(vec![e.clone()], vec![job(&e, 1, JobKind::Evacuate, JobStatus::Failed)]),
+        &state(
+            vec![e.clone()],
+            vec![job(&e, 1, JobKind::Evacuate, JobStatus::Failed)],
+        ),
         &obs(&[("n1", report(evac("sda")))]),
         NOW,
     );
@@ -312,7 +349,10 @@ fn a_failed_job_fails_the_event_and_submits_nothing_more() {
 fn a_live_repair_without_command_is_ready_at_once() {
     let a = decide(
         &state(vec![], vec![]),
-        &obs(&[("n1", report(json!({"status": "live-repair", "details": "fan"})))]),
+        &obs(&[(
+            "n1",
+            report(json!({"status": "live-repair", "details": "fan"})),
+        )]),
         NOW,
     );
     let id = created(&a)[0].id;
@@ -336,7 +376,9 @@ fn a_final_event_whose_tag_never_landed_gets_it_again() {
 
 #[test]
 fn removing_repairready_acknowledges_and_the_event_is_forgotten_once_gone() {
-    let e = Event::test("n1", live("fix"), NOW - 100).with(RepairStatus::Completed).tagged();
+    let e = Event::test("n1", live("fix"), NOW - 100)
+        .with(RepairStatus::Completed)
+        .tagged();
     // Tag present: nothing happens.
     let s = with_tag(state(vec![e.clone()], vec![]), "n1", &e.tag);
     assert!(decide(&s, &obs(&[("n1", report(live("fix")))]), NOW).is_empty());
@@ -349,14 +391,23 @@ fn removing_repairready_acknowledges_and_the_event_is_forgotten_once_gone() {
     assert_eq!(a[0], Action::Acknowledge { event: e.id });
     assert_eq!(cleared(&a), vec![e.id]);
     // Unreachable node: nothing is concluded.
-    let a = decide(&state(vec![e.clone().acked()], vec![]), &obs(&[("n1", Observation::Unknown)]), NOW);
+    let a = decide(
+        &state(vec![e.clone().acked()], vec![]),
+        &obs(&[("n1", Observation::Unknown)]),
+        NOW,
+    );
     assert!(a.is_empty());
 }
 
 #[test]
 fn removing_repairfailed_forgets_unconditionally_and_restarts_the_flow() {
-    let e = Event::test("n1", evac("sda"), NOW - 100).with(RepairStatus::Failed).tagged();
-    let s = state(vec![e.clone()], vec![job(&e, 1, JobKind::Evacuate, JobStatus::Failed)]);
+    let e = Event::test("n1", evac("sda"), NOW - 100)
+        .with(RepairStatus::Failed)
+        .tagged();
+    let s = state(
+        vec![e.clone()],
+        vec![job(&e, 1, JobKind::Evacuate, JobStatus::Failed)],
+    );
     let a = decide(&s, &obs(&[("n1", report(evac("sda")))]), NOW);
     assert_eq!(cleared(&a), vec![e.id]);
     let new = created(&a);
@@ -367,7 +418,9 @@ fn removing_repairfailed_forgets_unconditionally_and_restarts_the_flow() {
 
 #[test]
 fn a_failed_event_blocks_its_node_until_acknowledged() {
-    let f = Event::test("n1", evac("sda"), NOW - 100).with(RepairStatus::Failed).tagged();
+    let f = Event::test("n1", evac("sda"), NOW - 100)
+        .with(RepairStatus::Failed)
+        .tagged();
     let s = with_tag(state(vec![f.clone()], vec![]), "n1", &f.tag);
     let a = decide(&s, &obs(&[("n1", report(failover()))]), NOW);
     assert_eq!(created(&a).len(), 1);
@@ -377,7 +430,9 @@ fn a_failed_event_blocks_its_node_until_acknowledged() {
 
 #[test]
 fn an_acknowledged_evacuation_brings_the_node_online_once_no_longer_observed() {
-    let e = Event::test("n1", evac("sda"), NOW - 100).with(RepairStatus::Completed).tagged();
+    let e = Event::test("n1", evac("sda"), NOW - 100)
+        .with(RepairStatus::Completed)
+        .tagged();
     let jobs = vec![
         job(&e, 1, JobKind::Evacuate, JobStatus::Succeeded),
         job(&e, 2, JobKind::Offline, JobStatus::Succeeded),
@@ -396,12 +451,20 @@ fn an_acknowledged_evacuation_brings_the_node_online_once_no_longer_observed() {
     // Online done: forgotten.
     let mut j = jobs.clone();
     j.push(job(&e, 3, JobKind::Online, JobStatus::Succeeded));
-    let a = decide(&state(vec![e.clone().acked()], j), &Observations::new(), NOW);
+    let a = decide(
+        &state(vec![e.clone().acked()], j),
+        &Observations::new(),
+        NOW,
+    );
     assert_eq!(cleared(&a), vec![e.id]);
     // Online failed: the event fails with a repairfailed tag.
     let mut j = jobs;
     j.push(job(&e, 3, JobKind::Online, JobStatus::Failed));
-    let a = decide(&state(vec![e.clone().acked()], j), &Observations::new(), NOW);
+    let a = decide(
+        &state(vec![e.clone().acked()], j),
+        &Observations::new(),
+        NOW,
+    );
     assert!(a.iter().any(|x| matches!(x, Action::Finalize { status: RepairStatus::Failed, tag, .. } if *tag == failed_tag(&e.id))));
 }
 
@@ -417,7 +480,10 @@ fn canceled_events_take_no_action_and_are_forgotten_once_gone() {
 #[test]
 fn a_canceled_event_whose_job_fails_is_not_tagged() {
     let c = Event::test("n1", evac("sda"), NOW - 100).with(RepairStatus::Canceled);
-    let s = state(vec![c.clone()], vec![job(&c, 1, JobKind::Evacuate, JobStatus::Failed)]);
+    let s = state(
+        vec![c.clone()],
+        vec![job(&c, 1, JobKind::Evacuate, JobStatus::Failed)],
+    );
     assert!(decide(&s, &obs(&[("n1", report(evac("sda")))]), NOW).is_empty());
 }
 
@@ -428,13 +494,19 @@ fn disabled_actions_are_noted_and_wait() {
     let a = decide(&s, &obs(&[("n1", report(evac("sda")))]), NOW);
     assert_eq!(created(&a).len(), 1);
     assert!(round(&a).is_none());
-    assert!(a.iter().any(|x| matches!(x, Action::Note { note: Some(n), .. } if n.contains("disabled"))));
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Note { note: Some(n), .. } if n.contains("disabled")))
+    );
 }
 
 #[test]
 fn pending_events_are_not_dropped_when_the_report_changes() {
     let e = Event::test("n1", evac("sda"), NOW - 100).with(RepairStatus::Pending);
-    let s = state(vec![e.clone()], vec![job(&e, 1, JobKind::Evacuate, JobStatus::Succeeded)]);
+    let s = state(
+        vec![e.clone()],
+        vec![job(&e, 1, JobKind::Evacuate, JobStatus::Succeeded)],
+    );
     let a = decide(&s, &obs(&[("n1", report(json!({"status": "Ok"})))]), NOW);
     assert!(cleared(&a).is_empty());
     assert_eq!(round(&a).unwrap().1[0].kind, JobKind::Offline);

@@ -52,7 +52,8 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
 }
 
 fn parse_id(id: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(id).map_err(|_| ApiError::bad_request(format!("{id:?} is not an event id (a uuid)")))
+    Uuid::parse_str(id)
+        .map_err(|_| ApiError::bad_request(format!("{id:?} is not an event id (a uuid)")))
 }
 
 async fn status<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError> {
@@ -60,11 +61,16 @@ async fn status<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError
     Ok(Json(events.iter().map(|(e, j)| event_json(e, j)).collect()))
 }
 
-async fn one_status<C: Cluster>(State(s): S<C>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn one_status<C: Cluster>(
+    State(s): S<C>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
     match s.store.event(&id).map_err(internal)? {
         Some((e, jobs, None)) => Ok(Json(event_json(&e, &jobs))),
-        Some((_, _, Some(why))) => Err(ApiError::not_found(format!("event {id} was cleared: {why}"))),
+        Some((_, _, Some(why))) => Err(ApiError::not_found(format!(
+            "event {id} was cleared: {why}"
+        ))),
         None => Err(ApiError::not_found(format!("no event {id}"))),
     }
 }
@@ -103,7 +109,14 @@ async fn cancel<C: Cluster>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    verify_signed(&s.key, s.cfg.daemon.request_window.as_secs(), &method, &uri, &headers, &body)?;
+    verify_signed(
+        &s.key,
+        s.cfg.daemon.request_window.as_secs(),
+        &method,
+        &uri,
+        &headers,
+        &body,
+    )?;
     let id = parse_id(&id)?;
     match s.store.cancel(&id, now_ns()).map_err(internal)? {
         CancelOutcome::NotFound => Err(ApiError::not_found(format!("no live event {id}"))),
@@ -129,7 +142,10 @@ struct TagQuery {
     node: Option<String>,
 }
 
-async fn tags<C: Cluster>(State(s): S<C>, Query(q): Query<TagQuery>) -> Result<Json<Value>, ApiError> {
+async fn tags<C: Cluster>(
+    State(s): S<C>,
+    Query(q): Query<TagQuery>,
+) -> Result<Json<Value>, ApiError> {
     let mut all = s.cluster.tags().await.map_err(internal)?;
     for n in &s.cfg.nodes {
         all.entry(n.name.clone()).or_default();
@@ -151,15 +167,26 @@ async fn remove_tag<C: Cluster>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    verify_signed(&s.key, s.cfg.daemon.request_window.as_secs(), &method, &uri, &headers, &body)?;
+    verify_signed(
+        &s.key,
+        s.cfg.daemon.request_window.as_secs(),
+        &method,
+        &uri,
+        &headers,
+        &body,
+    )?;
     match s.cluster.remove_tag(&node, &tag).await {
         Ok(true) => {
             tracing::info!(node = %node, tag = %tag, "tag removed by operator");
             s.wake.notify_one();
             Ok(Json(json!({"node": node, "removed": tag})))
         }
-        Ok(false) => Err(ApiError::not_found(format!("node {node} has no tag {tag:?}"))),
-        Err(ClusterError::UnknownNode(n)) => Err(ApiError::not_found(format!("unknown node {n:?}"))),
+        Ok(false) => Err(ApiError::not_found(format!(
+            "node {node} has no tag {tag:?}"
+        ))),
+        Err(ClusterError::UnknownNode(n)) => {
+            Err(ApiError::not_found(format!("unknown node {n:?}")))
+        }
         Err(e) => Err(internal(e)),
     }
 }
@@ -168,7 +195,10 @@ async fn metrics<C: Cluster>(State(s): S<C>) -> Result<impl IntoResponse, ApiErr
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &s.registry).map_err(internal)?;
     Ok((
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         text,
     ))
 }

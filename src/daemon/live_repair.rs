@@ -28,6 +28,7 @@ pub struct LiveRepairs {
 enum Step {
     Status(RepairStatus),
     Missing,
+    Refused(String),
     Retry(String),
 }
 
@@ -45,7 +46,10 @@ impl LiveRepairs {
                 .map(|n| {
                     (
                         n.name.clone(),
-                        format!("http://{}", collector_address(&n.collector).unwrap_or_default()),
+                        format!(
+                            "http://{}",
+                            collector_address(&n.collector).unwrap_or_default()
+                        ),
                     )
                 })
                 .collect(),
@@ -53,7 +57,13 @@ impl LiveRepairs {
         }
     }
 
-    async fn call(&self, base: &str, method: reqwest::Method, path: &str, body: Option<Vec<u8>>) -> Step {
+    async fn call(
+        &self,
+        base: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Step {
         let resp = match send_signed(&self.client, &self.key, method, base, path, body).await {
             Ok(r) => r,
             Err(e) => return Step::Retry(format!("collector unreachable: {e}")),
@@ -65,6 +75,11 @@ impl LiveRepairs {
         };
         if status == reqwest::StatusCode::NOT_FOUND {
             return Step::Missing;
+        }
+        if status.is_client_error() {
+            // The collector refused the request itself (bad command name, bad signature):
+            // retrying cannot help.
+            return Step::Refused(error_message(status, &bytes));
         }
         if !status.is_success() {
             return Step::Retry(error_message(status, &bytes));
@@ -95,8 +110,13 @@ impl LiveRepairs {
         let mut last_err = String::new();
         while Instant::now() < deadline {
             let step = if accepted {
-                self.call(base, reqwest::Method::GET, &format!("/1/repair/{key}"), None)
-                    .await
+                self.call(
+                    base,
+                    reqwest::Method::GET,
+                    &format!("/1/repair/{key}"),
+                    None,
+                )
+                .await
             } else {
                 self.call(base, reqwest::Method::POST, "/1/repair", Some(body.clone()))
                     .await
@@ -111,7 +131,12 @@ impl LiveRepairs {
                     };
                     return Outcome {
                         ok,
-                        detail: format!("{} on {}: {what}: {}", s.command, job.node, s.output.trim()),
+                        detail: format!(
+                            "{} on {}: {what}: {}",
+                            s.command,
+                            job.node,
+                            s.output.trim()
+                        ),
                     };
                 }
                 Step::Status(_) => accepted = true,
@@ -122,6 +147,12 @@ impl LiveRepairs {
                     ));
                 }
                 Step::Missing => last_err = "collector has no repair endpoint".into(),
+                Step::Refused(e) => {
+                    return Outcome::failed(format!(
+                        "collector on {} refused the repair: {e}",
+                        job.node
+                    ));
+                }
                 Step::Retry(e) => {
                     debug!(error = %e, "live repair: will retry");
                     last_err = e;

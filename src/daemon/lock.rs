@@ -78,7 +78,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let first = acquire(d.path()).unwrap();
         let err = acquire(d.path()).unwrap_err().to_string();
-        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+        assert!(
+            err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
         drop(first);
         acquire(d.path()).unwrap();
     }

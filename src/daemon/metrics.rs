@@ -62,7 +62,11 @@ impl Metrics {
             "Nodes whose collector did not answer the last poll",
             m.nodes_unreachable.clone(),
         );
-        reg.register("maintd_jobs_started", "Jobs submitted", m.jobs_started.clone());
+        reg.register(
+            "maintd_jobs_started",
+            "Jobs submitted",
+            m.jobs_started.clone(),
+        );
         reg.register(
             "maintd_jobs_finished",
             "Jobs finished, by kind and outcome",

@@ -47,7 +47,10 @@ impl DaemonError {
     }
 }
 
-pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), DaemonError> {
+pub async fn run(
+    cfg: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
     let _lock = lock::acquire(&cfg.daemon.state_dir)?;
     let key = Key::load(&cfg.cluster.key_file)?;
     let store = Arc::new(Store::open(&cfg.db_path())?);
@@ -87,7 +90,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'stati
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
-    let engine_task = tokio::spawn(engine.run(stop(stop_rx.clone())).instrument(info_span!("engine")));
+    let engine_task = tokio::spawn(
+        engine
+            .run(stop(stop_rx.clone()))
+            .instrument(info_span!("engine")),
+    );
     let server = axum::serve(listener, app).with_graceful_shutdown(stop(stop_rx));
     let server_task = tokio::spawn(async move { server.await });
     shutdown.await;

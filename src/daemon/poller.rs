@@ -54,7 +54,12 @@ fn rejection_label(e: &ReportError) -> &'static str {
 }
 
 impl Poller {
-    pub fn new(cfg: &Config, key: Key, store: Arc<Store>, metrics: Metrics) -> Result<Poller, StoreError> {
+    pub fn new(
+        cfg: &Config,
+        key: Key,
+        store: Arc<Store>,
+        metrics: Metrics,
+    ) -> Result<Poller, StoreError> {
         let targets = cfg
             .nodes
             .iter()
@@ -184,13 +189,7 @@ impl Poller {
         let body = match read_capped(resp, self.rules.max_bytes).await {
             Ok(b) => b,
             Err(BodyError::TooLarge { cap }) => {
-                return self.reject(
-                    t,
-                    ReportError::TooLarge {
-                        size: cap + 1,
-                        cap,
-                    },
-                );
+                return self.reject(t, ReportError::TooLarge { size: cap + 1, cap });
             }
             Err(BodyError::Transport(e)) => return Polled::Down(format!("broken answer: {e}")),
         };

@@ -1,0 +1,537 @@
+//! Command-line interface: argument parsing, and the operator commands (status, cancel, tags,
+//! keygen, diagnose --once) that talk to the daemon's API or run locally.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+
+use crate::config::{Config, ConfigError};
+use crate::http::{error_message, send_signed};
+use crate::report::{Envelope, Key, KeyError, now_ns};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "maintd",
+    version,
+    about = "Cluster maintenance and node-repair daemon"
+)]
+pub struct Cli {
+    /// Config file (TOML). Without it, /etc/maintd/maintd.toml if present, else embedded defaults.
+    #[arg(long, short, env = "MAINTD_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// Cluster key file; overrides `cluster.key-file`.
+    #[arg(long, env = "MAINTD_KEY_FILE", global = true)]
+    pub key_file: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "MAINTD_LOG_FORMAT", default_value = "text", global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the master daemon (polls collectors, plans rounds, serves the API on 1816).
+    Daemon(DaemonArgs),
+    /// Run the node collector (diagnose loop, signed reports on 1815, live repairs).
+    Collector(CollectorArgs),
+    /// Show the repair events.
+    Status {
+        /// Print the raw JSON of /1/status.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Show every node's reachability, last report and diagnose errors.
+    Nodes {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Cancel an event that is not final yet.
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// List or remove node tags (removing a maintd tag acknowledges the repair).
+    Tags {
+        #[command(subcommand)]
+        cmd: TagsCmd,
+    },
+    /// Write a fresh cluster key (mode 0600) to the key file.
+    Keygen,
+    /// Run the local diagnose and print the signed report envelope.
+    Diagnose {
+        /// Run once and print (the only mode).
+        #[arg(long, required = true)]
+        once: bool,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        cmd: BenchCmd,
+    },
+    /// Internal: run one detached daemon job from its directory.
+    #[command(hide = true)]
+    RunJob { dir: PathBuf },
+}
+
+#[derive(Debug, Args)]
+pub struct ApiArgs {
+    /// Base URL of the daemon's API.
+    #[arg(long, env = "MAINTD_URL", default_value = "http://127.0.0.1:1816")]
+    pub url: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TagsCmd {
+    /// List tags of every node, or of one.
+    List {
+        node: Option<String>,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Remove a tag from a node.
+    Remove {
+        node: String,
+        tag: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCmd {
+    /// One poll-and-verify cycle against N simulated signed collectors on loopback.
+    Poll {
+        /// Comma-separated node counts.
+        #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
+        nodes: Vec<usize>,
+        /// Cycles measured per node count (the first, which opens connections, is reported apart).
+        #[arg(long, default_value_t = 5)]
+        cycles: usize,
+    },
+    /// Internal: serve N simulated collectors and print their ports.
+    #[command(hide = true)]
+    SimCollectors {
+        #[arg(long)]
+        count: usize,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// Listen address of the API (default 0.0.0.0:1816).
+    #[arg(long, env = "MAINTD_LISTEN")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// State directory (lock, database, job directories).
+    #[arg(long, env = "MAINTD_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CollectorArgs {
+    /// This node's name (default: host name).
+    #[arg(long, env = "MAINTD_NODE")]
+    pub node: Option<String>,
+    /// Listen address (default 0.0.0.0:1815).
+    #[arg(long, env = "MAINTD_COLLECTOR_LISTEN")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Diagnose command: a bare name in the diagnose directory ("" = built-in Ok).
+    #[arg(long, env = "MAINTD_DIAGNOSE")]
+    pub diagnose: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("cannot reach the daemon at {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("daemon answered {0}")]
+    Api(String),
+    #[error("unexpected answer from the daemon: {0}")]
+    Decode(String),
+    #[error(transparent)]
+    Daemon(#[from] crate::daemon::DaemonError),
+    #[error(transparent)]
+    Collector(#[from] crate::collector::CollectorError),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Daemon(d) => d.exit_code(),
+            _ => 1,
+        }
+    }
+}
+
+impl Cli {
+    /// The validated config with this command line's overrides applied.
+    pub fn load_config(&self) -> Result<Config, CliError> {
+        let mut cfg = Config::load(self.config.as_deref())?;
+        if let Some(k) = &self.key_file {
+            cfg.cluster.key_file = k.clone();
+        }
+        match &self.command {
+            Command::Daemon(a) => {
+                if let Some(l) = a.listen {
+                    cfg.daemon.listen = l;
+                }
+                if let Some(s) = &a.state_dir {
+                    cfg.daemon.state_dir = s.clone();
+                }
+            }
+            Command::Collector(a) => {
+                if let Some(n) = &a.node {
+                    cfg.collector.node = Some(n.clone());
+                }
+                if let Some(l) = a.listen {
+                    cfg.collector.listen = l;
+                }
+                if let Some(d) = &a.diagnose {
+                    cfg.collector.diagnose = d.clone();
+                }
+            }
+            _ => {}
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .expect("a plain HTTP client always builds")
+}
+
+async fn api_get(url: &str, path: &str) -> Result<Value, CliError> {
+    let resp = client()
+        .get(format!("{url}{path}"))
+        .send()
+        .await
+        .map_err(|source| CliError::Connect {
+            url: url.into(),
+            source,
+        })?;
+    decode(url, resp).await
+}
+
+async fn decode(url: &str, resp: reqwest::Response) -> Result<Value, CliError> {
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|source| CliError::Connect {
+        url: url.into(),
+        source,
+    })?;
+    if !status.is_success() {
+        return Err(CliError::Api(error_message(status, &body)));
+    }
+    serde_json::from_slice(&body).map_err(|e| CliError::Decode(e.to_string()))
+}
+
+async fn api_signed(
+    cfg: &Config,
+    url: &str,
+    method: reqwest::Method,
+    path: &str,
+) -> Result<Value, CliError> {
+    let key = Key::load(&cfg.cluster.key_file)?;
+    let resp = send_signed(&client(), &key, method, url, path, None)
+        .await
+        .map_err(|source| CliError::Connect {
+            url: url.into(),
+            source,
+        })?;
+    decode(url, resp).await
+}
+
+/// Percent-encodes one path segment (tags contain ':').
+fn segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn short(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// The readable table of `maintd status`.
+pub fn status_table(events: &[Value]) -> String {
+    if events.is_empty() {
+        return "no repair events\n".into();
+    }
+    let rows: Vec<[String; 6]> = events
+        .iter()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+            let jobs = e["jobs"]
+                .as_array()
+                .map(|js| {
+                    js.iter()
+                        .map(|j| {
+                            format!(
+                                "{}:{}:{}",
+                                j["id"],
+                                j["kind"].as_str().unwrap_or(""),
+                                j["status"].as_str().unwrap_or("")
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            let tag_or_note = match e["note"].as_str() {
+                Some(n) => format!("{} ({})", s("tag"), short(n, 60)),
+                None => s("tag"),
+            };
+            [
+                s("id"),
+                s("node"),
+                s("action"),
+                s("repair-status"),
+                jobs,
+                tag_or_note,
+            ]
+        })
+        .collect();
+    let head = ["ID", "NODE", "ACTION", "STATUS", "JOBS", "TAG / NOTE"];
+    let mut w = head.map(|h| h.len());
+    for r in &rows {
+        for (i, c) in r.iter().enumerate().take(5) {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: [&str; 6]| {
+        let mut out = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i < 5 {
+                out.push_str(&format!("{c:<width$}  ", width = w[i]));
+            } else {
+                out.push_str(c);
+            }
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(head);
+    for r in &rows {
+        out.push_str(&line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]]));
+    }
+    out
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Runs a parsed command line; returns the process exit code.
+pub async fn run(cli: Cli) -> Result<i32, CliError> {
+    match &cli.command {
+        Command::Daemon(_) => {
+            let cfg = cli.load_config()?;
+            crate::daemon::run(cfg, shutdown_signal()).await?;
+        }
+        Command::Collector(_) => {
+            let cfg = cli.load_config()?;
+            crate::collector::run(cfg, shutdown_signal()).await?;
+        }
+        Command::Status { json, api } => {
+            let v = api_get(&api.url, "/1/status").await?;
+            if *json {
+                print_json(&v);
+            } else {
+                print!(
+                    "{}",
+                    status_table(v.as_array().map(Vec::as_slice).unwrap_or(&[]))
+                );
+            }
+        }
+        Command::Nodes { json, api } => {
+            let v = api_get(&api.url, "/1/nodes").await?;
+            if *json {
+                print_json(&v);
+            } else {
+                for n in v.as_array().into_iter().flatten() {
+                    let state = if n["reachable"].as_bool() == Some(true) {
+                        "up"
+                    } else {
+                        "DOWN"
+                    };
+                    let diag = n["diagnose-error"]
+                        .as_str()
+                        .map(|e| format!(" diagnose-error: {e}"))
+                        .unwrap_or_default();
+                    let rej = n["rejected-reports"].as_u64().unwrap_or(0);
+                    let off = if n["offline"].as_bool() == Some(true) {
+                        " offline"
+                    } else {
+                        ""
+                    };
+                    println!(
+                        "{:<20} {:<5}{off} rejected={rej}{diag}",
+                        n["name"].as_str().unwrap_or(""),
+                        state
+                    );
+                }
+            }
+        }
+        Command::Cancel { id, api } => {
+            let cfg = cli.load_config()?;
+            let v = api_signed(
+                &cfg,
+                &api.url,
+                reqwest::Method::POST,
+                &format!("/1/events/{}/cancel", segment(id)),
+            )
+            .await?;
+            println!(
+                "event {} is now {}",
+                v["id"].as_str().unwrap_or(id),
+                v["repair-status"].as_str().unwrap_or("?")
+            );
+        }
+        Command::Tags { cmd } => match cmd {
+            TagsCmd::List { node, api } => {
+                let path = match node {
+                    Some(n) => format!("/1/tags?node={}", segment(n)),
+                    None => "/1/tags".into(),
+                };
+                let v = api_get(&api.url, &path).await?;
+                for (node, tags) in v.as_object().into_iter().flatten() {
+                    let list: Vec<&str> = tags
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    println!("{node}: {}", list.join(" "));
+                }
+            }
+            TagsCmd::Remove { node, tag, api } => {
+                let cfg = cli.load_config()?;
+                api_signed(
+                    &cfg,
+                    &api.url,
+                    reqwest::Method::DELETE,
+                    &format!("/1/nodes/{}/tags/{}", segment(node), segment(tag)),
+                )
+                .await?;
+                println!("removed {tag} from {node}");
+            }
+        },
+        Command::Keygen => {
+            let cfg = cli.load_config()?;
+            Key::generate(&cfg.cluster.key_file)?;
+            println!(
+                "wrote a new cluster key to {}",
+                cfg.cluster.key_file.display()
+            );
+        }
+        Command::Diagnose { .. } => {
+            let cfg = cli.load_config()?;
+            let key = Key::load(&cfg.cluster.key_file)?;
+            let d = crate::collector::diagnose(&cfg.collector).await;
+            let env = Envelope::new(
+                &cfg.node_name(),
+                1,
+                now_ns(),
+                d.at,
+                &d.verdict,
+                d.error.clone(),
+            )
+            .sign(&key);
+            print_json(&serde_json::to_value(&env).unwrap_or_default());
+            if let Some(e) = d.error {
+                eprintln!("maintd: diagnose error: {e}");
+                return Ok(2);
+            }
+        }
+        Command::Bench { cmd } => match cmd {
+            BenchCmd::Poll { nodes, cycles } => {
+                crate::bench::poll(nodes, *cycles)
+                    .await
+                    .map_err(CliError::Other)?;
+            }
+            BenchCmd::SimCollectors { count } => {
+                crate::bench::sim_collectors(*count)
+                    .await
+                    .map_err(CliError::Other)?;
+            }
+        },
+        Command::RunJob { dir } => {
+            crate::jobrunner::run_job_main(dir)
+                .await
+                .map_err(|e| CliError::Other(format!("job {}: {e}", dir.display())))?;
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_status_table_is_aligned_and_shows_notes() {
+        let t = status_table(&[
+            json!({"id":"a","node":"n1","action":"evacuate","repair-status":"pending","jobs":[{"id":1,"kind":"evacuate","status":"running"}],"tag":"maintd:repairready:a","note":null}),
+            json!({"id":"bb","node":"node-2","action":"live-repair","repair-status":"noted","jobs":[],"tag":"t","note":"waiting for round 3 to finish"}),
+        ]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("ID  NODE"));
+        assert!(lines[1].contains("1:evacuate:running"));
+        assert!(lines[2].contains("(waiting for round 3 to finish)"));
+        assert_eq!(lines[1].find("n1"), lines[2].find("node-2"));
+        assert_eq!(status_table(&[]), "no repair events\n");
+    }
+
+    #[test]
+    fn path_segments_are_encoded() {
+        assert_eq!(segment("maintd:repairready:x"), "maintd:repairready:x");
+        assert_eq!(segment("a/b c"), "a%2Fb%20c");
+    }
+}
