@@ -1,0 +1,348 @@
+//! Test harness: a daemon plus collectors as real `maintd` processes on ephemeral 127.0.0.1
+//! ports, with scripted diagnose output, generated configs, and helpers to wait and query.
+
+#![allow(dead_code)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_maintd");
+/// Generous: tests must pass on a loaded 2-core machine.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn write_exec(path: &Path, body: &str) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Renamed into place so a running collector never executes a half-written script.
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn mkdir755(p: &Path) {
+    std::fs::create_dir_all(p).unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub nodes: Vec<String>,
+    pub ports: Vec<u16>,
+    pub api_port: u16,
+    pub collectors: Vec<Option<Proc>>,
+    pub daemon: Option<Proc>,
+    pub extra_daemon_toml: String,
+    pub client: reqwest::Client,
+}
+
+impl Cluster {
+    /// A cluster of `n` nodes whose diagnose prints the file `verdict-<node>.json` (Ok at first),
+    /// with hooks that log to `hooks.log` and a live repair `fix` that saves its stdin.
+    pub fn new(n: usize) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let root = dir.path();
+        for d in ["diagnose.d", "repair.d", "state"] {
+            mkdir755(&root.join(d));
+        }
+        let out = Command::new(BIN)
+            .args(["keygen", "--key-file"])
+            .arg(root.join("cluster.key"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        write_exec(
+            &root.join("diagnose.d/scripted"),
+            &format!("cat {}/verdict-$NODE.json", root.display()),
+        );
+        let log = root.join("hooks.log");
+        for hook in ["evacuate", "evacuate-failover", "offline", "online"] {
+            write_exec(
+                &root.join("repair.d").join(hook),
+                &format!(
+                    "echo \"$MAINTD_ACTION $1 $2 $MAINTD_REASON\" >> {}",
+                    log.display()
+                ),
+            );
+        }
+        write_exec(
+            &root.join("repair.d/fix"),
+            &format!(
+                "cat > {}/repair-input-$MAINTD_NODE.json; echo fixed",
+                root.display()
+            ),
+        );
+        let nodes: Vec<String> = (1..=n).map(|i| format!("node{i}")).collect();
+        let c = Cluster {
+            ports: nodes.iter().map(|_| free_port()).collect(),
+            api_port: free_port(),
+            collectors: nodes.iter().map(|_| None).collect(),
+            nodes,
+            dir,
+            daemon: None,
+            extra_daemon_toml: String::new(),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        };
+        for n in &c.nodes {
+            c.set_verdict(n, r#"{"status":"Ok"}"#);
+        }
+        c
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn set_verdict(&self, node: &str, json: &str) {
+        let p = self.path(&format!("verdict-{node}.json"));
+        let tmp = p.with_extension("new");
+        std::fs::write(&tmp, json).unwrap();
+        std::fs::rename(tmp, p).unwrap();
+    }
+
+    pub fn set_hook(&self, name: &str, body: &str) {
+        write_exec(&self.path("repair.d").join(name), body);
+    }
+
+    pub fn hook_log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("hooks.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.api_port)
+    }
+
+    pub fn daemon_config(&self) -> PathBuf {
+        let root = self.dir.path().display();
+        let mut toml = format!(
+            r#"
+[cluster]
+key-file = "{root}/cluster.key"
+
+[daemon]
+listen = "127.0.0.1:{}"
+state-dir = "{root}/state"
+repair-dir = "{root}/repair.d"
+poll-interval = "200ms"
+poll-timeout = "2s"
+hook-timeout = "30s"
+live-repair-timeout = "30s"
+{}
+"#,
+            self.api_port, self.extra_daemon_toml
+        );
+        for (n, p) in self.nodes.iter().zip(&self.ports) {
+            toml.push_str(&format!(
+                "[[nodes]]\nname = \"{n}\"\ncollector = \"127.0.0.1:{p}\"\n"
+            ));
+        }
+        let path = self.path("daemon.toml");
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    pub fn collector_config(&self, i: usize, diagnose: &str, key: &str) -> PathBuf {
+        let root = self.dir.path().display();
+        let node = &self.nodes[i];
+        let toml = format!(
+            r#"
+[cluster]
+key-file = "{root}/{key}"
+
+[collector]
+node = "{node}"
+listen = "127.0.0.1:{}"
+diagnose = "{diagnose}"
+diagnose-dir = "{root}/diagnose.d"
+repair-dir = "{root}/repair.d"
+diagnose-interval = "100ms"
+diagnose-timeout = "1s"
+repair-timeout = "20s"
+env = {{ NODE = "{node}" }}
+"#,
+            self.ports[i]
+        );
+        let path = self.path(&format!("collector-{node}.toml"));
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    pub fn spawn(&self, name: &str, args: &[&str]) -> Proc {
+        let log = self.path(&format!("{name}.log"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .unwrap();
+        Proc { child, log }
+    }
+
+    pub fn start_collector_with(&mut self, i: usize, diagnose: &str, key: &str) {
+        let cfg = self.collector_config(i, diagnose, key);
+        let name = format!("collector-{}", self.nodes[i]);
+        let p = self.spawn(&name, &["--config", cfg.to_str().unwrap(), "collector"]);
+        self.collectors[i] = Some(p);
+    }
+
+    pub fn start_collectors(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.start_collector_with(i, "scripted", "cluster.key");
+        }
+    }
+
+    pub fn start_daemon(&mut self) {
+        let cfg = self.daemon_config();
+        self.daemon = Some(self.spawn("daemon", &["--config", cfg.to_str().unwrap(), "daemon"]));
+    }
+
+    pub async fn start(&mut self) {
+        self.start_collectors();
+        self.start_daemon();
+        self.wait_api().await;
+    }
+
+    pub async fn wait_api(&self) {
+        let url = format!("{}/", self.url());
+        let c = self.client.clone();
+        wait_for("the daemon's API", || {
+            let c = c.clone();
+            let url = url.clone();
+            async move { c.get(&url).send().await.is_ok().then_some(()) }
+        })
+        .await;
+    }
+
+    /// Kills the daemon with SIGKILL (no chance to clean up).
+    pub fn kill_daemon(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            d.child.kill().unwrap();
+            d.child.wait().unwrap();
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .client
+            .get(format!("{}{path}", self.url()))
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn status(&self) -> Vec<Value> {
+        self.get("/1/status")
+            .await
+            .1
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub async fn node(&self, name: &str) -> Value {
+        let (_, v) = self.get("/1/nodes").await;
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .cloned()
+            .unwrap()
+    }
+
+    /// Waits until an event on `node` satisfies `pred`, and returns it.
+    pub async fn wait_event(&self, node: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let evs = self.status().await;
+            if let Some(e) = evs.iter().find(|e| e["node"] == node && pred(e)) {
+                return e.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what} on {node}; events: {evs:#?}\ndaemon log:\n{}",
+                self.daemon_log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn wait_status(&self, node: &str, status: &str) -> Value {
+        self.wait_event(node, status, |e| e["repair-status"] == status)
+            .await
+    }
+
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
+    }
+
+    /// Runs the CLI against this cluster.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
+            .args(args)
+            .env("MAINTD_URL", self.url())
+            .env("MAINTD_KEY_FILE", self.path("cluster.key"))
+            .env("MAINTD_CONFIG", self.path("daemon.toml"))
+            .output()
+            .unwrap()
+    }
+}
+
+/// Polls `f` until it yields a value, failing after `WAIT`.
+pub async fn wait_for<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Lets several poll cycles pass (poll interval 200 ms).
+pub async fn some_polls() {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
