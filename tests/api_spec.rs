@@ -1,0 +1,498 @@
+//! Real responses of a running daemon and collector, checked against api-spec/openapi.yaml: the
+//! status code must be documented for the operation, and the body must match its schema. Every
+//! operation in the spec must be exercised.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::*;
+use maintd::http::send_signed;
+use maintd::report::Key;
+use serde_json::{Value, json};
+
+struct Spec {
+    doc: Value,
+    seen: BTreeSet<(String, String)>,
+}
+
+impl Spec {
+    fn load() -> Spec {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/api-spec/openapi.yaml"
+        ))
+        .unwrap();
+        let doc: Value = serde_yaml_ng::from_str(&text).unwrap();
+        Spec {
+            doc,
+            seen: BTreeSet::new(),
+        }
+    }
+
+    fn resolve<'a>(&'a self, v: &'a Value) -> &'a Value {
+        match v.get("$ref").and_then(Value::as_str) {
+            Some(r) => {
+                let ptr = r.trim_start_matches('#');
+                self.doc
+                    .pointer(ptr)
+                    .unwrap_or_else(|| panic!("dangling {r}"))
+            }
+            None => v,
+        }
+    }
+
+    /// Checks one real response against the operation `method template`.
+    fn check(
+        &mut self,
+        method: &str,
+        template: &str,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+    ) {
+        self.seen.insert((method.to_string(), template.to_string()));
+        let op = &self.doc["paths"][template][method.to_lowercase()];
+        assert!(op.is_object(), "{method} {template} is not in the spec");
+        let resp = op["responses"].get(status.to_string()).unwrap_or_else(|| {
+            panic!("{method} {template} answered {status}, which the spec does not document")
+        });
+        let resp = self.resolve(resp);
+        let media = content_type.split(';').next().unwrap().trim();
+        let schema = resp["content"].get(media).unwrap_or_else(|| {
+            panic!("{method} {template} {status}: content type {media} not documented")
+        })["schema"]
+            .clone();
+        let instance: Value = if media == "application/json" {
+            serde_json::from_slice(body)
+                .unwrap_or_else(|e| panic!("{method} {template}: not JSON: {e}"))
+        } else {
+            Value::String(String::from_utf8_lossy(body).into_owned())
+        };
+        let mut root = schema;
+        if let Value::Object(m) = &mut root {
+            m.insert("components".into(), self.doc["components"].clone());
+        }
+        let validator = jsonschema::validator_for(&root).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&instance)
+            .map(|e| format!("{e} at {}", e.instance_path()))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{method} {template} {status} does not match the spec: {errors:?}\nbody: {instance:#}"
+        );
+    }
+
+    fn operations(&self) -> BTreeSet<(String, String)> {
+        let mut out = BTreeSet::new();
+        for (path, item) in self.doc["paths"].as_object().unwrap() {
+            for (m, _) in item.as_object().unwrap() {
+                if ["get", "post", "delete", "put", "patch"].contains(&m.as_str()) {
+                    out.insert((m.to_uppercase(), path.clone()));
+                }
+            }
+        }
+        out
+    }
+}
+
+async fn call(
+    spec: &mut Spec,
+    client: &reqwest::Client,
+    key: Option<&Key>,
+    base: &str,
+    method: &str,
+    template: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let body = body.map(|b| serde_json::to_vec(&b).unwrap());
+    let resp = match key {
+        Some(k) => send_signed(client, k, m, base, path, body).await.unwrap(),
+        None => {
+            let mut r = client.request(m, format!("{base}{path}"));
+            if let Some(b) = body {
+                r = r.header("content-type", "application/json").body(b);
+            }
+            r.send().await.unwrap()
+        }
+    };
+    let status = resp.status().as_u16();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let bytes = resp.bytes().await.unwrap();
+    spec.check(method, template, status, &ct, &bytes);
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_responses_match_the_openapi_spec() {
+    let mut c = Cluster::new(3);
+    c.extra_daemon_toml = "[actions]\nevacuate-failover = false\n".into();
+    c.set_verdict("node1", r#"{"status":"evacuate","details":{"disk":"sda"}}"#);
+    c.set_verdict(
+        "node2",
+        r#"{"status":"live-repair","command":"fix","details":null}"#,
+    );
+    c.set_verdict("node3", r#"{"status":"evacuate-failover","details":"ue"}"#);
+    c.start().await;
+    let done = c.wait_status("node1", "completed").await;
+    let ready = c.wait_status("node2", "completed").await;
+    let noted = c
+        .wait_event("node3", "a waiting note", |e| {
+            e["note"].as_str().is_some_and(|n| n.contains("disabled"))
+        })
+        .await;
+    let key = Key::load(&c.path("cluster.key")).unwrap();
+    let cl = c.client.clone();
+    let base = c.url();
+    let mut s = Spec::load();
+    let sp = &mut s;
+    let unknown = "8c7e1a64-3b4b-4c7b-9a43-1f0a2b3c4d5e";
+    let id = |e: &Value| e["id"].as_str().unwrap().to_string();
+
+    call(sp, &cl, None, &base, "GET", "/", "/", None).await;
+    let (_, all) = call(sp, &cl, None, &base, "GET", "/1/status", "/1/status", None).await;
+    assert_eq!(all.as_array().unwrap().len(), 3);
+    call(
+        sp,
+        &cl,
+        None,
+        &base,
+        "GET",
+        "/1/status/{id}",
+        &format!("/1/status/{}", id(&done)),
+        None,
+    )
+    .await;
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            None,
+            &base,
+            "GET",
+            "/1/status/{id}",
+            &format!("/1/status/{unknown}"),
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            None,
+            &base,
+            "GET",
+            "/1/status/{id}",
+            "/1/status/nope",
+            None
+        )
+        .await
+        .0,
+        400
+    );
+    let (_, nodes) = call(sp, &cl, None, &base, "GET", "/1/nodes", "/1/nodes", None).await;
+    assert_eq!(nodes[0]["offline"], true);
+
+    let cancel = "/1/events/{id}/cancel";
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            None,
+            &base,
+            "POST",
+            cancel,
+            &format!("/1/events/{}/cancel", id(&noted)),
+            None
+        )
+        .await
+        .0,
+        401
+    );
+    let (st, ev) = call(
+        sp,
+        &cl,
+        Some(&key),
+        &base,
+        "POST",
+        cancel,
+        &format!("/1/events/{}/cancel", id(&noted)),
+        None,
+    )
+    .await;
+    assert_eq!((st, ev["repair-status"].as_str()), (200, Some("canceled")));
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            Some(&key),
+            &base,
+            "POST",
+            cancel,
+            &format!("/1/events/{}/cancel", id(&done)),
+            None
+        )
+        .await
+        .0,
+        409
+    );
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            Some(&key),
+            &base,
+            "POST",
+            cancel,
+            &format!("/1/events/{unknown}/cancel"),
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            Some(&key),
+            &base,
+            "POST",
+            cancel,
+            "/1/events/x/cancel",
+            None
+        )
+        .await
+        .0,
+        400
+    );
+
+    let (_, tags) = call(sp, &cl, None, &base, "GET", "/1/tags", "/1/tags", None).await;
+    let ready_tag = format!("maintd:repairready:{}", id(&ready));
+    assert_eq!(tags["node2"], json!([ready_tag]));
+    assert_eq!(tags["node3"], json!([]));
+    call(
+        sp,
+        &cl,
+        None,
+        &base,
+        "GET",
+        "/1/tags",
+        "/1/tags?node=node2",
+        None,
+    )
+    .await;
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            None,
+            &base,
+            "GET",
+            "/1/tags",
+            "/1/tags?node=ghost",
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    let del = "/1/nodes/{node}/tags/{tag}";
+    let tag_path = format!("/1/nodes/node2/tags/{ready_tag}");
+    assert_eq!(
+        call(sp, &cl, None, &base, "DELETE", del, &tag_path, None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        call(sp, &cl, Some(&key), &base, "DELETE", del, &tag_path, None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        call(sp, &cl, Some(&key), &base, "DELETE", del, &tag_path, None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            Some(&key),
+            &base,
+            "DELETE",
+            del,
+            "/1/nodes/ghost/tags/x",
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    call(sp, &cl, None, &base, "GET", "/metrics", "/metrics", None).await;
+
+    // The collector's endpoints.
+    let col = format!("http://127.0.0.1:{}", c.ports[0]);
+    call(
+        sp,
+        &cl,
+        None,
+        &col,
+        "GET",
+        "/1/report/diagnose",
+        "/1/report/diagnose",
+        None,
+    )
+    .await;
+    let req = json!({"job": "spec-1", "event": "e", "command": "fix", "input": {"status": "Ok"}});
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            None,
+            &col,
+            "POST",
+            "/1/repair",
+            "/1/repair",
+            Some(req.clone())
+        )
+        .await
+        .0,
+        401
+    );
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            Some(&key),
+            &col,
+            "POST",
+            "/1/repair",
+            "/1/repair",
+            Some(req.clone())
+        )
+        .await
+        .0,
+        202
+    );
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            Some(&key),
+            &col,
+            "POST",
+            "/1/repair",
+            "/1/repair",
+            Some(req)
+        )
+        .await
+        .0,
+        200
+    );
+    let bad = json!({"job": "spec-2", "event": "e", "command": "../x", "input": null});
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            Some(&key),
+            &col,
+            "POST",
+            "/1/repair",
+            "/1/repair",
+            Some(bad)
+        )
+        .await
+        .0,
+        400
+    );
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            Some(&key),
+            &col,
+            "POST",
+            "/1/repair",
+            "/1/repair",
+            Some(json!({"job": 1}))
+        )
+        .await
+        .0,
+        400
+    );
+    let r = "/1/repair/{job}";
+    assert_eq!(
+        call(
+            sp,
+            &cl,
+            Some(&key),
+            &col,
+            "GET",
+            r,
+            "/1/repair/spec-1",
+            None
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        call(sp, &cl, Some(&key), &col, "GET", r, "/1/repair/none", None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        call(sp, &cl, None, &col, "GET", r, "/1/repair/spec-1", None)
+            .await
+            .0,
+        401
+    );
+
+    let missing: Vec<_> = s.operations().difference(&s.seen).cloned().collect();
+    assert!(
+        missing.is_empty(),
+        "operations never exercised: {missing:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_and_methods_get_json_errors() {
+    let mut c = Cluster::new(1);
+    c.start().await;
+    let r = c
+        .client
+        .get(format!("{}/2/status", c.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "not-found");
+    let r = c
+        .client
+        .delete(format!("{}/1/status", c.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "method-not-allowed");
+}
