@@ -25,7 +25,7 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Config {
     pub cluster: ClusterConfig,
@@ -107,7 +107,7 @@ pub struct ActionsConfig {
     pub evacuate_failover: bool,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct InventoryConfig {
     pub hooks: HooksConfig,
@@ -195,27 +195,6 @@ impl Default for HooksConfig {
             evacuate_failover: "evacuate-failover".into(),
             offline: "offline".into(),
             online: "online".into(),
-        }
-    }
-}
-
-impl Default for InventoryConfig {
-    fn default() -> Self {
-        InventoryConfig {
-            hooks: HooksConfig::default(),
-        }
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            cluster: ClusterConfig::default(),
-            daemon: DaemonConfig::default(),
-            collector: CollectorConfig::default(),
-            actions: ActionsConfig::default(),
-            inventory: InventoryConfig::default(),
-            nodes: Vec::new(),
         }
     }
 }

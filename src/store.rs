@@ -101,6 +101,9 @@ const MIGRATIONS: &[&str] = &[
     "#,
 ];
 
+/// An event, its jobs, and why it was cleared (None while it is live).
+pub type EventRecord = (Event, Vec<Job>, Option<String>);
+
 pub struct Store {
     conn: Mutex<Connection>,
 }
@@ -493,7 +496,7 @@ impl Store {
     }
 
     /// One event (cleared ones included: an id stays resolvable) with its jobs.
-    pub fn event(&self, id: &Uuid) -> Result<Option<(Event, Vec<Job>, Option<String>)>> {
+    pub fn event(&self, id: &Uuid) -> Result<Option<EventRecord>> {
         let c = self.conn();
         let mut stmt = c.prepare_cached(&format!(
             "SELECT {EVENT_COLS}, cleared_why FROM events WHERE id=?1"

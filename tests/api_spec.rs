@@ -97,40 +97,49 @@ impl Spec {
     }
 }
 
-async fn call(
-    spec: &mut Spec,
-    client: &reqwest::Client,
-    key: Option<&Key>,
-    base: &str,
-    method: &str,
-    template: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-    let body = body.map(|b| serde_json::to_vec(&b).unwrap());
-    let resp = match key {
-        Some(k) => send_signed(client, k, m, base, path, body).await.unwrap(),
-        None => {
-            let mut r = client.request(m, format!("{base}{path}"));
+struct Api {
+    spec: Spec,
+    client: reqwest::Client,
+    key: Key,
+}
+
+impl Api {
+    /// Sends a request (signed or not) and checks the response against the spec.
+    async fn call(
+        &mut self,
+        signed: bool,
+        base: &str,
+        method: &str,
+        template: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let body = body.map(|b| serde_json::to_vec(&b).unwrap());
+        let resp = if signed {
+            send_signed(&self.client, &self.key, m, base, path, body)
+                .await
+                .unwrap()
+        } else {
+            let mut r = self.client.request(m, format!("{base}{path}"));
             if let Some(b) = body {
                 r = r.header("content-type", "application/json").body(b);
             }
             r.send().await.unwrap()
-        }
-    };
-    let status = resp.status().as_u16();
-    let ct = resp
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default();
-    let bytes = resp.bytes().await.unwrap();
-    spec.check(method, template, status, &ct, &bytes);
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+        };
+        let status = resp.status().as_u16();
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let bytes = resp.bytes().await.unwrap();
+        self.spec.check(method, template, status, &ct, &bytes);
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,21 +160,22 @@ async fn real_responses_match_the_openapi_spec() {
             e["note"].as_str().is_some_and(|n| n.contains("disabled"))
         })
         .await;
-    let key = Key::load(&c.path("cluster.key")).unwrap();
-    let cl = c.client.clone();
+    let mut api = Api {
+        spec: Spec::load(),
+        client: c.client.clone(),
+        key: Key::load(&c.path("cluster.key")).unwrap(),
+    };
     let base = c.url();
-    let mut s = Spec::load();
-    let sp = &mut s;
     let unknown = "8c7e1a64-3b4b-4c7b-9a43-1f0a2b3c4d5e";
     let id = |e: &Value| e["id"].as_str().unwrap().to_string();
 
-    call(sp, &cl, None, &base, "GET", "/", "/", None).await;
-    let (_, all) = call(sp, &cl, None, &base, "GET", "/1/status", "/1/status", None).await;
+    api.call(false, &base, "GET", "/", "/", None).await;
+    let (_, all) = api
+        .call(false, &base, "GET", "/1/status", "/1/status", None)
+        .await;
     assert_eq!(all.as_array().unwrap().len(), 3);
-    call(
-        sp,
-        &cl,
-        None,
+    api.call(
+        false,
         &base,
         "GET",
         "/1/status/{id}",
@@ -174,10 +184,8 @@ async fn real_responses_match_the_openapi_spec() {
     )
     .await;
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            None,
+        api.call(
+            false,
             &base,
             "GET",
             "/1/status/{id}",
@@ -189,10 +197,8 @@ async fn real_responses_match_the_openapi_spec() {
         404
     );
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            None,
+        api.call(
+            false,
             &base,
             "GET",
             "/1/status/{id}",
@@ -203,15 +209,15 @@ async fn real_responses_match_the_openapi_spec() {
         .0,
         400
     );
-    let (_, nodes) = call(sp, &cl, None, &base, "GET", "/1/nodes", "/1/nodes", None).await;
+    let (_, nodes) = api
+        .call(false, &base, "GET", "/1/nodes", "/1/nodes", None)
+        .await;
     assert_eq!(nodes[0]["offline"], true);
 
     let cancel = "/1/events/{id}/cancel";
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            None,
+        api.call(
+            false,
             &base,
             "POST",
             cancel,
@@ -222,23 +228,20 @@ async fn real_responses_match_the_openapi_spec() {
         .0,
         401
     );
-    let (st, ev) = call(
-        sp,
-        &cl,
-        Some(&key),
-        &base,
-        "POST",
-        cancel,
-        &format!("/1/events/{}/cancel", id(&noted)),
-        None,
-    )
-    .await;
+    let (st, ev) = api
+        .call(
+            true,
+            &base,
+            "POST",
+            cancel,
+            &format!("/1/events/{}/cancel", id(&noted)),
+            None,
+        )
+        .await;
     assert_eq!((st, ev["repair-status"].as_str()), (200, Some("canceled")));
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            Some(&key),
+        api.call(
+            true,
             &base,
             "POST",
             cancel,
@@ -250,10 +253,8 @@ async fn real_responses_match_the_openapi_spec() {
         409
     );
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            Some(&key),
+        api.call(
+            true,
             &base,
             "POST",
             cancel,
@@ -265,94 +266,59 @@ async fn real_responses_match_the_openapi_spec() {
         404
     );
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            Some(&key),
-            &base,
-            "POST",
-            cancel,
-            "/1/events/x/cancel",
-            None
-        )
-        .await
-        .0,
+        api.call(true, &base, "POST", cancel, "/1/events/x/cancel", None)
+            .await
+            .0,
         400
     );
 
-    let (_, tags) = call(sp, &cl, None, &base, "GET", "/1/tags", "/1/tags", None).await;
+    let (_, tags) = api
+        .call(false, &base, "GET", "/1/tags", "/1/tags", None)
+        .await;
     let ready_tag = format!("maintd:repairready:{}", id(&ready));
     assert_eq!(tags["node2"], json!([ready_tag]));
     assert_eq!(tags["node3"], json!([]));
-    call(
-        sp,
-        &cl,
-        None,
-        &base,
-        "GET",
-        "/1/tags",
-        "/1/tags?node=node2",
-        None,
-    )
-    .await;
+    api.call(false, &base, "GET", "/1/tags", "/1/tags?node=node2", None)
+        .await;
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            None,
-            &base,
-            "GET",
-            "/1/tags",
-            "/1/tags?node=ghost",
-            None
-        )
-        .await
-        .0,
+        api.call(false, &base, "GET", "/1/tags", "/1/tags?node=ghost", None)
+            .await
+            .0,
         404
     );
     let del = "/1/nodes/{node}/tags/{tag}";
     let tag_path = format!("/1/nodes/node2/tags/{ready_tag}");
     assert_eq!(
-        call(sp, &cl, None, &base, "DELETE", del, &tag_path, None)
+        api.call(false, &base, "DELETE", del, &tag_path, None)
             .await
             .0,
         401
     );
     assert_eq!(
-        call(sp, &cl, Some(&key), &base, "DELETE", del, &tag_path, None)
+        api.call(true, &base, "DELETE", del, &tag_path, None)
             .await
             .0,
         200
     );
     assert_eq!(
-        call(sp, &cl, Some(&key), &base, "DELETE", del, &tag_path, None)
+        api.call(true, &base, "DELETE", del, &tag_path, None)
             .await
             .0,
         404
     );
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            Some(&key),
-            &base,
-            "DELETE",
-            del,
-            "/1/nodes/ghost/tags/x",
-            None
-        )
-        .await
-        .0,
+        api.call(true, &base, "DELETE", del, "/1/nodes/ghost/tags/x", None)
+            .await
+            .0,
         404
     );
-    call(sp, &cl, None, &base, "GET", "/metrics", "/metrics", None).await;
+    api.call(false, &base, "GET", "/metrics", "/metrics", None)
+        .await;
 
     // The collector's endpoints.
     let col = format!("http://127.0.0.1:{}", c.ports[0]);
-    call(
-        sp,
-        &cl,
-        None,
+    api.call(
+        false,
         &col,
         "GET",
         "/1/report/diagnose",
@@ -362,10 +328,8 @@ async fn real_responses_match_the_openapi_spec() {
     .await;
     let req = json!({"job": "spec-1", "event": "e", "command": "fix", "input": {"status": "Ok"}});
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            None,
+        api.call(
+            false,
             &col,
             "POST",
             "/1/repair",
@@ -377,10 +341,8 @@ async fn real_responses_match_the_openapi_spec() {
         401
     );
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            Some(&key),
+        api.call(
+            true,
             &col,
             "POST",
             "/1/repair",
@@ -392,41 +354,21 @@ async fn real_responses_match_the_openapi_spec() {
         202
     );
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            Some(&key),
-            &col,
-            "POST",
-            "/1/repair",
-            "/1/repair",
-            Some(req)
-        )
-        .await
-        .0,
+        api.call(true, &col, "POST", "/1/repair", "/1/repair", Some(req))
+            .await
+            .0,
         200
     );
     let bad = json!({"job": "spec-2", "event": "e", "command": "../x", "input": null});
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            Some(&key),
-            &col,
-            "POST",
-            "/1/repair",
-            "/1/repair",
-            Some(bad)
-        )
-        .await
-        .0,
+        api.call(true, &col, "POST", "/1/repair", "/1/repair", Some(bad))
+            .await
+            .0,
         400
     );
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            Some(&key),
+        api.call(
+            true,
             &col,
             "POST",
             "/1/repair",
@@ -439,34 +381,30 @@ async fn real_responses_match_the_openapi_spec() {
     );
     let r = "/1/repair/{job}";
     assert_eq!(
-        call(
-            sp,
-            &cl,
-            Some(&key),
-            &col,
-            "GET",
-            r,
-            "/1/repair/spec-1",
-            None
-        )
-        .await
-        .0,
+        api.call(true, &col, "GET", r, "/1/repair/spec-1", None)
+            .await
+            .0,
         200
     );
     assert_eq!(
-        call(sp, &cl, Some(&key), &col, "GET", r, "/1/repair/none", None)
+        api.call(true, &col, "GET", r, "/1/repair/none", None)
             .await
             .0,
         404
     );
     assert_eq!(
-        call(sp, &cl, None, &col, "GET", r, "/1/repair/spec-1", None)
+        api.call(false, &col, "GET", r, "/1/repair/spec-1", None)
             .await
             .0,
         401
     );
 
-    let missing: Vec<_> = s.operations().difference(&s.seen).cloned().collect();
+    let missing: Vec<_> = api
+        .spec
+        .operations()
+        .difference(&api.spec.seen)
+        .cloned()
+        .collect();
     assert!(
         missing.is_empty(),
         "operations never exercised: {missing:?}"

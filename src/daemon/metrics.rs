@@ -32,9 +32,7 @@ pub struct Metrics {
 impl Metrics {
     pub fn register(reg: &mut Registry) -> Metrics {
         let m = Metrics {
-            poll_cycle_seconds: Histogram::new(
-                [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0].into_iter(),
-            ),
+            poll_cycle_seconds: Histogram::new([0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0]),
             reports_accepted: Counter::default(),
             reports_rejected: Family::default(),
             nodes_unreachable: Gauge::default(),

@@ -72,7 +72,7 @@ impl Poller {
                 ),
             })
             .collect();
-        Ok(Poller::with_targets(
+        Poller::with_targets(
             targets,
             key,
             VerifyRules {
@@ -83,7 +83,7 @@ impl Poller {
             cfg.daemon.poll_timeout,
             store,
             metrics,
-        )?)
+        )
     }
 
     pub fn with_targets(

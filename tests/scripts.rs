@@ -1,0 +1,303 @@
+//! The shipped scripts against fixture trees: subsystem collectors, the consolidated diagnose
+//! (most invasive wins, byte-stable output), the repair hooks, and `maintd diagnose --once`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+/// A healthy fixture root: one rw ext4 mount, eth0 up with link, EDAC counters at zero.
+fn healthy_root() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let r = d.path();
+    for p in [
+        "proc",
+        "sys/class/net/eth0/device",
+        "sys/devices/system/edac/mc/mc0",
+        "sys/block/sda",
+    ] {
+        std::fs::create_dir_all(r.join(p)).unwrap();
+    }
+    std::fs::write(
+        r.join("proc/mounts"),
+        "/dev/sda1 / ext4 rw,relatime 0 0\nproc /proc proc rw 0 0\n",
+    )
+    .unwrap();
+    std::fs::write(r.join("sys/class/net/eth0/flags"), "0x1003\n").unwrap();
+    std::fs::write(r.join("sys/class/net/eth0/operstate"), "up\n").unwrap();
+    set(r, "sys/devices/system/edac/mc/mc0/ce_count", "0");
+    set(r, "sys/devices/system/edac/mc/mc0/ue_count", "0");
+    std::fs::write(r.join("usage.json"), "{}").unwrap();
+    d
+}
+
+fn set(root: &Path, rel: &str, v: &str) {
+    std::fs::write(root.join(rel), format!("{v}\n")).unwrap();
+}
+
+fn run(script: &Path, root: &Path, env: &[(&str, String)]) -> String {
+    let out = Command::new(script)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("MAINTD_ROOT", root)
+        .env("MAINTD_COLLECTORS_DIR", repo("collectors"))
+        .env("MAINTD_FS_USAGE", root.join("usage.json"))
+        .env("MAINTD_SMARTCTL", root.join("no-smartctl"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script:?}: {out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim_end()
+        .to_string()
+}
+
+fn diagnose(root: &Path, env: &[(&str, String)]) -> Value {
+    serde_json::from_str(&run(&repo("diagnose.d/maintd-diagnose"), root, env)).unwrap()
+}
+
+#[test]
+fn a_healthy_node_is_ok_and_the_output_is_byte_stable() {
+    let r = healthy_root();
+    let a = run(&repo("diagnose.d/maintd-diagnose"), r.path(), &[]);
+    let b = run(&repo("diagnose.d/maintd-diagnose"), r.path(), &[]);
+    assert_eq!(a, b);
+    let v: Value = serde_json::from_str(&a).unwrap();
+    assert_eq!(v["status"], "Ok");
+    // Sorted keys, no whitespace.
+    assert!(!a.contains(' ') || a.contains("collector-errors"), "{a}");
+    assert!(a.starts_with(r#"{"details":"#), "{a}");
+}
+
+#[test]
+fn each_subsystem_check_emits_its_verdict() {
+    let fs = repo("collectors/fs-check");
+    let r = healthy_root();
+    std::fs::write(
+        r.path().join("proc/mounts"),
+        "/dev/sda1 / ext4 rw 0 0\n/dev/sdb1 /srv xfs ro,noatime 0 0\n",
+    )
+    .unwrap();
+    assert_eq!(
+        run(&fs, r.path(), &[]),
+        r#"{"details":{"fs":{"read-only":["/srv"]}},"status":"evacuate"}"#
+    );
+
+    let r = healthy_root();
+    std::fs::write(r.path().join("usage.json"), r#"{"/": 97}"#).unwrap();
+    assert_eq!(
+        run(&fs, r.path(), &[]),
+        r#"{"command":"fs-cleanup","details":{"fs":{"full":["/"]}},"status":"live-repair"}"#
+    );
+    std::fs::write(r.path().join("usage.json"), r#"{"/": 90}"#).unwrap();
+    assert_eq!(run(&fs, r.path(), &[]), r#"{"details":{},"status":"Ok"}"#);
+
+    let edac = repo("collectors/edac-check");
+    let r = healthy_root();
+    set(r.path(), "sys/devices/system/edac/mc/mc0/ce_count", "150");
+    let ce = run(&edac, r.path(), &[]);
+    assert_eq!(
+        ce,
+        r#"{"details":{"edac":{"correctable":["mc0"]}},"status":"evacuate"}"#
+    );
+    // More errors on the same controller: the verdict does not change (no new event).
+    set(r.path(), "sys/devices/system/edac/mc/mc0/ce_count", "4000");
+    assert_eq!(run(&edac, r.path(), &[]), ce);
+    set(r.path(), "sys/devices/system/edac/mc/mc0/ue_count", "1");
+    assert_eq!(
+        run(&edac, r.path(), &[]),
+        r#"{"details":{"edac":{"correctable":[],"uncorrectable":["mc0"]}},"status":"evacuate-failover"}"#
+    );
+    set(r.path(), "sys/devices/system/edac/mc/mc0/ue_count", "0");
+    set(r.path(), "sys/devices/system/edac/mc/mc0/ce_count", "3");
+    assert_eq!(run(&edac, r.path(), &[]), r#"{"details":{},"status":"Ok"}"#);
+
+    let net = repo("collectors/net-check");
+    let r = healthy_root();
+    assert_eq!(run(&net, r.path(), &[]), r#"{"details":{},"status":"Ok"}"#);
+    set(r.path(), "sys/class/net/eth0/operstate", "down");
+    assert_eq!(
+        run(&net, r.path(), &[]),
+        r#"{"command":"net-link-reset","details":{"net":{"link-down":["eth0"]}},"status":"live-repair"}"#
+    );
+    // Administratively down is not a fault.
+    set(r.path(), "sys/class/net/eth0/flags", "0x1002");
+    assert_eq!(run(&net, r.path(), &[]), r#"{"details":{},"status":"Ok"}"#);
+
+    let smart = repo("collectors/smart-check");
+    let r = healthy_root();
+    let fake = r.path().join("smartctl");
+    common::write_exec(&fake, r#"echo '{"smart_status":{"passed":false}}'"#);
+    assert_eq!(
+        run(
+            &smart,
+            r.path(),
+            &[("MAINTD_SMARTCTL", fake.display().to_string())]
+        ),
+        r#"{"details":{"smart":{"failing":["sda"]}},"status":"evacuate"}"#
+    );
+    common::write_exec(&fake, r#"echo '{"smart_status":{"passed":true}}'"#);
+    assert_eq!(
+        run(
+            &smart,
+            r.path(),
+            &[("MAINTD_SMARTCTL", fake.display().to_string())]
+        ),
+        r#"{"details":{},"status":"Ok"}"#
+    );
+}
+
+#[test]
+fn the_consolidated_diagnose_merges_and_the_most_invasive_wins() {
+    let r = healthy_root();
+    set(r.path(), "sys/class/net/eth0/operstate", "down");
+    let v = diagnose(r.path(), &[]);
+    assert_eq!(v["status"], "live-repair");
+    assert_eq!(v["command"], "net-link-reset");
+
+    std::fs::write(r.path().join("proc/mounts"), "/dev/sda1 / ext4 ro 0 0\n").unwrap();
+    let v = diagnose(r.path(), &[]);
+    assert_eq!(v["status"], "evacuate");
+    assert!(
+        v.get("command").is_none(),
+        "a command only goes with live-repair: {v}"
+    );
+    assert_eq!(v["details"]["fs"], json!({"read-only": ["/"]}));
+    assert_eq!(v["details"]["net"], json!({"link-down": ["eth0"]}));
+
+    // A broken collector is listed, and never raises the status on its own.
+    let cdir = tempfile::tempdir().unwrap();
+    for f in ["net-check", "_common.py"] {
+        std::fs::copy(repo("collectors").join(f), cdir.path().join(f)).unwrap();
+    }
+    common::write_exec(&cdir.path().join("broken-check"), "echo nonsense");
+    let v = diagnose(
+        r.path(),
+        &[("MAINTD_COLLECTORS_DIR", cdir.path().display().to_string())],
+    );
+    assert_eq!(v["status"], "live-repair");
+    assert!(
+        v["details"]["collector-errors"]["broken-check"].is_string(),
+        "{v}"
+    );
+}
+
+#[test]
+fn hooks_log_and_read_the_event_and_repairs_honour_the_root_prefix() {
+    let d = tempfile::tempdir().unwrap();
+    let log = d.path().join("hooks.log");
+    let out = Command::new(repo("repair.d/evacuate"))
+        .args(["node1", "ev-1"])
+        .env("MAINTD_ACTION", "evacuate")
+        .env("MAINTD_REASON", "maintd:ev-1")
+        .env("MAINTD_HOOK_LOG", &log)
+        .stdin(std::fs::File::open(repo("Cargo.toml")).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "evacuate node1 ev-1 maintd:ev-1\n"
+    );
+    let out = Command::new(repo("repair.d/evacuate")).output().unwrap();
+    assert!(!out.status.success(), "a hook without arguments must fail");
+
+    let mut child = Command::new(repo("repair.d/net-link-reset"))
+        .env("MAINTD_ROOT", d.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"status":"live-repair","command":"net-link-reset","details":{"net":{"link-down":["eth0","eth1"]}}}"#)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "reset link eth0\nreset link eth1\n"
+    );
+}
+
+#[test]
+fn diagnose_once_prints_a_signed_envelope() {
+    let d = tempfile::tempdir().unwrap();
+    let key = d.path().join("k");
+    assert!(
+        Command::new(common::BIN)
+            .args(["keygen", "--key-file"])
+            .arg(&key)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let r = healthy_root();
+    std::fs::write(r.path().join("proc/mounts"), "/dev/sda1 / ext4 ro 0 0\n").unwrap();
+    let cfg = d.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[collector]\nnode = \"n1\"\ndiagnose = \"maintd-diagnose\"\ndiagnose-dir = \"{}\"\nenv = {{ MAINTD_ROOT = \"{}\", MAINTD_COLLECTORS_DIR = \"{}\", MAINTD_FS_USAGE = \"{}\" }}\n",
+            repo("diagnose.d").display(),
+            r.path().display(),
+            repo("collectors").display(),
+            r.path().join("usage.json").display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(common::BIN)
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--key-file",
+            key.to_str().unwrap(),
+            "diagnose",
+            "--once",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let k = maintd::report::Key::load(&key).unwrap();
+    let rules = maintd::report::VerifyRules {
+        window_s: 60,
+        max_bytes: 1 << 20,
+    };
+    let v = maintd::report::Envelope::verify(
+        &out.stdout,
+        &k,
+        "n1",
+        None,
+        maintd::report::now_ns(),
+        rules,
+    )
+    .unwrap();
+    assert_eq!(v.verdict.status, maintd::report::Status::Evacuate);
+    assert_eq!(v.envelope.name, "diagnose");
+    assert_eq!(v.envelope.version, "B");
+
+    // A missing key is a clear error.
+    let out = Command::new(common::BIN)
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--key-file",
+            "/nonexistent",
+            "diagnose",
+            "--once",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent"));
+}
