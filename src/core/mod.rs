@@ -456,12 +456,30 @@ fn follow_tags(d: &mut Draft) {
 
 /// Creates events for new reports and forgets the ones that are no longer observed.
 fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
+    // Index once: scanning every event for every node would be quadratic on large clusters.
+    let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, e) in d.events.iter().enumerate() {
+        by_node.entry(e.node.clone()).or_default().push(i);
+    }
+    let mut created = Vec::new();
     for (node, obs) in observations {
         let Observation::Report(v) = obs else {
             continue;
         };
-        let canonical = v.canonical();
-        let mine: Vec<Event> = d.live().filter(|e| &e.node == node).cloned().collect();
+        let mine: Vec<Event> = by_node
+            .get(node.as_str())
+            .into_iter()
+            .flatten()
+            .map(|&i| &d.events[i])
+            .filter(|e| !d.cleared.contains(&e.id))
+            .cloned()
+            .collect();
+        let canonical = if mine.is_empty() && v.status == Status::Ok {
+            // The common case: a healthy node with no events needs no canonical form.
+            continue;
+        } else {
+            v.canonical()
+        };
         for e in &mine {
             if e.canonical == canonical {
                 continue;
@@ -501,9 +519,10 @@ fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
                 updated: now,
             };
             d.out.push(Action::CreateEvent(e.clone()));
-            d.events.push(e);
+            created.push(e);
         }
     }
+    d.events.extend(created);
 }
 
 fn observed(obs: &Observations, e: &Event) -> bool {
