@@ -377,3 +377,45 @@ async fn a_missing_hook_for_an_enabled_action_fails_start_up() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_daemon_and_collector_cleanly_and_state_survives() {
+    let mut c = Cluster::new(1);
+    c.set_verdict("node1", r#"{"status":"live-repair","details":"fan"}"#);
+    c.start().await;
+    let e = c.wait_status("node1", "completed").await;
+    for p in [
+        c.daemon.as_mut().unwrap(),
+        c.collectors[0].as_mut().unwrap(),
+    ] {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + WAIT;
+        let status = loop {
+            if let Some(s) = p.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "did not stop on SIGTERM"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{}",
+            std::fs::read_to_string(&p.log).unwrap()
+        );
+    }
+    // The event survives the restart unchanged, and no new one appears.
+    c.start().await;
+    some_polls().await;
+    let evs = c.status().await;
+    assert_eq!(evs.len(), 1);
+    assert_eq!(evs[0]["id"], e["id"]);
+    assert_eq!(evs[0]["repair-status"], "completed");
+}

@@ -90,16 +90,31 @@ pub async fn run(
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
-    let engine_task = tokio::spawn(
+    let mut engine_task = tokio::spawn(
         engine
             .run(stop(stop_rx.clone()))
             .instrument(info_span!("engine")),
     );
     let server = axum::serve(listener, app).with_graceful_shutdown(stop(stop_rx));
-    let server_task = tokio::spawn(async move { server.await });
-    shutdown.await;
+    let mut server_task = tokio::spawn(async move { server.await });
+    // A critical task that ends on its own takes the daemon down rather than leave it half-alive.
+    let early = tokio::select! {
+        biased;
+        _ = shutdown => None,
+        r = &mut server_task => Some(match r {
+            Ok(Ok(())) => Err(DaemonError::Serve(std::io::Error::other("API server stopped"))),
+            Ok(Err(e)) => Err(DaemonError::Serve(e)),
+            Err(e) => Err(DaemonError::Serve(std::io::Error::other(e))),
+        }),
+        r = &mut engine_task => Some(Err(DaemonError::Serve(std::io::Error::other(format!(
+            "engine stopped unexpectedly: {r:?}"
+        ))))),
+    };
     info!("shutting down");
     let _ = stop_tx.send(true);
+    if let Some(result) = early {
+        return result;
+    }
     let _ = engine_task.await;
     let served = server_task.await;
     info!("daemon stopped");
