@@ -237,23 +237,21 @@ fn client() -> reqwest::Client {
 }
 
 async fn api_get(url: &str, path: &str) -> Result<Value, CliError> {
-    let resp = client()
-        .get(format!("{url}{path}"))
-        .send()
-        .await
-        .map_err(|source| CliError::Connect {
-            url: url.into(),
-            source,
-        })?;
-    decode(url, resp).await
+    decode(url, client().get(format!("{url}{path}")).send().await).await
 }
 
-async fn decode(url: &str, resp: reqwest::Response) -> Result<Value, CliError> {
-    let status = resp.status();
-    let body = resp.bytes().await.map_err(|source| CliError::Connect {
+/// Turns a sent request into the JSON answer, or an error naming what went wrong.
+async fn decode(
+    url: &str,
+    sent: Result<reqwest::Response, reqwest::Error>,
+) -> Result<Value, CliError> {
+    let connect = |source| CliError::Connect {
         url: url.into(),
         source,
-    })?;
+    };
+    let resp = sent.map_err(connect)?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(connect)?;
     if !status.is_success() {
         return Err(CliError::Api(error_message(status, &body)));
     }
@@ -267,13 +265,11 @@ async fn api_signed(
     path: &str,
 ) -> Result<Value, CliError> {
     let key = Key::load(&cfg.cluster.key_file)?;
-    let resp = send_signed(&client(), &key, method, url, path, None)
-        .await
-        .map_err(|source| CliError::Connect {
-            url: url.into(),
-            source,
-        })?;
-    decode(url, resp).await
+    decode(
+        url,
+        send_signed(&client(), &key, method, url, path, None).await,
+    )
+    .await
 }
 
 /// Percent-encodes one path segment (tags contain ':').

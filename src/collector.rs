@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -21,7 +22,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::{CollectorConfig, Config};
 use crate::exec::{self, ExecError, RunSpec};
-use crate::http::{ApiError, parse_json, verify_signed};
+use crate::http::{ApiError, SignedAuth, parse_json, require_signed};
 use crate::report::{Envelope, Key, KeyError, Verdict, canonical_json, now_ns};
 
 /// Output of a repair kept for the daemon.
@@ -184,18 +185,22 @@ impl Collector {
     }
 
     pub fn router(self: &Arc<Self>) -> Router {
+        let auth = SignedAuth {
+            key: self.key.clone(),
+            window_s: self.cfg.request_window.as_secs(),
+        };
+        let signed = Router::new()
+            .route("/1/repair", post(start_repair))
+            .route("/1/repair/{job}", get(repair_status))
+            .route_layer(middleware::from_fn_with_state(auth, require_signed))
+            .with_state(self.clone());
         Router::new()
             .route("/", get(|| async { Json(json!([1])) }))
             .route("/1/report/diagnose", get(report))
-            .route("/1/repair", post(start_repair))
-            .route("/1/repair/{job}", get(repair_status))
             .fallback(crate::http::not_found_fallback)
             .method_not_allowed_fallback(crate::http::method_not_allowed)
             .with_state(self.clone())
-    }
-
-    fn window(&self) -> u64 {
-        self.cfg.request_window.as_secs()
+            .merge(signed)
     }
 
     async fn run_repair(self: Arc<Self>, req: RepairRequest) {
@@ -268,14 +273,7 @@ fn valid_job_key(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-async fn start_repair(
-    State(c): State<Arc<Collector>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    verify_signed(&c.key, c.window(), &method, &uri, &headers, &body)?;
+async fn start_repair(State(c): State<Arc<Collector>>, body: Bytes) -> Result<Response, ApiError> {
     let req: RepairRequest = parse_json(&body)?;
     if !valid_job_key(&req.job) {
         return Err(ApiError::bad_request(
@@ -316,11 +314,7 @@ async fn start_repair(
 async fn repair_status(
     State(c): State<Arc<Collector>>,
     Path(job): Path<String>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
 ) -> Result<Json<RepairStatus>, ApiError> {
-    verify_signed(&c.key, c.window(), &method, &uri, &headers, b"")?;
     c.repairs
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -431,28 +425,19 @@ mod tests {
         let key = Key::from_bytes(vec![1; 32]);
         let c = Collector::new("n1".into(), key.clone(), CollectorConfig::default());
         let app = c.router();
-        let resp = app
-            .clone()
-            .oneshot(
+        let get_report = || {
+            app.clone().oneshot(
                 Request::get("/1/report/diagnose")
                     .body(Body::empty())
                     .unwrap(),
             )
-            .await
-            .unwrap();
+        };
+        let resp = get_report().await.unwrap();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
         c.set_diagnosis(diagnose(&CollectorConfig::default()).await);
         let mut last = None;
         for _ in 0..2 {
-            let resp = app
-                .clone()
-                .oneshot(
-                    Request::get("/1/report/diagnose")
-                        .body(Body::empty())
-                        .unwrap(),
-                )
-                .await
-                .unwrap();
+            let resp = get_report().await.unwrap();
             let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
                 .await
                 .unwrap();

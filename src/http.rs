@@ -92,6 +92,43 @@ pub fn verify_signed(
     .map_err(ApiError::unauthorized)
 }
 
+/// Largest body a signed request may carry.
+const MAX_SIGNED_BODY: usize = 1 << 20;
+
+/// What the signature middleware checks against.
+#[derive(Clone)]
+pub struct SignedAuth {
+    pub key: Key,
+    pub window_s: u64,
+}
+
+/// Middleware for routes that change state: the request must be signed with the cluster key.
+/// The body is read once, verified, and handed on to the handler unchanged.
+pub async fn require_signed(
+    axum::extract::State(auth): axum::extract::State<SignedAuth>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_SIGNED_BODY)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
+    verify_signed(
+        &auth.key,
+        auth.window_s,
+        &parts.method,
+        &parts.uri,
+        &parts.headers,
+        &bytes,
+    )?;
+    Ok(next
+        .run(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::from(bytes),
+        ))
+        .await)
+}
+
 /// Parses a JSON body, naming the problem when it is malformed.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body)

@@ -225,6 +225,25 @@ fn collect<T>(
     Ok(out)
 }
 
+/// Live (non-cleared) events, oldest first, and all their jobs.
+fn live_events_and_jobs(c: &Connection) -> Result<(Vec<Event>, Vec<Job>)> {
+    let events = collect(
+        c.prepare_cached(&format!(
+            "SELECT {EVENT_COLS} FROM events WHERE cleared_ns IS NULL ORDER BY created_ns, id"
+        ))?,
+        [],
+        event_from_row,
+    )?;
+    let jobs = collect(
+        c.prepare_cached(&format!(
+            "SELECT {JOB_COLS} FROM jobs WHERE event_id IN (SELECT id FROM events WHERE cleared_ns IS NULL) ORDER BY id"
+        ))?,
+        [],
+        job_from_row,
+    )?;
+    Ok((events, jobs))
+}
+
 impl Store {
     pub fn open(path: &Path) -> Result<Store> {
         let conn = Connection::open(path).map_err(|source| StoreError::Open {
@@ -274,20 +293,7 @@ impl Store {
         tags: BTreeMap<String, BTreeSet<String>>,
     ) -> Result<State> {
         let c = self.conn();
-        let events = collect(
-            c.prepare_cached(&format!(
-                "SELECT {EVENT_COLS} FROM events WHERE cleared_ns IS NULL ORDER BY created_ns, id"
-            ))?,
-            [],
-            event_from_row,
-        )?;
-        let jobs = collect(
-            c.prepare_cached(&format!(
-                "SELECT {JOB_COLS} FROM jobs WHERE event_id IN (SELECT id FROM events WHERE cleared_ns IS NULL) ORDER BY id"
-            ))?,
-            [],
-            job_from_row,
-        )?;
+        let (events, jobs) = live_events_and_jobs(&c)?;
         let round_running: Option<i64> = c
             .query_row(
                 "SELECT MIN(round) FROM jobs WHERE status = 'running'",
@@ -468,20 +474,7 @@ impl Store {
     /// Live (non-cleared) events with their jobs, oldest first.
     pub fn events_with_jobs(&self) -> Result<Vec<(Event, Vec<Job>)>> {
         let c = self.conn();
-        let events = collect(
-            c.prepare_cached(&format!(
-                "SELECT {EVENT_COLS} FROM events WHERE cleared_ns IS NULL ORDER BY created_ns, id"
-            ))?,
-            [],
-            event_from_row,
-        )?;
-        let jobs = collect(
-            c.prepare_cached(&format!(
-                "SELECT {JOB_COLS} FROM jobs WHERE event_id IN (SELECT id FROM events WHERE cleared_ns IS NULL) ORDER BY id"
-            ))?,
-            [],
-            job_from_row,
-        )?;
+        let (events, jobs) = live_events_and_jobs(&c)?;
         let mut by_event: HashMap<Uuid, Vec<Job>> = HashMap::new();
         for j in jobs {
             by_event.entry(j.event).or_default().push(j);

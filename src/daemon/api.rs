@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, Method, Uri, header};
+use axum::http::header;
+use axum::middleware;
 use axum::response::IntoResponse;
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::cluster::{Cluster, ClusterError, event_json};
 use crate::config::{Config, collector_address};
-use crate::http::{ApiError, verify_signed};
+use crate::http::{ApiError, SignedAuth, require_signed};
 use crate::report::{Key, now_ns};
 use crate::store::{CancelOutcome, Store};
 
@@ -37,15 +37,22 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 }
 
 pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
+    let auth = SignedAuth {
+        key: state.key.clone(),
+        window_s: state.cfg.daemon.request_window.as_secs(),
+    };
+    let signed = Router::new()
+        .route("/1/events/{id}/cancel", post(cancel::<C>))
+        .route("/1/nodes/{node}/tags/{tag}", delete(remove_tag::<C>))
+        .route_layer(middleware::from_fn_with_state(auth, require_signed));
     Router::new()
         .route("/", get(|| async { Json(json!([1])) }))
         .route("/1/status", get(status::<C>))
         .route("/1/status/{id}", get(one_status::<C>))
         .route("/1/nodes", get(nodes::<C>))
-        .route("/1/events/{id}/cancel", post(cancel::<C>))
         .route("/1/tags", get(tags::<C>))
-        .route("/1/nodes/{node}/tags/{tag}", delete(remove_tag::<C>))
         .route("/metrics", get(metrics::<C>))
+        .merge(signed)
         .fallback(crate::http::not_found_fallback)
         .method_not_allowed_fallback(crate::http::method_not_allowed)
         .with_state(state)
@@ -104,19 +111,7 @@ async fn nodes<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError>
 async fn cancel<C: Cluster>(
     State(s): S<C>,
     Path(id): Path<String>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    verify_signed(
-        &s.key,
-        s.cfg.daemon.request_window.as_secs(),
-        &method,
-        &uri,
-        &headers,
-        &body,
-    )?;
     let id = parse_id(&id)?;
     match s.store.cancel(&id, now_ns()).map_err(internal)? {
         CancelOutcome::NotFound => Err(ApiError::not_found(format!("no live event {id}"))),
@@ -162,19 +157,7 @@ async fn tags<C: Cluster>(
 async fn remove_tag<C: Cluster>(
     State(s): S<C>,
     Path((node, tag)): Path<(String, String)>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    verify_signed(
-        &s.key,
-        s.cfg.daemon.request_window.as_secs(),
-        &method,
-        &uri,
-        &headers,
-        &body,
-    )?;
     match s.cluster.remove_tag(&node, &tag).await {
         Ok(true) => {
             tracing::info!(node = %node, tag = %tag, "tag removed by operator");
