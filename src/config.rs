@@ -34,6 +34,7 @@ pub struct Config {
     pub actions: ActionsConfig,
     pub inventory: InventoryConfig,
     pub nodes: Vec<NodeConfig>,
+    pub fencing: crate::fencing::config::FencingConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -15,6 +15,7 @@ pub mod config;
 pub mod core;
 pub mod daemon;
 pub mod exec;
+pub mod fencing;
 pub mod http;
 pub mod jobrunner;
 pub mod report;

@@ -9,6 +9,8 @@ use uuid::Uuid;
 
 use crate::report::{Status, Verdict};
 
+pub mod fence;
+
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,578 @@
+//! The pure fence state machine (seed 004): candidates after the grace, storm / pause / in-flight
+//! / interval / cooldown gates, and each flow's transitions through isolation → power-management
+//! (verified off) → release → recovery, with retries and restarts. No I/O, no clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::Nanos;
+
+const FLOW_NAMESPACE: Uuid = Uuid::from_u128(0x6d61_696e_7464_4665_6e63_6500_0000_0001);
+
+pub fn fence_failed_tag(id: &Uuid) -> String {
+    format!("maintd:fencefailed:{id}")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    Isolation,
+    PowerManagement,
+    Recovery,
+}
+
+impl Step {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Isolation => "isolation",
+            Step::PowerManagement => "power-management",
+            Step::Recovery => "recovery",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FenceStatus {
+    /// The step is due (possibly waiting for its retry time or a gate).
+    New,
+    /// The step's agents are running.
+    Running,
+    /// The step finished successfully.
+    Done,
+    /// The flow failed; it restarts from the beginning while restarts are left.
+    Error,
+    /// The flow is over.
+    Final,
+}
+
+impl FenceStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceStatus::New => "new",
+            FenceStatus::Running => "running",
+            FenceStatus::Done => "done",
+            FenceStatus::Error => "error",
+            FenceStatus::Final => "final",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    pub at: Nanos,
+    pub step: Step,
+    pub status: FenceStatus,
+    pub note: String,
+}
+
+/// How one effect (a step attempt, the release, the reclaim) ended, as the executor recorded it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// One agent call, as recorded for the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Call {
+    pub at: Nanos,
+    pub step: Step,
+    pub method: String,
+    pub agent: String,
+    pub action: String,
+    pub code: Option<i32>,
+    pub ok: bool,
+    #[serde(rename = "elapsed-ms")]
+    pub elapsed_ms: u64,
+    pub output: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Flow {
+    pub id: Uuid,
+    pub node: String,
+    pub step: Step,
+    pub status: FenceStatus,
+    /// Failed attempts of the current step.
+    pub retries: u32,
+    pub restarts: u32,
+    /// Outcome of the running attempt, written by the executor.
+    pub result: Option<Outcome>,
+    pub release_result: Option<Outcome>,
+    pub reclaim_result: Option<Outcome>,
+    pub next_attempt: Nanos,
+    pub isolated: bool,
+    /// Power-off verified: the only proof that allows a release.
+    pub fenced: bool,
+    pub released: bool,
+    pub reclaimed: bool,
+    pub canceled: bool,
+    /// The fencefailed tag is on the node.
+    pub tagged: bool,
+    /// When the collector went silent.
+    pub detected: Nanos,
+    pub created: Nanos,
+    pub updated: Nanos,
+    pub isolated_at: Option<Nanos>,
+    pub fenced_at: Option<Nanos>,
+    pub released_at: Option<Nanos>,
+    pub history: Vec<Transition>,
+    pub calls: Vec<Call>,
+}
+
+impl Flow {
+    fn go(&mut self, now: Nanos, step: Step, status: FenceStatus, note: impl Into<String>) {
+        self.step = step;
+        self.status = status;
+        self.updated = now;
+        self.history.push(Transition {
+            at: now,
+            step,
+            status,
+            note: note.into(),
+        });
+    }
+
+    /// Still heading for a power-off (counts against the in-flight cap).
+    pub fn in_flight(&self, max_restarts: u32) -> bool {
+        !self.fenced
+            && match self.status {
+                FenceStatus::Final => false,
+                FenceStatus::Error => self.restarts < max_restarts && !self.canceled,
+                _ => self.step != Step::Recovery,
+            }
+    }
+}
+
+/// What the liveness probe and the report poller say about a node.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Liveness {
+    pub reachable: bool,
+    pub unreachable_since: Option<Nanos>,
+    /// When the last verified, healthy (Ok, no diagnose error) report arrived.
+    pub healthy_at: Option<Nanos>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageLimits {
+    pub retries: u32,
+    pub retry_interval: Nanos,
+}
+
+/// What the state machine needs of a node's fence configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanSummary {
+    pub isolation: Option<StageLimits>,
+    pub power_management: StageLimits,
+    pub recovery: StageLimits,
+}
+
+impl PlanSummary {
+    fn limits(&self, step: Step) -> StageLimits {
+        match step {
+            Step::Isolation => self.isolation.unwrap_or(self.power_management),
+            Step::PowerManagement => self.power_management,
+            Step::Recovery => self.recovery,
+        }
+    }
+
+    fn first_step(&self) -> Step {
+        if self.isolation.is_some() {
+            Step::Isolation
+        } else {
+            Step::PowerManagement
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FencePolicy {
+    pub grace: Nanos,
+    pub storm_percent: u32,
+    pub max_in_flight: usize,
+    pub min_interval: Nanos,
+    pub cooldown: Nanos,
+    pub paused: bool,
+    pub max_restarts: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct FenceState {
+    /// Every flow that is not final, and final ones still inside their cooldown.
+    pub flows: Vec<Flow>,
+    /// Every configured node.
+    pub liveness: BTreeMap<String, Liveness>,
+    pub plans: BTreeMap<String, PlanSummary>,
+    pub tags: BTreeMap<String, BTreeSet<String>>,
+    pub policy: FencePolicy,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum FenceAction {
+    Start(Flow),
+    /// Persist the flow as given (its history carries the new transition).
+    Save(Flow),
+    RunStep {
+        flow: Uuid,
+        node: String,
+        step: Step,
+    },
+    /// Release the node's workloads; `attempt` keys the job so it runs once per restart.
+    Release {
+        flow: Uuid,
+        node: String,
+        attempt: u32,
+    },
+    Reclaim {
+        flow: Uuid,
+        node: String,
+    },
+    TagFailed {
+        flow: Uuid,
+        node: String,
+        tag: String,
+    },
+    Storm {
+        unreachable: usize,
+        total: usize,
+    },
+}
+
+/// Decides every fence action due now.
+pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
+    let mut out = Vec::new();
+    let total = s.liveness.len();
+    let unreachable = s.liveness.values().filter(|l| !l.reachable).count();
+    let storm = total > 0 && unreachable * 100 > s.policy.storm_percent as usize * total;
+    if storm {
+        out.push(FenceAction::Storm { unreachable, total });
+    }
+    let hold_power = storm || s.policy.paused;
+    for f in &s.flows {
+        advance(s, f, hold_power, now, &mut out);
+    }
+    if !hold_power {
+        start_flows(s, now, &mut out);
+    }
+    out
+}
+
+fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
+    let p = &s.policy;
+    let mut in_flight = s
+        .flows
+        .iter()
+        .filter(|f| f.in_flight(p.max_restarts))
+        .count();
+    let mut last_start = s.flows.iter().map(|f| f.created).max();
+    let mut candidates: Vec<(&String, Nanos)> = s
+        .liveness
+        .iter()
+        .filter(|(n, l)| !l.reachable && s.plans.contains_key(*n))
+        .filter_map(|(n, l)| l.unreachable_since.map(|t| (n, t)))
+        .filter(|(_, since)| now - since >= p.grace)
+        .collect();
+    candidates.sort_by_key(|(n, since)| (*since, (*n).clone()));
+    for (node, since) in candidates {
+        let mine = s.flows.iter().filter(|f| &f.node == node);
+        let mut busy = false;
+        let mut cooling = false;
+        for f in mine {
+            if f.status != FenceStatus::Final {
+                busy = true;
+            } else if f.updated + p.cooldown > now {
+                cooling = true;
+            }
+        }
+        if busy || cooling {
+            continue;
+        }
+        if in_flight >= p.max_in_flight {
+            break;
+        }
+        if last_start.is_some_and(|t| now - t < p.min_interval) {
+            break;
+        }
+        let plan = &s.plans[node];
+        let step = plan.first_step();
+        let mut f = Flow {
+            id: Uuid::new_v5(&FLOW_NAMESPACE, format!("{node}\n{now}").as_bytes()),
+            node: node.clone(),
+            step,
+            status: FenceStatus::New,
+            retries: 0,
+            restarts: 0,
+            result: None,
+            release_result: None,
+            reclaim_result: None,
+            next_attempt: now,
+            isolated: false,
+            fenced: false,
+            released: false,
+            reclaimed: false,
+            canceled: false,
+            tagged: false,
+            detected: since,
+            created: now,
+            updated: now,
+            isolated_at: None,
+            fenced_at: None,
+            released_at: None,
+            history: Vec::new(),
+            calls: Vec::new(),
+        };
+        f.go(
+            now,
+            step,
+            FenceStatus::New,
+            format!(
+                "collector silent for {:.1} s (grace {:.1} s)",
+                (now - since) as f64 / 1e9,
+                p.grace as f64 / 1e9
+            ),
+        );
+        out.push(FenceAction::Start(f.clone()));
+        // Start the first step at once rather than a tick later.
+        let mut running = f.clone();
+        running.go(now, step, FenceStatus::Running, "attempt 1");
+        out.push(FenceAction::Save(running));
+        out.push(FenceAction::RunStep {
+            flow: f.id,
+            node: node.clone(),
+            step,
+        });
+        in_flight += 1;
+        last_start = Some(now);
+    }
+}
+
+fn advance(s: &FenceState, f: &Flow, hold_power: bool, now: Nanos, out: &mut Vec<FenceAction>) {
+    let l = s.liveness.get(&f.node).copied().unwrap_or_default();
+    let default_plan = PlanSummary {
+        isolation: None,
+        power_management: StageLimits {
+            retries: 0,
+            retry_interval: 0,
+        },
+        recovery: StageLimits {
+            retries: 0,
+            retry_interval: 0,
+        },
+    };
+    let plan = s.plans.get(&f.node).unwrap_or(&default_plan);
+    let p = &s.policy;
+    let mut n = f.clone();
+    match f.status {
+        FenceStatus::Final => {}
+        FenceStatus::Error => {
+            if f.restarts < p.max_restarts && !f.canceled {
+                n.restarts += 1;
+                n.retries = 0;
+                n.result = None;
+                n.release_result = None;
+                n.next_attempt = now;
+                n.go(
+                    now,
+                    plan.first_step(),
+                    FenceStatus::New,
+                    format!("restart {} of {} after error", n.restarts, p.max_restarts),
+                );
+                out.push(FenceAction::Save(n));
+            } else if !f.tagged {
+                out.push(FenceAction::TagFailed {
+                    flow: f.id,
+                    node: f.node.clone(),
+                    tag: fence_failed_tag(&f.id),
+                });
+            } else if !s
+                .tags
+                .get(&f.node)
+                .is_some_and(|t| t.contains(&fence_failed_tag(&f.id)))
+            {
+                n.go(
+                    now,
+                    f.step,
+                    FenceStatus::Final,
+                    "fencefailed tag removed (acknowledged)",
+                );
+                out.push(FenceAction::Save(n));
+            }
+        }
+        FenceStatus::Running => {
+            let Some(r) = &f.result else {
+                return;
+            };
+            n.result = None;
+            if r.ok {
+                match f.step {
+                    Step::Isolation => {
+                        n.isolated = true;
+                        n.isolated_at = Some(now);
+                    }
+                    Step::PowerManagement => {
+                        n.fenced = true;
+                        n.fenced_at = Some(now);
+                    }
+                    Step::Recovery => {}
+                }
+                n.retries = 0;
+                n.go(now, f.step, FenceStatus::Done, r.detail.clone());
+            } else if f.retries < plan.limits(f.step).retries {
+                n.retries += 1;
+                n.next_attempt = now + plan.limits(f.step).retry_interval;
+                let note = format!(
+                    "attempt failed ({}); retry {} of {}",
+                    r.detail,
+                    n.retries,
+                    plan.limits(f.step).retries
+                );
+                n.go(now, f.step, FenceStatus::New, note);
+            } else {
+                let note = format!("failed after {} attempts: {}", f.retries + 1, r.detail);
+                n.go(now, f.step, FenceStatus::Error, note);
+            }
+            out.push(FenceAction::Save(n));
+        }
+        FenceStatus::New => {
+            let power_step = f.step != Step::Recovery;
+            if power_step && !f.fenced && (l.reachable || f.canceled) {
+                let why = if f.canceled {
+                    "canceled before power-off"
+                } else {
+                    "node answered again before power-off"
+                };
+                if f.isolated {
+                    n.go(
+                        now,
+                        Step::Recovery,
+                        FenceStatus::New,
+                        format!("{why}; undoing isolation"),
+                    );
+                } else {
+                    n.go(now, f.step, FenceStatus::Final, why);
+                }
+                out.push(FenceAction::Save(n));
+                return;
+            }
+            if (power_step && hold_power) || now < f.next_attempt {
+                return;
+            }
+            if f.step == Step::Recovery
+                && f.fenced
+                && !l.healthy_at.zip(f.fenced_at).is_some_and(|(h, t)| h > t)
+            {
+                // Powered off: wait for the node to come back with a healthy report.
+                return;
+            }
+            n.go(
+                now,
+                f.step,
+                FenceStatus::Running,
+                format!("attempt {}", f.retries + 1),
+            );
+            out.push(FenceAction::Save(n));
+            out.push(FenceAction::RunStep {
+                flow: f.id,
+                node: f.node.clone(),
+                step: f.step,
+            });
+        }
+        FenceStatus::Done => match f.step {
+            Step::Isolation => {
+                if l.reachable || f.canceled {
+                    n.go(
+                        now,
+                        Step::Recovery,
+                        FenceStatus::New,
+                        "node answered during isolation: recovery, no power-off",
+                    );
+                } else {
+                    n.next_attempt = now;
+                    n.go(
+                        now,
+                        Step::PowerManagement,
+                        FenceStatus::New,
+                        "isolated; node still silent",
+                    );
+                }
+                out.push(FenceAction::Save(n));
+            }
+            Step::PowerManagement => match (&f.release_result, f.released) {
+                (_, true) => {
+                    n.go(
+                        now,
+                        Step::Recovery,
+                        FenceStatus::New,
+                        "released; waiting for the node to return healthy",
+                    );
+                    out.push(FenceAction::Save(n));
+                }
+                (None, false) => out.push(FenceAction::Release {
+                    flow: f.id,
+                    node: f.node.clone(),
+                    attempt: f.restarts,
+                }),
+                (Some(r), false) if r.ok => {
+                    n.released = true;
+                    n.released_at = Some(now);
+                    n.release_result = None;
+                    n.go(
+                        now,
+                        Step::PowerManagement,
+                        FenceStatus::Done,
+                        format!("workloads released: {}", r.detail),
+                    );
+                    out.push(FenceAction::Save(n));
+                }
+                (Some(r), false) => {
+                    n.release_result = None;
+                    n.go(
+                        now,
+                        Step::PowerManagement,
+                        FenceStatus::Error,
+                        format!("release failed: {}", r.detail),
+                    );
+                    out.push(FenceAction::Save(n));
+                }
+            },
+            Step::Recovery => match (&f.reclaim_result, f.released && !f.reclaimed) {
+                (_, false) => {
+                    n.go(now, Step::Recovery, FenceStatus::Final, "recovered");
+                    out.push(FenceAction::Save(n));
+                }
+                (None, true) => out.push(FenceAction::Reclaim {
+                    flow: f.id,
+                    node: f.node.clone(),
+                }),
+                (Some(r), true) if r.ok => {
+                    n.reclaimed = true;
+                    n.reclaim_result = None;
+                    n.go(
+                        now,
+                        Step::Recovery,
+                        FenceStatus::Final,
+                        format!("release cleared; recovered: {}", r.detail),
+                    );
+                    out.push(FenceAction::Save(n));
+                }
+                (Some(r), true) => {
+                    n.reclaim_result = None;
+                    n.go(
+                        now,
+                        Step::Recovery,
+                        FenceStatus::Error,
+                        format!("clearing the release failed: {}", r.detail),
+                    );
+                    out.push(FenceAction::Save(n));
+                }
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,371 @@
+//! Unit tests of the fence state machine: fixed `now`, flows driven through outcomes as the
+//! executor would record them.
+
+use super::*;
+
+const S: Nanos = 1_000_000_000;
+const T0: Nanos = 1_700_000_000 * S;
+
+fn limits(retries: u32) -> StageLimits {
+    StageLimits {
+        retries,
+        retry_interval: S,
+    }
+}
+
+fn plan(isolation: bool) -> PlanSummary {
+    PlanSummary {
+        isolation: isolation.then(|| limits(1)),
+        power_management: limits(2),
+        recovery: limits(1),
+    }
+}
+
+fn policy() -> FencePolicy {
+    FencePolicy {
+        grace: 5 * S,
+        storm_percent: 30,
+        max_in_flight: 1,
+        min_interval: 0,
+        cooldown: 60 * S,
+        paused: false,
+        max_restarts: 1,
+    }
+}
+
+fn up() -> Liveness {
+    Liveness {
+        reachable: true,
+        unreachable_since: None,
+        healthy_at: None,
+    }
+}
+
+fn down(since: Nanos) -> Liveness {
+    Liveness {
+        reachable: false,
+        unreachable_since: Some(since),
+        healthy_at: None,
+    }
+}
+
+/// Ten nodes, all up; n1..n3 have fence plans (n1 with isolation).
+fn state() -> FenceState {
+    let mut liveness = BTreeMap::new();
+    for i in 0..10 {
+        liveness.insert(format!("n{i}"), up());
+    }
+    let mut plans = BTreeMap::new();
+    plans.insert("n1".to_string(), plan(true));
+    plans.insert("n2".to_string(), plan(false));
+    plans.insert("n3".to_string(), plan(false));
+    FenceState {
+        flows: vec![],
+        liveness,
+        plans,
+        tags: BTreeMap::new(),
+        policy: policy(),
+    }
+}
+
+fn started(a: &[FenceAction]) -> Vec<Flow> {
+    a.iter()
+        .filter_map(|x| match x {
+            FenceAction::Start(f) => Some(f.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn saved(a: &[FenceAction]) -> Flow {
+    a.iter()
+        .rev()
+        .find_map(|x| match x {
+            FenceAction::Save(f) => Some(f.clone()),
+            _ => None,
+        })
+        .expect("a saved flow")
+}
+
+fn runs(a: &[FenceAction]) -> Vec<Step> {
+    a.iter()
+        .filter_map(|x| match x {
+            FenceAction::RunStep { step, .. } => Some(*step),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One tick with `s.flows = [f]`.
+fn tick(s: &mut FenceState, f: &Flow, now: Nanos) -> Vec<FenceAction> {
+    s.flows = vec![f.clone()];
+    decide_fencing(s, now)
+}
+
+fn with_result(f: &Flow, ok: bool) -> Flow {
+    let mut f = f.clone();
+    f.result = Some(Outcome {
+        ok,
+        detail: if ok {
+            "ok".into()
+        } else {
+            "agent exit 1".into()
+        },
+    });
+    f
+}
+
+#[test]
+fn a_silent_node_becomes_a_candidate_only_after_the_grace() {
+    let mut s = state();
+    s.liveness.insert("n1".into(), down(T0));
+    assert!(decide_fencing(&s, T0 + 4 * S).is_empty());
+    let a = decide_fencing(&s, T0 + 5 * S);
+    let f = &started(&a)[0];
+    assert_eq!(
+        (f.node.as_str(), f.step, f.detected),
+        ("n1", Step::Isolation, T0)
+    );
+    assert_eq!(runs(&a), vec![Step::Isolation]);
+    assert_eq!(saved(&a).status, FenceStatus::Running);
+    // Nodes without a fence plan are never candidates.
+    let mut s = state();
+    s.liveness.insert("n7".into(), down(T0));
+    assert!(decide_fencing(&s, T0 + 60 * S).is_empty());
+}
+
+#[test]
+fn the_full_flow_isolates_powers_off_releases_and_recovers() {
+    let mut s = state();
+    s.liveness.insert("n1".into(), down(T0));
+    let a = decide_fencing(&s, T0 + 5 * S);
+    let mut f = saved(&a);
+    // Isolation succeeds; the node is still silent: power management.
+    f = saved(&tick(&mut s, &with_result(&f, true), T0 + 6 * S));
+    assert!(f.isolated && f.status == FenceStatus::Done);
+    f = saved(&tick(&mut s, &f, T0 + 6 * S));
+    assert_eq!(
+        (f.step, f.status),
+        (Step::PowerManagement, FenceStatus::New)
+    );
+    let a = tick(&mut s, &f, T0 + 6 * S);
+    assert_eq!(runs(&a), vec![Step::PowerManagement]);
+    f = saved(&a);
+    // Verified off: fenced, then released exactly through a Release action.
+    f = saved(&tick(&mut s, &with_result(&f, true), T0 + 7 * S));
+    assert!(f.fenced && f.fenced_at == Some(T0 + 7 * S));
+    let a = tick(&mut s, &f, T0 + 7 * S);
+    assert_eq!(
+        a,
+        vec![FenceAction::Release {
+            flow: f.id,
+            node: "n1".into(),
+            attempt: 0
+        }]
+    );
+    f.release_result = Some(Outcome {
+        ok: true,
+        detail: "hook ok".into(),
+    });
+    f = saved(&tick(&mut s, &f, T0 + 8 * S));
+    assert!(f.released);
+    f = saved(&tick(&mut s, &f, T0 + 8 * S));
+    assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
+    // Recovery waits for a healthy report that came after the power-off.
+    s.liveness.insert("n1".into(), up());
+    assert!(runs(&tick(&mut s, &f, T0 + 9 * S)).is_empty());
+    s.liveness.get_mut("n1").unwrap().healthy_at = Some(T0 + 20 * S);
+    let a = tick(&mut s, &f, T0 + 21 * S);
+    assert_eq!(runs(&a), vec![Step::Recovery]);
+    f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 22 * S));
+    let a = tick(&mut s, &f, T0 + 22 * S);
+    assert!(matches!(a[0], FenceAction::Reclaim { .. }));
+    f.reclaim_result = Some(Outcome {
+        ok: true,
+        detail: "ok".into(),
+    });
+    f = saved(&tick(&mut s, &f, T0 + 23 * S));
+    assert_eq!(f.status, FenceStatus::Final);
+    let steps: Vec<_> = f.history.iter().map(|t| (t.step, t.status)).collect();
+    assert_eq!(steps.first(), Some(&(Step::Isolation, FenceStatus::New)));
+    assert_eq!(steps.last(), Some(&(Step::Recovery, FenceStatus::Final)));
+}
+
+#[test]
+fn a_node_back_during_isolation_goes_to_recovery_without_power_off() {
+    let mut s = state();
+    s.liveness.insert("n1".into(), down(T0));
+    let f = saved(&decide_fencing(&s, T0 + 5 * S));
+    s.liveness.insert("n1".into(), up());
+    let f = saved(&tick(&mut s, &with_result(&f, true), T0 + 6 * S));
+    let f = saved(&tick(&mut s, &f, T0 + 6 * S));
+    assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
+    let a = tick(&mut s, &f, T0 + 6 * S);
+    assert_eq!(runs(&a), vec![Step::Recovery], "un-isolation runs at once");
+    let f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 7 * S));
+    let f = saved(&tick(&mut s, &f, T0 + 7 * S));
+    assert_eq!(f.status, FenceStatus::Final);
+    assert!(!f.fenced && !f.released);
+    assert!(!f.history.iter().any(|t| t.step == Step::PowerManagement));
+}
+
+#[test]
+fn a_node_back_before_isolation_ends_the_flow() {
+    let mut s = state();
+    s.liveness.insert("n2".into(), down(T0));
+    s.policy.paused = false;
+    let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
+    f.status = FenceStatus::New;
+    s.liveness.insert("n2".into(), up());
+    let f = saved(&tick(&mut s, &f, T0 + 6 * S));
+    assert_eq!(f.status, FenceStatus::Final);
+}
+
+#[test]
+fn failed_attempts_retry_then_error_then_restart_then_tag_and_release_nothing() {
+    let mut s = state();
+    s.liveness.insert("n2".into(), down(T0));
+    let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
+    assert_eq!(f.step, Step::PowerManagement);
+    let mut now = T0 + 5 * S;
+    let mut attempts = 1;
+    let mut saw_restart = false;
+    loop {
+        f = saved(&tick(&mut s, &with_result(&f, false), now));
+        if f.status == FenceStatus::Error {
+            if f.restarts == s.policy.max_restarts {
+                break;
+            }
+            f = saved(&tick(&mut s, &f, now));
+            assert_eq!(f.status, FenceStatus::New);
+            saw_restart = true;
+        }
+        // Not before the retry interval.
+        assert!(runs(&tick(&mut s, &f, now)).is_empty() || f.next_attempt <= now);
+        now += S;
+        let a = tick(&mut s, &f, now);
+        assert_eq!(runs(&a), vec![Step::PowerManagement]);
+        f = saved(&a);
+        attempts += 1;
+    }
+    assert!(saw_restart);
+    assert_eq!(attempts, 6, "(1 + 2 retries) x (1 + 1 restart)");
+    let a = tick(&mut s, &f, now);
+    assert_eq!(
+        a,
+        vec![FenceAction::TagFailed {
+            flow: f.id,
+            node: "n2".into(),
+            tag: fence_failed_tag(&f.id)
+        }]
+    );
+    f.tagged = true;
+    s.tags
+        .entry("n2".into())
+        .or_default()
+        .insert(fence_failed_tag(&f.id));
+    assert!(
+        tick(&mut s, &f, now).is_empty(),
+        "stays in error; releases nothing"
+    );
+    s.tags.clear();
+    assert_eq!(saved(&tick(&mut s, &f, now)).status, FenceStatus::Final);
+}
+
+#[test]
+fn a_storm_starts_nothing_and_holds_power_steps() {
+    let mut s = state();
+    for i in 1..=4 {
+        s.liveness.insert(format!("n{i}"), down(T0));
+    }
+    let a = decide_fencing(&s, T0 + 60 * S);
+    assert_eq!(
+        a,
+        vec![FenceAction::Storm {
+            unreachable: 4,
+            total: 10
+        }]
+    );
+    // Exactly at the threshold (3 of 10 = 30 %) is not a storm.
+    s.liveness.insert("n4".into(), up());
+    assert_eq!(started(&decide_fencing(&s, T0 + 60 * S)).len(), 1);
+}
+
+#[test]
+fn pause_in_flight_cap_min_interval_and_cooldown_gate_starts() {
+    let mut s = state();
+    s.liveness.insert("n2".into(), down(T0));
+    s.liveness.insert("n3".into(), down(T0 + S));
+    s.policy.paused = true;
+    assert!(decide_fencing(&s, T0 + 60 * S).is_empty());
+    s.policy.paused = false;
+    // One in flight at a time: the oldest silent node first.
+    let a = decide_fencing(&s, T0 + 60 * S);
+    assert_eq!(started(&a).len(), 1);
+    assert_eq!(started(&a)[0].node, "n2");
+    let f = saved(&a);
+    s.flows = vec![f.clone()];
+    assert!(started(&decide_fencing(&s, T0 + 61 * S)).is_empty());
+    // Once n2 is fenced it no longer counts; the min interval still applies.
+    let mut fenced = f.clone();
+    fenced.fenced = true;
+    s.flows = vec![fenced];
+    s.policy.min_interval = 10 * S;
+    assert!(started(&decide_fencing(&s, T0 + 65 * S)).is_empty());
+    assert_eq!(started(&decide_fencing(&s, T0 + 70 * S))[0].node, "n3");
+    // Cooldown: a node whose flow ended recently is not fenced again.
+    let mut done = f;
+    done.status = FenceStatus::Final;
+    done.updated = T0 + 100 * S;
+    s.flows = vec![done];
+    s.liveness.insert("n3".into(), up());
+    s.liveness.insert("n2".into(), down(T0 + 101 * S));
+    s.policy.min_interval = 0;
+    assert!(started(&decide_fencing(&s, T0 + 120 * S)).is_empty());
+    assert_eq!(started(&decide_fencing(&s, T0 + 161 * S)).len(), 1);
+}
+
+#[test]
+fn cancel_before_power_off_undoes_isolation_and_after_it_is_ignored() {
+    let mut s = state();
+    s.liveness.insert("n1".into(), down(T0));
+    let f = saved(&decide_fencing(&s, T0 + 5 * S));
+    let mut f = saved(&tick(&mut s, &with_result(&f, true), T0 + 6 * S));
+    f.canceled = true;
+    let f2 = saved(&tick(&mut s, &f, T0 + 6 * S));
+    assert_eq!((f2.step, f2.status), (Step::Recovery, FenceStatus::New));
+    // A fenced flow keeps going to its release even if a cancel arrived late.
+    let mut g = f.clone();
+    g.step = Step::PowerManagement;
+    g.status = FenceStatus::Done;
+    g.fenced = true;
+    let a = tick(&mut s, &g, T0 + 7 * S);
+    assert!(matches!(a[0], FenceAction::Release { .. }));
+}
+
+#[test]
+fn a_failed_release_is_an_error_and_the_restart_releases_under_a_new_attempt_key() {
+    let mut s = state();
+    s.liveness.insert("n2".into(), down(T0));
+    let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
+    f = saved(&tick(&mut s, &with_result(&f, true), T0 + 6 * S));
+    f.release_result = Some(Outcome {
+        ok: false,
+        detail: "hook exit 1".into(),
+    });
+    f = saved(&tick(&mut s, &f, T0 + 7 * S));
+    assert_eq!(f.status, FenceStatus::Error);
+    assert!(!f.released);
+    f = saved(&tick(&mut s, &f, T0 + 7 * S));
+    assert_eq!((f.restarts, f.status), (1, FenceStatus::New));
+    f = saved(&tick(&mut s, &f, T0 + 8 * S));
+    f = saved(&tick(&mut s, &with_result(&f, true), T0 + 9 * S));
+    assert_eq!(
+        tick(&mut s, &f, T0 + 9 * S),
+        vec![FenceAction::Release {
+            flow: f.id,
+            node: "n2".into(),
+            attempt: 1
+        }]
+    );
+}

@@ -1,0 +1,432 @@
+//! Fencing configuration: agent templates, per-node methods and stages, cluster policy, and
+//! secrets loaded from files. Validated once at start-up into a `FencePlan` per node.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::ConfigError;
+use crate::core::fence::Step;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FencingConfig {
+    /// Where fence agents are looked up (whitelist directory).
+    pub agents_dir: PathBuf,
+    /// How long a collector must stay silent before its node becomes a fencing candidate.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// The fast liveness probe's interval and per-request timeout.
+    #[serde(with = "humantime_serde")]
+    pub liveness_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub liveness_timeout: Duration,
+    /// No fence starts while more than this share of nodes is unreachable (a storm).
+    pub storm_percent: u32,
+    /// Fences that have not reached a verified power-off, at most, at once.
+    pub max_in_flight: usize,
+    /// Minimum time between two fence starts.
+    #[serde(with = "humantime_serde")]
+    pub min_interval: Duration,
+    /// A node is not fenced again within this time after its last flow ended.
+    #[serde(with = "humantime_serde")]
+    pub cooldown: Duration,
+    /// Global pause: no fence starts and no isolation or power step runs.
+    pub paused: bool,
+    /// How often a flow in error restarts from the beginning.
+    pub max_restarts: u32,
+    pub templates: BTreeMap<String, TemplateConfig>,
+    pub nodes: BTreeMap<String, NodeFenceConfig>,
+}
+
+impl Default for FencingConfig {
+    fn default() -> Self {
+        FencingConfig {
+            agents_dir: "/usr/sbin".into(),
+            grace: Duration::from_secs(5),
+            liveness_interval: Duration::from_secs(1),
+            liveness_timeout: Duration::from_millis(800),
+            storm_percent: 30,
+            max_in_flight: 1,
+            min_interval: Duration::ZERO,
+            cooldown: Duration::from_secs(600),
+            paused: false,
+            max_restarts: 1,
+            templates: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TemplateConfig {
+    /// A `fence_*` agent name in `agents-dir`.
+    pub agent: String,
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    /// Parameters whose values are read from files (mode 0600 or stricter), e.g. passwords.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct NodeFenceConfig {
+    pub isolation: Option<StageConfig>,
+    pub power_management: Option<StageConfig>,
+    pub recovery: Option<StageConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExecPolicy {
+    /// Every method must succeed (a Pacemaker fencing level).
+    #[default]
+    All,
+    /// The first method that succeeds wins.
+    Any,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct StageConfig {
+    #[serde(default)]
+    pub policy: ExecPolicy,
+    /// Hard deadline of one agent call; the agent's process group is killed at it.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Retries after a failed attempt, before the flow goes to error.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    #[serde(default = "default_retry_interval", with = "humantime_serde")]
+    pub retry_interval: Duration,
+    pub methods: Vec<MethodConfig>,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_retries() -> u32 {
+    2
+}
+fn default_retry_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct MethodConfig {
+    pub template: String,
+    /// Defaults: off for isolation and power-management, on for recovery.
+    pub action: Option<String>,
+    /// Per-node values; they win over the template's.
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    #[serde(default)]
+    pub secrets: BTreeMap<String, PathBuf>,
+}
+
+/// One resolved method: the agent and every parameter it gets on stdin (secrets included).
+#[derive(Clone, PartialEq)]
+pub struct Method {
+    pub name: String,
+    pub agent: String,
+    pub action: String,
+    pub params: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Parameters may hold secrets: never print them.
+        f.debug_struct("Method")
+            .field("name", &self.name)
+            .field("agent", &self.agent)
+            .field("action", &self.action)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stage {
+    pub policy: ExecPolicy,
+    pub timeout: Duration,
+    pub retries: u32,
+    pub retry_interval: Duration,
+    pub methods: Vec<Method>,
+}
+
+/// A node's validated fence configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FencePlan {
+    pub isolation: Option<Stage>,
+    pub power_management: Stage,
+    pub recovery: Option<Stage>,
+}
+
+impl FencePlan {
+    pub fn stage(&self, step: Step) -> Option<&Stage> {
+        match step {
+            Step::Isolation => self.isolation.as_ref(),
+            Step::PowerManagement => Some(&self.power_management),
+            Step::Recovery => self.recovery.as_ref(),
+        }
+    }
+}
+
+fn read_secret(path: &std::path::Path) -> Result<String, ConfigError> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path)
+        .map_err(|e| ConfigError::Invalid(format!("secret file {shown}: {e}")))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(ConfigError::Invalid(format!(
+            "secret file {shown} is accessible by group or others (mode {mode:o}); run chmod 600 {shown}"
+        )));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::Invalid(format!("secret file {shown}: {e}")))?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_string())
+}
+
+/// Parameter names and values go one per line as `key=value` on the agent's stdin.
+fn check_param(where_: &str, k: &str, v: &str) -> Result<(), ConfigError> {
+    let key_ok = !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !key_ok {
+        return Err(ConfigError::Invalid(format!(
+            "{where_}: parameter name {k:?} must be [A-Za-z0-9_]"
+        )));
+    }
+    if v.contains(['\n', '\r']) {
+        return Err(ConfigError::Invalid(format!(
+            "{where_}: parameter {k} contains a line break"
+        )));
+    }
+    if k == "action" {
+        return Err(ConfigError::Invalid(format!(
+            "{where_}: set the action with `action = ...` on the method, not as a parameter"
+        )));
+    }
+    Ok(())
+}
+
+impl FencingConfig {
+    /// Validates everything and loads the secrets: one plan per fenced node.
+    pub fn plans(
+        &self,
+        known_nodes: &[String],
+    ) -> Result<BTreeMap<String, FencePlan>, ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.storm_percent > 100 {
+            return bad("fencing.storm-percent must be 0-100".into());
+        }
+        if self.max_in_flight == 0 {
+            return bad("fencing.max-in-flight must be at least 1".into());
+        }
+        if self.liveness_interval.is_zero() || self.liveness_timeout.is_zero() {
+            return bad(
+                "fencing.liveness-interval and liveness-timeout must be greater than zero".into(),
+            );
+        }
+        for (name, t) in &self.templates {
+            let ok = t.agent.starts_with("fence_")
+                && t.agent.len() > 6
+                && t.agent
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !ok {
+                return bad(format!(
+                    "fencing.templates.{name}: agent {:?} must be a fence_* name",
+                    t.agent
+                ));
+            }
+            for (k, v) in &t.params {
+                check_param(&format!("fencing.templates.{name}"), k, v)?;
+            }
+        }
+        let mut plans = BTreeMap::new();
+        for (node, nc) in &self.nodes {
+            if !known_nodes.contains(node) {
+                return bad(format!("fencing.nodes.{node}: no such node in [[nodes]]"));
+            }
+            let stage = |step: Step, sc: &StageConfig| -> Result<Stage, ConfigError> {
+                let where_ = format!("fencing.nodes.{node}.{}", step.as_str());
+                if sc.methods.is_empty() {
+                    return Err(ConfigError::Invalid(format!("{where_}: no methods")));
+                }
+                if sc.timeout.is_zero() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{where_}: timeout must be greater than zero"
+                    )));
+                }
+                let mut methods = Vec::new();
+                for (i, m) in sc.methods.iter().enumerate() {
+                    let t = self.templates.get(&m.template).ok_or_else(|| {
+                        ConfigError::Invalid(format!("{where_}: unknown template {:?}", m.template))
+                    })?;
+                    let action = m.action.clone().unwrap_or_else(|| {
+                        if step == Step::Recovery { "on" } else { "off" }.to_string()
+                    });
+                    if step == Step::PowerManagement && action != "off" {
+                        return Err(ConfigError::Invalid(format!(
+                            "{where_}: action must be \"off\" (a reboot never proves a node is off)"
+                        )));
+                    }
+                    if !matches!(action.as_str(), "on" | "off") {
+                        return Err(ConfigError::Invalid(format!(
+                            "{where_}: action {action:?} must be on or off"
+                        )));
+                    }
+                    let mut params = t.params.clone();
+                    for (k, v) in &m.params {
+                        check_param(&where_, k, v)?;
+                        params.insert(k.clone(), v.clone());
+                    }
+                    for (k, p) in t.secrets.iter().chain(&m.secrets) {
+                        check_param(&where_, k, "")?;
+                        params.insert(k.clone(), read_secret(p)?);
+                    }
+                    methods.push(Method {
+                        name: format!("{}#{i}", m.template),
+                        agent: t.agent.clone(),
+                        action,
+                        params,
+                    });
+                }
+                Ok(Stage {
+                    policy: sc.policy,
+                    timeout: sc.timeout,
+                    retries: sc.retries,
+                    retry_interval: sc.retry_interval,
+                    methods,
+                })
+            };
+            let Some(pm) = &nc.power_management else {
+                return bad(format!(
+                    "fencing.nodes.{node}: a power-management stage is required (it is the proof of power-off)"
+                ));
+            };
+            plans.insert(
+                node.clone(),
+                FencePlan {
+                    isolation: nc
+                        .isolation
+                        .as_ref()
+                        .map(|s| stage(Step::Isolation, s))
+                        .transpose()?,
+                    power_management: stage(Step::PowerManagement, pm)?,
+                    recovery: nc
+                        .recovery
+                        .as_ref()
+                        .map(|s| stage(Step::Recovery, s))
+                        .transpose()?,
+                },
+            );
+        }
+        Ok(plans)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn secret(dir: &std::path::Path, mode: u32) -> PathBuf {
+        let p = dir.join(format!("pw{mode:o}"));
+        std::fs::write(&p, "s3cret\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    fn cfg(extra: &str) -> Config {
+        Config::parse(&format!(
+            r#"
+[[nodes]]
+name = "n1"
+collector = "127.0.0.1:1"
+[fencing.templates.ipmi]
+agent = "fence_ipmilan"
+params = {{ username = "admin", lanplus = "1", cipher = "3", ip = "10.0.0.1" }}
+{extra}
+"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn node_values_win_and_secrets_come_from_files() {
+        let d = tempfile::tempdir().unwrap();
+        let pw = secret(d.path(), 0o600);
+        let c = cfg(&format!(
+            r#"
+[fencing.nodes.n1.power-management]
+retries = 5
+methods = [{{ template = "ipmi", params = {{ ip = "10.9.9.9", ipport = "623" }}, secrets = {{ password = "{}" }} }}]
+[fencing.nodes.n1.recovery]
+methods = [{{ template = "ipmi" }}]
+"#,
+            pw.display()
+        ));
+        let plans = c.fencing.plans(&["n1".into()]).unwrap();
+        let pm = &plans["n1"].power_management;
+        assert_eq!(pm.retries, 5);
+        let m = &pm.methods[0];
+        assert_eq!(m.action, "off");
+        assert_eq!(m.params["ip"], "10.9.9.9");
+        assert_eq!(m.params["username"], "admin");
+        assert_eq!(m.params["password"], "s3cret");
+        assert_eq!(
+            plans["n1"].recovery.as_ref().unwrap().methods[0].action,
+            "on"
+        );
+        assert!(
+            !format!("{m:?}").contains("s3cret"),
+            "secrets never show in Debug output"
+        );
+    }
+
+    #[test]
+    fn validation_errors_name_the_problem() {
+        let d = tempfile::tempdir().unwrap();
+        let open = secret(d.path(), 0o644);
+        let err = |extra: &str| {
+            cfg(extra)
+                .fencing
+                .plans(&["n1".into()])
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(&format!(
+            "[fencing.nodes.n1.power-management]\nmethods = [{{ template = \"ipmi\", secrets = {{ password = \"{}\" }} }}]",
+            open.display()
+        ))
+        .contains("chmod 600"));
+        assert!(err("[fencing.nodes.n1.power-management]\nmethods = [{ template = \"ipmi\", action = \"reboot\" }]").contains("never proves"));
+        assert!(
+            err("[fencing.nodes.n1.power-management]\nmethods = [{ template = \"nope\" }]")
+                .contains("unknown template")
+        );
+        assert!(
+            err("[fencing.nodes.n1.isolation]\nmethods = [{ template = \"ipmi\" }]")
+                .contains("power-management stage is required")
+        );
+        assert!(
+            err("[fencing.nodes.n9.power-management]\nmethods = [{ template = \"ipmi\" }]")
+                .contains("no such node")
+        );
+        assert!(err("[fencing.nodes.n1.power-management]\nmethods = [{ template = \"ipmi\", params = { action = \"on\" } }]").contains("`action = ...`"));
+        assert!(err("[fencing.nodes.n1.power-management]\nmethods = [{ template = \"ipmi\", params = { ip = \"a\\nb\" } }]").contains("line break"));
+        let c = Config::parse("[fencing.templates.x]\nagent = \"rm\"\n").unwrap();
+        assert!(
+            c.fencing
+                .plans(&[])
+                .unwrap_err()
+                .to_string()
+                .contains("fence_*")
+        );
+    }
+}

@@ -1,0 +1,4 @@
+//! Node fencing: configuration, fence-agent execution with verified power-off, and the fencer
+//! that drives the pure state machine in `core::fence`.
+
+pub mod config;
