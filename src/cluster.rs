@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use uuid::Uuid;
 
 use crate::config::{ActionsConfig, Config, HooksConfig};
 use crate::core::{Event, Job, JobKind};
@@ -44,6 +45,11 @@ pub trait Cluster: Send + Sync + 'static {
     /// Runs an evacuate, evacuate-failover, offline or online job for `event`.
     async fn run_job(&self, job: &Job, event: &Value) -> Outcome;
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError>;
+    /// Releases a fenced node's workloads; called only after a verified power-off. Runs at most
+    /// once per (flow, attempt), even across daemon restarts.
+    async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome;
+    /// Clears a release once the node has recovered.
+    async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome;
 }
 
 /// The embedded default backend.
@@ -75,12 +81,16 @@ impl Inventory {
             runner: JobRunner::new(cfg.daemon.state_dir.join("jobs"))
                 .map_err(ClusterError::Jobs)?,
         };
-        inv.check_hooks(&cfg.actions)?;
+        inv.check_hooks(&cfg.actions, !cfg.fencing.nodes.is_empty())?;
         Ok(inv)
     }
 
-    fn check_hooks(&self, actions: &ActionsConfig) -> Result<(), ClusterError> {
+    fn check_hooks(&self, actions: &ActionsConfig, fencing: bool) -> Result<(), ClusterError> {
         let mut needed = Vec::new();
+        if fencing {
+            needed.push(("fencing", &self.hooks.release));
+            needed.push(("fencing", &self.hooks.reclaim));
+        }
         if actions.evacuate {
             needed.push(("evacuate", &self.hooks.evacuate));
         }
@@ -161,7 +171,7 @@ impl Cluster for Inventory {
             timeout: self.timeout,
             output_cap: 4096,
         };
-        let outcome = self.runner.run(job.id, &spec).await;
+        let outcome = self.runner.run(&job.id.to_string(), &spec).await;
         if outcome.ok {
             let flag = match job.kind {
                 JobKind::Offline => Some(true),
@@ -181,6 +191,41 @@ impl Cluster for Inventory {
 
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
         Ok(self.store.inventory_offline()?)
+    }
+
+    async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome {
+        let key = format!("fence-{flow}-release-{attempt}");
+        self.fence_hook(&self.hooks.release, "release", node, flow, &key).await
+    }
+
+    async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
+        let key = format!("fence-{flow}-reclaim");
+        self.fence_hook(&self.hooks.reclaim, "reclaim", node, flow, &key).await
+    }
+}
+
+impl Inventory {
+    async fn fence_hook(&self, hook: &str, action: &str, node: &str, flow: &Uuid, key: &str) -> Outcome {
+        let program = match exec::resolve(&self.repair_dir, hook) {
+            Ok(p) => p,
+            Err(e) => return Outcome::failed(format!("hook refused: {e}")),
+        };
+        let mut env = self.env.clone();
+        env.extend([
+            ("MAINTD_NODE".into(), node.to_string()),
+            ("MAINTD_EVENT".into(), flow.to_string()),
+            ("MAINTD_ACTION".into(), action.to_string()),
+            ("MAINTD_REASON".into(), format!("maintd:{flow}")),
+        ]);
+        let spec = RunSpec {
+            program,
+            args: vec![node.to_string(), flow.to_string()],
+            stdin: Vec::new(),
+            env,
+            timeout: self.timeout,
+            output_cap: 4096,
+        };
+        self.runner.run(key, &spec).await
     }
 }
 

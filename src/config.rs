@@ -122,6 +122,9 @@ pub struct HooksConfig {
     pub evacuate_failover: String,
     pub offline: String,
     pub online: String,
+    /// Fencing: release a powered-off node's workloads, and clear that after recovery.
+    pub release: String,
+    pub reclaim: String,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -196,6 +199,8 @@ impl Default for HooksConfig {
             evacuate_failover: "evacuate-failover".into(),
             offline: "offline".into(),
             online: "online".into(),
+            release: "release".into(),
+            reclaim: "reclaim".into(),
         }
     }
 }

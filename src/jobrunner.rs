@@ -28,21 +28,7 @@ struct FileSpec {
     timeout_ms: u64,
 }
 
-/// How a job ended.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Outcome {
-    pub ok: bool,
-    pub detail: String,
-}
-
-impl Outcome {
-    pub fn failed(detail: impl Into<String>) -> Outcome {
-        Outcome {
-            ok: false,
-            detail: detail.into(),
-        }
-    }
-}
+pub use crate::core::Outcome;
 
 #[derive(Debug, Clone)]
 pub struct JobRunner {
@@ -78,13 +64,10 @@ impl JobRunner {
         })
     }
 
-    fn dir(&self, job: i64) -> PathBuf {
-        self.root.join(format!("job-{job}"))
-    }
-
-    /// Runs job `job` once: starts it if it never started, otherwise waits for the run that did.
-    pub async fn run(&self, job: i64, spec: &RunSpec) -> Outcome {
-        let dir = self.dir(job);
+    /// Runs the job named `key` once: starts it if it never started, otherwise waits for the
+    /// run that did. `key` must be unique per job and made of `[A-Za-z0-9._-]`.
+    pub async fn run(&self, key: &str, spec: &RunSpec) -> Outcome {
+        let dir = self.root.join(format!("job-{key}"));
         if !dir.exists()
             && let Err(e) = self.prepare(&dir, spec)
         {

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use super::Outcome;
 use super::Nanos;
 
 const FLOW_NAMESPACE: Uuid = Uuid::from_u128(0x6d61_696e_7464_4665_6e63_6500_0000_0001);
@@ -68,13 +69,6 @@ pub struct Transition {
     pub note: String,
 }
 
-/// How one effect (a step attempt, the release, the reclaim) ended, as the executor recorded it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Outcome {
-    pub ok: bool,
-    pub detail: String,
-}
-
 /// One agent call, as recorded for the API.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Call {
@@ -122,6 +116,9 @@ pub struct Flow {
     pub released_at: Option<Nanos>,
     pub history: Vec<Transition>,
     pub calls: Vec<Call>,
+    /// Store version this copy was loaded at (a save of a stale copy is refused).
+    #[serde(skip)]
+    pub version: u64,
 }
 
 impl Flow {
@@ -324,6 +321,7 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
             released_at: None,
             history: Vec::new(),
             calls: Vec::new(),
+            version: 0,
         };
         f.go(
             now,

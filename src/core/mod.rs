@@ -36,6 +36,22 @@ pub fn reason_trail(id: &Uuid) -> String {
     format!("maintd:{id}")
 }
 
+/// How an effect (a job, a fence step attempt, a release) ended, as its executor recorded it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl Outcome {
+    pub fn failed(detail: impl Into<String>) -> Outcome {
+        Outcome {
+            ok: false,
+            detail: detail.into(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RepairStatus {

@@ -19,7 +19,8 @@ use crate::cluster::{Cluster, ClusterError, event_json};
 use crate::config::{Config, collector_address};
 use crate::http::{ApiError, SignedAuth, require_signed};
 use crate::report::{Key, now_ns};
-use crate::store::{CancelOutcome, Store};
+use crate::core::fence::{FenceStatus, Flow, fence_failed_tag};
+use crate::store::{CancelOutcome, FenceCancel, Store};
 
 pub struct ApiState<C: Cluster> {
     pub store: Arc<Store>,
@@ -51,6 +52,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/status/{id}", get(one_status::<C>))
         .route("/1/nodes", get(nodes::<C>))
         .route("/1/tags", get(tags::<C>))
+        .route("/1/fences", get(fences::<C>))
         .route("/metrics", get(metrics::<C>))
         .merge(signed)
         .fallback(crate::http::not_found_fallback)
@@ -65,7 +67,57 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
 
 async fn status<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError> {
     let events = s.store.events_with_jobs().map_err(internal)?;
-    Ok(Json(events.iter().map(|(e, j)| event_json(e, j)).collect()))
+    let mut out: Vec<Value> = events.iter().map(|(e, j)| event_json(e, j)).collect();
+    // Fence flows are events too, until they are final.
+    let flows = s.store.fence_flows(i64::MAX).map_err(internal)?;
+    out.extend(flows.iter().map(fence_event_json));
+    Ok(Json(out))
+}
+
+async fn fences<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError> {
+    let flows = s.store.all_flows(1000).map_err(internal)?;
+    Ok(Json(flows.iter().map(fence_json).collect()))
+}
+
+/// A fence flow as `/1/fences` shows it: everything, with its step history and agent calls.
+pub fn fence_json(f: &Flow) -> Value {
+    let mut v = serde_json::to_value(f).unwrap_or(Value::Null);
+    v["tag"] = json!(fence_failed_tag(&f.id));
+    v
+}
+
+/// A fence flow as an event of `/1/status`.
+pub fn fence_event_json(f: &Flow) -> Value {
+    let status = match f.status {
+        _ if f.canceled && !f.fenced => "canceled",
+        FenceStatus::Error if f.tagged => "failed",
+        FenceStatus::Final => "completed",
+        FenceStatus::New if f.history.len() <= 1 => "noted",
+        _ => "pending",
+    };
+    json!({
+        "id": f.id,
+        "node": f.node,
+        "original": null,
+        "action": "fence",
+        "repair-status": status,
+        "jobs": [],
+        "tag": fence_failed_tag(&f.id),
+        "tagged": f.tagged,
+        "acknowledged": false,
+        "superseded-by": null,
+        "note": f.history.last().map(|t| format!("{} {}: {}", t.step.as_str(), t.status.as_str(), t.note)),
+        "created": f.created,
+        "updated": f.updated,
+        "fence": {
+            "step": f.step,
+            "status": f.status,
+            "fenced": f.fenced,
+            "released": f.released,
+            "retries": f.retries,
+            "restarts": f.restarts,
+        },
+    })
 }
 
 async fn one_status<C: Cluster>(
@@ -73,6 +125,9 @@ async fn one_status<C: Cluster>(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
+    if let Some(f) = s.store.flow(&id).map_err(internal)? {
+        return Ok(Json(fence_event_json(&f)));
+    }
     match s.store.event(&id).map_err(internal)? {
         Some((e, jobs, None)) => Ok(Json(event_json(&e, &jobs))),
         Some((_, _, Some(why))) => Err(ApiError::not_found(format!(
@@ -114,7 +169,18 @@ async fn cancel<C: Cluster>(
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
     match s.store.cancel(&id, now_ns()).map_err(internal)? {
-        CancelOutcome::NotFound => Err(ApiError::not_found(format!("no live event {id}"))),
+        CancelOutcome::NotFound => match s.store.cancel_flow(&id, now_ns()).map_err(internal)? {
+            FenceCancel::NotFound => Err(ApiError::not_found(format!("no live event {id}"))),
+            FenceCancel::Final => Err(ApiError::conflict(format!("fence flow {id} is already final"))),
+            FenceCancel::PoweredOff => Err(ApiError::conflict(format!(
+                "fence flow {id} has already powered the node off; it can no longer be canceled"
+            ))),
+            FenceCancel::Canceled(f) => {
+                tracing::info!(flow = %id, "fence flow canceled by operator");
+                s.wake.notify_one();
+                Ok(Json(fence_event_json(&f)))
+            }
+        },
         CancelOutcome::AlreadyFinal(st) => Err(ApiError::conflict(format!(
             "event {id} is already {}; it cannot be canceled",
             st.as_str()

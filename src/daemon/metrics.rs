@@ -18,6 +18,11 @@ pub struct JobLabel {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabel {
+    pub stage: String,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub poll_cycle_seconds: Histogram,
@@ -27,6 +32,10 @@ pub struct Metrics {
     pub jobs_started: Counter,
     pub jobs_finished: Family<JobLabel, Counter>,
     pub events_created: Counter,
+    pub fences_started: Counter,
+    pub fencing_storm: Gauge,
+    /// Time from detection to release, per stage (detection, isolation, power-off, release, total).
+    pub fence_stage_seconds: Family<StepLabel, Histogram>,
 }
 
 impl Metrics {
@@ -39,6 +48,11 @@ impl Metrics {
             jobs_started: Counter::default(),
             jobs_finished: Family::default(),
             events_created: Counter::default(),
+            fences_started: Counter::default(),
+            fencing_storm: Gauge::default(),
+            fence_stage_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0])
+            }),
         };
         reg.register(
             "maintd_poll_cycle_seconds",
@@ -74,6 +88,17 @@ impl Metrics {
             "maintd_events_created",
             "Repair events created",
             m.events_created.clone(),
+        );
+        reg.register("maintd_fences_started", "Fence flows started", m.fences_started.clone());
+        reg.register(
+            "maintd_fencing_storm",
+            "1 while more nodes than the storm threshold are unreachable",
+            m.fencing_storm.clone(),
+        );
+        reg.register(
+            "maintd_fence_stage_seconds",
+            "Latency of each stage from detection to release",
+            m.fence_stage_seconds.clone(),
         );
         m
     }

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod engine;
+pub mod fencer;
 pub mod live_repair;
 pub mod lock;
 pub mod metrics;
@@ -31,6 +32,8 @@ pub enum DaemonError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error("{0}")]
     Listen(#[source] std::io::Error),
     #[error("API server failed: {0}")]
@@ -53,6 +56,8 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let _lock = lock::acquire(&cfg.daemon.state_dir)?;
     let key = Key::load(&cfg.cluster.key_file)?;
+    let node_names: Vec<String> = cfg.nodes.iter().map(|n| n.name.clone()).collect();
+    let plans = cfg.fencing.plans(&node_names)?;
     let store = Arc::new(Store::open(&cfg.db_path())?);
     let cluster = Arc::new(Inventory::new(&cfg, store.clone())?);
     let listener = crate::http::bind(cfg.daemon.listen)
@@ -76,6 +81,18 @@ pub async fn run(
         wake: wake.clone(),
         metrics,
     });
+    let fencer = (!plans.is_empty()).then(|| {
+        Arc::new(fencer::Fencer::new(
+            &cfg,
+            plans,
+            store.clone(),
+            cluster.clone(),
+            Arc::new(crate::fencing::agent::Agents {
+                dir: cfg.fencing.agents_dir.clone(),
+            }),
+            engine.metrics.clone(),
+        ))
+    });
     let app = api::router(Arc::new(api::ApiState {
         store,
         cluster,
@@ -95,6 +112,10 @@ pub async fn run(
             .run(stop(stop_rx.clone()))
             .instrument(info_span!("engine")),
     );
+    let fencer_task = fencer.map(|f| {
+        info!(nodes = f.plans.len(), "fencing enabled");
+        tokio::spawn(f.run(stop(stop_rx.clone())).instrument(info_span!("fencer")))
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(stop(stop_rx));
     let mut server_task = tokio::spawn(async move { server.await });
     // A critical task that ends on its own takes the daemon down rather than leave it half-alive.
@@ -116,6 +137,10 @@ pub async fn run(
         return result;
     }
     let _ = engine_task.await;
+    if let Some(t) = fencer_task {
+        // Running fence steps reach a recorded state before the process exits.
+        let _ = t.await;
+    }
     let served = server_task.await;
     info!("daemon stopped");
     match served {

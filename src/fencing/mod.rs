@@ -2,3 +2,4 @@
 //! that drives the pure state machine in `core::fence`.
 
 pub mod config;
+pub mod agent;

@@ -1,0 +1,384 @@
+//! The fencer: a fast liveness probe of every collector, and the executor of the pure fence
+//! state machine (`core::fence`). Steps, releases and reclaims run as tasks whose outcomes are
+//! written back to the store; every decision is made again from the store on the next tick.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tracing::{Instrument, error, info, info_span, warn};
+use uuid::Uuid;
+
+use crate::cluster::Cluster;
+use crate::config::{Config, collector_address};
+use crate::core::fence::{
+    FenceAction, FencePolicy, FenceState, Liveness, PlanSummary, StageLimits, Step, decide_fencing,
+};
+use crate::core::{Nanos, Outcome};
+use crate::fencing::agent::{AgentRunner, run_stage};
+use crate::fencing::config::{FencePlan, Stage};
+use crate::report::now_ns;
+use crate::store::{FlowOutcome, Store};
+
+use super::metrics::{Metrics, StepLabel};
+
+fn ns(d: Duration) -> Nanos {
+    d.as_nanos() as Nanos
+}
+
+fn limits(s: &Stage) -> StageLimits {
+    StageLimits {
+        retries: s.retries,
+        retry_interval: ns(s.retry_interval),
+    }
+}
+
+pub fn summarize(plan: &FencePlan) -> PlanSummary {
+    PlanSummary {
+        isolation: plan.isolation.as_ref().map(limits),
+        power_management: limits(&plan.power_management),
+        recovery: plan.recovery.as_ref().map(limits).unwrap_or(StageLimits {
+            retries: 0,
+            retry_interval: 0,
+        }),
+    }
+}
+
+pub struct Fencer<C: Cluster> {
+    pub store: Arc<Store>,
+    pub cluster: Arc<C>,
+    pub plans: BTreeMap<String, FencePlan>,
+    pub policy: FencePolicy,
+    pub runner: Arc<dyn AgentRunner>,
+    pub wake: Arc<Notify>,
+    pub metrics: Metrics,
+    interval: Duration,
+    client: reqwest::Client,
+    /// Liveness probe targets: node -> URL.
+    targets: Vec<(String, String)>,
+    /// What the probe saw: reachable, and since when not.
+    seen: Mutex<BTreeMap<String, (bool, Option<Nanos>)>>,
+    /// Effects in progress (transient: a restart simply issues them again, idempotently).
+    busy: Mutex<HashSet<(Uuid, &'static str)>>,
+    storm: Mutex<bool>,
+}
+
+impl<C: Cluster> Fencer<C> {
+    pub fn new(
+        cfg: &Config,
+        plans: BTreeMap<String, FencePlan>,
+        store: Arc<Store>,
+        cluster: Arc<C>,
+        runner: Arc<dyn AgentRunner>,
+        metrics: Metrics,
+    ) -> Fencer<C> {
+        let f = &cfg.fencing;
+        Fencer {
+            store,
+            cluster,
+            plans,
+            policy: FencePolicy {
+                grace: ns(f.grace),
+                storm_percent: f.storm_percent,
+                max_in_flight: f.max_in_flight,
+                min_interval: ns(f.min_interval),
+                cooldown: ns(f.cooldown),
+                paused: f.paused,
+                max_restarts: f.max_restarts,
+            },
+            runner,
+            wake: Arc::new(Notify::new()),
+            metrics,
+            interval: f.liveness_interval,
+            client: reqwest::Client::builder()
+                .timeout(f.liveness_timeout)
+                .connect_timeout(f.liveness_timeout)
+                .build()
+                .expect("a plain HTTP client always builds"),
+            targets: cfg
+                .nodes
+                .iter()
+                .map(|n| {
+                    (
+                        n.name.clone(),
+                        format!("http://{}/", collector_address(&n.collector).unwrap_or_default()),
+                    )
+                })
+                .collect(),
+            seen: Mutex::new(BTreeMap::new()),
+            busy: Mutex::new(HashSet::new()),
+            storm: Mutex::new(false),
+        }
+    }
+
+    /// Runs until `shutdown`; then waits for running steps, so no fence step is abandoned.
+    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                _ = tick.tick() => self.probe().await,
+                _ = self.wake.notified() => {}
+            }
+            self.tick().await;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        while !self.busy.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        info!("fencer stopped");
+    }
+
+    async fn probe(&self) {
+        let now = now_ns();
+        let answers: Vec<(String, bool)> = futures::stream::iter(0..self.targets.len())
+            .map(|i| async move {
+                let (node, url) = &self.targets[i];
+                let ok = matches!(self.client.get(url).send().await, Ok(r) if r.status().is_success());
+                (node.clone(), ok)
+            })
+            .buffer_unordered(256)
+            .collect()
+            .await;
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, ok) in answers {
+            let e = seen.entry(node).or_insert((true, None));
+            match (ok, e.1) {
+                (true, _) => *e = (true, None),
+                (false, None) => *e = (false, Some(now)),
+                (false, Some(_)) => e.0 = false,
+            }
+        }
+    }
+
+    fn liveness(&self) -> BTreeMap<String, Liveness> {
+        let healthy: BTreeMap<String, Nanos> = match self.store.nodes() {
+            Ok(rows) => rows
+                .into_iter()
+                .filter(|r| {
+                    r.diagnose_error.is_none()
+                        && r.last_report.as_ref().is_some_and(|v| v["status"] == "Ok")
+                })
+                .filter_map(|r| r.last_answer_ns.map(|t| (r.name, t)))
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "cannot read node reports");
+                BTreeMap::new()
+            }
+        };
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        self.targets
+            .iter()
+            .map(|(n, _)| {
+                // Not probed yet: assume reachable, so nothing is fenced on start-up alone.
+                let (reachable, since) = seen.get(n).copied().unwrap_or((true, None));
+                (
+                    n.clone(),
+                    Liveness {
+                        reachable,
+                        unreachable_since: since,
+                        healthy_at: healthy.get(n).copied(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    pub async fn tick(self: &Arc<Self>) {
+        let now = now_ns();
+        let flows = match self.store.fence_flows(now - self.policy.cooldown) {
+            Ok(f) => f,
+            Err(e) => {
+                error!(error = %e, "cannot load fence flows");
+                return;
+            }
+        };
+        let tags = match self.cluster.tags().await {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, "cannot read tags; skipping this fence decision");
+                return;
+            }
+        };
+        // A flow running at start-up lost its executor (the daemon died): run it again; agent
+        // actions are idempotent (off when off is still off).
+        for f in &flows {
+            if f.status == crate::core::fence::FenceStatus::Running && f.result.is_none() {
+                self.clone().spawn_step(f.id, f.node.clone(), f.step);
+            }
+        }
+        let state = FenceState {
+            flows,
+            liveness: self.liveness(),
+            plans: self.plans.iter().map(|(n, p)| (n.clone(), summarize(p))).collect(),
+            tags,
+            policy: self.policy,
+        };
+        let mut storm = false;
+        for a in decide_fencing(&state, now) {
+            match a {
+                FenceAction::Storm { unreachable, total } => {
+                    storm = true;
+                    let mut was = self.storm.lock().unwrap_or_else(|p| p.into_inner());
+                    if !*was {
+                        warn!(unreachable, total, "fencing storm: no fence starts while it lasts");
+                    }
+                    *was = true;
+                }
+                other => self.execute(other).await,
+            }
+        }
+        if !storm {
+            *self.storm.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        }
+        self.metrics.fencing_storm.set(storm as i64);
+    }
+
+    async fn execute(self: &Arc<Self>, a: FenceAction) {
+        match a {
+            FenceAction::Start(f) => {
+                info!(flow = %f.id, node = %f.node, "fence flow started");
+                self.metrics.fences_started.inc();
+                if let Err(e) = self.store.insert_flow(&f) {
+                    error!(error = %e, "cannot record a new fence flow");
+                }
+            }
+            FenceAction::Save(f) => {
+                if let Some(t) = f.history.last() {
+                    info!(flow = %f.id, node = %f.node, step = t.step.as_str(), status = t.status.as_str(), note = %t.note, "fence transition");
+                }
+                match self.store.save_flow(&f) {
+                    Ok(true) => self.observe_stages(&f),
+                    // Changed meanwhile (an operator's cancel): decide again from the store.
+                    Ok(false) => self.wake.notify_one(),
+                    Err(e) => error!(error = %e, "cannot save a fence flow"),
+                }
+            }
+            FenceAction::RunStep { flow, node, step } => self.clone().spawn_step(flow, node, step),
+            FenceAction::Release {
+                flow,
+                node,
+                attempt,
+            } => {
+                let me = self.clone();
+                self.spawn_effect(flow, "release", async move {
+                    let o = me.cluster.release(&node, &flow, attempt).await;
+                    (FlowOutcome::Release, o)
+                });
+            }
+            FenceAction::Reclaim { flow, node } => {
+                let me = self.clone();
+                self.spawn_effect(flow, "reclaim", async move {
+                    let o = me.cluster.reclaim(&node, &flow).await;
+                    (FlowOutcome::Reclaim, o)
+                });
+            }
+            FenceAction::TagFailed { flow, node, tag } => {
+                warn!(flow = %flow, node = %node, tag = %tag, "fence flow failed for good; nothing released");
+                match self.cluster.add_tag(&node, &tag).await {
+                    Ok(()) => {
+                        if let Err(e) = self.store.mark_flow_tagged(&flow) {
+                            error!(error = %e, "cannot record the fencefailed tag");
+                        }
+                    }
+                    Err(e) => error!(error = %e, "cannot tag the node"),
+                }
+            }
+            FenceAction::Storm { .. } => {}
+        }
+    }
+
+    /// Per-stage latencies, once a flow reaches its release (for the time-to-release figures).
+    fn observe_stages(&self, f: &crate::core::fence::Flow) {
+        let Some(released) = f.released_at else {
+            return;
+        };
+        if f.history.last().map(|t| t.note.starts_with("workloads released")) != Some(true) {
+            return;
+        }
+        let secs = |a: Nanos, b: Nanos| (b - a).max(0) as f64 / 1e9;
+        let fenced = f.fenced_at.unwrap_or(released);
+        let isolated = f.isolated_at.unwrap_or(f.created);
+        for (stage, v) in [
+            ("detection", secs(f.detected, f.created)),
+            ("isolation", secs(f.created, isolated)),
+            ("power-off", secs(isolated, fenced)),
+            ("release", secs(fenced, released)),
+            ("total", secs(f.detected, released)),
+        ] {
+            self.metrics
+                .fence_stage_seconds
+                .get_or_create(&StepLabel { stage: stage.into() })
+                .observe(v);
+        }
+    }
+
+    fn claim(&self, flow: Uuid, what: &'static str) -> bool {
+        self.busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((flow, what))
+    }
+
+    fn spawn_step(self: Arc<Self>, flow: Uuid, node: String, step: Step) {
+        if !self.claim(flow, "step") {
+            return;
+        }
+        let me = self.clone();
+        self.spawn_effect_claimed(flow, "step", async move {
+            let stage = me.plans.get(&node).and_then(|p| p.stage(step));
+            let (o, calls) = run_stage(me.runner.as_ref(), step, stage).await;
+            for c in &calls {
+                info!(flow = %flow, node = %node, step = step.as_str(), agent = %c.agent, action = %c.action, code = ?c.code, elapsed_ms = c.elapsed_ms, "fence agent call");
+            }
+            (FlowOutcome::Step, o, calls)
+        });
+    }
+
+    fn spawn_effect(
+        self: &Arc<Self>,
+        flow: Uuid,
+        what: &'static str,
+        fut: impl std::future::Future<Output = (FlowOutcome, Outcome)> + Send + 'static,
+    ) {
+        if !self.claim(flow, what) {
+            return;
+        }
+        self.clone().spawn_effect_claimed(flow, what, async move {
+            let (w, o) = fut.await;
+            (w, o, vec![])
+        });
+    }
+
+    fn spawn_effect_claimed(
+        self: Arc<Self>,
+        flow: Uuid,
+        what: &'static str,
+        fut: impl std::future::Future<Output = (FlowOutcome, Outcome, Vec<crate::core::fence::Call>)>
+        + Send
+        + 'static,
+    ) {
+        tokio::spawn(
+            async move {
+                let (which, outcome, calls) = fut.await;
+                info!(ok = outcome.ok, detail = %outcome.detail, "fence effect finished");
+                if let Err(e) = self.store.set_flow_outcome(&flow, which, outcome, calls) {
+                    error!(error = %e, "cannot record a fence outcome; it runs again after a restart");
+                }
+                self.busy
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&(flow, what));
+                self.wake.notify_one();
+            }
+            .instrument(info_span!("fence", flow = %flow, what)),
+        );
+    }
+}

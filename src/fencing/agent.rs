@@ -1,0 +1,262 @@
+//! Fence-agent execution: whitelisted `fence_*` agents, parameters on stdin (never argv), a
+//! scrubbed environment, a hard deadline that kills the agent's process group, and power-off
+//! verified by a `status` that must answer OFF.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::core::Nanos;
+use crate::core::fence::{Call, Outcome, Step};
+use crate::exec::{self, ExecError, RunSpec};
+use crate::report::now_ns;
+
+use super::config::{ExecPolicy, Method, Stage};
+
+/// Agent exit codes (every ClusterLabs agent): 0 success or ON, 1 failure, 2 OFF.
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_OFF: i32 = 2;
+
+/// How agents are run: the seam the executor's tests replace.
+#[async_trait::async_trait]
+pub trait AgentRunner: Send + Sync + 'static {
+    /// Runs `agent` with `action`; returns the exit code (None when killed) and the output tail.
+    async fn call(&self, method: &Method, action: &str, deadline: Duration) -> (Option<i32>, String);
+}
+
+/// Runs the real agents from the whitelist directory.
+pub struct Agents {
+    pub dir: PathBuf,
+}
+
+fn stdin_params(method: &Method, action: &str) -> Vec<u8> {
+    let mut s = format!("action={action}\n");
+    for (k, v) in &method.params {
+        s.push_str(&format!("{k}={v}\n"));
+    }
+    s.into_bytes()
+}
+
+#[async_trait::async_trait]
+impl AgentRunner for Agents {
+    async fn call(&self, method: &Method, action: &str, deadline: Duration) -> (Option<i32>, String) {
+        let program = match exec::resolve(&self.dir, &method.agent) {
+            Ok(p) => p,
+            Err(e) => return (None, format!("agent refused: {e}")),
+        };
+        // No PCMK_* or anything else from our environment: with PCMK_service set, agents
+        // disable their own timeouts.
+        let spec = RunSpec {
+            program,
+            args: vec![],
+            stdin: stdin_params(method, action),
+            env: vec![("LANG".into(), "C.UTF-8".into())],
+            timeout: deadline,
+            output_cap: 2048,
+        };
+        match exec::run(&spec).await {
+            Ok(out) => (out.code, out.tail(400).trim().to_string()),
+            Err(ExecError::Timeout { timeout, .. }) => (
+                None,
+                format!("no answer within {timeout:?}; the agent's process group was killed"),
+            ),
+            Err(e) => (None, e.to_string()),
+        }
+    }
+}
+
+/// Runs one stage's methods under its policy and returns the outcome with every call made.
+pub async fn run_stage(
+    runner: &dyn AgentRunner,
+    step: Step,
+    stage: Option<&Stage>,
+) -> (Outcome, Vec<Call>) {
+    let Some(stage) = stage else {
+        return (
+            Outcome {
+                ok: true,
+                detail: format!("no {} methods configured", step.as_str()),
+            },
+            vec![],
+        );
+    };
+    let mut calls = Vec::new();
+    let mut failures = Vec::new();
+    let mut successes = Vec::new();
+    for m in &stage.methods {
+        let ok = run_method(runner, step, m, stage.timeout, &mut calls).await;
+        match ok {
+            Ok(()) => {
+                successes.push(m.name.clone());
+                if stage.policy == ExecPolicy::Any {
+                    break;
+                }
+            }
+            Err(why) => {
+                failures.push(format!("{}: {why}", m.name));
+                if stage.policy == ExecPolicy::All {
+                    break;
+                }
+            }
+        }
+    }
+    let ok = match stage.policy {
+        ExecPolicy::All => failures.is_empty(),
+        ExecPolicy::Any => !successes.is_empty(),
+    };
+    let detail = if ok {
+        format!("{} ok ({})", step.as_str(), successes.join(", "))
+    } else {
+        failures.join("; ")
+    };
+    (Outcome { ok, detail }, calls)
+}
+
+async fn call(
+    runner: &dyn AgentRunner,
+    step: Step,
+    m: &Method,
+    action: &str,
+    deadline: Duration,
+    calls: &mut Vec<Call>,
+) -> Option<i32> {
+    let at: Nanos = now_ns();
+    let t = std::time::Instant::now();
+    let (code, output) = runner.call(m, action, deadline).await;
+    let ok = match action {
+        "status" => matches!(code, Some(EXIT_OK) | Some(EXIT_OFF)),
+        _ => code == Some(EXIT_OK),
+    };
+    calls.push(Call {
+        at,
+        step,
+        method: m.name.clone(),
+        agent: m.agent.clone(),
+        action: action.into(),
+        code,
+        ok,
+        elapsed_ms: t.elapsed().as_millis() as u64,
+        output,
+    });
+    code
+}
+
+/// One method: the action, and for a power-off the `status` that proves it.
+async fn run_method(
+    runner: &dyn AgentRunner,
+    step: Step,
+    m: &Method,
+    deadline: Duration,
+    calls: &mut Vec<Call>,
+) -> Result<(), String> {
+    let code = call(runner, step, m, &m.action, deadline, calls).await;
+    if code != Some(EXIT_OK) {
+        let out = calls.last().map(|c| c.output.clone()).unwrap_or_default();
+        return Err(format!(
+            "{} {} failed ({}): {out}",
+            m.agent,
+            m.action,
+            code.map_or("killed".into(), |c| format!("exit {c}"))
+        ));
+    }
+    if step != Step::PowerManagement {
+        return Ok(());
+    }
+    // The action's own success is not proof: only a status answering OFF is.
+    match call(runner, step, m, "status", deadline, calls).await {
+        Some(EXIT_OFF) => Ok(()),
+        Some(EXIT_OK) => Err(format!("{} accepted off but status still reports ON", m.agent)),
+        other => Err(format!(
+            "{} status could not confirm power-off ({})",
+            m.agent,
+            other.map_or("killed".into(), |c| format!("exit {c}"))
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    /// A fake runner: answers from a script of (action -> code), recording calls.
+    struct Fake {
+        answers: Mutex<Vec<(String, Option<i32>)>>,
+        seen: Mutex<Vec<(String, String)>>,
+    }
+
+    #[async_trait::async_trait]
+    impl AgentRunner for Fake {
+        async fn call(&self, m: &Method, action: &str, _: Duration) -> (Option<i32>, String) {
+            self.seen.lock().unwrap().push((m.name.clone(), action.into()));
+            let mut a = self.answers.lock().unwrap();
+            let i = a.iter().position(|(act, _)| act == action).expect("scripted answer");
+            (a.remove(i).1, String::new())
+        }
+    }
+
+    fn fake(answers: &[(&str, Option<i32>)]) -> Fake {
+        Fake {
+            answers: Mutex::new(answers.iter().map(|(a, c)| (a.to_string(), *c)).collect()),
+            seen: Mutex::new(vec![]),
+        }
+    }
+
+    fn stage(policy: ExecPolicy, n: usize, action: &str) -> Stage {
+        Stage {
+            policy,
+            timeout: Duration::from_secs(1),
+            retries: 0,
+            retry_interval: Duration::ZERO,
+            methods: (0..n)
+                .map(|i| Method {
+                    name: format!("m{i}"),
+                    agent: "fence_x".into(),
+                    action: action.into(),
+                    params: BTreeMap::new(),
+                })
+                .collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn power_off_needs_a_status_that_answers_off() {
+        let s = stage(ExecPolicy::All, 1, "off");
+        let (o, calls) = run_stage(&fake(&[("off", Some(0)), ("status", Some(2))]), Step::PowerManagement, Some(&s)).await;
+        assert!(o.ok, "{o:?}");
+        assert_eq!(calls.len(), 2);
+        let (o, _) = run_stage(&fake(&[("off", Some(0)), ("status", Some(0))]), Step::PowerManagement, Some(&s)).await;
+        assert!(!o.ok && o.detail.contains("still reports ON"), "{o:?}");
+        let (o, _) = run_stage(&fake(&[("off", None)]), Step::PowerManagement, Some(&s)).await;
+        assert!(!o.ok && o.detail.contains("killed"), "{o:?}");
+    }
+
+    #[tokio::test]
+    async fn all_stops_at_the_first_failure_and_any_at_the_first_success() {
+        let s = stage(ExecPolicy::All, 2, "off");
+        let f = fake(&[("off", Some(1)), ("off", Some(0))]);
+        let (o, _) = run_stage(&f, Step::Isolation, Some(&s)).await;
+        assert!(!o.ok);
+        assert_eq!(f.seen.lock().unwrap().len(), 1);
+        let s = stage(ExecPolicy::Any, 3, "on");
+        let f = fake(&[("on", Some(1)), ("on", Some(0)), ("on", Some(0))]);
+        let (o, _) = run_stage(&f, Step::Recovery, Some(&s)).await;
+        assert!(o.ok);
+        assert_eq!(f.seen.lock().unwrap().len(), 2);
+        let (o, calls) = run_stage(&f, Step::Recovery, None).await;
+        assert!(o.ok && calls.is_empty());
+    }
+
+    #[test]
+    fn parameters_go_on_stdin_one_per_line() {
+        let m = Method {
+            name: "m".into(),
+            agent: "fence_ipmilan".into(),
+            action: "off".into(),
+            params: [("ip".to_string(), "10.0.0.1".to_string()), ("password".into(), "pw".into())]
+                .into_iter()
+                .collect(),
+        };
+        assert_eq!(String::from_utf8(stdin_params(&m, "status")).unwrap(), "action=status\nip=10.0.0.1\npassword=pw\n");
+    }
+}
