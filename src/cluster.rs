@@ -195,17 +195,26 @@ impl Cluster for Inventory {
 
     async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome {
         let key = format!("fence-{flow}-release-{attempt}");
-        self.fence_hook(&self.hooks.release, "release", node, flow, &key).await
+        self.fence_hook(&self.hooks.release, "release", node, flow, &key)
+            .await
     }
 
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
         let key = format!("fence-{flow}-reclaim");
-        self.fence_hook(&self.hooks.reclaim, "reclaim", node, flow, &key).await
+        self.fence_hook(&self.hooks.reclaim, "reclaim", node, flow, &key)
+            .await
     }
 }
 
 impl Inventory {
-    async fn fence_hook(&self, hook: &str, action: &str, node: &str, flow: &Uuid, key: &str) -> Outcome {
+    async fn fence_hook(
+        &self,
+        hook: &str,
+        action: &str,
+        node: &str,
+        flow: &Uuid,
+        key: &str,
+    ) -> Outcome {
         let program = match exec::resolve(&self.repair_dir, hook) {
             Ok(p) => p,
             Err(e) => return Outcome::failed(format!("hook refused: {e}")),

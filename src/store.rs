@@ -737,7 +737,11 @@ impl Store {
     }
 
     /// Read-modify-write of one flow in a transaction.
-    fn update_flow(&self, id: &Uuid, change: impl FnOnce(&mut Flow) -> bool) -> Result<Option<Flow>> {
+    fn update_flow(
+        &self,
+        id: &Uuid,
+        change: impl FnOnce(&mut Flow) -> bool,
+    ) -> Result<Option<Flow>> {
         let mut c = self.conn();
         let tx = c.transaction()?;
         let f = {
@@ -814,7 +818,11 @@ impl Store {
                 true
             }
         })?;
-        Ok(if f.is_none() { FenceCancel::NotFound } else { verdict })
+        Ok(if f.is_none() {
+            FenceCancel::NotFound
+        } else {
+            verdict
+        })
     }
 
     /// Flows the fencer decides on: every one not final, and final ones ended after `since`.
@@ -853,7 +861,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-use crate::core::{Observation, Observations, decide};
+    use crate::core::{Observation, Observations, decide};
     use crate::report::Verdict;
 
     fn obs(node: &str, json: &str) -> Observations {

@@ -17,9 +17,9 @@ use uuid::Uuid;
 
 use crate::cluster::{Cluster, ClusterError, event_json};
 use crate::config::{Config, collector_address};
+use crate::core::fence::{FenceStatus, Flow, fence_failed_tag};
 use crate::http::{ApiError, SignedAuth, require_signed};
 use crate::report::{Key, now_ns};
-use crate::core::fence::{FenceStatus, Flow, fence_failed_tag};
 use crate::store::{CancelOutcome, FenceCancel, Store};
 
 pub struct ApiState<C: Cluster> {
@@ -171,7 +171,9 @@ async fn cancel<C: Cluster>(
     match s.store.cancel(&id, now_ns()).map_err(internal)? {
         CancelOutcome::NotFound => match s.store.cancel_flow(&id, now_ns()).map_err(internal)? {
             FenceCancel::NotFound => Err(ApiError::not_found(format!("no live event {id}"))),
-            FenceCancel::Final => Err(ApiError::conflict(format!("fence flow {id} is already final"))),
+            FenceCancel::Final => Err(ApiError::conflict(format!(
+                "fence flow {id} is already final"
+            ))),
             FenceCancel::PoweredOff => Err(ApiError::conflict(format!(
                 "fence flow {id} has already powered the node off; it can no longer be canceled"
             ))),

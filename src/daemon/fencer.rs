@@ -103,7 +103,10 @@ impl<C: Cluster> Fencer<C> {
                 .map(|n| {
                     (
                         n.name.clone(),
-                        format!("http://{}/", collector_address(&n.collector).unwrap_or_default()),
+                        format!(
+                            "http://{}/",
+                            collector_address(&n.collector).unwrap_or_default()
+                        ),
                     )
                 })
                 .collect(),
@@ -128,7 +131,11 @@ impl<C: Cluster> Fencer<C> {
             self.tick().await;
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        while !self.busy.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+        while !self
+            .busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -141,7 +148,8 @@ impl<C: Cluster> Fencer<C> {
         let answers: Vec<(String, bool)> = futures::stream::iter(0..self.targets.len())
             .map(|i| async move {
                 let (node, url) = &self.targets[i];
-                let ok = matches!(self.client.get(url).send().await, Ok(r) if r.status().is_success());
+                let ok =
+                    matches!(self.client.get(url).send().await, Ok(r) if r.status().is_success());
                 (node.clone(), ok)
             })
             .buffer_unordered(256)
@@ -217,7 +225,11 @@ impl<C: Cluster> Fencer<C> {
         let state = FenceState {
             flows,
             liveness: self.liveness(),
-            plans: self.plans.iter().map(|(n, p)| (n.clone(), summarize(p))).collect(),
+            plans: self
+                .plans
+                .iter()
+                .map(|(n, p)| (n.clone(), summarize(p)))
+                .collect(),
             tags,
             policy: self.policy,
         };
@@ -228,7 +240,10 @@ impl<C: Cluster> Fencer<C> {
                     storm = true;
                     let mut was = self.storm.lock().unwrap_or_else(|p| p.into_inner());
                     if !*was {
-                        warn!(unreachable, total, "fencing storm: no fence starts while it lasts");
+                        warn!(
+                            unreachable,
+                            total, "fencing storm: no fence starts while it lasts"
+                        );
                     }
                     *was = true;
                 }
@@ -300,7 +315,11 @@ impl<C: Cluster> Fencer<C> {
         let Some(released) = f.released_at else {
             return;
         };
-        if f.history.last().map(|t| t.note.starts_with("workloads released")) != Some(true) {
+        if f.history
+            .last()
+            .map(|t| t.note.starts_with("workloads released"))
+            != Some(true)
+        {
             return;
         }
         let secs = |a: Nanos, b: Nanos| (b - a).max(0) as f64 / 1e9;
@@ -315,7 +334,9 @@ impl<C: Cluster> Fencer<C> {
         ] {
             self.metrics
                 .fence_stage_seconds
-                .get_or_create(&StepLabel { stage: stage.into() })
+                .get_or_create(&StepLabel {
+                    stage: stage.into(),
+                })
                 .observe(v);
         }
     }

@@ -51,7 +51,9 @@ impl Metrics {
             fences_started: Counter::default(),
             fencing_storm: Gauge::default(),
             fence_stage_seconds: Family::new_with_constructor(|| {
-                Histogram::new([0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0])
+                Histogram::new([
+                    0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
+                ])
             }),
         };
         reg.register(
@@ -89,7 +91,11 @@ impl Metrics {
             "Repair events created",
             m.events_created.clone(),
         );
-        reg.register("maintd_fences_started", "Fence flows started", m.fences_started.clone());
+        reg.register(
+            "maintd_fences_started",
+            "Fence flows started",
+            m.fences_started.clone(),
+        );
         reg.register(
             "maintd_fencing_storm",
             "1 while more nodes than the storm threshold are unreachable",

@@ -114,7 +114,10 @@ pub async fn run(
     );
     let fencer_task = fencer.map(|f| {
         info!(nodes = f.plans.len(), "fencing enabled");
-        tokio::spawn(f.run(stop(stop_rx.clone())).instrument(info_span!("fencer")))
+        tokio::spawn(
+            f.run(stop(stop_rx.clone()))
+                .instrument(info_span!("fencer")),
+        )
     });
     let server = axum::serve(listener, app).with_graceful_shutdown(stop(stop_rx));
     let mut server_task = tokio::spawn(async move { server.await });

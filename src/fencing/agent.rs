@@ -20,7 +20,12 @@ pub const EXIT_OFF: i32 = 2;
 #[async_trait::async_trait]
 pub trait AgentRunner: Send + Sync + 'static {
     /// Runs `agent` with `action`; returns the exit code (None when killed) and the output tail.
-    async fn call(&self, method: &Method, action: &str, deadline: Duration) -> (Option<i32>, String);
+    async fn call(
+        &self,
+        method: &Method,
+        action: &str,
+        deadline: Duration,
+    ) -> (Option<i32>, String);
 }
 
 /// Runs the real agents from the whitelist directory.
@@ -38,7 +43,12 @@ fn stdin_params(method: &Method, action: &str) -> Vec<u8> {
 
 #[async_trait::async_trait]
 impl AgentRunner for Agents {
-    async fn call(&self, method: &Method, action: &str, deadline: Duration) -> (Option<i32>, String) {
+    async fn call(
+        &self,
+        method: &Method,
+        action: &str,
+        deadline: Duration,
+    ) -> (Option<i32>, String) {
         let program = match exec::resolve(&self.dir, &method.agent) {
             Ok(p) => p,
             Err(e) => return (None, format!("agent refused: {e}")),
@@ -164,7 +174,10 @@ async fn run_method(
     // The action's own success is not proof: only a status answering OFF is.
     match call(runner, step, m, "status", deadline, calls).await {
         Some(EXIT_OFF) => Ok(()),
-        Some(EXIT_OK) => Err(format!("{} accepted off but status still reports ON", m.agent)),
+        Some(EXIT_OK) => Err(format!(
+            "{} accepted off but status still reports ON",
+            m.agent
+        )),
         other => Err(format!(
             "{} status could not confirm power-off ({})",
             m.agent,
@@ -188,9 +201,15 @@ mod tests {
     #[async_trait::async_trait]
     impl AgentRunner for Fake {
         async fn call(&self, m: &Method, action: &str, _: Duration) -> (Option<i32>, String) {
-            self.seen.lock().unwrap().push((m.name.clone(), action.into()));
+            self.seen
+                .lock()
+                .unwrap()
+                .push((m.name.clone(), action.into()));
             let mut a = self.answers.lock().unwrap();
-            let i = a.iter().position(|(act, _)| act == action).expect("scripted answer");
+            let i = a
+                .iter()
+                .position(|(act, _)| act == action)
+                .expect("scripted answer");
             (a.remove(i).1, String::new())
         }
     }
@@ -222,10 +241,20 @@ mod tests {
     #[tokio::test]
     async fn power_off_needs_a_status_that_answers_off() {
         let s = stage(ExecPolicy::All, 1, "off");
-        let (o, calls) = run_stage(&fake(&[("off", Some(0)), ("status", Some(2))]), Step::PowerManagement, Some(&s)).await;
+        let (o, calls) = run_stage(
+            &fake(&[("off", Some(0)), ("status", Some(2))]),
+            Step::PowerManagement,
+            Some(&s),
+        )
+        .await;
         assert!(o.ok, "{o:?}");
         assert_eq!(calls.len(), 2);
-        let (o, _) = run_stage(&fake(&[("off", Some(0)), ("status", Some(0))]), Step::PowerManagement, Some(&s)).await;
+        let (o, _) = run_stage(
+            &fake(&[("off", Some(0)), ("status", Some(0))]),
+            Step::PowerManagement,
+            Some(&s),
+        )
+        .await;
         assert!(!o.ok && o.detail.contains("still reports ON"), "{o:?}");
         let (o, _) = run_stage(&fake(&[("off", None)]), Step::PowerManagement, Some(&s)).await;
         assert!(!o.ok && o.detail.contains("killed"), "{o:?}");
@@ -253,10 +282,16 @@ mod tests {
             name: "m".into(),
             agent: "fence_ipmilan".into(),
             action: "off".into(),
-            params: [("ip".to_string(), "10.0.0.1".to_string()), ("password".into(), "pw".into())]
-                .into_iter()
-                .collect(),
+            params: [
+                ("ip".to_string(), "10.0.0.1".to_string()),
+                ("password".into(), "pw".into()),
+            ]
+            .into_iter()
+            .collect(),
         };
-        assert_eq!(String::from_utf8(stdin_params(&m, "status")).unwrap(), "action=status\nip=10.0.0.1\npassword=pw\n");
+        assert_eq!(
+            String::from_utf8(stdin_params(&m, "status")).unwrap(),
+            "action=status\nip=10.0.0.1\npassword=pw\n"
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! Node fencing: configuration, fence-agent execution with verified power-off, and the fencer
 //! that drives the pure state machine in `core::fence`.
 
-pub mod config;
 pub mod agent;
+pub mod config;

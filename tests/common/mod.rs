@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod sims;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -79,7 +81,14 @@ impl Cluster {
             &format!("cat {}/verdict-$NODE.json", root.display()),
         );
         let log = root.join("hooks.log");
-        for hook in ["evacuate", "evacuate-failover", "offline", "online"] {
+        for hook in [
+            "evacuate",
+            "evacuate-failover",
+            "offline",
+            "online",
+            "release",
+            "reclaim",
+        ] {
             write_exec(
                 &root.join("repair.d").join(hook),
                 &format!(
@@ -248,6 +257,26 @@ env = {{ NODE = "{node}" }}
             async move { c.get(&url).send().await.is_ok().then_some(()) }
         })
         .await;
+    }
+
+    /// A node's collector dies (a hard node failure, as the daemon sees it).
+    pub fn kill_collector(&mut self, i: usize) {
+        self.collectors[i] = None;
+    }
+
+    /// Writes a secret file with mode 0600 and returns its path.
+    pub fn secret(&self, name: &str, value: &str) -> PathBuf {
+        use std::os::unix::fs::OpenOptionsExt;
+        let p = self.path(name);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)
+            .unwrap();
+        std::io::Write::write_all(&mut f, value.as_bytes()).unwrap();
+        p
     }
 
     /// Kills the daemon with SIGKILL (no chance to clean up).
