@@ -118,7 +118,7 @@ const MIGRATIONS: &[&str] = &[
 /// Outcome of an operator's cancel of a fence flow.
 #[derive(Debug, PartialEq)]
 pub enum FenceCancel {
-    Canceled(Flow),
+    Canceled(Box<Flow>),
     NotFound,
     Final,
     PoweredOff,
@@ -814,7 +814,7 @@ impl Store {
                     status: f.status,
                     note: "canceled by operator".into(),
                 });
-                verdict = FenceCancel::Canceled(Flow::clone(f));
+                verdict = FenceCancel::Canceled(Box::new(f.clone()));
                 true
             }
         })?;

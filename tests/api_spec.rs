@@ -4,98 +4,11 @@
 
 mod common;
 
-use std::collections::BTreeSet;
-
+use common::spec::Spec;
 use common::*;
 use maintd::http::send_signed;
 use maintd::report::Key;
 use serde_json::{Value, json};
-
-struct Spec {
-    doc: Value,
-    seen: BTreeSet<(String, String)>,
-}
-
-impl Spec {
-    fn load() -> Spec {
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/api-spec/openapi.yaml"
-        ))
-        .unwrap();
-        let doc: Value = serde_yaml_ng::from_str(&text).unwrap();
-        Spec {
-            doc,
-            seen: BTreeSet::new(),
-        }
-    }
-
-    fn resolve<'a>(&'a self, v: &'a Value) -> &'a Value {
-        match v.get("$ref").and_then(Value::as_str) {
-            Some(r) => {
-                let ptr = r.trim_start_matches('#');
-                self.doc
-                    .pointer(ptr)
-                    .unwrap_or_else(|| panic!("dangling {r}"))
-            }
-            None => v,
-        }
-    }
-
-    /// Checks one real response against the operation `method template`.
-    fn check(
-        &mut self,
-        method: &str,
-        template: &str,
-        status: u16,
-        content_type: &str,
-        body: &[u8],
-    ) {
-        self.seen.insert((method.to_string(), template.to_string()));
-        let op = &self.doc["paths"][template][method.to_lowercase()];
-        assert!(op.is_object(), "{method} {template} is not in the spec");
-        let resp = op["responses"].get(status.to_string()).unwrap_or_else(|| {
-            panic!("{method} {template} answered {status}, which the spec does not document")
-        });
-        let resp = self.resolve(resp);
-        let media = content_type.split(';').next().unwrap().trim();
-        let schema = resp["content"].get(media).unwrap_or_else(|| {
-            panic!("{method} {template} {status}: content type {media} not documented")
-        })["schema"]
-            .clone();
-        let instance: Value = if media == "application/json" {
-            serde_json::from_slice(body)
-                .unwrap_or_else(|e| panic!("{method} {template}: not JSON: {e}"))
-        } else {
-            Value::String(String::from_utf8_lossy(body).into_owned())
-        };
-        let mut root = schema;
-        if let Value::Object(m) = &mut root {
-            m.insert("components".into(), self.doc["components"].clone());
-        }
-        let validator = jsonschema::validator_for(&root).unwrap();
-        let errors: Vec<String> = validator
-            .iter_errors(&instance)
-            .map(|e| format!("{e} at {}", e.instance_path()))
-            .collect();
-        assert!(
-            errors.is_empty(),
-            "{method} {template} {status} does not match the spec: {errors:?}\nbody: {instance:#}"
-        );
-    }
-
-    fn operations(&self) -> BTreeSet<(String, String)> {
-        let mut out = BTreeSet::new();
-        for (path, item) in self.doc["paths"].as_object().unwrap() {
-            for (m, _) in item.as_object().unwrap() {
-                if ["get", "post", "delete", "put", "patch"].contains(&m.as_str()) {
-                    out.insert((m.to_uppercase(), path.clone()));
-                }
-            }
-        }
-        out
-    }
-}
 
 struct Api {
     spec: Spec,
@@ -314,6 +227,14 @@ async fn real_responses_match_the_openapi_spec() {
     );
     api.call(false, &base, "GET", "/metrics", "/metrics", None)
         .await;
+    let (_, f) = api
+        .call(false, &base, "GET", "/1/fences", "/1/fences", None)
+        .await;
+    assert_eq!(
+        f,
+        json!([]),
+        "no fencing configured here; tests/fencing.rs checks real flows"
+    );
 
     // The collector's endpoints.
     let col = format!("http://127.0.0.1:{}", c.ports[0]);

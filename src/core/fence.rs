@@ -461,7 +461,7 @@ fn advance(s: &FenceState, f: &Flow, hold_power: bool, now: Nanos, out: &mut Vec
             }
             if f.step == Step::Recovery
                 && f.fenced
-                && !l.healthy_at.zip(f.fenced_at).is_some_and(|(h, t)| h > t)
+                && l.healthy_at.zip(f.fenced_at).is_none_or(|(h, t)| h <= t)
             {
                 // Powered off: wait for the node to come back with a healthy report.
                 return;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod sims;
+pub mod spec;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,135 @@
+//! Time from a hard node failure (its collector killed) to its workloads released, with the
+//! default grace (5 s) and liveness probe (1 s): fence_ifmib isolation against snmpsim, then
+//! fence_ipmilan off + status against ipmi_sim, then the release hook. Prints every run, p50, p99
+//! and each stage's share. Run: `cargo bench --bench fence` (MAINTD_BENCH_RUNS, default 20).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::sims::{self, Ipmi, Snmp};
+use common::*;
+use serde_json::Value;
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+async fn flow_where(c: &Cluster, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, v) = c.get("/1/fences").await;
+        if let Some(f) = v.as_array().into_iter().flatten().find(|f| pred(f)) {
+            return f.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out; daemon log:\n{}",
+            c.daemon_log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") || !sims::available() {
+        return;
+    }
+    let runs: usize = std::env::var("MAINTD_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let mut c = Cluster::new(3);
+    let ipmi = Ipmi::start(c.dir.path(), "node1");
+    let snmp = Snmp::start(c.dir.path());
+    let pw = c.secret("bmc.pw", &ipmi.password);
+    let switch = format!(
+        r#"{{ template = "switch", params = {{ ipport = "{}", plug = "1" }} }}"#,
+        snmp.port
+    );
+    let bmc = format!(
+        r#"{{ template = "ipmi", params = {{ {} }} }}"#,
+        ipmi.params()
+    );
+    c.extra_daemon_toml = format!(
+        r#"
+[fencing]
+# Defaults for grace (5 s), liveness interval (1 s) and timeout (0.8 s).
+cooldown = "1s"
+storm-percent = 50
+[fencing.templates.ipmi]
+agent = "fence_ipmilan"
+secrets = {{ password = "{pw}" }}
+[fencing.templates.switch]
+agent = "fence_ifmib"
+params = {{ ip = "127.0.0.1", community = "switch", snmp_version = "1" }}
+[fencing.nodes.node1.isolation]
+methods = [{switch}]
+[fencing.nodes.node1.power-management]
+methods = [{bmc}]
+[fencing.nodes.node1.recovery]
+methods = [{bmc}, {switch}]
+"#,
+        pw = pw.display()
+    );
+    c.start().await;
+    println!(
+        "time to release after a hard node failure (grace 5 s, liveness probe 1 s), {runs} runs"
+    );
+    println!(
+        "{:>4} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "run", "detect s", "isolate s", "off+ver s", "release s", "total s"
+    );
+    let mut totals = Vec::new();
+    let mut stages = [0.0f64; 4];
+    let mut seen = std::collections::HashSet::new();
+    for run in 1..=runs {
+        // Let the liveness probe see the node up before it fails.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        c.kill_collector(0);
+        let killed = maintd::report::now_ns();
+        let f = flow_where(&c, |f| {
+            f["released"] == true && !seen.contains(f["id"].as_str().unwrap_or(""))
+        })
+        .await;
+        seen.insert(f["id"].as_str().unwrap().to_string());
+        assert!(!ipmi.powered_on(), "the BMC must be off");
+        let t = |k: &str| f[k].as_i64().unwrap();
+        let s = |a: i64, b: i64| (b - a) as f64 / 1e9;
+        let parts = [
+            s(killed, t("created")),
+            s(t("created"), t("isolated-at")),
+            s(t("isolated-at"), t("fenced-at")),
+            s(t("fenced-at"), t("released-at")),
+        ];
+        let total = s(killed, t("released-at"));
+        println!(
+            "{run:>4} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+            parts[0], parts[1], parts[2], parts[3], total
+        );
+        for (acc, p) in stages.iter_mut().zip(parts) {
+            *acc += p;
+        }
+        totals.push(total);
+        // Repair: the node comes back, recovery powers it on, the flow ends.
+        c.start_collector_with(0, "scripted", "cluster.key");
+        let id = f["id"].as_str().unwrap().to_string();
+        flow_where(&c, |g| g["id"] == id.as_str() && g["status"] == "final").await;
+        assert!(ipmi.powered_on());
+    }
+    totals.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let sum: f64 = stages.iter().sum();
+    println!(
+        "p50 {:.2} s, p99 {:.2} s, max {:.2} s; shares: detection {:.0} %, isolation {:.0} %, power-off+verify {:.0} %, release {:.0} %",
+        pct(&totals, 0.5),
+        pct(&totals, 0.99),
+        totals.last().unwrap(),
+        100.0 * stages[0] / sum,
+        100.0 * stages[1] / sum,
+        100.0 * stages[2] / sum,
+        100.0 * stages[3] / sum
+    );
+}
