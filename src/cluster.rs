@@ -195,18 +195,33 @@ impl Cluster for Inventory {
 
     async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome {
         let key = format!("fence-{flow}-release-{attempt}");
-        self.fence_hook(&self.hooks.release, "release", node, flow, &key)
-            .await
+        let o = self
+            .fence_hook(&self.hooks.release, "release", node, flow, &key)
+            .await;
+        self.set_offline_after(o, node, true)
     }
 
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
         let key = format!("fence-{flow}-reclaim");
-        self.fence_hook(&self.hooks.reclaim, "reclaim", node, flow, &key)
-            .await
+        let o = self
+            .fence_hook(&self.hooks.reclaim, "reclaim", node, flow, &key)
+            .await;
+        self.set_offline_after(o, node, false)
     }
 }
 
 impl Inventory {
+    /// A fenced node is offline in the inventory until its recovery clears the release.
+    fn set_offline_after(&self, o: Outcome, node: &str, offline: bool) -> Outcome {
+        if !o.ok {
+            return o;
+        }
+        match self.store.inventory_set_offline(node, offline, now_ns()) {
+            Ok(()) => o,
+            Err(e) => Outcome::failed(format!("hook succeeded but recording it failed: {e}")),
+        }
+    }
+
     async fn fence_hook(
         &self,
         hook: &str,

@@ -124,6 +124,11 @@ async fn ipmi_power_off_with_ifmib_isolation_then_recovery_powers_on_and_unisola
     assert!(!ipmi.powered_on(), "the BMC must read power off");
     assert!(!snmp.port_up(1), "the switch port must be down");
     assert_eq!(releases(&c), 1);
+    assert_eq!(
+        c.node("node1").await["offline"],
+        true,
+        "a fenced node is offline"
+    );
     let h = history(&f);
     assert_eq!(&h[..2], ["isolation new", "isolation running"]);
     assert!(h.contains(&"power-management done".to_string()), "{h:?}");
@@ -165,6 +170,7 @@ async fn ipmi_power_off_with_ifmib_isolation_then_recovery_powers_on_and_unisola
     assert!(snmp.port_up(1), "recovery brings the switch port back up");
     assert_eq!(f["reclaimed"], true);
     assert!(c.hook_log().iter().any(|l| l.starts_with("reclaim node1")));
+    assert_eq!(c.node("node1").await["offline"], false);
     assert_eq!(releases(&c), 1);
     let metrics = c
         .client
