@@ -234,7 +234,9 @@ impl<C: Cluster> Fencer<C> {
             policy: self.policy,
         };
         let mut storm = false;
+        let mut moved = false;
         for a in decide_fencing(&state, now) {
+            moved |= matches!(a, FenceAction::Save(_) | FenceAction::Start(_));
             match a {
                 FenceAction::Storm { unreachable, total } => {
                     storm = true;
@@ -252,6 +254,12 @@ impl<C: Cluster> Fencer<C> {
         }
         if !storm {
             *self.storm.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        }
+        if moved {
+            // A transition may make the next one due at once (isolated -> power off): decide
+            // again now rather than a liveness interval later. Each save moves a flow forward,
+            // so this settles.
+            self.wake.notify_one();
         }
         self.metrics.fencing_storm.set(storm as i64);
     }
