@@ -172,15 +172,7 @@ async fn ipmi_power_off_with_ifmib_isolation_then_recovery_powers_on_and_unisola
     assert!(c.hook_log().iter().any(|l| l.starts_with("reclaim node1")));
     assert_eq!(c.node("node1").await["offline"], false);
     assert_eq!(releases(&c), 1);
-    let metrics = c
-        .client
-        .get(format!("{}/metrics", c.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.metrics().await;
     assert!(
         metrics.contains("maintd_fence_stage_seconds_count{stage=\"power-off\"} 1"),
         "{metrics}"
@@ -348,15 +340,7 @@ async fn a_storm_starts_no_fence_at_all() {
     c.kill_collector(0);
     c.kill_collector(1);
     wait_for("the storm to be reported", || async {
-        let m = c
-            .client
-            .get(format!("{}/metrics", c.url()))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let m = c.metrics().await;
         m.contains("maintd_fencing_storm 1").then_some(())
     })
     .await;
@@ -369,27 +353,33 @@ async fn a_storm_starts_no_fence_at_all() {
     assert!(c.daemon_log().contains("fencing storm"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_back_during_isolation_recovers_without_power_off() {
-    if !sims::available() {
-        return;
-    }
+/// node1 with a switch isolation that the agent's own `delay` keeps running for `delay` seconds,
+/// IPMI power management and switch recovery; its collector killed, and isolation running.
+async fn start_with_slow_isolation(delay: u32) -> (Cluster, Ipmi, Snmp, Value) {
     let mut c = Cluster::new(3);
     let ipmi = Ipmi::start(c.dir.path(), "node1");
     let snmp = Snmp::start(c.dir.path());
-    // The agent's own `delay` keeps isolation running for 4 s.
     let body = format!(
-        "[fencing.nodes.node1.isolation]\nretries = 0\ntimeout = \"20s\"\nmethods = [{{ template = \"switch\", params = {{ ipport = \"{port}\", plug = \"1\", delay = \"4\" }} }}]\n{}[fencing.nodes.node1.recovery]\nmethods = [{{ template = \"switch\", params = {{ ipport = \"{port}\", plug = \"1\" }} }}]\n",
+        "[fencing.nodes.node1.isolation]\nretries = 0\ntimeout = \"20s\"\nmethods = [{{ template = \"switch\", params = {{ ipport = \"{port}\", plug = \"1\", delay = \"{delay}\" }} }}]\n{}[fencing.nodes.node1.recovery]\nmethods = [{{ template = \"switch\", params = {{ ipport = \"{port}\", plug = \"1\" }} }}]\n",
         ipmi_stage("power-management", &ipmi, ""),
         port = snmp.port
     );
     c.extra_daemon_toml = fencing_toml(&c, 50, &body);
     c.start().await;
     c.kill_collector(0);
-    wait_flow(&c, "isolation to run", |f| {
+    let f = wait_flow(&c, "isolation to run", |f| {
         f["step"] == "isolation" && f["status"] == "running"
     })
     .await;
+    (c, ipmi, snmp, f)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_during_isolation_recovers_without_power_off() {
+    if !sims::available() {
+        return;
+    }
+    let (mut c, ipmi, snmp, _) = start_with_slow_isolation(4).await;
     c.start_collector_with(0, "scripted", "cluster.key");
     let f = wait_flow(&c, "the flow to end", |f| f["status"] == "final").await;
     let h = history(&f);
@@ -408,21 +398,7 @@ async fn cancel_before_power_off_stops_the_flow_and_after_it_is_refused() {
     if !sims::available() {
         return;
     }
-    let mut c = Cluster::new(3);
-    let ipmi = Ipmi::start(c.dir.path(), "node1");
-    let snmp = Snmp::start(c.dir.path());
-    let body = format!(
-        "[fencing.nodes.node1.isolation]\nretries = 0\ntimeout = \"20s\"\nmethods = [{{ template = \"switch\", params = {{ ipport = \"{port}\", plug = \"1\", delay = \"3\" }} }}]\n{}[fencing.nodes.node1.recovery]\nmethods = [{{ template = \"switch\", params = {{ ipport = \"{port}\", plug = \"1\" }} }}]\n",
-        ipmi_stage("power-management", &ipmi, ""),
-        port = snmp.port
-    );
-    c.extra_daemon_toml = fencing_toml(&c, 50, &body);
-    c.start().await;
-    c.kill_collector(0);
-    let f = wait_flow(&c, "isolation to run", |f| {
-        f["step"] == "isolation" && f["status"] == "running"
-    })
-    .await;
+    let (c, ipmi, snmp, f) = start_with_slow_isolation(3).await;
     let id = f["id"].as_str().unwrap().to_string();
     let out = c.cli(&["cancel", &id]);
     assert!(out.status.success(), "{out:?}");

@@ -142,15 +142,7 @@ async fn rejected_reports_create_no_event_and_are_counted_with_their_reason() {
         c.status().await.is_empty(),
         "a rejected report created an event"
     );
-    let metrics = c
-        .client
-        .get(format!("{}/metrics", c.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.metrics().await;
     assert!(
         metrics.contains("maintd_reports_rejected_total{reason=\"replay\"}"),
         "{metrics}"

@@ -299,6 +299,18 @@ env = {{ NODE = "{node}" }}
         (s, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// The daemon's Prometheus metrics text.
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn status(&self) -> Vec<Value> {
         self.get("/1/status")
             .await

@@ -135,6 +135,17 @@ fn a_silent_node_becomes_a_candidate_only_after_the_grace() {
 }
 
 #[test]
+fn a_node_that_answers_again_within_the_grace_is_never_a_candidate() {
+    let mut s = state();
+    s.liveness.insert("n1".into(), down(T0));
+    assert!(decide_fencing(&s, T0 + 3 * S).is_empty());
+    // The probe saw it again: its silence is forgotten, and later ticks start nothing.
+    s.liveness.insert("n1".into(), up());
+    assert!(decide_fencing(&s, T0 + 6 * S).is_empty());
+    assert!(decide_fencing(&s, T0 + 60 * S).is_empty());
+}
+
+#[test]
 fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     let mut s = state();
     s.liveness.insert("n1".into(), down(T0));
