@@ -192,6 +192,12 @@ fn read_secret(path: &std::path::Path) -> Result<String, ConfigError> {
     Ok(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
+/// Parameters that hold secrets: these come from `secrets` files, never inline.
+fn is_secret(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    k.contains("passw") || k.contains("secret") || k.ends_with("_key")
+}
+
 /// Parameter names and values go one per line as `key=value` on the agent's stdin.
 fn check_param(where_: &str, k: &str, v: &str) -> Result<(), ConfigError> {
     let key_ok = !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
@@ -208,6 +214,15 @@ fn check_param(where_: &str, k: &str, v: &str) -> Result<(), ConfigError> {
     if k == "action" {
         return Err(ConfigError::Invalid(format!(
             "{where_}: set the action with `action = ...` on the method, not as a parameter"
+        )));
+    }
+    Ok(())
+}
+
+fn check_inline(where_: &str, k: &str) -> Result<(), ConfigError> {
+    if is_secret(k) {
+        return Err(ConfigError::Invalid(format!(
+            "{where_}: {k} must not be inline; put it in a file (mode 0600) and use secrets = {{ {k} = \"/path\" }}"
         )));
     }
     Ok(())
@@ -244,6 +259,7 @@ impl FencingConfig {
                 ));
             }
             for (k, v) in &t.params {
+                check_inline(&format!("fencing.templates.{name}"), k)?;
                 check_param(&format!("fencing.templates.{name}"), k, v)?;
             }
         }
@@ -282,6 +298,7 @@ impl FencingConfig {
                     }
                     let mut params = t.params.clone();
                     for (k, v) in &m.params {
+                        check_inline(&where_, k)?;
                         check_param(&where_, k, v)?;
                         params.insert(k.clone(), v.clone());
                     }
@@ -420,6 +437,7 @@ methods = [{{ template = "ipmi" }}]
         );
         assert!(err("[fencing.nodes.n1.power-management]\nmethods = [{ template = \"ipmi\", params = { action = \"on\" } }]").contains("`action = ...`"));
         assert!(err("[fencing.nodes.n1.power-management]\nmethods = [{ template = \"ipmi\", params = { ip = \"a\\nb\" } }]").contains("line break"));
+        assert!(err("[fencing.nodes.n1.power-management]\nmethods = [{ template = \"ipmi\", params = { password = \"x\" } }]").contains("must not be inline"));
         let c = Config::parse("[fencing.templates.x]\nagent = \"rm\"\n").unwrap();
         assert!(
             c.fencing
