@@ -1,5 +1,8 @@
-//! The cluster backend trait (tags, evacuate, offline, online) and the local inventory backend:
-//! nodes from the config file, tags and offline flags in SQLite, actions as whitelisted hooks.
+//! The cluster backend trait (tags, evacuate, offline, online, release) and the local inventory
+//! backend: nodes from the config file, tags and offline flags in SQLite, actions as whitelisted
+//! hooks. `kube` holds the Kubernetes implementation of the same trait.
+
+pub mod kube;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -31,6 +34,10 @@ pub enum ClusterError {
     },
     #[error("cannot set up the job directory: {0}")]
     Jobs(#[source] std::io::Error),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] ::kube::Error),
+    #[error("Kubernetes client configuration: {0}")]
+    KubeConfig(String),
 }
 
 /// What the daemon needs from a cluster. Every job method must be idempotent: after a daemon
@@ -50,6 +57,8 @@ pub trait Cluster: Send + Sync + 'static {
     async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome;
     /// Clears a release once the node has recovered.
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome;
+    /// Records a human-readable event on the node (Kubernetes Events); a no-op by default.
+    async fn record(&self, _node: &str, _reason: &str, _message: &str, _warning: bool) {}
 }
 
 /// The embedded default backend.

@@ -1,0 +1,368 @@
+//! An in-process fake Kubernetes API server for what maintd uses, following the API's documented
+//! behaviour: list and get (label and field selectors), JSON merge patch (RFC 7386) with a
+//! resourceVersion precondition (409 Conflict when stale), pod delete, the eviction subresource
+//! (429 TooManyRequests while a PodDisruptionBudget allows no disruption), and Events. Errors are
+//! `Status` objects. Every write bumps the object's resourceVersion.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+#[derive(Default)]
+pub struct World {
+    pub nodes: BTreeMap<String, Value>,
+    /// (namespace, name) -> pod
+    pub pods: BTreeMap<(String, String), Value>,
+    pub pdbs: Vec<Value>,
+    pub events: Vec<Value>,
+    /// Pods deleted, with the grace period asked for.
+    pub deleted: Vec<(String, Option<i64>)>,
+    pub evictions_refused: usize,
+    /// The next this-many versioned node patches lose a race with another writer: the node
+    /// changes just before they land, so they get 409 Conflict.
+    pub races: usize,
+    pub conflicts: usize,
+    version: u64,
+}
+
+impl World {
+    fn bump(&mut self) -> String {
+        self.version += 1;
+        self.version.to_string()
+    }
+
+    pub fn add_node(&mut self, name: &str, ip: &str) {
+        let rv = self.bump();
+        self.nodes.insert(
+            name.into(),
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "resourceVersion": rv, "labels": {"kubernetes.io/hostname": name}},
+                "spec": {},
+                "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+            }),
+        );
+    }
+
+    /// A pod on `node`; `owner` is e.g. "ReplicaSet" or "DaemonSet".
+    pub fn add_pod(&mut self, ns: &str, name: &str, node: &str, labels: Value, owner: &str) {
+        let rv = self.bump();
+        self.pods.insert(
+            (ns.into(), name.into()),
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "labels": labels,
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner, "name": format!("{name}-owner"), "uid": "u"}]},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+                "status": {"phase": "Running"},
+            }),
+        );
+    }
+
+    pub fn add_mirror_pod(&mut self, ns: &str, name: &str, node: &str) {
+        self.add_pod(ns, name, node, json!({}), "Node");
+        let p = self
+            .pods
+            .get_mut(&(ns.to_string(), name.to_string()))
+            .unwrap();
+        p["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "x"});
+    }
+
+    pub fn add_pdb(&mut self, ns: &str, name: &str, match_labels: Value, allowed: i64) {
+        self.pdbs.push(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"selector": {"matchLabels": match_labels}},
+            "status": {"disruptionsAllowed": allowed},
+        }));
+    }
+
+    pub fn set_pdb_allowed(&mut self, name: &str, allowed: i64) {
+        for p in &mut self.pdbs {
+            if p["metadata"]["name"] == name {
+                p["status"]["disruptionsAllowed"] = json!(allowed);
+            }
+        }
+    }
+
+    pub fn pods_on(&self, node: &str) -> Vec<String> {
+        self.pods
+            .values()
+            .filter(|p| p["spec"]["nodeName"] == node)
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    pub fn taints(&self, node: &str) -> Vec<String> {
+        self.nodes[node]["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                format!(
+                    "{}={}:{}",
+                    t["key"].as_str().unwrap_or(""),
+                    t["value"].as_str().unwrap_or(""),
+                    t["effect"].as_str().unwrap_or("")
+                )
+            })
+            .collect()
+    }
+
+    /// Changes a node behind the client's back (another controller), bumping its version.
+    pub fn touch_node(&mut self, node: &str) {
+        let rv = self.bump();
+        self.nodes.get_mut(node).unwrap()["metadata"]["resourceVersion"] = json!(rv);
+    }
+}
+
+pub type Shared = Arc<Mutex<World>>;
+
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    (
+        StatusCode::from_u16(code).unwrap(),
+        axum::Json(json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code,
+        })),
+    )
+        .into_response()
+}
+
+fn list(kind: &str, items: Vec<Value>) -> Response {
+    axum::Json(json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}))
+        .into_response()
+}
+
+/// `a=b,c` style selectors: equality and existence.
+fn labels_match(selector: &str, labels: &Value) -> bool {
+    selector
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .all(|term| match term.split_once('=') {
+            Some((k, v)) => labels[k.trim()] == v.trim(),
+            None => labels.get(term.trim()).is_some(),
+        })
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().unwrap();
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+async fn list_nodes(
+    State(w): State<Shared>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let w = w.lock().unwrap();
+    let sel = q.get("labelSelector").cloned().unwrap_or_default();
+    list(
+        "NodeList",
+        w.nodes
+            .values()
+            .filter(|n| labels_match(&sel, &n["metadata"]["labels"]))
+            .cloned()
+            .collect(),
+    )
+}
+
+async fn get_node(State(w): State<Shared>, Path(name): Path<String>) -> Response {
+    match w.lock().unwrap().nodes.get(&name) {
+        Some(n) => axum::Json(n.clone()).into_response(),
+        None => status(404, "NotFound", &format!("nodes \"{name}\" not found")),
+    }
+}
+
+async fn patch_node(
+    State(w): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let ct = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if ct != "application/merge-patch+json" {
+        return status(
+            415,
+            "UnsupportedMediaType",
+            &format!("the fake supports merge patches, not {ct}"),
+        );
+    }
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "invalid JSON patch");
+    };
+    let mut w = w.lock().unwrap();
+    if !w.nodes.contains_key(&name) {
+        return status(404, "NotFound", &format!("nodes \"{name}\" not found"));
+    }
+    let versioned = patch["metadata"]["resourceVersion"].is_string();
+    if versioned && w.races > 0 {
+        w.races -= 1;
+        let rv = w.bump();
+        w.nodes.get_mut(&name).unwrap()["metadata"]["resourceVersion"] = json!(rv);
+    }
+    let rv = w.bump();
+    let node = w.nodes.get_mut(&name).unwrap();
+    if let Some(want) = patch["metadata"]["resourceVersion"].as_str()
+        && node["metadata"]["resourceVersion"] != want
+    {
+        w.conflicts += 1;
+        return status(
+            409,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            ),
+        );
+    }
+    merge(node, &patch);
+    node["metadata"]["resourceVersion"] = json!(rv);
+    axum::Json(node.clone()).into_response()
+}
+
+async fn list_pods(State(w): State<Shared>, Query(q): Query<BTreeMap<String, String>>) -> Response {
+    let w = w.lock().unwrap();
+    let field = q.get("fieldSelector").cloned().unwrap_or_default();
+    let node = field.strip_prefix("spec.nodeName=").map(String::from);
+    list(
+        "PodList",
+        w.pods
+            .values()
+            .filter(|p| {
+                node.as_ref()
+                    .is_none_or(|n| p["spec"]["nodeName"] == n.as_str())
+            })
+            .cloned()
+            .collect(),
+    )
+}
+
+async fn delete_pod(
+    State(w): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let grace = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["gracePeriodSeconds"].as_i64());
+    let mut w = w.lock().unwrap();
+    match w.pods.remove(&(ns.clone(), name.clone())) {
+        Some(p) => {
+            w.deleted.push((format!("{ns}/{name}"), grace));
+            axum::Json(p).into_response()
+        }
+        None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
+    }
+}
+
+async fn evict_pod(State(w): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+    let mut w = w.lock().unwrap();
+    let Some(pod) = w.pods.get(&(ns.clone(), name.clone())).cloned() else {
+        return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+    };
+    let labels = pod["metadata"]["labels"].clone();
+    let matching: Vec<usize> = w
+        .pdbs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| {
+            p["metadata"]["namespace"] == ns.as_str()
+                && p["spec"]["selector"]["matchLabels"]
+                    .as_object()
+                    .is_some_and(|m| m.iter().all(|(k, v)| labels[k] == *v))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if matching.iter().any(|&i| {
+        w.pdbs[i]["status"]["disruptionsAllowed"]
+            .as_i64()
+            .unwrap_or(0)
+            <= 0
+    }) {
+        w.evictions_refused += 1;
+        return status(
+            429,
+            "TooManyRequests",
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+        );
+    }
+    for i in matching {
+        let a = w.pdbs[i]["status"]["disruptionsAllowed"]
+            .as_i64()
+            .unwrap_or(0);
+        w.pdbs[i]["status"]["disruptionsAllowed"] = json!(a - 1);
+    }
+    w.pods.remove(&(ns.clone(), name.clone()));
+    w.deleted.push((format!("{ns}/{name}"), None));
+    (
+        StatusCode::CREATED,
+        axum::Json(
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
+        ),
+    )
+        .into_response()
+}
+
+async fn create_event(State(w): State<Shared>, Path(ns): Path<String>, body: Bytes) -> Response {
+    let Ok(mut ev) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "invalid Event");
+    };
+    let mut w = w.lock().unwrap();
+    let n = w.events.len();
+    ev["metadata"]["namespace"] = json!(ns);
+    ev["metadata"]["name"] = json!(format!(
+        "{}{n}",
+        ev["metadata"]["generateName"].as_str().unwrap_or("e")
+    ));
+    w.events.push(ev.clone());
+    (StatusCode::CREATED, axum::Json(ev)).into_response()
+}
+
+/// Starts the fake on a free loopback port; returns its URL and the shared world.
+pub async fn start() -> (String, Shared) {
+    let world: Shared = Arc::default();
+    let app = Router::new()
+        .route("/api/v1/nodes", get(list_nodes))
+        .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
+        .route("/api/v1/pods", get(list_pods))
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}",
+            axum::routing::delete(delete_pod),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/eviction",
+            post(evict_pod),
+        )
+        .route("/api/v1/namespaces/{ns}/events", post(create_event))
+        .fallback(|uri: axum::http::Uri| async move {
+            status(404, "NotFound", &format!("the fake does not serve {uri}"))
+        })
+        .with_state(world.clone());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (url, world)
+}

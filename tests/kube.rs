@@ -1,0 +1,242 @@
+//! The Kubernetes backend against the in-process fake API server: the production client code,
+//! only the URL differs. Drain through the Eviction API with a PDB that blocks then allows, the
+//! drain deadline, offline taints, tags as labels, the out-of-service release after a fence, and
+//! Events.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fake_kube;
+use maintd::cluster::Cluster;
+use maintd::cluster::kube::{KubeCluster, KubeConfig, OUT_OF_SERVICE};
+use maintd::core::{Job, JobKind, JobStatus};
+use serde_json::json;
+use uuid::Uuid;
+
+fn cfg(deadline_ms: u64) -> KubeConfig {
+    KubeConfig {
+        drain_deadline: Duration::from_millis(deadline_ms),
+        eviction_backoff: Duration::from_millis(100),
+        ..KubeConfig::default()
+    }
+}
+
+fn job(node: &str, kind: JobKind) -> Job {
+    let event = Uuid::new_v4();
+    Job {
+        id: 1,
+        event,
+        node: node.into(),
+        round: 1,
+        kind,
+        command: None,
+        status: JobStatus::Running,
+        reason: format!("maintd:{event}"),
+        detail: None,
+        created: 0,
+        finished: None,
+    }
+}
+
+/// n1 with two app pods (one under a PDB), a DaemonSet pod and a mirror pod; n2 with one pod.
+async fn world(deadline_ms: u64, pdb_allowed: i64) -> (KubeCluster, fake_kube::Shared) {
+    let (url, w) = fake_kube::start().await;
+    {
+        let mut w = w.lock().unwrap();
+        w.add_node("n1", "10.0.0.1");
+        w.add_node("n2", "10.0.0.2");
+        w.add_pod("db", "db-0", "n1", json!({"app": "db"}), "StatefulSet");
+        w.add_pod("web", "web-1", "n1", json!({"app": "web"}), "ReplicaSet");
+        w.add_pod("kube-system", "agent-x", "n1", json!({}), "DaemonSet");
+        w.add_mirror_pod("kube-system", "etcd-n1", "n1");
+        w.add_pod("web", "web-2", "n2", json!({"app": "web"}), "ReplicaSet");
+        w.add_pdb("db", "db-pdb", json!({"app": "db"}), pdb_allowed);
+    }
+    (KubeCluster::with_url(&url, cfg(deadline_ms)).unwrap(), w)
+}
+
+#[tokio::test]
+async fn a_drain_waits_out_a_blocking_pdb_and_spares_daemonset_and_mirror_pods() {
+    let (k, w) = world(30_000, 0).await;
+    let k = std::sync::Arc::new(k);
+    let drain = tokio::spawn({
+        let k = k.clone();
+        async move { k.run_job(&job("n1", JobKind::Evacuate), &json!({})).await }
+    });
+    // The PDB refuses (429) for a while; the job keeps retrying.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!drain.is_finished());
+    {
+        let w = w.lock().unwrap();
+        assert!(w.evictions_refused >= 2, "429s are retried with backoff");
+        assert_eq!(
+            w.nodes["n1"]["spec"]["unschedulable"], true,
+            "cordoned first"
+        );
+        assert!(w.pods_on("n1").contains(&"db-0".to_string()));
+        assert!(
+            !w.pods_on("n1").contains(&"web-1".to_string()),
+            "unprotected pods go at once"
+        );
+    }
+    w.lock().unwrap().set_pdb_allowed("db-pdb", 1);
+    let o = drain.await.unwrap();
+    assert!(o.ok, "{o:?}");
+    let w = w.lock().unwrap();
+    let mut left = w.pods_on("n1");
+    left.sort();
+    assert_eq!(left, vec!["agent-x", "etcd-n1"]);
+    assert_eq!(w.pods_on("n2"), vec!["web-2"], "other nodes untouched");
+    let ev = w.events.last().unwrap();
+    assert_eq!(ev["involvedObject"]["kind"], "Node");
+    assert_eq!(ev["involvedObject"]["name"], "n1");
+    assert!(
+        ev["message"].as_str().unwrap().starts_with("maintd:"),
+        "{ev}"
+    );
+}
+
+#[tokio::test]
+async fn a_drain_deadline_fails_the_job_naming_the_blocking_pods() {
+    let (k, w) = world(1_000, 0).await;
+    let o = k.run_job(&job("n1", JobKind::Evacuate), &json!({})).await;
+    assert!(!o.ok);
+    assert!(
+        o.detail.contains("deadline") && o.detail.contains("db/db-0"),
+        "{o:?}"
+    );
+    assert_eq!(w.lock().unwrap().events.last().unwrap()["type"], "Warning");
+}
+
+#[tokio::test]
+async fn failover_deletes_pods_without_waiting_for_pdbs() {
+    let (k, w) = world(30_000, 0).await;
+    let o = k
+        .run_job(&job("n1", JobKind::EvacuateFailover), &json!({}))
+        .await;
+    assert!(o.ok, "{o:?}");
+    assert_eq!(w.lock().unwrap().evictions_refused, 0);
+    assert!(
+        !w.lock()
+            .unwrap()
+            .pods_on("n1")
+            .contains(&"db-0".to_string())
+    );
+}
+
+#[tokio::test]
+async fn offline_and_online_cordon_and_taint_and_survive_a_stale_resource_version() {
+    let (k, w) = world(30_000, 0).await;
+    w.lock().unwrap().nodes.get_mut("n1").unwrap()["spec"]["taints"] =
+        json!([{"key": "other", "effect": "NoSchedule"}]);
+    assert!(k.run_job(&job("n1", JobKind::Offline), &json!({})).await.ok);
+    assert_eq!(
+        k.offline_nodes()
+            .await
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        vec!["n1"]
+    );
+    {
+        let w = w.lock().unwrap();
+        assert_eq!(
+            w.taints("n1"),
+            vec!["other=:NoSchedule", "maintd.io/offline=:NoSchedule"]
+        );
+        assert_eq!(w.nodes["n1"]["spec"]["unschedulable"], true);
+    }
+    assert!(k.run_job(&job("n1", JobKind::Online), &json!({})).await.ok);
+    let w2 = w.lock().unwrap();
+    assert_eq!(
+        w2.taints("n1"),
+        vec!["other=:NoSchedule"],
+        "other taints are kept"
+    );
+    assert_eq!(w2.nodes["n1"]["spec"]["unschedulable"], false);
+}
+
+#[tokio::test]
+async fn tags_are_node_labels_that_one_kubectl_label_command_removes() {
+    let (k, w) = world(30_000, 0).await;
+    let id = Uuid::new_v4();
+    let tag = format!("maintd:repairready:{id}");
+    k.add_tag("n1", &tag).await.unwrap();
+    assert_eq!(
+        w.lock().unwrap().nodes["n1"]["metadata"]["labels"][format!("repairready.maintd.io/{id}")],
+        "true"
+    );
+    assert!(k.tags().await.unwrap()["n1"].contains(&tag));
+    // `kubectl label node n1 repairready.maintd.io/<id>-` is this merge patch.
+    assert!(k.remove_tag("n1", &tag).await.unwrap());
+    assert!(!k.remove_tag("n1", &tag).await.unwrap());
+    assert!(k.tags().await.unwrap()["n1"].is_empty());
+}
+
+#[tokio::test]
+async fn release_taints_out_of_service_and_force_deletes_pods_and_reclaim_clears_it() {
+    let (k, w) = world(30_000, 0).await;
+    let flow = Uuid::new_v4();
+    // Another controller changes the node between our read and our write (twice): the
+    // versioned taint patch gets 409, re-reads and lands.
+    w.lock().unwrap().races = 2;
+    let o = k.release("n1", &flow, 0).await;
+    assert!(o.ok, "{o:?}");
+    {
+        let w = w.lock().unwrap();
+        assert_eq!(
+            w.taints("n1"),
+            vec![format!("{OUT_OF_SERVICE}=nodeshutdown:NoExecute")]
+        );
+        assert_eq!(
+            w.conflicts, 2,
+            "stale resourceVersions were refused with 409"
+        );
+        let forced: Vec<_> = w
+            .deleted
+            .iter()
+            .filter(|(_, g)| *g == Some(0))
+            .map(|(p, _)| p.as_str())
+            .collect();
+        assert_eq!(
+            forced,
+            vec!["db/db-0", "web/web-1"],
+            "grace 0, DaemonSet and mirror pods kept"
+        );
+        assert_eq!(w.events.last().unwrap()["reason"], "MaintdFenceRelease");
+    }
+    assert!(k.reclaim("n1", &flow).await.ok);
+    assert!(w.lock().unwrap().taints("n1").is_empty());
+}
+
+#[tokio::test]
+async fn nodes_come_from_the_selector_with_internal_ip_or_an_annotation() {
+    let (url, w) = fake_kube::start().await;
+    {
+        let mut w = w.lock().unwrap();
+        w.add_node("a", "10.0.0.1");
+        w.add_node("b", "10.0.0.2");
+        w.add_node("c", "10.0.0.3");
+        for n in ["a", "b"] {
+            w.nodes.get_mut(n).unwrap()["metadata"]["labels"]["maintd.io/managed"] = json!("yes");
+        }
+        w.nodes.get_mut("b").unwrap()["metadata"]["annotations"] =
+            json!({"maintd.io/collector": "127.0.0.1:9999"});
+    }
+    let k = KubeCluster::with_url(
+        &url,
+        KubeConfig {
+            label_selector: "maintd.io/managed=yes".into(),
+            ..KubeConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        k.nodes().await.unwrap(),
+        vec![
+            ("a".to_string(), "10.0.0.1:1815".to_string()),
+            ("b".to_string(), "127.0.0.1:9999".to_string())
+        ]
+    );
+}
