@@ -137,6 +137,9 @@ pub struct DaemonArgs {
     /// State directory (lock, database, job directories).
     #[arg(long, env = "MAINTD_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Cluster backend: inventory or kubernetes (overrides `cluster.backend`).
+    #[arg(long, env = "MAINTD_CLUSTER")]
+    pub cluster: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -199,6 +202,9 @@ impl Cli {
                 }
                 if let Some(s) = &a.state_dir {
                     cfg.daemon.state_dir = s.clone();
+                }
+                if let Some(c) = &a.cluster {
+                    cfg.cluster.backend = c.clone();
                 }
             }
             Command::Collector(a) => {

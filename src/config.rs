@@ -35,6 +35,7 @@ pub struct Config {
     pub inventory: InventoryConfig,
     pub nodes: Vec<NodeConfig>,
     pub fencing: crate::fencing::config::FencingConfig,
+    pub kubernetes: crate::cluster::kube::KubeConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -42,7 +43,8 @@ pub struct Config {
 pub struct ClusterConfig {
     /// The HMAC key shared by the daemon, the collectors and the CLI (hex, mode 0600).
     pub key_file: PathBuf,
-    /// Which cluster backend the daemon drives: "inventory" (the embedded default).
+    /// Which cluster backend the daemon drives: "inventory" (the embedded default) or
+    /// "kubernetes".
     pub backend: String,
 }
 
@@ -241,9 +243,9 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.cluster.backend != "inventory" {
+        if !matches!(self.cluster.backend.as_str(), "inventory" | "kubernetes") {
             return bad(format!(
-                "cluster.backend {:?} is not supported (expected \"inventory\")",
+                "cluster.backend {:?} is not supported (expected \"inventory\" or \"kubernetes\")",
                 self.cluster.backend
             ));
         }

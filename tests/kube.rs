@@ -240,3 +240,87 @@ async fn nodes_come_from_the_selector_with_internal_ip_or_an_annotation() {
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_drives_a_kubernetes_evacuation_and_a_label_removal_acknowledges_it() {
+    use common::Cluster;
+    let (url, w) = fake_kube::start().await;
+    let mut c = Cluster::new(2);
+    {
+        let mut w = w.lock().unwrap();
+        for (i, n) in c.nodes.iter().enumerate() {
+            w.add_node(n, "10.9.9.9");
+            w.nodes.get_mut(n).unwrap()["metadata"]["annotations"] =
+                json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])});
+            w.add_pod(
+                "web",
+                &format!("web-{n}"),
+                n,
+                json!({"app": "web"}),
+                "ReplicaSet",
+            );
+        }
+    }
+    c.inventory_nodes = false;
+    c.extra_daemon_toml = format!("[kubernetes]\napi-url = \"{url}\"\ndrain-deadline = \"20s\"\n");
+    c.set_verdict("node1", r#"{"status":"evacuate","details":{"disk":"sda"}}"#);
+    c.start_collectors();
+    let cfg = c.daemon_config();
+    c.daemon = Some(c.spawn(
+        "daemon",
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "daemon",
+            "--cluster",
+            "kubernetes",
+        ],
+    ));
+    c.wait_api().await;
+
+    let e = c.wait_status("node1", "completed").await;
+    let id = e["id"].as_str().unwrap().to_string();
+    let label = format!("repairready.maintd.io/{id}");
+    {
+        let w = w.lock().unwrap();
+        assert!(
+            w.pods_on("node1").is_empty(),
+            "drained through the Eviction API"
+        );
+        assert_eq!(w.pods_on("node2"), vec!["web-node2"]);
+        assert_eq!(w.nodes["node1"]["spec"]["unschedulable"], true);
+        assert_eq!(w.taints("node1"), vec!["maintd.io/offline=:NoSchedule"]);
+        assert_eq!(w.nodes["node1"]["metadata"]["labels"][&label], "true");
+        let reasons: Vec<&str> = w
+            .events
+            .iter()
+            .filter_map(|e| e["reason"].as_str())
+            .collect();
+        for r in [
+            "MaintdEventNoted",
+            "Maintdevacuate",
+            "Maintdoffline",
+            "MaintdRepairReady",
+        ] {
+            assert!(reasons.contains(&r), "{reasons:?}");
+        }
+    }
+    assert_eq!(c.node("node1").await["offline"], true);
+
+    // `kubectl label node node1 repairready.maintd.io/<id>-`, then the node is healthy again.
+    w.lock().unwrap().nodes.get_mut("node1").unwrap()["metadata"]["labels"]
+        .as_object_mut()
+        .unwrap()
+        .remove(&label);
+    c.set_verdict("node1", r#"{"status":"Ok"}"#);
+    common::wait_for("the event to be forgotten", || async {
+        c.status().await.is_empty().then_some(())
+    })
+    .await;
+    let w = w.lock().unwrap();
+    assert_eq!(
+        w.nodes["node1"]["spec"]["unschedulable"], false,
+        "uncordoned"
+    );
+    assert!(w.taints("node1").is_empty(), "offline taint removed");
+}

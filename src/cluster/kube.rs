@@ -29,6 +29,9 @@ const CONFLICT_RETRIES: usize = 5;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct KubeConfig {
+    /// API server URL, e.g. `http://127.0.0.1:8001` behind `kubectl proxy`. Unset: the
+    /// kubeconfig, or the in-cluster service account.
+    pub api_url: Option<String>,
     /// Which Nodes maintd manages (a label selector; empty = all).
     pub label_selector: String,
     /// Annotation that overrides a node's collector address (default: InternalIP:1815).
@@ -46,6 +49,7 @@ pub struct KubeConfig {
 impl Default for KubeConfig {
     fn default() -> Self {
         KubeConfig {
+            api_url: None,
             label_selector: String::new(),
             collector_annotation: "maintd.io/collector".into(),
             drain_deadline: Duration::from_secs(600),
@@ -115,8 +119,11 @@ pub struct KubeCluster {
 }
 
 impl KubeCluster {
-    /// From the kubeconfig or the in-cluster service account.
+    /// From `api-url` if set, else the kubeconfig or the in-cluster service account.
     pub async fn connect(cfg: KubeConfig) -> Result<KubeCluster, ClusterError> {
+        if let Some(url) = cfg.api_url.clone() {
+            return KubeCluster::with_url(&url, cfg);
+        }
         let config = kube::Config::infer()
             .await
             .map_err(|e| ClusterError::KubeConfig(e.to_string()))?;

@@ -93,6 +93,14 @@ impl<C: Cluster> Engine<C> {
                 self.store.apply(action, now).map_err(|e| e.to_string())?;
                 self.metrics.events_created.inc();
                 info!(event = %e.id, node = %e.node, action = %e.action, "event noted");
+                self.cluster
+                    .record(
+                        &e.node,
+                        "MaintdEventNoted",
+                        &format!("maintd:{} {}: {}", e.id, e.action, e.canonical),
+                        false,
+                    )
+                    .await;
             }
             Action::Cancel {
                 event,
@@ -119,6 +127,19 @@ impl<C: Cluster> Engine<C> {
             } => {
                 self.store.apply(action, now).map_err(|e| e.to_string())?;
                 info!(event = %event, node = %node, status = status.as_str(), tag = %tag, "event finalized");
+                let failed = *status == crate::core::RepairStatus::Failed;
+                self.cluster
+                    .record(
+                        node,
+                        if failed {
+                            "MaintdRepairFailed"
+                        } else {
+                            "MaintdRepairReady"
+                        },
+                        &format!("maintd:{event}: tag {tag}"),
+                        failed,
+                    )
+                    .await;
                 self.tag(event, node, tag, now).await?;
             }
             Action::ApplyTag { event, node, tag } => self.tag(event, node, tag, now).await?,

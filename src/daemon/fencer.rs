@@ -278,7 +278,22 @@ impl<C: Cluster> Fencer<C> {
                     info!(flow = %f.id, node = %f.node, step = t.step.as_str(), status = t.status.as_str(), note = %t.note, "fence transition");
                 }
                 match self.store.save_flow(&f) {
-                    Ok(true) => self.observe_stages(&f),
+                    Ok(true) => {
+                        self.observe_stages(&f);
+                        if let Some(t) = f.history.last() {
+                            let warning = t.status == crate::core::fence::FenceStatus::Error;
+                            let msg = format!(
+                                "maintd:{} {} {}: {}",
+                                f.id,
+                                t.step.as_str(),
+                                t.status.as_str(),
+                                t.note
+                            );
+                            self.cluster
+                                .record(&f.node, "MaintdFence", &msg, warning)
+                                .await;
+                        }
+                    }
                     // Changed meanwhile (an operator's cancel): decide again from the store.
                     Ok(false) => self.wake.notify_one(),
                     Err(e) => error!(error = %e, "cannot save a fence flow"),

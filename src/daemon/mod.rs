@@ -16,8 +16,10 @@ use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 use tracing::{Instrument, info, info_span};
 
-use crate::cluster::{ClusterError, Inventory};
+use crate::cluster::kube::KubeCluster;
+use crate::cluster::{Cluster, ClusterError, Inventory};
 use crate::config::Config;
+use crate::config::NodeConfig;
 use crate::core::Policy;
 use crate::report::{Key, KeyError};
 use crate::store::{Store, StoreError};
@@ -51,15 +53,38 @@ impl DaemonError {
 }
 
 pub async fn run(
-    cfg: Config,
+    mut cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    let _lock = lock::acquire(&cfg.daemon.state_dir)?;
+    let lock = lock::acquire(&cfg.daemon.state_dir)?;
+    let store = Arc::new(Store::open(&cfg.db_path())?);
+    if cfg.cluster.backend == "kubernetes" {
+        let k = KubeCluster::connect(cfg.kubernetes.clone()).await?;
+        // The managed nodes and their collectors come from the API (read at start-up).
+        cfg.nodes = k
+            .nodes()
+            .await?
+            .into_iter()
+            .map(|(name, collector)| NodeConfig { name, collector })
+            .collect();
+        info!(nodes = cfg.nodes.len(), selector = %cfg.kubernetes.label_selector, "nodes discovered from the Kubernetes API");
+        run_with(cfg, store, Arc::new(k), lock, shutdown).await
+    } else {
+        let inv = Inventory::new(&cfg, store.clone())?;
+        run_with(cfg, store, Arc::new(inv), lock, shutdown).await
+    }
+}
+
+async fn run_with<C: Cluster>(
+    cfg: Config,
+    store: Arc<Store>,
+    cluster: Arc<C>,
+    _lock: lock::MasterLock,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
     let key = Key::load(&cfg.cluster.key_file)?;
     let node_names: Vec<String> = cfg.nodes.iter().map(|n| n.name.clone()).collect();
     let plans = cfg.fencing.plans(&node_names)?;
-    let store = Arc::new(Store::open(&cfg.db_path())?);
-    let cluster = Arc::new(Inventory::new(&cfg, store.clone())?);
     let listener = crate::http::bind(cfg.daemon.listen)
         .await
         .map_err(DaemonError::Listen)?;

@@ -59,6 +59,9 @@ pub struct Cluster {
     pub collectors: Vec<Option<Proc>>,
     pub daemon: Option<Proc>,
     pub extra_daemon_toml: String,
+    /// List the nodes in the daemon's config (the inventory backend); off for Kubernetes, where
+    /// the daemon discovers them from the API.
+    pub inventory_nodes: bool,
     pub client: reqwest::Client,
 }
 
@@ -115,6 +118,7 @@ impl Cluster {
             dir,
             daemon: None,
             extra_daemon_toml: String::new(),
+            inventory_nodes: true,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()
@@ -172,7 +176,12 @@ live-repair-timeout = "30s"
 "#,
             self.api_port, self.extra_daemon_toml
         );
-        for (n, p) in self.nodes.iter().zip(&self.ports) {
+        for (n, p) in self
+            .nodes
+            .iter()
+            .zip(&self.ports)
+            .filter(|_| self.inventory_nodes)
+        {
             toml.push_str(&format!(
                 "[[nodes]]\nname = \"{n}\"\ncollector = \"127.0.0.1:{p}\"\n"
             ));
