@@ -192,3 +192,97 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `maintd bench plan`: admission of evacuation candidates over a synthetic cluster.
+pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<(), String> {
+    use crate::core::capacity::{NodeCap, Pdb, PodReq, Snapshot, Taint, Toleration, admit};
+    use std::collections::BTreeMap;
+    const GI: i64 = 1 << 30;
+    let mut s = Snapshot::default();
+    for i in 0..nodes {
+        let mut labels = BTreeMap::new();
+        labels.insert("zone".to_string(), format!("z{}", i % 3));
+        let taints = if i % 10 == 0 {
+            vec![Taint {
+                key: "dedicated".into(),
+                value: "db".into(),
+                effect: "NoSchedule".into(),
+            }]
+        } else {
+            vec![]
+        };
+        s.nodes.push(NodeCap {
+            name: format!("node{i}"),
+            cpu_milli: 32_000,
+            mem_bytes: 128 * GI,
+            labels,
+            taints,
+            schedulable: true,
+        });
+    }
+    // One PDB per 300 pods, allowing 2 disruptions.
+    let total = nodes * pods_per_node;
+    s.pdbs = (0..total.div_ceil(300))
+        .map(|i| Pdb {
+            name: format!("app{i}"),
+            disruptions_allowed: 2,
+        })
+        .collect();
+    for i in 0..total {
+        let node = i / pods_per_node;
+        let mut node_selector = BTreeMap::new();
+        if i % 7 == 0 {
+            node_selector.insert("zone".to_string(), format!("z{}", node % 3));
+        }
+        let tolerations = if i % 11 == 0 {
+            vec![Toleration {
+                key: "dedicated".into(),
+                exists: false,
+                value: "db".into(),
+                effect: "NoSchedule".into(),
+            }]
+        } else {
+            vec![]
+        };
+        s.pods.push(PodReq {
+            name: format!("ns/p{i}"),
+            node: format!("node{node}"),
+            cpu_milli: 250 + (i % 4) as i64 * 250,
+            mem_bytes: GI + (i % 3) as i64 * GI,
+            node_selector,
+            tolerations,
+            pdbs: vec![(i * 7919) % s.pdbs.len()],
+            movable: i % 30 != 0,
+        });
+    }
+    println!(
+        "evacuation admission over {nodes} nodes and {total} pods ({} PDBs)",
+        s.pdbs.len()
+    );
+    println!(
+        "{:>10}  {:>10}  {:>9}  {:>8}",
+        "candidates", "ms (best)", "admitted", "waiting"
+    );
+    for &n in candidates {
+        let cands: Vec<String> = (0..n.min(nodes))
+            .map(|i| format!("node{}", (i * 37) % nodes))
+            .collect();
+        let mut best = f64::MAX;
+        let mut last = None;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            let r = admit(&s, &cands, n);
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
+            last = Some(r);
+        }
+        let r = last.expect("five runs");
+        println!(
+            "{:>10}  {:>10.1}  {:>9}  {:>8}",
+            n,
+            best,
+            r.admitted.len(),
+            r.waiting.len()
+        );
+    }
+    Ok(())
+}

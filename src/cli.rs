@@ -121,6 +121,16 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 5)]
         cycles: usize,
     },
+    /// Admission of evacuation candidates (capacity, PDBs, cap) over a synthetic cluster.
+    Plan {
+        #[arg(long, default_value_t = 5000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 30)]
+        pods_per_node: usize,
+        /// Comma-separated candidate counts.
+        #[arg(long, value_delimiter = ',', default_value = "1,50,500,5000")]
+        candidates: Vec<usize>,
+    },
     /// Internal: serve N simulated collectors and print their ports.
     #[command(hide = true)]
     SimCollectors {
@@ -496,6 +506,13 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 crate::bench::poll(nodes, *cycles)
                     .await
                     .map_err(CliError::Other)?;
+            }
+            BenchCmd::Plan {
+                nodes,
+                pods_per_node,
+                candidates,
+            } => {
+                crate::bench::plan(*nodes, *pods_per_node, candidates).map_err(CliError::Other)?;
             }
             BenchCmd::SimCollectors { count } => {
                 crate::bench::sim_collectors(*count)

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::report::{Status, Verdict};
 
+pub mod capacity;
 pub mod fence;
 
 #[cfg(test)]
