@@ -191,7 +191,9 @@ async fn a_more_invasive_report_supersedes_the_event_in_the_next_round() {
     );
     let second = c
         .wait_event("node1", "the failover to complete", |e| {
-            e["action"] == "evacuate-failover" && e["repair-status"] == "completed"
+            e["action"] == "evacuate-failover"
+                && e["repair-status"] == "completed"
+                && e["tagged"] == true
         })
         .await;
     let (_, old) = c

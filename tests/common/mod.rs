@@ -357,9 +357,14 @@ env = {{ NODE = "{node}" }}
         }
     }
 
+    /// Waits for an event in `status`. A final status (completed, failed) counts only once its
+    /// tag has reached the backend (`tagged`): the store records the status a moment before.
     pub async fn wait_status(&self, node: &str, status: &str) -> Value {
-        self.wait_event(node, status, |e| e["repair-status"] == status)
-            .await
+        let final_ = matches!(status, "completed" | "failed");
+        self.wait_event(node, status, |e| {
+            e["repair-status"] == status && (!final_ || e["tagged"] == true)
+        })
+        .await
     }
 
     pub fn daemon_log(&self) -> String {
