@@ -6,31 +6,14 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::sims::{self, Ipmi, Snmp};
 use common::*;
-use serde_json::Value;
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
-}
-
-async fn flow_where(c: &Cluster, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let (_, v) = c.get("/1/fences").await;
-        if let Some(f) = v.as_array().into_iter().flatten().find(|f| pred(f)) {
-            return f.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out; daemon log:\n{}",
-            c.daemon_log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::main]
@@ -91,10 +74,11 @@ methods = [{bmc}, {switch}]
         tokio::time::sleep(Duration::from_millis(1500)).await;
         c.kill_collector(0);
         let killed = maintd::report::now_ns();
-        let f = flow_where(&c, |f| {
-            f["released"] == true && !seen.contains(f["id"].as_str().unwrap_or(""))
-        })
-        .await;
+        let f = c
+            .wait_flow("the release", |f| {
+                f["released"] == true && !seen.contains(f["id"].as_str().unwrap_or(""))
+            })
+            .await;
         seen.insert(f["id"].as_str().unwrap().to_string());
         assert!(!ipmi.powered_on(), "the BMC must be off");
         let t = |k: &str| f[k].as_i64().unwrap();
@@ -117,7 +101,10 @@ methods = [{bmc}, {switch}]
         // Repair: the node comes back, recovery powers it on, the flow ends.
         c.start_collector_with(0, "scripted", "cluster.key");
         let id = f["id"].as_str().unwrap().to_string();
-        flow_where(&c, |g| g["id"] == id.as_str() && g["status"] == "final").await;
+        c.wait_flow("recovery", |g| {
+            g["id"] == id.as_str() && g["status"] == "final"
+        })
+        .await;
         assert!(ipmi.powered_on());
     }
     totals.sort_by(|a, b| a.partial_cmp(b).unwrap());

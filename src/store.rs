@@ -502,15 +502,6 @@ impl Store {
         )
     }
 
-    pub fn jobs(&self) -> Result<Vec<Job>> {
-        let c = self.conn();
-        collect(
-            c.prepare_cached(&format!("SELECT {JOB_COLS} FROM jobs ORDER BY id"))?,
-            [],
-            job_from_row,
-        )
-    }
-
     /// Live (non-cleared) events with their jobs, oldest first.
     pub fn events_with_jobs(&self) -> Result<Vec<(Event, Vec<Job>)>> {
         let c = self.conn();

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::sims::{self, Ipmi, Redfish, Snmp};
 use common::*;
@@ -58,19 +58,7 @@ async fn flows(c: &Cluster) -> Vec<Value> {
 
 /// Waits for node1's flow to satisfy `pred`.
 async fn wait_flow(c: &Cluster, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let fs = flows(c).await;
-        if let Some(f) = fs.iter().find(|f| f["node"] == "node1" && pred(f)) {
-            return f.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; flows: {fs:#?}\ndaemon log:\n{}",
-            c.daemon_log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    c.wait_flow(what, |f| f["node"] == "node1" && pred(f)).await
 }
 
 fn history(f: &Value) -> Vec<String> {

@@ -346,19 +346,8 @@ async fn kill_9_mid_round_then_restart_resumes_without_duplicating_a_job() {
 async fn a_second_daemon_exits_11_naming_the_holder() {
     let mut c = Cluster::new(1);
     c.start().await;
-    let cfg = c.daemon_config();
-    let out = std::process::Command::new(BIN)
-        .args([
-            "--config",
-            cfg.to_str().unwrap(),
-            "daemon",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(11), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = c.daemon_exit(&c.daemon_config(), &["--listen", "127.0.0.1:0"]);
+    assert_eq!(code, Some(11), "{err}");
     let pid = c.daemon.as_ref().unwrap().child.id();
     assert!(err.contains(&format!("pid {pid}")), "{err}");
 }
@@ -367,13 +356,8 @@ async fn a_second_daemon_exits_11_naming_the_holder() {
 async fn a_missing_hook_for_an_enabled_action_fails_start_up() {
     let c = Cluster::new(1);
     std::fs::remove_file(c.path("repair.d/offline")).unwrap();
-    let cfg = c.daemon_config();
-    let out = std::process::Command::new(BIN)
-        .args(["--config", cfg.to_str().unwrap(), "daemon"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = c.daemon_exit(&c.daemon_config(), &[]);
+    assert_eq!(code, Some(1));
     assert!(
         err.contains("hook \"offline\"") && err.contains("No such file"),
         "{err}"

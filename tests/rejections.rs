@@ -230,29 +230,16 @@ async fn malformed_config_and_key_files_are_refused_with_a_clear_message() {
     let c = Cluster::new(1);
     let bad = c.path("bad.toml");
     std::fs::write(&bad, "[daemon]\npoll-interval = \"fast\"\n").unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["--config", bad.to_str().unwrap(), "daemon"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("poll-interval"),
-        "{out:?}"
-    );
+    let (code, err) = c.daemon_exit(&bad, &[]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("poll-interval"), "{err}");
 
     std::fs::set_permissions(
         c.path("cluster.key"),
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
-    let cfg = c.daemon_config();
-    let out = std::process::Command::new(BIN)
-        .args(["--config", cfg.to_str().unwrap(), "daemon"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("chmod 600"),
-        "{out:?}"
-    );
+    let (code, err) = c.daemon_exit(&c.daemon_config(), &[]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("chmod 600"), "{err}");
 }

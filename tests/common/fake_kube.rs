@@ -114,12 +114,6 @@ impl World {
             })
             .collect()
     }
-
-    /// Changes a node behind the client's back (another controller), bumping its version.
-    pub fn touch_node(&mut self, node: &str) {
-        let rv = self.bump();
-        self.nodes.get_mut(node).unwrap()["metadata"]["resourceVersion"] = json!(rv);
-    }
 }
 
 pub type Shared = Arc<Mutex<World>>;

@@ -290,6 +290,37 @@ env = {{ NODE = "{node}" }}
         p
     }
 
+    /// Runs `maintd --config <config> daemon <extra>` that is expected to exit at start-up, and
+    /// returns its exit code and stderr.
+    pub fn daemon_exit(&self, config: &Path, extra: &[&str]) -> (Option<i32>, String) {
+        let out = Command::new(BIN)
+            .args(["--config", config.to_str().unwrap(), "daemon"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Waits until a fence flow satisfies `pred`, and returns it.
+    pub async fn wait_flow(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let fs = self.get("/1/fences").await.1;
+            if let Some(f) = fs.as_array().into_iter().flatten().find(|f| pred(f)) {
+                return f.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; flows: {fs:#}\ndaemon log:\n{}",
+                self.daemon_log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Kills the daemon with SIGKILL (no chance to clean up).
     pub fn kill_daemon(&mut self) {
         if let Some(mut d) = self.daemon.take() {
