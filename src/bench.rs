@@ -156,6 +156,7 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
             let obs = poller.poll_all().await;
             walls.push(t.elapsed());
             verified = obs
+                .reports
                 .values()
                 .filter(|o| matches!(o, Observation::Report(_)))
                 .count();
@@ -195,7 +196,7 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
 
 /// `maintd bench plan`: admission of evacuation candidates over a synthetic cluster.
 pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<(), String> {
-    use crate::core::capacity::{NodeCap, Pdb, PodReq, Snapshot, Taint, Toleration, admit};
+    use crate::core::capacity::{NodeCap, Pdb, PodReq, Snapshot, Taint, Toleration};
     use std::collections::BTreeMap;
     const GI: i64 = 1 << 30;
     let mut s = Snapshot::default();
@@ -264,25 +265,74 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
         "candidates", "ms (best)", "admitted", "waiting"
     );
     for &n in candidates {
-        let cands: Vec<String> = (0..n.min(nodes))
-            .map(|i| format!("node{}", (i * 37) % nodes))
-            .collect();
+        // A whole decision, as the engine makes it: every node reports, `n` of them want a
+        // drain, and the round planner admits what fits.
+        let mut obs = crate::core::Observations::new();
+        let mut events = Vec::new();
+        let evac = crate::report::Verdict::from_value(
+            serde_json::json!({"status": "evacuate", "details": {"bench": true}}),
+        )
+        .map_err(|e| e.to_string())?;
+        for i in 0..nodes {
+            let name = format!("node{i}");
+            obs.reports.insert(
+                name,
+                crate::core::Observation::Report(crate::report::Verdict::builtin_ok()),
+            );
+        }
+        for i in 0..n.min(nodes) {
+            let name = format!("node{}", (i * 37) % nodes);
+            obs.reports
+                .insert(name.clone(), crate::core::Observation::Report(evac.clone()));
+            let id = uuid::Uuid::from_u128(i as u128 + 1);
+            events.push(crate::core::Event {
+                id,
+                node: name,
+                original: evac.original.clone(),
+                canonical: evac.canonical(),
+                action: evac.status,
+                command: None,
+                status: crate::core::RepairStatus::Noted,
+                tag: crate::core::ready_tag(&id),
+                tagged: false,
+                acknowledged: false,
+                superseded_by: None,
+                note: None,
+                created: i as i64,
+                updated: i as i64,
+            });
+        }
+        let state = crate::core::State {
+            events,
+            capacity: Some(crate::core::Capacity {
+                snapshot: s.clone(),
+                max_disruptions: n,
+            }),
+            ..Default::default()
+        };
         let mut best = f64::MAX;
         let mut last = None;
         for _ in 0..5 {
             let t = std::time::Instant::now();
-            let r = admit(&s, &cands, n);
+            let a = crate::core::decide(&state, &obs, 1_000_000);
             best = best.min(t.elapsed().as_secs_f64() * 1e3);
-            last = Some(r);
+            last = Some(a);
         }
-        let r = last.expect("five runs");
-        println!(
-            "{:>10}  {:>10.1}  {:>9}  {:>8}",
-            n,
-            best,
-            r.admitted.len(),
-            r.waiting.len()
-        );
+        let actions = last.expect("five runs");
+        let admitted = actions
+            .iter()
+            .find_map(|a| match a {
+                crate::core::Action::StartRound { jobs, .. } => Some(jobs.len()),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let waiting = actions
+            .iter()
+            .filter(|a| {
+                matches!(a, crate::core::Action::Note { note: Some(w), .. } if w.starts_with("waiting to drain"))
+            })
+            .count();
+        println!("{n:>10}  {best:>10.1}  {admitted:>9}  {waiting:>8}");
     }
     Ok(())
 }

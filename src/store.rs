@@ -351,6 +351,7 @@ impl Store {
             last_round,
             tags,
             policy,
+            capacity: None,
         })
     }
 
@@ -857,7 +858,7 @@ mod tests {
 
     fn obs(node: &str, json: &str) -> Observations {
         let mut o = Observations::new();
-        o.insert(
+        o.reports.insert(
             node.into(),
             Observation::Report(Verdict::parse_bytes(json.as_bytes()).unwrap()),
         );

@@ -71,6 +71,22 @@ pub struct Snapshot {
     pub pdbs: Vec<Pdb>,
 }
 
+/// A node that wants to drain; a failover deletes pods without waiting for their budgets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub node: String,
+    pub respects_pdbs: bool,
+}
+
+impl From<&str> for Candidate {
+    fn from(node: &str) -> Candidate {
+        Candidate {
+            node: node.into(),
+            respects_pdbs: true,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Admission {
     pub admitted: Vec<String>,
@@ -91,7 +107,7 @@ fn fits_on(p: &PodReq, n: &NodeCap) -> bool {
 
 /// Admits candidates in order (most urgent first) while their pods still fit elsewhere, no PDB
 /// is exceeded and at most `max_disruptions` nodes drain at once.
-pub fn admit(s: &Snapshot, candidates: &[String], max_disruptions: usize) -> Admission {
+pub fn admit(s: &Snapshot, candidates: &[Candidate], max_disruptions: usize) -> Admission {
     let index: HashMap<&str, usize> = s
         .nodes
         .iter()
@@ -113,7 +129,8 @@ pub fn admit(s: &Snapshot, candidates: &[String], max_disruptions: usize) -> Adm
         admitted: Vec::new(),
         waiting: Vec::new(),
     };
-    for c in candidates {
+    for cand in candidates {
+        let c = &cand.node;
         let wait = |why: String, out: &mut Admission| out.waiting.push((c.clone(), why));
         if out.admitted.len() >= max_disruptions {
             wait(
@@ -139,6 +156,9 @@ pub fn admit(s: &Snapshot, candidates: &[String], max_disruptions: usize) -> Adm
             for &b in &p.pdbs {
                 need[b] += 1;
             }
+        }
+        if !cand.respects_pdbs {
+            need.iter_mut().for_each(|n| *n = 0);
         }
         if let Some(b) = (0..s.pdbs.len())
             .find(|&b| need[b] > 0 && pdb_used[b] + need[b] > s.pdbs[b].disruptions_allowed)
@@ -303,7 +323,7 @@ mod tests {
         for p in &mut s.pods {
             p.pdbs.push(0);
         }
-        let all: Vec<String> = (0..3).map(|i| format!("n{i}")).collect();
+        let all: Vec<Candidate> = (0..3).map(|i| format!("n{i}").as_str().into()).collect();
         let r = admit(&s, &all, 5);
         assert_eq!(r.admitted, vec!["n0"]);
         assert!(
@@ -319,6 +339,13 @@ mod tests {
         s.pods.iter_mut().for_each(|p| p.movable = false);
         s.pdbs[0].disruptions_allowed = 0;
         assert_eq!(admit(&s, &all, 5).admitted.len(), 3);
+        // A failover deletes pods whatever their budget says.
+        s.pods.iter_mut().for_each(|p| p.movable = true);
+        let failover = Candidate {
+            node: "n2".into(),
+            respects_pdbs: false,
+        };
+        assert_eq!(admit(&s, &[failover], 1).admitted, vec!["n2"]);
     }
 
     #[test]

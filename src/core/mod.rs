@@ -10,6 +10,7 @@ use uuid::Uuid;
 use crate::report::{Status, Verdict};
 
 pub mod capacity;
+pub mod conditions;
 pub mod fence;
 
 #[cfg(test)]
@@ -118,6 +119,14 @@ pub struct Event {
 }
 
 impl Event {
+    /// Whether the event came from a node-condition rule rather than a collector report.
+    pub fn from_condition(&self) -> bool {
+        self.original
+            .pointer("/details/source")
+            .and_then(Value::as_str)
+            == Some(CONDITION_SOURCE)
+    }
+
     /// Evacuations leave the node offline until the event is acknowledged and cleared.
     pub fn takes_node_offline(&self) -> bool {
         matches!(self.action, Status::Evacuate | Status::EvacuateFailover)
@@ -252,6 +261,8 @@ pub struct State {
     /// Tags per node, as the backend reports them.
     pub tags: BTreeMap<String, BTreeSet<String>>,
     pub policy: Policy,
+    /// When present, evacuations in one round must pass `capacity::admit`.
+    pub capacity: Option<Capacity>,
 }
 
 /// What the last poll says about a node.
@@ -263,7 +274,52 @@ pub enum Observation {
     Unknown,
 }
 
-pub type Observations = BTreeMap<String, Observation>;
+/// Source marker in the details of verdicts derived from node conditions (Kubernetes).
+pub const CONDITION_SOURCE: &str = "node-condition";
+
+/// What this tick knows: the collectors' reports and, on Kubernetes, verdicts derived from node
+/// conditions. The two are separate sources of events for the same rounds.
+#[derive(Debug, Clone, Default)]
+pub struct Observations {
+    pub reports: BTreeMap<String, Observation>,
+    /// `None` when the conditions could not be read this tick: nothing is concluded from them.
+    pub conditions: Option<BTreeMap<String, Vec<Verdict>>>,
+}
+
+impl Observations {
+    pub fn new() -> Observations {
+        Observations::default()
+    }
+
+    pub fn report(&self, node: &str) -> Option<&Verdict> {
+        match self.reports.get(node) {
+            Some(Observation::Report(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn conditions_of(&self, node: &str) -> Option<&[Verdict]> {
+        self.conditions
+            .as_ref()
+            .map(|c| c.get(node).map(Vec::as_slice).unwrap_or(&[]))
+    }
+}
+
+impl FromIterator<(String, Observation)> for Observations {
+    fn from_iter<I: IntoIterator<Item = (String, Observation)>>(iter: I) -> Observations {
+        Observations {
+            reports: iter.into_iter().collect(),
+            conditions: None,
+        }
+    }
+}
+
+/// Capacity facts for admitting evacuations (Kubernetes); without them only the rounds limit.
+#[derive(Debug, Clone, Default)]
+pub struct Capacity {
+    pub snapshot: capacity::Snapshot,
+    pub max_disruptions: usize,
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobSpec {
@@ -473,34 +529,60 @@ fn follow_tags(d: &mut Draft) {
     }
 }
 
-/// Creates events for new reports and forgets the ones that are no longer observed.
+/// Creates events for new reports and condition verdicts, and forgets the ones that are no
+/// longer observed. A source that is unknown this tick concludes nothing about its events.
 fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
     // Index once: scanning every event for every node would be quadratic on large clusters.
     let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, e) in d.events.iter().enumerate() {
         by_node.entry(e.node.clone()).or_default().push(i);
     }
+    let mut nodes: BTreeSet<String> = observations.reports.keys().cloned().collect();
+    if let Some(c) = &observations.conditions {
+        nodes.extend(c.keys().cloned());
+        nodes.extend(
+            d.events
+                .iter()
+                .filter(|e| e.from_condition())
+                .map(|e| e.node.clone()),
+        );
+    }
     let mut created = Vec::new();
-    for (node, obs) in observations {
-        let Observation::Report(v) = obs else {
-            continue;
-        };
+    for node in &nodes {
+        let node = node.as_str();
+        let report = observations.report(node);
+        let conditions = observations.conditions_of(node);
         let mine: Vec<Event> = by_node
-            .get(node.as_str())
+            .get(node)
             .into_iter()
             .flatten()
             .map(|&i| &d.events[i])
             .filter(|e| !d.cleared.contains(&e.id))
             .cloned()
             .collect();
-        let canonical = if mine.is_empty() && v.status == Status::Ok {
+        let busy = report.is_some_and(|v| v.status != Status::Ok)
+            || conditions.is_some_and(|c| !c.is_empty());
+        if mine.is_empty() && !busy {
             // The common case: a healthy node with no events needs no canonical form.
             continue;
-        } else {
-            v.canonical()
-        };
+        }
+        let current: Vec<(String, &Verdict, bool)> = report
+            .map(|v| (v.canonical(), v, false))
+            .into_iter()
+            .chain(
+                conditions
+                    .unwrap_or(&[])
+                    .iter()
+                    .map(|v| (v.canonical(), v, true)),
+            )
+            .collect();
         for e in &mine {
-            if e.canonical == canonical {
+            let source_known = if e.from_condition() {
+                conditions.is_some()
+            } else {
+                report.is_some()
+            };
+            if !source_known || current.iter().any(|(c, _, _)| *c == e.canonical) {
                 continue;
             }
             match d.status(e) {
@@ -513,17 +595,20 @@ fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
                 _ => {}
             }
         }
-        let known = mine
-            .iter()
-            .any(|e| e.canonical == canonical && !d.cleared.contains(&e.id));
-        if v.status != Status::Ok && !known {
+        for (canonical, v, _) in current {
+            let known = mine
+                .iter()
+                .any(|e| e.canonical == canonical && !d.cleared.contains(&e.id));
+            if v.status == Status::Ok || known {
+                continue;
+            }
             let id = Uuid::new_v5(
                 &EVENT_NAMESPACE,
                 format!("{node}\n{canonical}\n{now}").as_bytes(),
             );
             let e = Event {
                 id,
-                node: node.clone(),
+                node: node.to_string(),
                 original: v.original.clone(),
                 canonical,
                 action: v.status,
@@ -545,11 +630,14 @@ fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
 }
 
 fn observed(obs: &Observations, e: &Event) -> bool {
-    match obs.get(&e.node) {
-        Some(Observation::Report(v)) => v.canonical() == e.canonical,
-        // Without a verified report we cannot know it is gone.
-        _ => true,
-    }
+    let current = if e.from_condition() {
+        obs.conditions_of(&e.node)
+            .map(|c| c.iter().any(|v| v.canonical() == e.canonical))
+    } else {
+        obs.report(&e.node).map(|v| v.canonical() == e.canonical)
+    };
+    // Without a verified report (or readable conditions) we cannot know it is gone.
+    current.unwrap_or(true)
 }
 
 /// Starts the next round once every job of the previous one has finished: per node the most
@@ -629,11 +717,50 @@ fn plan_round(d: &mut Draft, observations: &Observations) {
             None => {}
         }
     }
+    admit_evacuations(d, &mut specs);
     if !specs.is_empty() {
         d.out.push(Action::StartRound {
             round: d.state.last_round + 1,
             jobs: specs,
         });
+    }
+}
+
+/// With capacity facts, keeps only the drains that `capacity::admit` lets through together; the
+/// others wait, and their events say why. Failovers go first and ignore PodDisruptionBudgets.
+fn admit_evacuations(d: &mut Draft, specs: &mut Vec<JobSpec>) {
+    let Some(cap) = &d.state.capacity else {
+        return;
+    };
+    let event = |id: &Uuid| d.events.iter().find(|e| e.id == *id).cloned();
+    let mut drains: Vec<(Event, bool)> = specs
+        .iter()
+        .filter(|s| matches!(s.kind, JobKind::Evacuate | JobKind::EvacuateFailover))
+        .filter_map(|s| event(&s.event).map(|e| (e, s.kind == JobKind::Evacuate)))
+        .collect();
+    if drains.is_empty() {
+        return;
+    }
+    drains.sort_by(|(a, _), (b, _)| {
+        b.action
+            .cmp(&a.action)
+            .then(a.created.cmp(&b.created))
+            .then(a.id.cmp(&b.id))
+    });
+    let candidates: Vec<capacity::Candidate> = drains
+        .iter()
+        .map(|(e, pdbs)| capacity::Candidate {
+            node: e.node.clone(),
+            respects_pdbs: *pdbs,
+        })
+        .collect();
+    let verdict = capacity::admit(&cap.snapshot, &candidates, cap.max_disruptions);
+    for (node, why) in &verdict.waiting {
+        let Some((e, _)) = drains.iter().find(|(e, _)| &e.node == node) else {
+            continue;
+        };
+        d.note(e, Some(format!("waiting to drain: {why}")));
+        specs.retain(|s| s.event != e.id);
     }
 }
 

@@ -164,7 +164,7 @@ impl Poller {
                     Observation::Unknown
                 }
             };
-            obs.insert(name, o);
+            obs.reports.insert(name, o);
             updates.push(u);
         }
         if let Err(e) = self.store.record_polls(&updates, now_ns()) {

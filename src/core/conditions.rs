@@ -1,0 +1,245 @@
+//! Pure evaluation of node-condition rules (Kubernetes): which repair verdicts the conditions of
+//! each node produce now, with escalation along a rule's ladder, and which nodes a rule hands to
+//! the fencer. Escalation is a function of how long the condition has held, so no state is kept.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::{CONDITION_SOURCE, Nanos};
+use crate::report::{Status, Verdict};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RuleAction {
+    Repair(Status),
+    Fence,
+}
+
+impl RuleAction {
+    pub fn parse(s: &str) -> Option<RuleAction> {
+        Some(match s {
+            "fence" => RuleAction::Fence,
+            "evacuate" => RuleAction::Repair(Status::Evacuate),
+            "evacuate-failover" => RuleAction::Repair(Status::EvacuateFailover),
+            _ => return None,
+        })
+    }
+}
+
+/// `(condition type, status) held for `after` -> steps[0]`; each further `escalate_after`
+/// during which the condition still holds moves one step up the ladder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub condition: String,
+    pub status: String,
+    pub after: Nanos,
+    pub steps: Vec<RuleAction>,
+    pub escalate_after: Nanos,
+}
+
+impl Rule {
+    /// Checks a rule from the configuration; the message names what is wrong.
+    pub fn new(
+        condition: &str,
+        status: &str,
+        after: Nanos,
+        steps: &[String],
+        escalate_after: Option<Nanos>,
+    ) -> Result<Rule, String> {
+        let name = format!("rule {condition}={status}");
+        if condition.is_empty() {
+            return Err("a condition rule needs a condition type".into());
+        }
+        if !matches!(status, "True" | "False" | "Unknown") {
+            return Err(format!(
+                "{name}: status must be True, False or Unknown, not {status:?}"
+            ));
+        }
+        if steps.is_empty() {
+            return Err(format!("{name}: needs at least one action"));
+        }
+        let parsed = steps
+            .iter()
+            .map(|s| {
+                RuleAction::parse(s).ok_or_else(|| {
+                    format!(
+                        "{name}: unknown action {s:?} (expected evacuate, evacuate-failover or fence)"
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if parsed[..parsed.len() - 1].contains(&RuleAction::Fence) {
+            return Err(format!(
+                "{name}: fence can only be the last step (nothing escalates past a power-off)"
+            ));
+        }
+        let escalate_after = match (parsed.len(), escalate_after) {
+            (1, e) => e.unwrap_or(0),
+            (_, Some(e)) if e > 0 => e,
+            _ => {
+                return Err(format!(
+                    "{name}: several actions need a non-zero escalate-after"
+                ));
+            }
+        };
+        Ok(Rule {
+            condition: condition.into(),
+            status: status.into(),
+            after,
+            steps: parsed,
+            escalate_after,
+        })
+    }
+}
+
+/// A node condition as the API reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeCondition {
+    pub kind: String,
+    pub status: String,
+    /// `lastTransitionTime`: since when the condition has had this status.
+    pub since: Nanos,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Evaluation {
+    pub verdicts: BTreeMap<String, Vec<Verdict>>,
+    /// Nodes a fence rule applies to, with the time their condition began.
+    pub fence: BTreeMap<String, Nanos>,
+}
+
+pub fn evaluate(
+    rules: &[Rule],
+    nodes: &BTreeMap<String, Vec<NodeCondition>>,
+    now: Nanos,
+) -> Evaluation {
+    let mut out = Evaluation::default();
+    for (node, conditions) in nodes {
+        for (i, rule) in rules.iter().enumerate() {
+            let Some(c) = conditions
+                .iter()
+                .find(|c| c.kind == rule.condition && c.status == rule.status)
+            else {
+                continue;
+            };
+            let held = now - c.since;
+            if held < rule.after {
+                continue;
+            }
+            let step = if rule.escalate_after > 0 {
+                ((held - rule.after) / rule.escalate_after) as usize
+            } else {
+                0
+            }
+            .min(rule.steps.len() - 1);
+            match rule.steps[step] {
+                RuleAction::Fence => {
+                    let e = out.fence.entry(node.clone()).or_insert(c.since);
+                    *e = (*e).min(c.since);
+                }
+                RuleAction::Repair(status) => {
+                    // `since` is part of the identity: a condition that clears and comes back
+                    // is a new event.
+                    let v = Verdict::from_value(json!({
+                        "status": status.to_string(),
+                        "details": {
+                            "source": CONDITION_SOURCE,
+                            "rule": i,
+                            "condition": c.kind,
+                            "condition-status": c.status,
+                            "since": c.since,
+                            "step": step,
+                        },
+                    }))
+                    .expect("a built verdict is valid");
+                    out.verdicts.entry(node.clone()).or_default().push(v);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = 1_000_000_000;
+    const NOW: Nanos = 1_700_000_000 * S;
+
+    fn cond(kind: &str, status: &str, since: Nanos) -> BTreeMap<String, Vec<NodeCondition>> {
+        BTreeMap::from([(
+            "n1".to_string(),
+            vec![NodeCondition {
+                kind: kind.into(),
+                status: status.into(),
+                since,
+            }],
+        )])
+    }
+
+    fn disk() -> Rule {
+        Rule::new(
+            "DiskPressure",
+            "True",
+            10 * S,
+            &[
+                "evacuate".into(),
+                "evacuate-failover".into(),
+                "fence".into(),
+            ],
+            Some(60 * S),
+        )
+        .unwrap()
+    }
+
+    fn action(e: &Evaluation) -> Option<Status> {
+        e.verdicts.get("n1").map(|v| v[0].status)
+    }
+
+    #[test]
+    fn a_rule_fires_after_its_duration_and_escalates_while_the_condition_holds() {
+        let rules = [disk()];
+        let at = |held: i64| evaluate(&rules, &cond("DiskPressure", "True", NOW - held), NOW);
+        assert_eq!(at(9 * S), Evaluation::default());
+        assert_eq!(action(&at(10 * S)), Some(Status::Evacuate));
+        assert_eq!(action(&at(69 * S)), Some(Status::Evacuate));
+        assert_eq!(action(&at(70 * S)), Some(Status::EvacuateFailover));
+        let top = at(130 * S);
+        assert!(top.verdicts.is_empty());
+        assert_eq!(top.fence.get("n1"), Some(&(NOW - 130 * S)));
+        // Far past the ladder's end it stays at the last step.
+        assert_eq!(at(10_000 * S).fence.len(), 1);
+        // Another status of the same condition does not match.
+        assert_eq!(
+            evaluate(&rules, &cond("DiskPressure", "False", NOW - 100 * S), NOW),
+            Evaluation::default()
+        );
+    }
+
+    #[test]
+    fn verdicts_are_condition_events_and_a_recurrence_is_a_new_identity() {
+        let rules = [disk()];
+        let a = evaluate(&rules, &cond("DiskPressure", "True", NOW - 20 * S), NOW);
+        let b = evaluate(&rules, &cond("DiskPressure", "True", NOW - 30 * S), NOW);
+        let (va, vb) = (&a.verdicts["n1"][0], &b.verdicts["n1"][0]);
+        assert_eq!(va.original["details"]["source"], CONDITION_SOURCE);
+        assert_ne!(va.canonical(), vb.canonical());
+        // The same condition seen again later keeps its identity.
+        let again = evaluate(&rules, &cond("DiskPressure", "True", NOW - 20 * S), NOW + S);
+        assert_eq!(again.verdicts["n1"][0].canonical(), va.canonical());
+    }
+
+    #[test]
+    fn bad_rules_are_refused_with_the_reason() {
+        let err = |c: &str, s: &str, steps: &[&str], esc: Option<Nanos>| {
+            let steps: Vec<String> = steps.iter().map(|s| s.to_string()).collect();
+            Rule::new(c, s, 0, &steps, esc).unwrap_err()
+        };
+        assert!(err("Ready", "Maybe", &["fence"], None).contains("True, False or Unknown"));
+        assert!(err("Ready", "Unknown", &["reboot"], None).contains("unknown action \"reboot\""));
+        assert!(err("Ready", "Unknown", &["fence", "evacuate"], Some(S)).contains("last step"));
+        assert!(err("Ready", "Unknown", &["evacuate", "fence"], None).contains("escalate-after"));
+        assert!(err("Ready", "Unknown", &[], None).contains("at least one"));
+    }
+}
