@@ -282,6 +282,9 @@ impl Config {
                 return bad(format!("{name} must be greater than zero"));
             }
         }
+        if let Err(e) = self.kubernetes.validate() {
+            return bad(e);
+        }
         if d.poll_concurrency == 0 {
             return bad("daemon.poll-concurrency must be at least 1".into());
         }

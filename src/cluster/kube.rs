@@ -6,7 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, Node, ObjectReference, Pod};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, ObjectReference, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::Client;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
@@ -14,8 +17,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{Cluster, ClusterError};
-use crate::core::{Job, JobKind, Outcome};
+use super::{Cluster, ClusterError, Coordination, LeaseRecord, NodeFacts};
+use crate::config::NodeConfig;
+use crate::core::conditions::{NodeCondition, Rule};
+use crate::core::{Job, JobKind, Outcome, capacity};
 
 /// The taint that tells Kubernetes a node is shut down for good: the attach-detach controller
 /// detaches its volumes and the pod GC deletes its pods (GA in 1.28).
@@ -44,6 +49,126 @@ pub struct KubeConfig {
     pub eviction_backoff: Duration,
     /// Namespace for the Events maintd records on Nodes.
     pub events_namespace: String,
+    /// How often the node list is read: membership, conditions and the fencing source.
+    #[serde(with = "humantime_serde")]
+    pub node_interval: Duration,
+    /// At most this many nodes drain in one round (capacity and PDBs may allow fewer).
+    pub max_disruptions: usize,
+    /// Node-condition rules, checked in order.
+    pub conditions: Vec<ConditionRuleConfig>,
+    pub leader_election: LeaderElectionConfig,
+}
+
+/// `(type, status) for <duration> -> actions`, escalating one step per `escalate-after`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ConditionRuleConfig {
+    #[serde(rename = "type")]
+    pub condition: String,
+    pub status: String,
+    #[serde(rename = "for", with = "humantime_serde", default)]
+    pub after: Duration,
+    pub actions: Vec<String>,
+    #[serde(with = "humantime_serde", default)]
+    pub escalate_after: Option<Duration>,
+}
+
+impl ConditionRuleConfig {
+    pub fn rule(&self) -> Result<Rule, String> {
+        Rule::new(
+            &self.condition,
+            &self.status,
+            self.after.as_nanos() as i64,
+            &self.actions,
+            self.escalate_after.map(|d| d.as_nanos() as i64),
+        )
+    }
+}
+
+/// A `coordination.k8s.io/v1` Lease elects the one replica that acts; the state it acts on is
+/// checkpointed to a ConfigMap, so a successor resumes it. Defaults are client-go's.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LeaderElectionConfig {
+    pub enabled: bool,
+    /// Namespace of the Lease and the state ConfigMap (default: `$POD_NAMESPACE`, else
+    /// `default`).
+    pub namespace: Option<String>,
+    pub lease_name: String,
+    pub state_configmap: String,
+    /// This replica's name in the Lease (default: `$POD_NAME`, else the host name).
+    pub identity: Option<String>,
+    #[serde(with = "humantime_serde")]
+    pub lease_duration: Duration,
+    /// A leader that cannot renew for this long stops acting (exits) before its lease expires.
+    #[serde(with = "humantime_serde")]
+    pub renew_deadline: Duration,
+    #[serde(with = "humantime_serde")]
+    pub retry_period: Duration,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        LeaderElectionConfig {
+            enabled: true,
+            namespace: None,
+            lease_name: "maintd".into(),
+            state_configmap: "maintd-state".into(),
+            identity: None,
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+impl LeaderElectionConfig {
+    pub fn namespace(&self) -> String {
+        self.namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| "default".into())
+    }
+
+    pub fn identity(&self) -> String {
+        self.identity
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
+            .or_else(|| {
+                nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+            })
+            .unwrap_or_else(|| "maintd".into())
+    }
+}
+
+impl KubeConfig {
+    /// Checks what serde cannot: rules, and timings that only work in one order.
+    pub fn validate(&self) -> Result<(), String> {
+        for r in &self.conditions {
+            r.rule()?;
+        }
+        if self.node_interval.is_zero() {
+            return Err("kubernetes.node-interval must be greater than zero".into());
+        }
+        if self.max_disruptions == 0 {
+            return Err("kubernetes.max-disruptions must be at least 1".into());
+        }
+        let l = &self.leader_election;
+        if l.enabled && !(l.retry_period < l.renew_deadline && l.renew_deadline < l.lease_duration)
+        {
+            return Err(
+                "kubernetes.leader-election needs retry-period < renew-deadline < lease-duration"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for KubeConfig {
@@ -55,6 +180,10 @@ impl Default for KubeConfig {
             drain_deadline: Duration::from_secs(600),
             eviction_backoff: Duration::from_millis(500),
             events_namespace: "default".into(),
+            node_interval: Duration::from_secs(2),
+            max_disruptions: 1,
+            conditions: vec![],
+            leader_election: LeaderElectionConfig::default(),
         }
     }
 }
@@ -164,24 +293,38 @@ impl KubeCluster {
         Ok(self
             .list_nodes()
             .await?
-            .into_iter()
-            .filter_map(|n| {
-                let name = n.metadata.name.clone()?;
-                let annotated = n
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(&self.cfg.collector_annotation).cloned());
-                let ip = n.status.as_ref().and_then(|s| {
-                    s.addresses
-                        .iter()
-                        .flatten()
-                        .find(|a| a.type_ == "InternalIP")
-                        .map(|a| format!("{}:{}", a.address, crate::config::COLLECTOR_PORT))
-                });
-                Some((name, annotated.or(ip)?))
-            })
+            .iter()
+            .filter_map(|n| self.member(n))
+            .map(|m| (m.name, m.collector))
             .collect())
+    }
+
+    fn member(&self, n: &Node) -> Option<NodeConfig> {
+        let name = n.metadata.name.clone()?;
+        let annotated = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&self.cfg.collector_annotation).cloned());
+        let ip = n.status.as_ref().and_then(|s| {
+            s.addresses
+                .iter()
+                .flatten()
+                .find(|a| a.type_ == "InternalIP")
+                .map(|a| format!("{}:{}", a.address, crate::config::COLLECTOR_PORT))
+        });
+        Some(NodeConfig {
+            name,
+            collector: annotated.or(ip)?,
+        })
+    }
+
+    fn lease_api(&self) -> Api<k8s_openapi::api::coordination::v1::Lease> {
+        Api::namespaced(self.client.clone(), &self.cfg.leader_election.namespace())
+    }
+
+    fn configmap_api(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.cfg.leader_election.namespace())
     }
 
     async fn merge_patch(&self, node: &str, patch: Value) -> Result<(), ClusterError> {
@@ -191,8 +334,17 @@ impl KubeCluster {
         Ok(())
     }
 
+    /// A strategic-merge patch, as kubectl sends for cordon and labels: maps merge, and a
+    /// null deletes a key, without reading the node first.
+    async fn strategic_patch(&self, node: &str, patch: Value) -> Result<(), ClusterError> {
+        self.nodes_api()
+            .patch(node, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await?;
+        Ok(())
+    }
+
     async fn cordon(&self, node: &str, on: bool) -> Result<(), ClusterError> {
-        self.merge_patch(node, json!({"spec": {"unschedulable": on}}))
+        self.strategic_patch(node, json!({"spec": {"unschedulable": on}}))
             .await
     }
 
@@ -370,7 +522,7 @@ impl Cluster for KubeCluster {
     async fn add_tag(&self, node: &str, tag: &str) -> Result<(), ClusterError> {
         let key = tag_to_label(tag)
             .ok_or_else(|| ClusterError::KubeConfig(format!("tag {tag:?} cannot be a label")))?;
-        self.merge_patch(node, json!({"metadata": {"labels": {key: "true"}}}))
+        self.strategic_patch(node, json!({"metadata": {"labels": {key: "true"}}}))
             .await
     }
 
@@ -387,8 +539,8 @@ impl Cluster for KubeCluster {
         {
             return Ok(false);
         }
-        // null deletes the key in a JSON merge patch.
-        self.merge_patch(node, json!({"metadata": {"labels": {key: null}}}))
+        // null deletes the key.
+        self.strategic_patch(node, json!({"metadata": {"labels": {key: null}}}))
             .await?;
         Ok(true)
     }
@@ -481,6 +633,47 @@ impl Cluster for KubeCluster {
         o
     }
 
+    async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
+        let nodes = self.list_nodes().await?;
+        let mut facts = NodeFacts::default();
+        for n in &nodes {
+            let Some(m) = self.member(n) else { continue };
+            let conditions = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|c| NodeCondition {
+                    kind: c.type_.clone(),
+                    status: c.status.clone(),
+                    since: c
+                        .last_transition_time
+                        .as_ref()
+                        .map(|t| t.0.as_nanosecond() as i64)
+                        .unwrap_or(0),
+                })
+                .collect();
+            facts.conditions.insert(m.name.clone(), conditions);
+            facts.members.push(m);
+        }
+        Ok(Some(facts))
+    }
+
+    async fn capacity(&self) -> Result<Option<capacity::Snapshot>, ClusterError> {
+        // Every node counts as room for the pods, managed or not.
+        let nodes = self.nodes_api().list(&ListParams::default()).await?.items;
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let pdbs = Api::<PodDisruptionBudget>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        Ok(Some(snapshot(&nodes, &pods, &pdbs)))
+    }
+
     async fn record(&self, node: &str, reason: &str, message: &str, warning: bool) {
         let now = chrono_now();
         let ev = Event {
@@ -519,6 +712,288 @@ impl Cluster for KubeCluster {
     }
 }
 
+#[async_trait::async_trait]
+impl Coordination for KubeCluster {
+    async fn get_lease(&self) -> Result<Option<LeaseRecord>, ClusterError> {
+        let Some(l) = self
+            .lease_api()
+            .get_opt(&self.cfg.leader_election.lease_name)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let spec = l.spec.unwrap_or_default();
+        Ok(Some(LeaseRecord {
+            holder: spec.holder_identity.filter(|h| !h.is_empty()),
+            renew_marker: spec.renew_time.map(|t| t.0.to_string()),
+            duration_s: spec.lease_duration_seconds.unwrap_or(0),
+            transitions: spec.lease_transitions.unwrap_or(0),
+            version: l.metadata.resource_version,
+        }))
+    }
+
+    async fn write_lease(&self, lease: &LeaseRecord) -> Result<bool, ClusterError> {
+        let now = MicroTime(chrono_now());
+        let name = &self.cfg.leader_election.lease_name;
+        let l = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                resource_version: lease.version.clone(),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: lease.holder.clone(),
+                lease_duration_seconds: Some(lease.duration_s),
+                lease_transitions: Some(lease.transitions),
+                renew_time: Some(now.clone()),
+                acquire_time: Some(now),
+                ..Default::default()
+            }),
+        };
+        let r = match &lease.version {
+            None => self.lease_api().create(&PostParams::default(), &l).await,
+            Some(_) => {
+                self.lease_api()
+                    .replace(name, &PostParams::default(), &l)
+                    .await
+            }
+        };
+        match r {
+            Ok(_) => Ok(true),
+            // 409: someone else wrote it first (a replace over a newer version, or a create).
+            Err(e) if api_code(&e) == Some(409) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn get_state(&self) -> Result<Option<(String, String)>, ClusterError> {
+        let name = &self.cfg.leader_election.state_configmap;
+        let Some(cm) = self.configmap_api().get_opt(name).await? else {
+            return Ok(None);
+        };
+        let data = cm
+            .data
+            .and_then(|mut d| d.remove(STATE_KEY))
+            .unwrap_or_default();
+        Ok(Some((
+            cm.metadata.resource_version.unwrap_or_default(),
+            data,
+        )))
+    }
+
+    async fn put_state(
+        &self,
+        version: Option<&str>,
+        data: &str,
+    ) -> Result<Option<String>, ClusterError> {
+        let name = &self.cfg.leader_election.state_configmap;
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                resource_version: version.map(str::to_string),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(STATE_KEY.to_string(), data.to_string())])),
+            ..Default::default()
+        };
+        let r = match version {
+            None => {
+                self.configmap_api()
+                    .create(&PostParams::default(), &cm)
+                    .await
+            }
+            Some(_) => {
+                self.configmap_api()
+                    .replace(name, &PostParams::default(), &cm)
+                    .await
+            }
+        };
+        match r {
+            Ok(cm) => Ok(Some(cm.metadata.resource_version.unwrap_or_default())),
+            Err(e) if api_code(&e) == Some(409) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+const STATE_KEY: &str = "state.json";
+
+/// CPU in millicores or memory in bytes from a Kubernetes quantity ("500m", "2", "1Gi", "1e9").
+pub fn quantity(q: &str, milli: bool) -> Option<i64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+        .unwrap_or(q.len());
+    let (num, suffix) = q.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let scale = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        _ => return None,
+    };
+    let v = n * scale * if milli { 1000.0 } else { 1.0 };
+    Some(v.ceil() as i64)
+}
+
+fn requests(pod: &Pod) -> (i64, i64) {
+    let Some(spec) = &pod.spec else {
+        return (0, 0);
+    };
+    let of = |c: &k8s_openapi::api::core::v1::Container| {
+        let r = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+        let get = |k: &str, milli: bool| {
+            r.and_then(|r| r.get(k))
+                .and_then(|q| quantity(&q.0, milli))
+                .unwrap_or(0)
+        };
+        (get("cpu", true), get("memory", false))
+    };
+    let (mut cpu, mut mem) = spec
+        .containers
+        .iter()
+        .map(of)
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    // Init containers run one at a time before the others: the pod needs the largest of them.
+    for c in spec.init_containers.iter().flatten() {
+        let (c2, m2) = of(c);
+        cpu = cpu.max(c2);
+        mem = mem.max(m2);
+    }
+    (cpu, mem)
+}
+
+fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_ok = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_ok = sel.match_expressions.iter().flatten().all(|e| {
+        let vals = e.values.clone().unwrap_or_default();
+        let got = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => got.is_some_and(|v| vals.contains(v)),
+            "NotIn" => got.is_none_or(|v| !vals.contains(v)),
+            "Exists" => got.is_some(),
+            "DoesNotExist" => got.is_none(),
+            _ => false,
+        }
+    });
+    labels_ok && exprs_ok
+}
+
+/// The capacity picture for `capacity::admit`, from one list of nodes, pods and PDBs.
+pub fn snapshot(nodes: &[Node], pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> capacity::Snapshot {
+    let mut s = capacity::Snapshot::default();
+    for n in nodes {
+        let Some(name) = n.metadata.name.clone() else {
+            continue;
+        };
+        let status = n.status.as_ref();
+        let alloc = |k: &str, milli: bool| {
+            status
+                .and_then(|s| s.allocatable.as_ref())
+                .and_then(|a| a.get(k))
+                .and_then(|q| quantity(&q.0, milli))
+                .unwrap_or(0)
+        };
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let spec = n.spec.as_ref();
+        s.nodes.push(capacity::NodeCap {
+            name,
+            cpu_milli: alloc("cpu", true),
+            mem_bytes: alloc("memory", false),
+            labels: n.metadata.labels.clone().unwrap_or_default(),
+            taints: spec
+                .and_then(|s| s.taints.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|t| capacity::Taint {
+                    key: t.key.clone(),
+                    value: t.value.clone().unwrap_or_default(),
+                    effect: t.effect.clone(),
+                })
+                .collect(),
+            schedulable: ready && !spec.and_then(|s| s.unschedulable).unwrap_or(false),
+        });
+    }
+    for b in pdbs {
+        s.pdbs.push(capacity::Pdb {
+            name: format!(
+                "{}/{}",
+                b.metadata.namespace.as_deref().unwrap_or("default"),
+                b.metadata.name.as_deref().unwrap_or("?")
+            ),
+            disruptions_allowed: b
+                .status
+                .as_ref()
+                .map(|s| s.disruptions_allowed as i64)
+                .unwrap_or(0),
+        });
+    }
+    for p in pods {
+        let Some(spec) = &p.spec else { continue };
+        let Some(node) = spec.node_name.clone() else {
+            continue;
+        };
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        let ns = p.metadata.namespace.as_deref().unwrap_or("default");
+        let (cpu, mem) = requests(p);
+        s.pods.push(capacity::PodReq {
+            name: pod_name(p),
+            node,
+            cpu_milli: cpu,
+            mem_bytes: mem,
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            tolerations: spec
+                .tolerations
+                .iter()
+                .flatten()
+                .map(|t| capacity::Toleration {
+                    key: t.key.clone().unwrap_or_default(),
+                    exists: t.operator.as_deref() == Some("Exists"),
+                    value: t.value.clone().unwrap_or_default(),
+                    effect: t.effect.clone().unwrap_or_default(),
+                })
+                .collect(),
+            pdbs: pdbs
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| {
+                    b.metadata.namespace.as_deref().unwrap_or("default") == ns
+                        && b.spec
+                            .as_ref()
+                            .and_then(|s| s.selector.as_ref())
+                            .is_some_and(|sel| selects(sel, &labels))
+                })
+                .map(|(i, _)| i)
+                .collect(),
+            movable: evictable(p),
+        });
+    }
+    s
+}
+
 fn chrono_now() -> k8s_openapi::jiff::Timestamp {
     k8s_openapi::jiff::Timestamp::now()
 }
@@ -537,5 +1012,46 @@ mod tests {
         assert_eq!(label_to_tag("kubernetes.io/hostname"), None);
         assert_eq!(tag_to_label("other:x"), None);
         assert_eq!(tag_to_label("maintd:repairready:a b"), None);
+    }
+
+    #[test]
+    fn quantities_parse_as_the_api_writes_them() {
+        assert_eq!(quantity("500m", true), Some(500));
+        assert_eq!(quantity("2", true), Some(2000));
+        assert_eq!(quantity("0.25", true), Some(250));
+        assert_eq!(quantity("1Gi", false), Some(1 << 30));
+        assert_eq!(quantity("128974848", false), Some(128_974_848));
+        assert_eq!(quantity("129e6", false), Some(129_000_000));
+        assert_eq!(quantity("123Mi", false), Some(123 << 20));
+        assert_eq!(quantity("1k", false), Some(1000));
+        assert_eq!(quantity("1Qi", false), None);
+        assert_eq!(quantity("", false), None);
+    }
+
+    #[test]
+    fn pdb_selectors_match_labels_and_expressions() {
+        let sel: LabelSelector = serde_json::from_value(json!({
+            "matchLabels": {"app": "db"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["a", "b"]},
+                {"key": "canary", "operator": "DoesNotExist"}
+            ]
+        }))
+        .unwrap();
+        let l = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert!(selects(&sel, &l(&[("app", "db"), ("tier", "a")])));
+        assert!(!selects(&sel, &l(&[("app", "db"), ("tier", "c")])));
+        assert!(!selects(
+            &sel,
+            &l(&[("app", "db"), ("tier", "a"), ("canary", "1")])
+        ));
+        assert!(!selects(&sel, &l(&[("tier", "a")])));
+        // An empty selector selects every pod of the namespace (policy/v1).
+        assert!(selects(&LabelSelector::default(), &l(&[])));
     }
 }

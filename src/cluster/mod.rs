@@ -40,6 +40,42 @@ pub enum ClusterError {
     KubeConfig(String),
 }
 
+/// What the node list says now (Kubernetes): the managed nodes and their conditions.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeFacts {
+    pub members: Vec<crate::config::NodeConfig>,
+    pub conditions: BTreeMap<String, Vec<crate::core::conditions::NodeCondition>>,
+}
+
+/// A Lease as leader election reads and writes it. `version` is the resourceVersion it was read
+/// at (`None`: not created yet), so a write over someone else's change fails instead of winning.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LeaseRecord {
+    pub holder: Option<String>,
+    /// `renewTime` exactly as stored: followers compare it, never their clocks against it.
+    pub renew_marker: Option<String>,
+    pub duration_s: i32,
+    pub transitions: i32,
+    pub version: Option<String>,
+}
+
+/// The shared objects of leader election: the Lease, and the ConfigMap holding the leader's
+/// checkpoint of the decision state. Writes are conditional: `Ok(None)`/`Ok(false)` on conflict.
+#[async_trait::async_trait]
+pub trait Coordination: Send + Sync + 'static {
+    async fn get_lease(&self) -> Result<Option<LeaseRecord>, ClusterError>;
+    /// Creates the Lease (`version` None) or replaces the version read; sets `renewTime` now.
+    async fn write_lease(&self, lease: &LeaseRecord) -> Result<bool, ClusterError>;
+    /// The checkpoint and its resourceVersion.
+    async fn get_state(&self) -> Result<Option<(String, String)>, ClusterError>;
+    /// Writes the checkpoint over `version` (None: create); returns the new resourceVersion.
+    async fn put_state(
+        &self,
+        version: Option<&str>,
+        data: &str,
+    ) -> Result<Option<String>, ClusterError>;
+}
+
 /// What the daemon needs from a cluster. Every job method must be idempotent: after a daemon
 /// restart the same job is run again and must not repeat work that already happened.
 #[async_trait::async_trait]
@@ -59,6 +95,14 @@ pub trait Cluster: Send + Sync + 'static {
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome;
     /// Records a human-readable event on the node (Kubernetes Events); a no-op by default.
     async fn record(&self, _node: &str, _reason: &str, _message: &str, _warning: bool) {}
+    /// Current membership and node conditions, for backends that have them.
+    async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
+        Ok(None)
+    }
+    /// Capacity facts for admitting drains, for backends that know the workloads.
+    async fn capacity(&self) -> Result<Option<crate::core::capacity::Snapshot>, ClusterError> {
+        Ok(None)
+    }
 }
 
 /// The embedded default backend.

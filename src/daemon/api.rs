@@ -25,6 +25,7 @@ use crate::store::{CancelOutcome, FenceCancel, Store};
 pub struct ApiState<C: Cluster> {
     pub store: Arc<Store>,
     pub cluster: Arc<C>,
+    pub leadership: Arc<super::leader::Leadership>,
     pub key: Key,
     pub cfg: Arc<Config>,
     pub wake: Arc<Notify>,
@@ -53,11 +54,35 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/nodes", get(nodes::<C>))
         .route("/1/tags", get(tags::<C>))
         .route("/1/fences", get(fences::<C>))
+        .route("/1/leader", get(leader::<C>))
         .route("/metrics", get(metrics::<C>))
         .merge(signed)
         .fallback(crate::http::not_found_fallback)
         .method_not_allowed_fallback(crate::http::method_not_allowed)
         .with_state(state)
+}
+
+/// Operator changes go to the replica that acts; a standby's state is a copy it overwrites.
+fn require_leader<C: Cluster>(s: &ApiState<C>) -> Result<(), ApiError> {
+    if s.leadership.is_leader() {
+        return Ok(());
+    }
+    let holder = s.leadership.holder().unwrap_or_else(|| "unknown".into());
+    Err(ApiError::unavailable(format!(
+        "this replica ({}) is a standby; send changes to the leader ({holder})",
+        s.leadership.identity()
+    )))
+}
+
+async fn leader<C: Cluster>(State(s): S<C>) -> Json<Value> {
+    let l = &s.leadership;
+    Json(json!({
+        "identity": l.identity(),
+        "leader": l.is_leader(),
+        "holder": l.holder(),
+        "elected": l.elected_mode(),
+        "term": l.term(),
+    }))
 }
 
 fn parse_id(id: &str) -> Result<Uuid, ApiError> {
@@ -168,6 +193,7 @@ async fn cancel<C: Cluster>(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
+    require_leader(&s)?;
     match s.store.cancel(&id, now_ns()).map_err(internal)? {
         CancelOutcome::NotFound => match s.store.cancel_flow(&id, now_ns()).map_err(internal)? {
             FenceCancel::NotFound => Err(ApiError::not_found(format!("no live event {id}"))),
@@ -226,6 +252,7 @@ async fn remove_tag<C: Cluster>(
     State(s): S<C>,
     Path((node, tag)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
+    require_leader(&s)?;
     match s.cluster.remove_tag(&node, &tag).await {
         Ok(true) => {
             tracing::info!(node = %node, tag = %tag, "tag removed by operator");

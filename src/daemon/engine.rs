@@ -8,7 +8,7 @@ use tokio::sync::Notify;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::cluster::{Cluster, event_json};
-use crate::core::{Action, Job, JobKind, Observations, Policy, decide};
+use crate::core::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
 use crate::jobrunner::Outcome;
 use crate::report::now_ns;
 use crate::store::Store;
@@ -27,21 +27,26 @@ pub struct Engine<C: Cluster> {
     /// Wakes the loop for a decision without polling (a job ended, an operator acted).
     pub wake: Arc<Notify>,
     pub metrics: Metrics,
+    pub leadership: Arc<super::leader::Leadership>,
+    /// Node conditions and membership (Kubernetes).
+    pub watch: Option<Arc<super::nodes::NodeWatch>>,
+    /// Cap on drains per round, when the backend supplies capacity facts.
+    pub max_disruptions: usize,
+    /// The leadership term whose running jobs this replica has resumed.
+    pub resumed_term: std::sync::atomic::AtomicU64,
+}
+
+fn drains(actions: &[Action]) -> bool {
+    actions.iter().any(|a| {
+        matches!(a, Action::StartRound { jobs, .. }
+            if jobs.iter().any(|j| matches!(j.kind, JobKind::Evacuate | JobKind::EvacuateFailover)))
+    })
 }
 
 impl<C: Cluster> Engine<C> {
     /// Runs until `shutdown` resolves. Jobs run in detached runners or on collectors, so stopping
     /// the loop never abandons one half-way: a restart picks each up from its recorded state.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        match self.store.running_jobs() {
-            Ok(jobs) => {
-                for j in jobs {
-                    info!(job = j.id, node = %j.node, kind = j.kind.as_str(), "resuming job");
-                    self.clone().spawn_job(j);
-                }
-            }
-            Err(e) => error!(error = %e, "cannot list running jobs"),
-        }
         let mut tick = tokio::time::interval(self.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut obs = Arc::new(Observations::new());
@@ -60,8 +65,29 @@ impl<C: Cluster> Engine<C> {
         info!("engine stopped");
     }
 
-    /// One decision: rebuild the state, decide, execute.
+    /// Jobs recorded as running lost their executor (a restart, or the previous leader died):
+    /// run them again, once per leadership term. Every job is idempotent.
+    fn resume(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        let term = self.leadership.term();
+        if !self.leadership.is_leader() || self.resumed_term.swap(term, Ordering::SeqCst) == term {
+            return;
+        }
+        match self.store.running_jobs() {
+            Ok(jobs) => {
+                for j in jobs {
+                    info!(job = j.id, node = %j.node, kind = j.kind.as_str(), "resuming job");
+                    self.clone().spawn_job(j);
+                }
+            }
+            Err(e) => error!(error = %e, "cannot list running jobs"),
+        }
+    }
+
+    /// One decision: rebuild the state, decide, execute (the leader) or count (a standby).
     pub async fn tick(self: &Arc<Self>, obs: Arc<Observations>) {
+        self.metrics.leader.set(self.leadership.is_leader() as i64);
+        self.resume();
         let tags = match self.cluster.tags().await {
             Ok(t) => t,
             Err(e) => {
@@ -69,7 +95,7 @@ impl<C: Cluster> Engine<C> {
                 return;
             }
         };
-        let state = match self.store.load_state(self.policy, tags) {
+        let mut state = match self.store.load_state(self.policy, tags) {
             Ok(s) => s,
             Err(e) => {
                 error!(error = %e, "cannot load state; skipping this decision");
@@ -77,13 +103,46 @@ impl<C: Cluster> Engine<C> {
             }
         };
         let now = now_ns();
-        let actions = decide(&state, &obs, now);
+        let obs = match &self.watch {
+            Some(w) => {
+                let mut o = (*obs).clone();
+                o.conditions = w.evaluate(now).map(|e| e.verdicts);
+                Arc::new(o)
+            }
+            None => obs,
+        };
+        let mut actions = decide(&state, &obs, now);
+        if drains(&actions) {
+            // Only a round that drains needs the (large) pod and PDB lists.
+            match self.cluster.capacity().await {
+                Ok(Some(snapshot)) => {
+                    state.capacity = Some(Capacity {
+                        snapshot,
+                        max_disruptions: self.max_disruptions,
+                    });
+                    actions = decide(&state, &obs, now);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(error = %e, "cannot read capacity facts; no drain starts this tick");
+                    return;
+                }
+            }
+        }
         drop(obs);
+        if !self.leadership.is_leader() {
+            // A standby decides as the leader would, to be ready, and acts on nothing.
+            self.metrics.standby_dropped.inc_by(actions.len() as u64);
+            return;
+        }
         for action in actions {
             if let Err(e) = self.execute(&action, now).await {
                 // The next tick rebuilds from the store and decides again.
                 error!(error = %e, ?action, "action failed");
             }
+        }
+        if let Err(e) = self.leadership.checkpoint().await {
+            warn!(error = %e, "state checkpoint failed; retried next tick");
         }
     }
 
@@ -148,6 +207,13 @@ impl<C: Cluster> Engine<C> {
                     .store
                     .start_round(*round, jobs, now)
                     .map_err(|e| e.to_string())?;
+                // Share the round before any job starts, so a successor resumes it rather than
+                // starting another; without that, stop acting.
+                if let Err(e) = self.leadership.checkpoint().await {
+                    self.leadership
+                        .abdicate(format!("round {round} not shared: {e}"));
+                    return Err(e);
+                }
                 info!(round, jobs = jobs.len(), "round started");
                 for j in jobs {
                     self.metrics.jobs_started.inc();

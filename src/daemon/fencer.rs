@@ -35,6 +35,25 @@ fn limits(s: &Stage) -> StageLimits {
     }
 }
 
+/// A node is silent if its collector does not answer the probe, or if a node-condition fence
+/// rule holds for it (then since the condition began, whichever is earlier).
+pub fn merge_liveness(
+    (answers, silent_since): (bool, Option<Nanos>),
+    fence_rule_since: Option<Nanos>,
+    healthy_at: Option<Nanos>,
+) -> Liveness {
+    let probe_since = if answers { None } else { silent_since };
+    let since = match (probe_since, fence_rule_since) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Liveness {
+        reachable: answers && fence_rule_since.is_none(),
+        unreachable_since: since,
+        healthy_at,
+    }
+}
+
 pub fn summarize(plan: &FencePlan) -> PlanSummary {
     PlanSummary {
         isolation: plan.isolation.as_ref().map(limits),
@@ -44,6 +63,21 @@ pub fn summarize(plan: &FencePlan) -> PlanSummary {
             retry_interval: 0,
         }),
     }
+}
+
+fn probe_targets(nodes: &[crate::config::NodeConfig]) -> Vec<(String, String)> {
+    nodes
+        .iter()
+        .map(|n| {
+            (
+                n.name.clone(),
+                format!(
+                    "http://{}/",
+                    collector_address(&n.collector).unwrap_or_default()
+                ),
+            )
+        })
+        .collect()
 }
 
 pub struct Fencer<C: Cluster> {
@@ -56,8 +90,11 @@ pub struct Fencer<C: Cluster> {
     pub metrics: Metrics,
     interval: Duration,
     client: reqwest::Client,
-    /// Liveness probe targets: node -> URL.
-    targets: Vec<(String, String)>,
+    /// Liveness probe targets: node -> URL (replaced when membership changes).
+    targets: std::sync::RwLock<Arc<Vec<(String, String)>>>,
+    /// Node-condition rules that hand nodes to the fencer (Kubernetes).
+    pub watch: Option<Arc<super::nodes::NodeWatch>>,
+    pub leadership: Arc<super::leader::Leadership>,
     /// What the probe saw: reachable, and since when not.
     seen: Mutex<BTreeMap<String, (bool, Option<Nanos>)>>,
     /// Effects in progress (transient: a restart simply issues them again, idempotently).
@@ -66,6 +103,7 @@ pub struct Fencer<C: Cluster> {
 }
 
 impl<C: Cluster> Fencer<C> {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: &Config,
         plans: BTreeMap<String, FencePlan>,
@@ -73,6 +111,7 @@ impl<C: Cluster> Fencer<C> {
         cluster: Arc<C>,
         runner: Arc<dyn AgentRunner>,
         metrics: Metrics,
+        leadership: Arc<super::leader::Leadership>,
     ) -> Fencer<C> {
         let f = &cfg.fencing;
         Fencer {
@@ -97,19 +136,9 @@ impl<C: Cluster> Fencer<C> {
                 .connect_timeout(f.liveness_timeout)
                 .build()
                 .expect("a plain HTTP client always builds"),
-            targets: cfg
-                .nodes
-                .iter()
-                .map(|n| {
-                    (
-                        n.name.clone(),
-                        format!(
-                            "http://{}/",
-                            collector_address(&n.collector).unwrap_or_default()
-                        ),
-                    )
-                })
-                .collect(),
+            targets: std::sync::RwLock::new(Arc::new(probe_targets(&cfg.nodes))),
+            watch: None,
+            leadership,
             seen: Mutex::new(BTreeMap::new()),
             busy: Mutex::new(HashSet::new()),
             storm: Mutex::new(false),
@@ -143,11 +172,24 @@ impl<C: Cluster> Fencer<C> {
         info!("fencer stopped");
     }
 
+    pub fn set_members(&self, nodes: &[crate::config::NodeConfig]) {
+        *self.targets.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(probe_targets(nodes));
+    }
+
+    fn targets(&self) -> Arc<Vec<(String, String)>> {
+        self.targets
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     async fn probe(&self) {
         let now = now_ns();
-        let answers: Vec<(String, bool)> = futures::stream::iter(0..self.targets.len())
+        let targets = self.targets();
+        let targets = &targets;
+        let answers: Vec<(String, bool)> = futures::stream::iter(0..targets.len())
             .map(|i| async move {
-                let (node, url) = &self.targets[i];
+                let (node, url) = &targets[i];
                 let ok =
                     matches!(self.client.get(url).send().await, Ok(r) if r.status().is_success());
                 (node.clone(), ok)
@@ -181,19 +223,21 @@ impl<C: Cluster> Fencer<C> {
                 BTreeMap::new()
             }
         };
+        let fence_rules = self
+            .watch
+            .as_ref()
+            .and_then(|w| w.evaluate(now_ns()))
+            .map(|e| e.fence)
+            .unwrap_or_default();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        self.targets
+        self.targets()
             .iter()
             .map(|(n, _)| {
                 // Not probed yet: assume reachable, so nothing is fenced on start-up alone.
-                let (reachable, since) = seen.get(n).copied().unwrap_or((true, None));
+                let probed = seen.get(n).copied().unwrap_or((true, None));
                 (
                     n.clone(),
-                    Liveness {
-                        reachable,
-                        unreachable_since: since,
-                        healthy_at: healthy.get(n).copied(),
-                    },
+                    merge_liveness(probed, fence_rules.get(n).copied(), healthy.get(n).copied()),
                 )
             })
             .collect()
@@ -215,13 +259,6 @@ impl<C: Cluster> Fencer<C> {
                 return;
             }
         };
-        // A flow running at start-up lost its executor (the daemon died): run it again; agent
-        // actions are idempotent (off when off is still off).
-        for f in &flows {
-            if f.status == crate::core::fence::FenceStatus::Running && f.result.is_none() {
-                self.clone().spawn_step(f.id, f.node.clone(), f.step);
-            }
-        }
         let state = FenceState {
             flows,
             liveness: self.liveness(),
@@ -233,9 +270,44 @@ impl<C: Cluster> Fencer<C> {
             tags,
             policy: self.policy,
         };
+        let actions = decide_fencing(&state, now);
+        if !self.leadership.is_leader() {
+            let n = actions
+                .iter()
+                .filter(|a| !matches!(a, FenceAction::Storm { .. }))
+                .count();
+            self.metrics.standby_dropped.inc_by(n as u64);
+            return;
+        }
+        // A flow running without an executor lost it (a restart, or the previous leader died):
+        // run it again; agent actions are idempotent (off when off is still off).
+        for f in &state.flows {
+            if f.status == crate::core::fence::FenceStatus::Running && f.result.is_none() {
+                self.clone().spawn_step(f.id, f.node.clone(), f.step);
+            }
+        }
+        // Records first, then one checkpoint, then effects: a successor knows of every effect.
+        let (records, effects): (Vec<_>, Vec<_>) = actions.into_iter().partition(|a| {
+            matches!(
+                a,
+                FenceAction::Start(_) | FenceAction::Save(_) | FenceAction::Storm { .. }
+            )
+        });
         let mut storm = false;
         let mut moved = false;
-        for a in decide_fencing(&state, now) {
+        for a in records.into_iter().chain(effects) {
+            if matches!(
+                a,
+                FenceAction::RunStep { .. }
+                    | FenceAction::Release { .. }
+                    | FenceAction::Reclaim { .. }
+                    | FenceAction::TagFailed { .. }
+            ) && let Err(e) = self.leadership.checkpoint().await
+            {
+                self.leadership
+                    .abdicate(format!("fence effect not shared: {e}"));
+                return;
+            }
             moved |= matches!(a, FenceAction::Save(_) | FenceAction::Start(_));
             match a {
                 FenceAction::Storm { unreachable, total } => {
@@ -254,6 +326,9 @@ impl<C: Cluster> Fencer<C> {
         }
         if !storm {
             *self.storm.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        }
+        if moved && let Err(e) = self.leadership.checkpoint().await {
+            warn!(error = %e, "state checkpoint failed; retried on the next change");
         }
         if moved {
             // A transition may make the next one due at once (isolated -> power off): decide

@@ -36,6 +36,10 @@ pub struct Metrics {
     pub fencing_storm: Gauge,
     /// Time from detection to release, per stage (detection, isolation, power-off, release, total).
     pub fence_stage_seconds: Family<StepLabel, Histogram>,
+    /// Actions a standby decided and did not carry out (repair and fence decisions).
+    pub standby_dropped: Counter,
+    /// 1 while this replica is the leader.
+    pub leader: Gauge,
 }
 
 impl Metrics {
@@ -50,6 +54,8 @@ impl Metrics {
             events_created: Counter::default(),
             fences_started: Counter::default(),
             fencing_storm: Gauge::default(),
+            standby_dropped: Counter::default(),
+            leader: Gauge::default(),
             fence_stage_seconds: Family::new_with_constructor(|| {
                 Histogram::new([
                     0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
@@ -105,6 +111,16 @@ impl Metrics {
             "maintd_fence_stage_seconds",
             "Latency of each stage from detection to release",
             m.fence_stage_seconds.clone(),
+        );
+        reg.register(
+            "maintd_standby_dropped_actions",
+            "Actions this replica decided as a standby and did not carry out",
+            m.standby_dropped.clone(),
+        );
+        reg.register(
+            "maintd_leader",
+            "1 while this replica is the leader",
+            m.leader.clone(),
         );
         m
     }

@@ -4,9 +4,11 @@
 pub mod api;
 pub mod engine;
 pub mod fencer;
+pub mod leader;
 pub mod live_repair;
 pub mod lock;
 pub mod metrics;
+pub mod nodes;
 pub mod poller;
 
 use std::future::Future;
@@ -40,6 +42,10 @@ pub enum DaemonError {
     Listen(#[source] std::io::Error),
     #[error("API server failed: {0}")]
     Serve(#[source] std::io::Error),
+    #[error("{0}")]
+    Rules(String),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
 }
 
 impl DaemonError {
@@ -47,6 +53,7 @@ impl DaemonError {
     pub fn exit_code(&self) -> i32 {
         match self {
             DaemonError::Lock(lock::LockError::Held { .. }) => lock::EXIT_NOT_MASTER,
+            DaemonError::Leader(_) => leader::EXIT_LOST_LEADERSHIP,
             _ => 1,
         }
     }
@@ -68,10 +75,30 @@ pub async fn run(
             .map(|(name, collector)| NodeConfig { name, collector })
             .collect();
         info!(nodes = cfg.nodes.len(), selector = %cfg.kubernetes.label_selector, "nodes discovered from the Kubernetes API");
-        run_with(cfg, store, Arc::new(k), lock, shutdown).await
+        let k = Arc::new(k);
+        let rules = cfg
+            .kubernetes
+            .conditions
+            .iter()
+            .map(|r| r.rule())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DaemonError::Rules)?;
+        let watch = Arc::new(nodes::NodeWatch::new(rules, cfg.kubernetes.node_interval));
+        let le = cfg.kubernetes.leader_election.clone();
+        let leadership = if le.enabled {
+            leader::Leadership::elected(k.clone(), le, store.clone())
+        } else {
+            leader::Leadership::single(le.identity(), store.clone())
+        };
+        run_with(cfg, store, k, lock, leadership, Some(watch), shutdown).await
     } else {
         let inv = Inventory::new(&cfg, store.clone())?;
-        run_with(cfg, store, Arc::new(inv), lock, shutdown).await
+        let me = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default();
+        let leadership = leader::Leadership::single(me, store.clone());
+        run_with(cfg, store, Arc::new(inv), lock, leadership, None, shutdown).await
     }
 }
 
@@ -80,6 +107,8 @@ async fn run_with<C: Cluster>(
     store: Arc<Store>,
     cluster: Arc<C>,
     _lock: lock::MasterLock,
+    mut leadership: leader::Leadership,
+    watch: Option<Arc<nodes::NodeWatch>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let key = Key::load(&cfg.cluster.key_file)?;
@@ -91,6 +120,9 @@ async fn run_with<C: Cluster>(
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);
     let wake = Arc::new(Notify::new());
+    let fence_wake = Arc::new(Notify::new());
+    leadership.wake = vec![wake.clone(), fence_wake.clone()];
+    let leadership = Arc::new(leadership);
     let cfg = Arc::new(cfg);
     let engine = Arc::new(engine::Engine {
         store: store.clone(),
@@ -105,9 +137,13 @@ async fn run_with<C: Cluster>(
         poll_interval: cfg.daemon.poll_interval,
         wake: wake.clone(),
         metrics,
+        leadership: leadership.clone(),
+        watch: watch.clone(),
+        max_disruptions: cfg.kubernetes.max_disruptions,
+        resumed_term: std::sync::atomic::AtomicU64::new(0),
     });
     let fencer = (!plans.is_empty()).then(|| {
-        Arc::new(fencer::Fencer::new(
+        let mut f = fencer::Fencer::new(
             &cfg,
             plans,
             store.clone(),
@@ -116,11 +152,16 @@ async fn run_with<C: Cluster>(
                 dir: cfg.fencing.agents_dir.clone(),
             }),
             engine.metrics.clone(),
-        ))
+            leadership.clone(),
+        );
+        f.wake = fence_wake.clone();
+        f.watch = watch.clone();
+        Arc::new(f)
     });
     let app = api::router(Arc::new(api::ApiState {
         store,
-        cluster,
+        cluster: cluster.clone(),
+        leadership: leadership.clone(),
         key,
         cfg: cfg.clone(),
         wake,
@@ -134,16 +175,43 @@ async fn run_with<C: Cluster>(
     };
     let mut engine_task = tokio::spawn(
         engine
+            .clone()
             .run(stop(stop_rx.clone()))
             .instrument(info_span!("engine")),
     );
-    let fencer_task = fencer.map(|f| {
+    let fencer_task = fencer.clone().map(|f| {
         info!(nodes = f.plans.len(), "fencing enabled");
         tokio::spawn(
             f.run(stop(stop_rx.clone()))
                 .instrument(info_span!("fencer")),
         )
     });
+    let watch_task = watch.map(|w| {
+        let (poller_engine, fencer) = (engine.clone(), fencer.clone());
+        tokio::spawn(
+            w.run(
+                cluster,
+                cfg.kubernetes.node_interval,
+                move |m| {
+                    poller_engine.poller.set_members(m);
+                    if let Some(f) = &fencer {
+                        f.set_members(m);
+                    }
+                },
+                stop(stop_rx.clone()),
+            )
+            .instrument(info_span!("nodes")),
+        )
+    });
+    // The election stops after the executors (see below), so the last checkpoint and the lease
+    // release come after the last effect.
+    let (elect_tx, elect_rx) = tokio::sync::watch::channel(false);
+    let election_task = tokio::spawn(
+        leadership
+            .clone()
+            .run(stop(elect_rx))
+            .instrument(info_span!("election")),
+    );
     let server = axum::serve(listener, app).with_graceful_shutdown(stop(stop_rx));
     let mut server_task = tokio::spawn(async move { server.await });
     // A critical task that ends on its own takes the daemon down rather than leave it half-alive.
@@ -158,10 +226,12 @@ async fn run_with<C: Cluster>(
         r = &mut engine_task => Some(Err(DaemonError::Serve(std::io::Error::other(format!(
             "engine stopped unexpectedly: {r:?}"
         ))))),
+        why = leadership.lost() => Some(Err(leader::LeaderError::Lost(why).into())),
     };
     info!("shutting down");
     let _ = stop_tx.send(true);
     if let Some(result) = early {
+        let _ = elect_tx.send(true);
         return result;
     }
     let _ = engine_task.await;
@@ -169,6 +239,11 @@ async fn run_with<C: Cluster>(
         // Running fence steps reach a recorded state before the process exits.
         let _ = t.await;
     }
+    if let Some(t) = watch_task {
+        let _ = t.await;
+    }
+    let _ = elect_tx.send(true);
+    let _ = election_task.await;
     let served = server_task.await;
     info!("daemon stopped");
     match served {

@@ -22,10 +22,24 @@ pub struct Target {
     pub url: String,
 }
 
+impl Target {
+    pub fn of(n: &crate::config::NodeConfig) -> Target {
+        Target {
+            name: n.name.clone(),
+            // Validated at config load or discovery.
+            url: format!(
+                "http://{}/1/report/diagnose",
+                collector_address(&n.collector).unwrap_or_default()
+            ),
+        }
+    }
+}
+
 pub struct Poller {
     client: reqwest::Client,
     key: Key,
-    targets: Vec<Target>,
+    /// Replaced as a whole when the backend's membership changes (node discovery).
+    targets: std::sync::RwLock<Arc<Vec<Target>>>,
     rules: VerifyRules,
     concurrency: usize,
     seqs: Mutex<HashMap<String, u64>>,
@@ -60,18 +74,7 @@ impl Poller {
         store: Arc<Store>,
         metrics: Metrics,
     ) -> Result<Poller, StoreError> {
-        let targets = cfg
-            .nodes
-            .iter()
-            .map(|n| Target {
-                name: n.name.clone(),
-                // Validated at config load.
-                url: format!(
-                    "http://{}/1/report/diagnose",
-                    collector_address(&n.collector).unwrap_or_default()
-                ),
-            })
-            .collect();
+        let targets = cfg.nodes.iter().map(Target::of).collect();
         Poller::with_targets(
             targets,
             key,
@@ -105,7 +108,7 @@ impl Poller {
         Ok(Poller {
             client,
             key,
-            targets,
+            targets: std::sync::RwLock::new(Arc::new(targets)),
             rules,
             concurrency,
             seqs: Mutex::new(seqs),
@@ -114,13 +117,24 @@ impl Poller {
         })
     }
 
+    pub fn set_members(&self, nodes: &[crate::config::NodeConfig]) {
+        *self.targets.write().unwrap_or_else(|p| p.into_inner()) =
+            Arc::new(nodes.iter().map(Target::of).collect());
+    }
+
     /// Polls every node once, records what it learned, and returns the observations.
     pub async fn poll_all(&self) -> Observations {
         let start = Instant::now();
+        let targets = self
+            .targets
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let targets = &targets;
         // Indices, not references, keep the stream's futures free of higher-ranked lifetimes.
-        let results: Vec<(String, Polled)> = futures::stream::iter(0..self.targets.len())
+        let results: Vec<(String, Polled)> = futures::stream::iter(0..targets.len())
             .map(|i| async move {
-                let t = &self.targets[i];
+                let t = &targets[i];
                 (t.name.clone(), self.poll_one(t).await)
             })
             .buffer_unordered(self.concurrency)

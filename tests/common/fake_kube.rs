@@ -1,8 +1,11 @@
 //! An in-process fake Kubernetes API server for what maintd uses, following the API's documented
-//! behaviour: list and get (label and field selectors), JSON merge patch (RFC 7386) with a
-//! resourceVersion precondition (409 Conflict when stale), pod delete, the eviction subresource
-//! (429 TooManyRequests while a PodDisruptionBudget allows no disruption), and Events. Errors are
-//! `Status` objects. Every write bumps the object's resourceVersion.
+//! behaviour: list and get (label and field selectors), JSON merge patch (RFC 7386) and
+//! strategic-merge patch (lists with a patch merge key merge by key, `$patch: delete|replace`)
+//! with a resourceVersion precondition (409 Conflict when stale), pod delete, the eviction
+//! subresource (429 TooManyRequests while a PodDisruptionBudget allows no disruption), PDB lists,
+//! Leases and ConfigMaps (create: 409 AlreadyExists; replace: 409 Conflict on a stale
+//! resourceVersion), and Events. Errors are `Status` objects. Every write bumps the object's
+//! resourceVersion.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -29,6 +32,10 @@ pub struct World {
     /// changes just before they land, so they get 409 Conflict.
     pub races: usize,
     pub conflicts: usize,
+    /// Namespaced objects served generically: (resource, namespace, name) -> object.
+    pub objects: BTreeMap<(String, String, String), Value>,
+    /// Every successful write to a generic object, in order: (resource, name, holder or "").
+    pub writes: Vec<(String, String, String)>,
     version: u64,
 }
 
@@ -46,9 +53,54 @@ impl World {
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "resourceVersion": rv, "labels": {"kubernetes.io/hostname": name}},
                 "spec": {},
-                "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": ip}],
+                    "allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                },
             }),
         );
+    }
+
+    /// Sets a node condition as the kubelet or node-problem-detector would, with its
+    /// lastTransitionTime `ago` seconds in the past when the status changes.
+    pub fn set_condition(&mut self, node: &str, kind: &str, st: &str, ago: i64) {
+        let rv = self.bump();
+        let since = k8s_openapi::jiff::Timestamp::now()
+            - k8s_openapi::jiff::SignedDuration::from_secs(ago);
+        let n = self.nodes.get_mut(node).unwrap();
+        n["metadata"]["resourceVersion"] = json!(rv);
+        let conds = n["status"]["conditions"].as_array_mut().unwrap();
+        match conds.iter_mut().find(|c| c["type"] == kind) {
+            Some(c) if c["status"] == st => {}
+            Some(c) => {
+                c["status"] = json!(st);
+                c["lastTransitionTime"] = json!(since.to_string());
+            }
+            None => conds.push(json!({"type": kind, "status": st,
+                "lastTransitionTime": since.to_string()})),
+        }
+    }
+
+    /// CPU and memory requests of a pod's one container, e.g. ("500m", "1Gi").
+    pub fn set_requests(&mut self, ns: &str, name: &str, cpu: &str, mem: &str) {
+        let p = self
+            .pods
+            .get_mut(&(ns.to_string(), name.to_string()))
+            .unwrap();
+        p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": cpu, "memory": mem}});
+    }
+
+    pub fn set_allocatable(&mut self, node: &str, cpu: &str, mem: &str) {
+        let n = self.nodes.get_mut(node).unwrap();
+        n["status"]["allocatable"] = json!({"cpu": cpu, "memory": mem});
+    }
+
+    pub fn object(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
+        self.objects
+            .get(&(resource.into(), ns.into(), name.into()))
+            .cloned()
     }
 
     /// A pod on `node`; `owner` is e.g. "ReplicaSet" or "DaemonSet".
@@ -145,6 +197,56 @@ fn labels_match(selector: &str, labels: &Value) -> bool {
         })
 }
 
+/// Strategic-merge patch over a Node, for the lists of the Node schema that declare a patch
+/// merge key (conditions and addresses: `type`); other lists are replaced, maps merge, null
+/// deletes, and `$patch: replace|delete` directives apply to maps and keyed list elements.
+fn strategic(target: &mut Value, patch: &Value, path: &str) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if p.get("$patch").and_then(Value::as_str) == Some("replace") {
+        let mut p = p.clone();
+        p.remove("$patch");
+        *target = Value::Object(p);
+        return;
+    }
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().unwrap();
+    for (k, v) in p {
+        let here = format!("{path}/{k}");
+        let merge_key = match here.as_str() {
+            "/status/conditions" | "/status/addresses" => Some("type"),
+            _ => None,
+        };
+        match (v, merge_key) {
+            (Value::Null, _) => {
+                t.remove(k);
+            }
+            (Value::Array(items), Some(key)) => {
+                let cur = t.entry(k.clone()).or_insert(json!([]));
+                let list = cur.as_array_mut().unwrap();
+                for item in items {
+                    let id = &item[key];
+                    let pos = list.iter().position(|e| &e[key] == id);
+                    let delete = item["$patch"] == "delete";
+                    match (pos, delete) {
+                        (Some(i), true) => {
+                            list.remove(i);
+                        }
+                        (None, true) => {}
+                        (Some(i), false) => strategic(&mut list[i], item, &here),
+                        (None, false) => list.push(item.clone()),
+                    }
+                }
+            }
+            _ => strategic(t.entry(k.clone()).or_insert(Value::Null), v, &here),
+        }
+    }
+}
+
 /// RFC 7386 JSON merge patch.
 fn merge(target: &mut Value, patch: &Value) {
     match patch {
@@ -198,13 +300,17 @@ async fn patch_node(
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if ct != "application/merge-patch+json" {
-        return status(
-            415,
-            "UnsupportedMediaType",
-            &format!("the fake supports merge patches, not {ct}"),
-        );
-    }
+    let strategic_patch = match ct {
+        "application/merge-patch+json" => false,
+        "application/strategic-merge-patch+json" => true,
+        _ => {
+            return status(
+                415,
+                "UnsupportedMediaType",
+                &format!("the fake supports merge and strategic-merge patches, not {ct}"),
+            );
+        }
+    };
     let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
         return status(400, "BadRequest", "invalid JSON patch");
     };
@@ -232,7 +338,11 @@ async fn patch_node(
             ),
         );
     }
-    merge(node, &patch);
+    if strategic_patch {
+        strategic(node, &patch, "");
+    } else {
+        merge(node, &patch);
+    }
     node["metadata"]["resourceVersion"] = json!(rv);
     axum::Json(node.clone()).into_response()
 }
@@ -335,10 +445,112 @@ async fn create_event(State(w): State<Shared>, Path(ns): Path<String>, body: Byt
     (StatusCode::CREATED, axum::Json(ev)).into_response()
 }
 
+async fn list_pdbs(State(w): State<Shared>) -> Response {
+    let items = w.lock().unwrap().pdbs.clone();
+    list("PodDisruptionBudgetList", items)
+}
+
+/// Generic namespaced objects (Leases, ConfigMaps): get, create and replace.
+fn get_object(w: &Shared, resource: &str, ns: String, name: String) -> Response {
+    match w.lock().unwrap().objects.get(&(resource.into(), ns, name.clone())) {
+        Some(o) => axum::Json(o.clone()).into_response(),
+        None => status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
+    }
+}
+
+fn holder(o: &Value) -> String {
+    o["spec"]["holderIdentity"].as_str().unwrap_or("").to_string()
+}
+
+fn create_object(w: &Shared, resource: &str, ns: String, body: &[u8]) -> Response {
+    let Ok(mut o) = serde_json::from_slice::<Value>(body) else {
+        return status(400, "BadRequest", "invalid object");
+    };
+    let Some(name) = o["metadata"]["name"].as_str().map(String::from) else {
+        return status(422, "Invalid", "metadata.name: Required value");
+    };
+    let mut w = w.lock().unwrap();
+    let key = (resource.to_string(), ns.clone(), name.clone());
+    if w.objects.contains_key(&key) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("{resource} \"{name}\" already exists"),
+        );
+    }
+    let rv = w.bump();
+    o["metadata"]["resourceVersion"] = json!(rv);
+    o["metadata"]["namespace"] = json!(ns);
+    w.writes.push((resource.into(), name, holder(&o)));
+    w.objects.insert(key, o.clone());
+    (StatusCode::CREATED, axum::Json(o)).into_response()
+}
+
+fn replace_object(w: &Shared, resource: &str, ns: String, name: String, body: &[u8]) -> Response {
+    let Ok(mut o) = serde_json::from_slice::<Value>(body) else {
+        return status(400, "BadRequest", "invalid object");
+    };
+    let mut w = w.lock().unwrap();
+    let key = (resource.to_string(), ns.clone(), name.clone());
+    let Some(cur) = w.objects.get(&key) else {
+        return status(404, "NotFound", &format!("{resource} \"{name}\" not found"));
+    };
+    // An update with a resourceVersion is conditional on it; without one it is unconditional.
+    if let Some(want) = o["metadata"]["resourceVersion"].as_str()
+        && cur["metadata"]["resourceVersion"] != want
+    {
+        w.conflicts += 1;
+        return status(
+            409,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            ),
+        );
+    }
+    let rv = w.bump();
+    o["metadata"]["resourceVersion"] = json!(rv);
+    o["metadata"]["namespace"] = json!(ns);
+    w.writes.push((resource.into(), name, holder(&o)));
+    w.objects.insert(key, o.clone());
+    axum::Json(o).into_response()
+}
+
+fn object_routes(router: Router<Shared>, base: &str, resource: &'static str) -> Router<Shared> {
+    router
+        .route(
+            &format!("{base}/namespaces/{{ns}}/{resource}"),
+            post(
+                move |State(w): State<Shared>, Path(ns): Path<String>, body: Bytes| async move {
+                    create_object(&w, resource, ns, &body)
+                },
+            ),
+        )
+        .route(
+            &format!("{base}/namespaces/{{ns}}/{resource}/{{name}}"),
+            get(
+                move |State(w): State<Shared>, Path((ns, name)): Path<(String, String)>| async move {
+                    get_object(&w, resource, ns, name)
+                },
+            )
+            .put(
+                move |State(w): State<Shared>,
+                      Path((ns, name)): Path<(String, String)>,
+                      body: Bytes| async move {
+                    replace_object(&w, resource, ns, name, &body)
+                },
+            ),
+        )
+}
+
 /// Starts the fake on a free loopback port; returns its URL and the shared world.
 pub async fn start() -> (String, Shared) {
     let world: Shared = Arc::default();
-    let app = Router::new()
+    let app = Router::new();
+    let app = object_routes(app, "/apis/coordination.k8s.io/v1", "leases");
+    let app = object_routes(app, "/api/v1", "configmaps");
+    let app = app
+        .route("/apis/policy/v1/poddisruptionbudgets", get(list_pdbs))
         .route("/api/v1/nodes", get(list_nodes))
         .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
         .route("/api/v1/pods", get(list_pods))

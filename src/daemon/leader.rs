@@ -1,0 +1,406 @@
+//! Leadership: which replica acts. On Kubernetes a `coordination.k8s.io/v1` Lease elects one;
+//! the leader checkpoints the decision state to a ConfigMap before every side effect and after
+//! every change, and a standby imports it, so a successor resumes in-flight work instead of
+//! starting it again. Elsewhere the one daemon (behind its master lock) always leads.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use crate::cluster::kube::LeaderElectionConfig;
+use crate::cluster::{Coordination, LeaseRecord};
+use crate::store::Store;
+
+/// Exit code of a replica that lost the lease: its supervisor restarts it as a standby.
+pub const EXIT_LOST_LEADERSHIP: i32 = 12;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    #[error("lost the leader lease ({0}); stopping so that only one replica acts")]
+    Lost(String),
+}
+
+/// What a replica does with the Lease it just read. Pure: expiry is judged by how long the
+/// record has stood still on this replica's own clock, never by comparing clocks.
+#[derive(Debug, PartialEq)]
+pub enum LeaseStep {
+    /// Nobody holds it, or the holder stopped renewing: take it.
+    Acquire {
+        transitions: i32,
+    },
+    Renew,
+    Follow {
+        holder: String,
+    },
+}
+
+pub fn lease_step(
+    lease: Option<&LeaseRecord>,
+    me: &str,
+    unchanged_for: Duration,
+    lease_duration: Duration,
+) -> LeaseStep {
+    let Some(l) = lease else {
+        return LeaseStep::Acquire { transitions: 0 };
+    };
+    match &l.holder {
+        Some(h) if h == me => LeaseStep::Renew,
+        Some(h) if unchanged_for < lease_duration => LeaseStep::Follow { holder: h.clone() },
+        Some(_) => LeaseStep::Acquire {
+            transitions: l.transitions + 1,
+        },
+        None => LeaseStep::Acquire {
+            transitions: l.transitions + 1,
+        },
+    }
+}
+
+pub struct Leadership {
+    identity: String,
+    election: Option<(Arc<dyn Coordination>, LeaderElectionConfig)>,
+    store: Arc<Store>,
+    leader: AtomicBool,
+    /// Increments each time this replica becomes leader: the executors resume work per term.
+    term: AtomicU64,
+    holder: Mutex<Option<String>>,
+    /// resourceVersion of the checkpoint last written or imported.
+    state_version: Mutex<Option<String>>,
+    last_written: tokio::sync::Mutex<String>,
+    lost: Mutex<Option<String>>,
+    lost_notify: Notify,
+    /// Wakes the executors once this replica leads.
+    pub wake: Vec<Arc<Notify>>,
+}
+
+impl Leadership {
+    /// The only replica: leads from the start.
+    pub fn single(identity: String, store: Arc<Store>) -> Leadership {
+        let l = Leadership::new(identity, None, store);
+        l.leader.store(true, Ordering::SeqCst);
+        l.term.store(1, Ordering::SeqCst);
+        l
+    }
+
+    pub fn elected(
+        coord: Arc<dyn Coordination>,
+        cfg: LeaderElectionConfig,
+        store: Arc<Store>,
+    ) -> Leadership {
+        Leadership::new(cfg.identity(), Some((coord, cfg)), store)
+    }
+
+    fn new(
+        identity: String,
+        election: Option<(Arc<dyn Coordination>, LeaderElectionConfig)>,
+        store: Arc<Store>,
+    ) -> Leadership {
+        Leadership {
+            identity,
+            election,
+            store,
+            leader: AtomicBool::new(false),
+            term: AtomicU64::new(0),
+            holder: Mutex::new(None),
+            state_version: Mutex::new(None),
+            last_written: tokio::sync::Mutex::new(String::new()),
+            lost: Mutex::new(None),
+            lost_notify: Notify::new(),
+            wake: Vec::new(),
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::SeqCst)
+    }
+
+    pub fn elected_mode(&self) -> bool {
+        self.election.is_some()
+    }
+
+    /// Who holds the lease, as last seen (this replica when it leads).
+    pub fn holder(&self) -> Option<String> {
+        if self.is_leader() {
+            return Some(self.identity.clone());
+        }
+        self.holder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Resolves once leadership is lost; the daemon then exits rather than act twice.
+    pub async fn lost(&self) -> String {
+        loop {
+            let notified = self.lost_notify.notified();
+            if let Some(why) = self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return why;
+            }
+            notified.await;
+        }
+    }
+
+    /// Stops acting: an effect could not be shared with a successor. The daemon exits.
+    pub fn abdicate(&self, why: String) {
+        if self.election.is_some() {
+            self.lose(why);
+        }
+    }
+
+    fn lose(&self, why: String) {
+        self.leader.store(false, Ordering::SeqCst);
+        error!(reason = %why, "leadership lost");
+        *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        self.lost_notify.notify_waiters();
+    }
+
+    /// Writes the decision state to the shared checkpoint if it changed. Called before every side
+    /// effect: an effect whose intent is not shared never starts. A no-op without election.
+    pub async fn checkpoint(&self) -> Result<(), String> {
+        let Some((coord, _)) = &self.election else {
+            return Ok(());
+        };
+        if !self.is_leader() {
+            return Err("not the leader".into());
+        }
+        // One writer at a time keeps the resourceVersion chain in order.
+        let mut last = self.last_written.lock().await;
+        let data = self.store.export_checkpoint().map_err(|e| e.to_string())?;
+        if *last == data {
+            return Ok(());
+        }
+        let version = self
+            .state_version
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match coord.put_state(version.as_deref(), &data).await {
+            Ok(Some(v)) => {
+                *self.state_version.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+                *last = data;
+                Ok(())
+            }
+            Ok(None) => {
+                let why = "another replica wrote the state checkpoint".to_string();
+                self.lose(why.clone());
+                Err(why)
+            }
+            Err(e) => Err(format!("cannot write the state checkpoint: {e}")),
+        }
+    }
+
+    /// Imports the shared checkpoint if it changed since the last import or write.
+    async fn import(&self, coord: &Arc<dyn Coordination>) -> Result<bool, String> {
+        let Some((version, data)) = coord.get_state().await.map_err(|e| e.to_string())? else {
+            return Ok(false);
+        };
+        let known = self
+            .state_version
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if known.as_deref() == Some(version.as_str()) {
+            return Ok(false);
+        }
+        if !data.is_empty() {
+            self.store
+                .import_checkpoint(&data)
+                .map_err(|e| format!("cannot import the state checkpoint: {e}"))?;
+        }
+        *self.state_version.lock().unwrap_or_else(|p| p.into_inner()) = Some(version);
+        *self.last_written.lock().await = data;
+        Ok(true)
+    }
+
+    /// The election loop. Returns when `shutdown` resolves (releasing a held lease after a final
+    /// checkpoint) or when leadership is lost.
+    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        let Some((coord, cfg)) = self.election.clone() else {
+            shutdown.await;
+            return;
+        };
+        let me = self.identity.clone();
+        let lease_duration = cfg.lease_duration;
+        let mut seen: Option<(Option<String>, Option<String>)> = None;
+        let mut seen_at = Instant::now();
+        let mut renewed_at = Instant::now();
+        let mut tick = tokio::time::interval(cfg.retry_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        info!(identity = %me, lease = %cfg.lease_name, namespace = %cfg.namespace(), "leader election started");
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                _ = tick.tick() => {}
+            }
+            if self
+                .lost
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
+            {
+                return;
+            }
+            let lease = match coord.get_lease().await {
+                Ok(l) => l,
+                Err(e) => {
+                    warn!(error = %e, "cannot read the lease");
+                    self.check_deadline(renewed_at, cfg.renew_deadline);
+                    continue;
+                }
+            };
+            let marker = lease
+                .as_ref()
+                .map(|l| (l.holder.clone(), l.renew_marker.clone()));
+            if marker != seen {
+                seen = marker;
+                seen_at = Instant::now();
+            }
+            match lease_step(lease.as_ref(), &me, seen_at.elapsed(), lease_duration) {
+                LeaseStep::Renew => {
+                    let mut l = lease.clone().unwrap_or_default();
+                    l.duration_s = lease_duration.as_secs().max(1) as i32;
+                    match coord.write_lease(&l).await {
+                        Ok(true) => {
+                            renewed_at = Instant::now();
+                            if !self.is_leader() {
+                                // Our own lease from before a restart: lead again at once.
+                                self.become_leader(&coord).await;
+                            }
+                        }
+                        Ok(false) => warn!("lease renewal conflicted; retrying"),
+                        Err(e) => warn!(error = %e, "cannot renew the lease"),
+                    }
+                    self.check_deadline(renewed_at, cfg.renew_deadline);
+                }
+                LeaseStep::Acquire { transitions } => {
+                    if self.is_leader() {
+                        self.lose("the lease lapsed while this replica led".into());
+                        return;
+                    }
+                    let l = LeaseRecord {
+                        holder: Some(me.clone()),
+                        renew_marker: None,
+                        duration_s: lease_duration.as_secs().max(1) as i32,
+                        transitions,
+                        version: lease.and_then(|l| l.version),
+                    };
+                    match coord.write_lease(&l).await {
+                        Ok(true) => {
+                            renewed_at = Instant::now();
+                            self.become_leader(&coord).await;
+                        }
+                        Ok(false) => info!("another replica took the lease first"),
+                        Err(e) => warn!(error = %e, "cannot take the lease"),
+                    }
+                }
+                LeaseStep::Follow { holder } => {
+                    if self.is_leader() {
+                        self.lose(format!("{holder} holds the lease now"));
+                        return;
+                    }
+                    *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(holder);
+                    if let Err(e) = self.import(&coord).await {
+                        warn!(error = %e, "standby cannot follow the leader's state");
+                    }
+                }
+            }
+        }
+        if self.is_leader() {
+            // Hand over at once rather than after the lease expires: last state, then the lease.
+            if let Err(e) = self.checkpoint().await {
+                warn!(error = %e, "final checkpoint failed");
+            }
+            self.leader.store(false, Ordering::SeqCst);
+            if let Ok(Some(l)) = coord.get_lease().await
+                && l.holder.as_deref() == Some(me.as_str())
+            {
+                let released = LeaseRecord {
+                    holder: None,
+                    duration_s: 1,
+                    ..l
+                };
+                match coord.write_lease(&released).await {
+                    Ok(true) => info!("lease released"),
+                    _ => warn!("cannot release the lease; it expires on its own"),
+                }
+            }
+        }
+    }
+
+    fn check_deadline(&self, renewed_at: Instant, deadline: Duration) {
+        if self.is_leader() && renewed_at.elapsed() > deadline {
+            self.lose(format!("could not renew the lease for {deadline:?}"));
+        }
+    }
+
+    async fn become_leader(&self, coord: &Arc<dyn Coordination>) {
+        // The leader acts on the last shared state, never on what it computed as a standby.
+        if let Err(e) = self.import(coord).await {
+            error!(error = %e, "took the lease but cannot load the shared state; not acting");
+            self.lose(e);
+            return;
+        }
+        *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.identity.clone());
+        self.term.fetch_add(1, Ordering::SeqCst);
+        self.leader.store(true, Ordering::SeqCst);
+        info!(identity = %self.identity, term = self.term(), "became the leader");
+        for w in &self.wake {
+            w.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(holder: Option<&str>) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.map(str::to_string),
+            renew_marker: Some("t".into()),
+            duration_s: 15,
+            transitions: 3,
+            version: Some("7".into()),
+        }
+    }
+
+    #[test]
+    fn a_lease_is_taken_when_free_or_stale_and_followed_while_renewed() {
+        let d = Duration::from_secs(15);
+        let s = Duration::from_secs;
+        assert_eq!(
+            lease_step(None, "a", s(0), d),
+            LeaseStep::Acquire { transitions: 0 }
+        );
+        assert_eq!(
+            lease_step(Some(&lease(Some("a"))), "a", s(99), d),
+            LeaseStep::Renew
+        );
+        assert_eq!(
+            lease_step(Some(&lease(Some("b"))), "a", s(14), d),
+            LeaseStep::Follow { holder: "b".into() }
+        );
+        assert_eq!(
+            lease_step(Some(&lease(Some("b"))), "a", s(15), d),
+            LeaseStep::Acquire { transitions: 4 }
+        );
+        // Released on shutdown: taken at once.
+        assert_eq!(
+            lease_step(Some(&lease(None)), "a", s(0), d),
+            LeaseStep::Acquire { transitions: 4 }
+        );
+    }
+}

@@ -1,0 +1,79 @@
+//! Node discovery and node conditions (Kubernetes): reads the node list every `node-interval`,
+//! keeps the managed set current for the poller and the fencer, and evaluates the condition
+//! rules for the engine (repair events) and the fencer (fence sources).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::cluster::{Cluster, NodeFacts};
+use crate::config::NodeConfig;
+use crate::core::Nanos;
+use crate::core::conditions::{Evaluation, Rule, evaluate};
+
+pub struct NodeWatch {
+    rules: Vec<Rule>,
+    /// Facts older than this are not used: the conditions count as unknown.
+    max_age: Duration,
+    facts: Mutex<Option<(Instant, Arc<NodeFacts>)>>,
+}
+
+impl NodeWatch {
+    pub fn new(rules: Vec<Rule>, interval: Duration) -> NodeWatch {
+        NodeWatch {
+            rules,
+            max_age: interval * 3 + Duration::from_secs(5),
+            facts: Mutex::new(None),
+        }
+    }
+
+    /// What the condition rules say at `now`, or `None` without a recent node list.
+    pub fn evaluate(&self, now: Nanos) -> Option<Evaluation> {
+        let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (at, facts) = facts?;
+        (at.elapsed() <= self.max_age).then(|| evaluate(&self.rules, &facts.conditions, now))
+    }
+
+    /// Records a fresh node list; returns the new membership if it changed.
+    fn update(&self, facts: NodeFacts) -> Option<Vec<NodeConfig>> {
+        let mut cur = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = cur
+            .as_ref()
+            .is_none_or(|(_, old)| old.members != facts.members);
+        let members = changed.then(|| facts.members.clone());
+        *cur = Some((Instant::now(), Arc::new(facts)));
+        members
+    }
+
+    /// Lists the nodes every `interval` until `shutdown`; `on_members` gets each new membership.
+    pub async fn run<C: Cluster>(
+        self: Arc<Self>,
+        cluster: Arc<C>,
+        interval: Duration,
+        on_members: impl Fn(&[NodeConfig]) + Send,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                _ = tick.tick() => {}
+            }
+            match cluster.node_facts().await {
+                Ok(Some(facts)) => {
+                    if let Some(m) = self.update(facts) {
+                        info!(nodes = m.len(), "managed nodes changed");
+                        on_members(&m);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => warn!(error = %e, "cannot list nodes; conditions count as unknown"),
+            }
+        }
+    }
+}
