@@ -241,11 +241,12 @@ async fn nodes_come_from_the_selector_with_internal_ip_or_an_annotation() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_daemon_drives_a_kubernetes_evacuation_and_a_label_removal_acknowledges_it() {
-    use common::Cluster;
+/// A maintd cluster of `n` nodes on the fake API: each node has one `web` pod and its collector
+/// on loopback (annotated), and the daemon config points at the fake. `toml` goes after
+/// `[kubernetes]`.
+async fn kube_cluster(n: usize, toml: &str) -> (common::Cluster, String, fake_kube::Shared) {
     let (url, w) = fake_kube::start().await;
-    let mut c = Cluster::new(2);
+    let mut c = common::Cluster::new(n);
     {
         let mut w = w.lock().unwrap();
         for (i, n) in c.nodes.iter().enumerate() {
@@ -262,9 +263,13 @@ async fn the_daemon_drives_a_kubernetes_evacuation_and_a_label_removal_acknowled
         }
     }
     c.inventory_nodes = false;
-    c.extra_daemon_toml = format!("[kubernetes]\napi-url = \"{url}\"\ndrain-deadline = \"20s\"\n");
-    c.set_verdict("node1", r#"{"status":"evacuate","details":{"disk":"sda"}}"#);
-    c.start_collectors();
+    c.extra_daemon_toml = format!(
+        "[kubernetes]\napi-url = \"{url}\"\ndrain-deadline = \"20s\"\nnode-interval = \"300ms\"\n{toml}"
+    );
+    (c, url, w)
+}
+
+fn start_kube_daemon(c: &mut common::Cluster) {
     let cfg = c.daemon_config();
     c.daemon = Some(c.spawn(
         "daemon",
@@ -276,6 +281,14 @@ async fn the_daemon_drives_a_kubernetes_evacuation_and_a_label_removal_acknowled
             "kubernetes",
         ],
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_drives_a_kubernetes_evacuation_and_a_label_removal_acknowledges_it() {
+    let (mut c, _url, w) = kube_cluster(2, "").await;
+    c.set_verdict("node1", r#"{"status":"evacuate","details":{"disk":"sda"}}"#);
+    c.start_collectors();
+    start_kube_daemon(&mut c);
     c.wait_api().await;
 
     let e = c.wait_status("node1", "completed").await;
@@ -323,4 +336,290 @@ async fn the_daemon_drives_a_kubernetes_evacuation_and_a_label_removal_acknowled
         "uncordoned"
     );
     assert!(w.taints("node1").is_empty(), "offline taint removed");
+}
+
+fn note_of(e: &serde_json::Value) -> String {
+    e["note"].as_str().unwrap_or("").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_whose_pods_do_not_fit_elsewhere_waits_and_says_why() {
+    let (mut c, _url, w) = kube_cluster(3, "").await;
+    {
+        let mut w = w.lock().unwrap();
+        for n in ["node1", "node2", "node3"] {
+            w.set_allocatable(n, "1", "4Gi");
+            w.set_requests("web", &format!("web-{n}"), "300m", "256Mi");
+        }
+        // 800m fits on no other node (700m free on each).
+        w.set_allocatable("node1", "2", "4Gi");
+        w.add_pod("web", "big", "node1", json!({"app": "big"}), "ReplicaSet");
+        w.set_requests("web", "big", "800m", "1Gi");
+    }
+    c.set_verdict("node1", r#"{"status":"evacuate","details":{"disk":"sda"}}"#);
+    c.start_collectors();
+    start_kube_daemon(&mut c);
+    c.wait_api().await;
+    let e = c
+        .wait_event("node1", "a capacity wait", |e| {
+            note_of(e).contains("fits on no other schedulable node")
+        })
+        .await;
+    assert_eq!(e["repair-status"], "noted", "{e}");
+    assert!(
+        note_of(&e).starts_with("waiting to drain: pod web/big (800m CPU"),
+        "{e}"
+    );
+    {
+        let w = w.lock().unwrap();
+        assert!(
+            w.nodes["node1"]["spec"]["unschedulable"].is_null(),
+            "not cordoned while waiting"
+        );
+        assert_eq!(w.pods_on("node1").len(), 2);
+    }
+    // Room appears (a node grows): the drain goes ahead.
+    w.lock().unwrap().set_allocatable("node3", "4", "16Gi");
+    c.wait_status("node1", "completed").await;
+    assert!(w.lock().unwrap().pods_on("node1").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn condition_rules_raise_events_and_escalate_while_the_condition_holds() {
+    let rule = "[[kubernetes.conditions]]\ntype = \"DiskPressure\"\nstatus = \"True\"\nfor = \"1s\"\nactions = [\"evacuate\", \"evacuate-failover\"]\nescalate-after = \"4s\"\n";
+    let (mut c, _url, w) = kube_cluster(2, rule).await;
+    {
+        let mut w = w.lock().unwrap();
+        w.add_pod("web", "db-0", "node1", json!({"app": "db"}), "StatefulSet");
+        w.add_pdb("web", "db", json!({"app": "db"}), 0);
+    }
+    c.start_collectors();
+    start_kube_daemon(&mut c);
+    c.wait_api().await;
+    w.lock()
+        .unwrap()
+        .set_condition("node1", "DiskPressure", "True", 0);
+    // Step 0: an evacuation, which the PDB holds back before anything is cordoned.
+    let first = c
+        .wait_event("node1", "the evacuate step", |e| {
+            e["action"] == "evacuate" && note_of(e).contains("PodDisruptionBudget web/db")
+        })
+        .await;
+    assert_eq!(
+        first["original"]["details"]["source"], "node-condition",
+        "{first}"
+    );
+    assert_eq!(first["original"]["details"]["condition"], "DiskPressure");
+    assert_eq!(first["repair-status"], "noted");
+    // Still DiskPressure after escalate-after: the failover step runs, whatever the PDB says.
+    let second = c.wait_status("node1", "completed").await;
+    assert_eq!(second["action"], "evacuate-failover", "{second}");
+    assert_eq!(second["original"]["details"]["step"], 1);
+    let st = c.status().await;
+    assert!(
+        !st.iter().any(|e| e["id"] == first["id"]),
+        "the unstarted step is gone: {st:?}"
+    );
+    let w = w.lock().unwrap();
+    assert!(w.pods_on("node1").is_empty());
+    assert!(w.deleted.iter().any(|(p, _)| p == "web/db-0"));
+    assert_eq!(
+        w.evictions_refused, 0,
+        "admission kept the evacuation from trying"
+    );
+    assert_eq!(w.taints("node1"), vec!["maintd.io/offline=:NoSchedule"]);
+    let label = format!("repairready.maintd.io/{}", second["id"].as_str().unwrap());
+    assert_eq!(w.nodes["node1"]["metadata"]["labels"][&label], "true");
+}
+
+async fn leader_of(client: &reqwest::Client, port: u16) -> Option<serde_json::Value> {
+    let r = client
+        .get(format!("http://127.0.0.1:{port}/1/leader"))
+        .send()
+        .await
+        .ok()?;
+    r.json().await.ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_mid_round_and_resumes_without_duplicating_the_job() {
+    let election = "[kubernetes.leader-election]\nlease-duration = \"4s\"\nrenew-deadline = \"3s\"\nretry-period = \"300ms\"\n";
+    let (mut c, _url, w) = kube_cluster(2, election).await;
+    let runs = c.path("runs.log");
+    common::write_exec(
+        &c.path("repair.d/slowfix"),
+        &format!("echo run >> {}; sleep 4; echo fixed", runs.display()),
+    );
+    c.start_collectors();
+    // Two replicas: A (the harness's daemon) and B, with their own state dirs and API ports.
+    let cfg_a = c.daemon_config();
+    let text = std::fs::read_to_string(&cfg_a).unwrap();
+    let port_b = common::free_port();
+    let root = c.dir.path().display().to_string();
+    std::fs::create_dir_all(c.path("state-b")).unwrap();
+    let mk = |id: &str, port: u16, state: &str| {
+        text.replace(
+            &format!("listen = \"127.0.0.1:{}\"", c.api_port),
+            &format!("listen = \"127.0.0.1:{port}\""),
+        )
+        .replace(
+            &format!("state-dir = \"{root}/state\""),
+            &format!("state-dir = \"{root}/{state}\""),
+        )
+        .replace(
+            "[kubernetes.leader-election]\n",
+            &format!("[kubernetes.leader-election]\nidentity = \"{id}\"\n"),
+        )
+    };
+    std::fs::write(&cfg_a, mk("a", c.api_port, "state")).unwrap();
+    let cfg_b = c.path("daemon-b.toml");
+    std::fs::write(&cfg_b, mk("b", port_b, "state-b")).unwrap();
+    let args = |cfg: &std::path::Path| {
+        vec![
+            "--config".to_string(),
+            cfg.display().to_string(),
+            "daemon".into(),
+            "--cluster".into(),
+            "kubernetes".into(),
+        ]
+    };
+    let a_args = args(&cfg_a);
+    c.daemon = Some(c.spawn(
+        "daemon",
+        &a_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    c.wait_api().await;
+    common::wait_for("A to lead", || async {
+        leader_of(&c.client, c.api_port)
+            .await
+            .filter(|l| l["leader"] == true)
+    })
+    .await;
+    let b_args = args(&cfg_b);
+    let _b = c.spawn(
+        "daemon-b",
+        &b_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let lb = common::wait_for("B to follow A", || async {
+        leader_of(&c.client, port_b)
+            .await
+            .filter(|l| l["holder"] == "a")
+    })
+    .await;
+    assert_eq!(lb["leader"], false);
+
+    // While A is frozen (within its lease), B sees a report needing a repair, decides to act
+    // on it, and drops the action: it is not the leader.
+    let dropped = || async {
+        let m = c
+            .client
+            .get(format!("http://127.0.0.1:{port_b}/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        m.lines()
+            .find(|l| l.starts_with("maintd_standby_dropped_actions_total"))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+    };
+    let pid_a = nix::unistd::Pid::from_raw(c.daemon.as_ref().unwrap().child.id() as i32);
+    nix::sys::signal::kill(pid_a, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    c.set_verdict(
+        "node1",
+        r#"{"status":"live-repair","command":"slowfix","details":{"fan":2}}"#,
+    );
+    common::wait_for("the standby to drop an action", || async {
+        dropped().await.filter(|d| *d >= 1.0)
+    })
+    .await;
+    nix::sys::signal::kill(pid_a, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(
+        std::fs::read_to_string(&runs)
+            .unwrap_or_default()
+            .is_empty(),
+        "the standby started nothing"
+    );
+
+    // A, still the leader, starts the slow live repair.
+    let e = c
+        .wait_event("node1", "the repair to run", |e| {
+            e["repair-status"] == "pending"
+        })
+        .await;
+    common::wait_for("the repair to start on the collector", || async {
+        std::fs::read_to_string(&runs)
+            .ok()
+            .filter(|s| !s.is_empty())
+    })
+    .await;
+    // A standby refuses operator changes and names the leader.
+    let out = c.cli(&[
+        "cancel",
+        e["id"].as_str().unwrap(),
+        "--url",
+        &format!("http://127.0.0.1:{port_b}"),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("standby") && err.contains("(a)"), "{err}");
+
+    // The leader dies mid-round.
+    let killed = std::time::Instant::now();
+    c.kill_daemon();
+    common::wait_for("B to take over", || async {
+        leader_of(&c.client, port_b)
+            .await
+            .filter(|l| l["leader"] == true)
+    })
+    .await;
+    eprintln!("takeover after {:?} (lease duration 4s)", killed.elapsed());
+    // B finishes the same job: same id, one run on the collector, one label.
+    let done = common::wait_for("B to complete the event", || async {
+        let r = c
+            .client
+            .get(format!("http://127.0.0.1:{port_b}/1/status"))
+            .send()
+            .await
+            .ok()?;
+        let st: Vec<serde_json::Value> = r.json().await.ok()?;
+        st.into_iter().find(|x| {
+            x["node"] == "node1" && x["repair-status"] == "completed" && x["tagged"] == true
+        })
+    })
+    .await;
+    assert_eq!(done["id"], e["id"]);
+    let jobs = done["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{done}");
+    assert_eq!(jobs[0]["id"], e["jobs"][0]["id"]);
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap().lines().count(),
+        1,
+        "the repair ran once"
+    );
+    let w = w.lock().unwrap();
+    let label = format!("repairready.maintd.io/{}", done["id"].as_str().unwrap());
+    assert_eq!(w.nodes["node1"]["metadata"]["labels"][&label], "true");
+    let lease = w.object("leases", "default", "maintd").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "b");
+    assert!(lease["spec"]["leaseTransitions"].as_i64().unwrap() >= 1);
+    // The checkpoint's writer follows the lease: A while it led, then only B, never interleaved.
+    let mut holder = String::new();
+    let mut seen = Vec::new();
+    for (r, _, who) in &w.writes {
+        if r == "leases" && !who.is_empty() {
+            holder = who.clone();
+        }
+        if r == "configmaps" {
+            assert_eq!(
+                who, &holder,
+                "checkpoint written by a replica not holding the lease"
+            );
+            if seen.last() != Some(who) {
+                seen.push(who.clone());
+            }
+        }
+    }
+    assert_eq!(seen, vec!["a", "b"], "{:?}", w.writes);
 }

@@ -791,6 +791,11 @@ impl Coordination for KubeCluster {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 resource_version: version.map(str::to_string),
+                // Who wrote it, for operators reading the object.
+                annotations: Some(BTreeMap::from([(
+                    "maintd.io/leader".to_string(),
+                    self.cfg.leader_election.identity(),
+                )])),
                 ..Default::default()
             },
             data: Some(BTreeMap::from([(STATE_KEY.to_string(), data.to_string())])),

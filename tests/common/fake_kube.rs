@@ -67,8 +67,8 @@ impl World {
     /// lastTransitionTime `ago` seconds in the past when the status changes.
     pub fn set_condition(&mut self, node: &str, kind: &str, st: &str, ago: i64) {
         let rv = self.bump();
-        let since = k8s_openapi::jiff::Timestamp::now()
-            - k8s_openapi::jiff::SignedDuration::from_secs(ago);
+        let since =
+            k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(ago);
         let n = self.nodes.get_mut(node).unwrap();
         n["metadata"]["resourceVersion"] = json!(rv);
         let conds = n["status"]["conditions"].as_array_mut().unwrap();
@@ -452,14 +452,24 @@ async fn list_pdbs(State(w): State<Shared>) -> Response {
 
 /// Generic namespaced objects (Leases, ConfigMaps): get, create and replace.
 fn get_object(w: &Shared, resource: &str, ns: String, name: String) -> Response {
-    match w.lock().unwrap().objects.get(&(resource.into(), ns, name.clone())) {
+    match w
+        .lock()
+        .unwrap()
+        .objects
+        .get(&(resource.into(), ns, name.clone()))
+    {
         Some(o) => axum::Json(o.clone()).into_response(),
         None => status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
     }
 }
 
+/// Who wrote: a Lease's holder, or the writer a ConfigMap names in `maintd.io/leader`.
 fn holder(o: &Value) -> String {
-    o["spec"]["holderIdentity"].as_str().unwrap_or("").to_string()
+    o["spec"]["holderIdentity"]
+        .as_str()
+        .or(o["metadata"]["annotations"]["maintd.io/leader"].as_str())
+        .unwrap_or("")
+        .to_string()
 }
 
 fn create_object(w: &Shared, resource: &str, ns: String, body: &[u8]) -> Response {
