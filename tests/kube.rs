@@ -623,3 +623,105 @@ async fn a_standby_takes_over_mid_round_and_resumes_without_duplicating_the_job(
     }
     assert_eq!(seen, vec!["a", "b"], "{:?}", w.writes);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_unknown_rule_fences_and_out_of_service_comes_only_after_the_verified_off() {
+    if !common::sims::available() {
+        return;
+    }
+    let rule = "[[kubernetes.conditions]]\ntype = \"Ready\"\nstatus = \"Unknown\"\nfor = \"1s\"\nactions = [\"fence\"]\n";
+    let (mut c, _url, w) = kube_cluster(3, rule).await;
+    let ipmi = common::sims::Ipmi::start(c.dir.path(), "node1");
+    let pw = c.secret("bmc.pw", "s3cret");
+    let methods = format!(
+        "methods = [{{ template = \"ipmi\", params = {{ {} }} }}]",
+        ipmi.params()
+    );
+    c.extra_daemon_toml.push_str(&format!(
+        r#"
+[fencing]
+grace = "1s"
+liveness-interval = "200ms"
+liveness-timeout = "500ms"
+cooldown = "60s"
+storm-percent = 50
+max-restarts = 0
+[fencing.templates.ipmi]
+agent = "fence_ipmilan"
+secrets = {{ password = "{}" }}
+[fencing.nodes.node1.power-management]
+retries = 0
+timeout = "20s"
+{methods}
+[fencing.nodes.node1.recovery]
+retries = 1
+timeout = "20s"
+{methods}
+"#,
+        pw.display()
+    ));
+    c.start_collectors();
+    start_kube_daemon(&mut c);
+    c.wait_api().await;
+    assert!(ipmi.powered_on());
+    // The kubelet stops posting status: Ready goes Unknown. The collector still answers, so the
+    // node-condition rule alone starts the fence.
+    w.lock()
+        .unwrap()
+        .set_condition("node1", "Ready", "Unknown", 0);
+    let f = c
+        .wait_flow("the release", |f| {
+            f["node"] == "node1" && f["released"] == true
+        })
+        .await;
+    assert!(!ipmi.powered_on(), "the BMC reads off");
+    let fenced_at = f["fenced-at"].as_i64().unwrap();
+    {
+        let w = w.lock().unwrap();
+        let oos = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute";
+        let first = w
+            .taint_log
+            .iter()
+            .find(|(_, n, t)| n == "node1" && t.iter().any(|x| x == oos))
+            .expect("the out-of-service taint was applied");
+        assert!(
+            first.0 > fenced_at,
+            "out-of-service applied {} ns before the verified power-off",
+            fenced_at - first.0
+        );
+        assert!(w.pods_on("node1").is_empty());
+        assert!(
+            w.deleted
+                .iter()
+                .any(|(p, g)| p == "web/web-node1" && *g == Some(0)),
+            "{:?}",
+            w.deleted
+        );
+        assert!(
+            !w.taint_log
+                .iter()
+                .any(|(_, n, t)| n != "node1" && !t.is_empty()),
+            "no other node was touched"
+        );
+    }
+    // Repaired: the kubelet reports Ready again and the collector is healthy: recovery powers
+    // the node on, and the taint goes.
+    w.lock().unwrap().set_condition("node1", "Ready", "True", 0);
+    let f = c
+        .wait_flow("recovery", |f| {
+            f["node"] == "node1" && f["status"] == "final"
+        })
+        .await;
+    assert_eq!(f["reclaimed"], true, "{f}");
+    assert!(ipmi.powered_on(), "recovery powers the node back on");
+    let w = w.lock().unwrap();
+    assert!(w.taints("node1").is_empty(), "{:?}", w.taint_log);
+    let reasons: Vec<&str> = w
+        .events
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    for r in ["MaintdFence", "MaintdFenceRelease", "MaintdFenceRecovered"] {
+        assert!(reasons.contains(&r), "{reasons:?}");
+    }
+}

@@ -36,6 +36,8 @@ pub struct World {
     pub objects: BTreeMap<(String, String, String), Value>,
     /// Every successful write to a generic object, in order: (resource, name, holder or "").
     pub writes: Vec<(String, String, String)>,
+    /// Every change of a node's taints: (wall-clock ns, node, taints after it).
+    pub taint_log: Vec<(i64, String, Vec<String>)>,
     version: u64,
 }
 
@@ -338,13 +340,23 @@ async fn patch_node(
             ),
         );
     }
+    let before = node["spec"]["taints"].clone();
     if strategic_patch {
         strategic(node, &patch, "");
     } else {
         merge(node, &patch);
     }
     node["metadata"]["resourceVersion"] = json!(rv);
-    axum::Json(node.clone()).into_response()
+    let out = node.clone();
+    if out["spec"]["taints"] != before {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i64;
+        let taints = w.taints(&name);
+        w.taint_log.push((at, name, taints));
+    }
+    axum::Json(out).into_response()
 }
 
 async fn list_pods(State(w): State<Shared>, Query(q): Query<BTreeMap<String, String>>) -> Response {
