@@ -227,6 +227,11 @@ async fn real_responses_match_the_openapi_spec() {
     );
     api.call(false, &base, "GET", "/metrics", "/metrics", None)
         .await;
+    let (_, l) = api
+        .call(false, &base, "GET", "/1/leader", "/1/leader", None)
+        .await;
+    assert_eq!(l["leader"], true, "the only replica leads: {l}");
+    assert_eq!(l["elected"], false);
     let (_, f) = api
         .call(false, &base, "GET", "/1/fences", "/1/fences", None)
         .await;
