@@ -1,0 +1,129 @@
+//! The manifests in deploy/ parse as the Kubernetes objects they claim to be, the config they
+//! ship is a valid maintd config, and the RBAC grants exactly the verbs the code sends.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+use serde::Deserialize;
+use serde_json::Value;
+
+fn docs(file: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(format!("{}/deploy/{file}", env!("CARGO_MANIFEST_DIR")))
+        .unwrap_or_else(|e| panic!("deploy/{file}: {e}"));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("deploy/{file}: {e}")))
+        .collect()
+}
+
+fn of_kind<T: serde::de::DeserializeOwned>(file: &str, kind: &str) -> Vec<T> {
+    docs(file)
+        .into_iter()
+        .filter(|d| d["kind"] == kind)
+        .map(|d| serde_json::from_value(d).unwrap_or_else(|e| panic!("{file} {kind}: {e}")))
+        .collect()
+}
+
+fn rules(rules: &[k8s_openapi::api::rbac::v1::PolicyRule]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for r in rules {
+        for g in r.api_groups.iter().flatten() {
+            for res in r.resources.iter().flatten() {
+                for v in &r.verbs {
+                    let names = r.resource_names.clone().unwrap_or_default().join(",");
+                    out.insert(format!("{g}/{res}:{v}[{names}]"));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_shipped_config_is_valid_and_enables_kubernetes() {
+    let cm: Vec<ConfigMap> = of_kind("configmap.yaml", "ConfigMap");
+    let text = &cm[0].data.as_ref().unwrap()["maintd.toml"];
+    let cfg = maintd::config::Config::parse(text).unwrap();
+    assert_eq!(cfg.cluster.backend, "kubernetes");
+    assert!(cfg.kubernetes.leader_election.enabled);
+    assert_eq!(cfg.kubernetes.max_disruptions, 1);
+    assert_eq!(cfg.kubernetes.conditions.len(), 3);
+    for r in &cfg.kubernetes.conditions {
+        r.rule().unwrap();
+    }
+}
+
+#[test]
+fn rbac_grants_only_the_verbs_maintd_uses() {
+    let cluster: Vec<ClusterRole> = of_kind("rbac.yaml", "ClusterRole");
+    let got = rules(cluster[0].rules.as_deref().unwrap());
+    let want: BTreeSet<String> = [
+        "/nodes:get[]",
+        "/nodes:list[]",
+        "/nodes:patch[]",
+        "/pods:list[]",
+        "/pods:delete[]",
+        "/pods/eviction:create[]",
+        "policy/poddisruptionbudgets:list[]",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(got, want);
+    let ns: Vec<Role> = of_kind("rbac.yaml", "Role");
+    let got = rules(ns[0].rules.as_deref().unwrap());
+    let want: BTreeSet<String> = [
+        "coordination.k8s.io/leases:create[]",
+        "coordination.k8s.io/leases:get[maintd]",
+        "coordination.k8s.io/leases:update[maintd]",
+        "/configmaps:create[]",
+        "/configmaps:get[maintd-state]",
+        "/configmaps:update[maintd-state]",
+        "/events:create[]",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(got, want);
+    // The names the Role allows are the ones the shipped config uses.
+    let cm: Vec<ConfigMap> = of_kind("configmap.yaml", "ConfigMap");
+    let cfg = maintd::config::Config::parse(&cm[0].data.as_ref().unwrap()["maintd.toml"]).unwrap();
+    assert_eq!(cfg.kubernetes.leader_election.lease_name, "maintd");
+    assert_eq!(
+        cfg.kubernetes.leader_election.state_configmap,
+        "maintd-state"
+    );
+    assert_eq!(cfg.kubernetes.events_namespace, "maintd");
+}
+
+#[test]
+fn two_daemon_replicas_and_a_collector_per_node_with_host_script_dirs() {
+    let d: Vec<Deployment> = of_kind("daemon.yaml", "Deployment");
+    let spec = d[0].spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("maintd"));
+    let env: Vec<&str> = pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert!(env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"));
+    let args = pod.containers[0].args.clone().unwrap();
+    assert!(args.windows(2).any(|w| w == ["--cluster", "kubernetes"]));
+
+    let ds: Vec<DaemonSet> = of_kind("collector.yaml", "DaemonSet");
+    let pod = ds[0].spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let host: BTreeSet<String> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
+        .collect();
+    assert!(host.contains("/etc/maintd/diagnose.d") && host.contains("/etc/maintd/repair.d"));
+    let c = &pod.containers[0];
+    assert!(c.env.iter().flatten().any(|e| e.name == "MAINTD_NODE"));
+    assert_eq!(c.ports.as_ref().unwrap()[0].host_port, Some(1815));
+}
