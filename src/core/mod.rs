@@ -732,11 +732,15 @@ fn admit_evacuations(d: &mut Draft, specs: &mut Vec<JobSpec>) {
     let Some(cap) = &d.state.capacity else {
         return;
     };
-    let event = |id: &Uuid| d.events.iter().find(|e| e.id == *id).cloned();
+    let by_id: HashMap<Uuid, &Event> = d.events.iter().map(|e| (e.id, e)).collect();
     let mut drains: Vec<(Event, bool)> = specs
         .iter()
         .filter(|s| matches!(s.kind, JobKind::Evacuate | JobKind::EvacuateFailover))
-        .filter_map(|s| event(&s.event).map(|e| (e, s.kind == JobKind::Evacuate)))
+        .filter_map(|s| {
+            by_id
+                .get(&s.event)
+                .map(|e| ((*e).clone(), s.kind == JobKind::Evacuate))
+        })
         .collect();
     if drains.is_empty() {
         return;
@@ -755,13 +759,20 @@ fn admit_evacuations(d: &mut Draft, specs: &mut Vec<JobSpec>) {
         })
         .collect();
     let verdict = capacity::admit(&cap.snapshot, &candidates, cap.max_disruptions);
+    // One drain per node at most (rounds never take a node twice).
+    let by_node: HashMap<&str, &Event> = drains.iter().map(|(e, _)| (e.node.as_str(), e)).collect();
+    let mut waiting = HashSet::new();
+    let mut notes = Vec::new();
     for (node, why) in &verdict.waiting {
-        let Some((e, _)) = drains.iter().find(|(e, _)| &e.node == node) else {
-            continue;
-        };
-        d.note(e, Some(format!("waiting to drain: {why}")));
-        specs.retain(|s| s.event != e.id);
+        if let Some(e) = by_node.get(node.as_str()) {
+            waiting.insert(e.id);
+            notes.push(((*e).clone(), format!("waiting to drain: {why}")));
+        }
     }
+    for (e, why) in notes {
+        d.note(&e, Some(why));
+    }
+    specs.retain(|s| !waiting.contains(&s.event));
 }
 
 /// Why a node takes no new job this round, if it must wait. May schedule the online job of an
