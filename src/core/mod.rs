@@ -389,10 +389,6 @@ impl<'a> Draft<'a> {
         e.acknowledged || self.acked.contains(&e.id)
     }
 
-    fn live(&self) -> impl Iterator<Item = &Event> {
-        self.events.iter().filter(|e| !self.cleared.contains(&e.id))
-    }
-
     fn clear(&mut self, id: Uuid, why: impl Into<String>) {
         if self.cleared.insert(id) {
             self.out.push(Action::Clear {
@@ -461,7 +457,8 @@ pub fn decide(state: &State, observations: &Observations, now: Nanos) -> Vec<Act
 
 /// Finalizes events whose jobs have all run, or one of which failed.
 fn settle_jobs(d: &mut Draft) {
-    let events = d.events.clone();
+    // Taken out and put back rather than cloned: cloning every event is the cost on big clusters.
+    let events = std::mem::take(&mut d.events);
     for e in &events {
         let jobs = d.jobs_of(&e.id);
         let failed = jobs.iter().find(|j| j.status == JobStatus::Failed).copied();
@@ -492,12 +489,13 @@ fn settle_jobs(d: &mut Draft) {
             }
         }
     }
+    d.events = events;
 }
 
 /// Acknowledgement: a removed repairfailed tag forgets the event; a removed repairready tag marks
 /// it acknowledged. A final event whose tag never reached the backend gets it again.
 fn follow_tags(d: &mut Draft) {
-    let events = d.events.clone();
+    let events = std::mem::take(&mut d.events);
     for e in &events {
         if d.cleared.contains(&e.id) || !e.status.is_final() || d.status(e) != e.status {
             continue;
@@ -527,21 +525,23 @@ fn follow_tags(d: &mut Draft) {
             _ => {}
         }
     }
+    d.events = events;
 }
 
 /// Creates events for new reports and condition verdicts, and forgets the ones that are no
 /// longer observed. A source that is unknown this tick concludes nothing about its events.
 fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
     // Index once: scanning every event for every node would be quadratic on large clusters.
-    let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
-    for (i, e) in d.events.iter().enumerate() {
-        by_node.entry(e.node.clone()).or_default().push(i);
+    let events = std::mem::take(&mut d.events);
+    let mut by_node: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        by_node.entry(e.node.as_str()).or_default().push(i);
     }
     let mut nodes: BTreeSet<String> = observations.reports.keys().cloned().collect();
     if let Some(c) = &observations.conditions {
         nodes.extend(c.keys().cloned());
         nodes.extend(
-            d.events
+            events
                 .iter()
                 .filter(|e| e.from_condition())
                 .map(|e| e.node.clone()),
@@ -552,13 +552,12 @@ fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
         let node = node.as_str();
         let report = observations.report(node);
         let conditions = observations.conditions_of(node);
-        let mine: Vec<Event> = by_node
+        let mine: Vec<&Event> = by_node
             .get(node)
             .into_iter()
             .flatten()
-            .map(|&i| &d.events[i])
+            .map(|&i| &events[i])
             .filter(|e| !d.cleared.contains(&e.id))
-            .cloned()
             .collect();
         let busy = report.is_some_and(|v| v.status != Status::Ok)
             || conditions.is_some_and(|c| !c.is_empty());
@@ -626,6 +625,7 @@ fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
             created.push(e);
         }
     }
+    d.events = events;
     d.events.extend(created);
 }
 
@@ -643,9 +643,29 @@ fn observed(obs: &Observations, e: &Event) -> bool {
 /// Starts the next round once every job of the previous one has finished: per node the most
 /// invasive active event (ties: the oldest) gets its next job; milder events are superseded.
 fn plan_round(d: &mut Draft, observations: &Observations) {
-    let mut nodes: BTreeMap<String, Vec<Event>> = BTreeMap::new();
-    for e in d.live() {
-        nodes.entry(e.node.clone()).or_default().push(e.clone());
+    let events = std::mem::take(&mut d.events);
+    let specs = plan_nodes(d, &events, observations);
+    d.events = events;
+    if let Some(mut specs) = specs {
+        admit_evacuations(d, &mut specs);
+        if !specs.is_empty() {
+            d.out.push(Action::StartRound {
+                round: d.state.last_round + 1,
+                jobs: specs,
+            });
+        }
+    }
+}
+
+/// Per node, the job its winning event needs next; `None` while a round runs.
+fn plan_nodes(
+    d: &mut Draft,
+    events: &[Event],
+    observations: &Observations,
+) -> Option<Vec<JobSpec>> {
+    let mut nodes: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
+    for e in events.iter().filter(|e| !d.cleared.contains(&e.id)) {
+        nodes.entry(e.node.as_str()).or_default().push(e);
     }
     if let Some(round) = d.state.round_running {
         for evs in nodes.values() {
@@ -655,28 +675,27 @@ fn plan_round(d: &mut Draft, observations: &Observations) {
                 }
             }
         }
-        return;
+        return None;
     }
     let mut specs = Vec::new();
     for (node, evs) in &nodes {
-        let active: Vec<&Event> = evs.iter().filter(|e| d.status(e).is_active()).collect();
+        let active: Vec<&Event> = evs
+            .iter()
+            .copied()
+            .filter(|e| d.status(e).is_active())
+            .collect();
         if let Some(why) = node_block(d, evs, observations, &active, &mut specs) {
             for e in &active {
                 d.note(e, Some(why.clone()));
             }
             continue;
         }
-        let Some(winner) = active
-            .iter()
-            .copied()
-            .min_by(|a, b| {
-                b.action
-                    .cmp(&a.action)
-                    .then(a.created.cmp(&b.created))
-                    .then(a.id.cmp(&b.id))
-            })
-            .cloned()
-        else {
+        let Some(winner) = active.iter().copied().min_by(|a, b| {
+            b.action
+                .cmp(&a.action)
+                .then(a.created.cmp(&b.created))
+                .then(a.id.cmp(&b.id))
+        }) else {
             continue;
         };
         for e in &active {
@@ -695,7 +714,7 @@ fn plan_round(d: &mut Draft, observations: &Observations) {
         }
         if !d.state.policy.allows(winner.action) {
             d.note(
-                &winner,
+                winner,
                 Some(format!(
                     "action {} is disabled by configuration",
                     winner.action
@@ -703,27 +722,21 @@ fn plan_round(d: &mut Draft, observations: &Observations) {
             );
             continue;
         }
-        match d.next_step(&winner) {
+        match d.next_step(winner) {
             Some(kind) => specs.push(JobSpec {
                 event: winner.id,
-                node: node.clone(),
+                node: node.to_string(),
                 kind,
                 command: winner.command.clone(),
             }),
             // Nothing to run (a live repair without a command): ready for the operator now.
             None if d.jobs_of(&winner.id).is_empty() => {
-                d.finalize(&winner, RepairStatus::Completed, None)
+                d.finalize(winner, RepairStatus::Completed, None)
             }
             None => {}
         }
     }
-    admit_evacuations(d, &mut specs);
-    if !specs.is_empty() {
-        d.out.push(Action::StartRound {
-            round: d.state.last_round + 1,
-            jobs: specs,
-        });
-    }
+    Some(specs)
 }
 
 /// With capacity facts, keeps only the drains that `capacity::admit` lets through together; the
@@ -733,13 +746,13 @@ fn admit_evacuations(d: &mut Draft, specs: &mut Vec<JobSpec>) {
         return;
     };
     let by_id: HashMap<Uuid, &Event> = d.events.iter().map(|e| (e.id, e)).collect();
-    let mut drains: Vec<(Event, bool)> = specs
+    let mut drains: Vec<(&Event, bool)> = specs
         .iter()
         .filter(|s| matches!(s.kind, JobKind::Evacuate | JobKind::EvacuateFailover))
         .filter_map(|s| {
             by_id
                 .get(&s.event)
-                .map(|e| ((*e).clone(), s.kind == JobKind::Evacuate))
+                .map(|e| (*e, s.kind == JobKind::Evacuate))
         })
         .collect();
     if drains.is_empty() {
@@ -760,18 +773,20 @@ fn admit_evacuations(d: &mut Draft, specs: &mut Vec<JobSpec>) {
         .collect();
     let verdict = capacity::admit(&cap.snapshot, &candidates, cap.max_disruptions);
     // One drain per node at most (rounds never take a node twice).
-    let by_node: HashMap<&str, &Event> = drains.iter().map(|(e, _)| (e.node.as_str(), e)).collect();
+    let by_node: HashMap<&str, &Event> =
+        drains.iter().map(|(e, _)| (e.node.as_str(), *e)).collect();
     let mut waiting = HashSet::new();
     let mut notes = Vec::new();
     for (node, why) in &verdict.waiting {
         if let Some(e) = by_node.get(node.as_str()) {
             waiting.insert(e.id);
-            notes.push(((*e).clone(), format!("waiting to drain: {why}")));
+            let note = Some(format!("waiting to drain: {why}"));
+            if e.note != note {
+                notes.push(Action::Note { event: e.id, note });
+            }
         }
     }
-    for (e, why) in notes {
-        d.note(&e, Some(why));
-    }
+    d.out.extend(notes);
     specs.retain(|s| !waiting.contains(&s.event));
 }
 
@@ -779,7 +794,7 @@ fn admit_evacuations(d: &mut Draft, specs: &mut Vec<JobSpec>) {
 /// acknowledged evacuation instead.
 fn node_block(
     d: &mut Draft,
-    evs: &[Event],
+    evs: &[&Event],
     observations: &Observations,
     active: &[&Event],
     specs: &mut Vec<JobSpec>,
