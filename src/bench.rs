@@ -11,9 +11,11 @@ use prometheus_client::registry::Registry;
 
 use crate::collector::{Collector, diagnose};
 use crate::config::CollectorConfig;
+use crate::config::NodeConfig;
 use crate::core::{Observation, Policy, decide};
 use crate::daemon::metrics::Metrics;
-use crate::daemon::poller::{Poller, Target};
+use crate::daemon::nodes::Members;
+use crate::daemon::poller::Poller;
 use crate::report::{Key, Verdict, VerifyRules};
 use crate::store::Store;
 
@@ -118,20 +120,22 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let ports: Vec<u16> = serde_json::from_str(&line)
             .map_err(|e| format!("simulated collectors did not start: {e}: {line:?}"))?;
-        let targets = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Target {
-                name: format!("sim{i}"),
-                url: format!("http://127.0.0.1:{p}/1/report/diagnose"),
-            })
-            .collect();
+        let members = Arc::new(Members::new(
+            ports
+                .iter()
+                .enumerate()
+                .map(|(i, p)| NodeConfig {
+                    name: format!("sim{i}"),
+                    collector: format!("127.0.0.1:{p}"),
+                })
+                .collect(),
+        ));
         let store = Arc::new(
             Store::open(&dir.path().join(format!("bench-{n}.db"))).map_err(|e| e.to_string())?,
         );
         let metrics = Metrics::register(&mut Registry::default());
-        let poller = Poller::with_targets(
-            targets,
+        let poller = Poller::with_members(
+            members,
             key.clone(),
             VerifyRules {
                 window_s: 30,

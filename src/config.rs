@@ -137,6 +137,17 @@ pub struct NodeConfig {
     pub collector: String,
 }
 
+impl NodeConfig {
+    /// `http://host:port<path>` of the node's collector (the address is validated on load and on
+    /// discovery).
+    pub fn collector_url(&self, path: &str) -> String {
+        format!(
+            "http://{}{path}",
+            collector_address(&self.collector).unwrap_or_default()
+        )
+    }
+}
+
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {

@@ -220,11 +220,15 @@ async fn nodes_come_from_the_selector_with_internal_ip_or_an_annotation() {
         w.add_node("a", "10.0.0.1");
         w.add_node("b", "10.0.0.2");
         w.add_node("c", "10.0.0.3");
-        for n in ["a", "b"] {
+        w.add_node("d", "10.0.0.4");
+        for n in ["a", "b", "d"] {
             w.nodes.get_mut(n).unwrap()["metadata"]["labels"]["maintd.io/managed"] = json!("yes");
         }
         w.nodes.get_mut("b").unwrap()["metadata"]["annotations"] =
             json!({"maintd.io/collector": "127.0.0.1:9999"});
+        // A malformed annotation leaves the node out rather than polled at a bad address.
+        w.nodes.get_mut("d").unwrap()["metadata"]["annotations"] =
+            json!({"maintd.io/collector": "http://10.0.0.4/x"});
     }
     let k = KubeCluster::with_url(
         &url,
@@ -750,4 +754,27 @@ timeout = "20s"
     for r in ["MaintdFence", "MaintdFenceRelease", "MaintdFenceRecovered"] {
         assert!(reasons.contains(&r), "{reasons:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_joins_later_is_polled_and_repaired_without_a_restart() {
+    let (mut c, _url, w) = kube_cluster(2, "").await;
+    let node2 = w.lock().unwrap().nodes.remove("node2").unwrap();
+    c.set_verdict(
+        "node2",
+        r#"{"status":"live-repair","command":"fix","details":{"fan":1}}"#,
+    );
+    c.start_collectors();
+    start_kube_daemon(&mut c);
+    c.wait_api().await;
+    common::wait_for("node1 to be polled", || async {
+        (c.node("node1").await["reachable"] == true).then_some(())
+    })
+    .await;
+    assert!(c.status().await.is_empty(), "node2 is not managed yet");
+    // The node joins the cluster: discovered, polled, and its live repair runs on its collector.
+    w.lock().unwrap().nodes.insert("node2".into(), node2);
+    let e = c.wait_status("node2", "completed").await;
+    assert_eq!(e["jobs"][0]["status"], "succeeded", "{e}");
+    assert!(c.path("repair-input-node2.json").exists());
 }

@@ -313,10 +313,14 @@ impl KubeCluster {
                 .find(|a| a.type_ == "InternalIP")
                 .map(|a| format!("{}:{}", a.address, crate::config::COLLECTOR_PORT))
         });
-        Some(NodeConfig {
-            name,
-            collector: annotated.or(ip)?,
-        })
+        let collector = annotated.or(ip)?;
+        // An annotation is operator input: a bad one leaves the node unmanaged, said loudly,
+        // rather than polled at an empty address.
+        if let Err(e) = crate::config::collector_address(&collector) {
+            tracing::warn!(node = %name, error = %e, "node skipped: bad collector address");
+            return None;
+        }
+        Some(NodeConfig { name, collector })
     }
 
     fn lease_api(&self) -> Api<k8s_openapi::api::coordination::v1::Lease> {

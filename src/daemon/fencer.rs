@@ -12,7 +12,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
 use crate::cluster::Cluster;
-use crate::config::{Config, collector_address};
+use crate::config::Config;
 use crate::core::fence::{
     FenceAction, FencePolicy, FenceState, Liveness, PlanSummary, StageLimits, Step, decide_fencing,
 };
@@ -65,21 +65,6 @@ pub fn summarize(plan: &FencePlan) -> PlanSummary {
     }
 }
 
-fn probe_targets(nodes: &[crate::config::NodeConfig]) -> Vec<(String, String)> {
-    nodes
-        .iter()
-        .map(|n| {
-            (
-                n.name.clone(),
-                format!(
-                    "http://{}/",
-                    collector_address(&n.collector).unwrap_or_default()
-                ),
-            )
-        })
-        .collect()
-}
-
 pub struct Fencer<C: Cluster> {
     pub store: Arc<Store>,
     pub cluster: Arc<C>,
@@ -90,8 +75,8 @@ pub struct Fencer<C: Cluster> {
     pub metrics: Metrics,
     interval: Duration,
     client: reqwest::Client,
-    /// Liveness probe targets: node -> URL (replaced when membership changes).
-    targets: std::sync::RwLock<Arc<Vec<(String, String)>>>,
+    /// The nodes whose collectors are probed.
+    members: Arc<super::nodes::Members>,
     /// Node-condition rules that hand nodes to the fencer (Kubernetes).
     pub watch: Option<Arc<super::nodes::NodeWatch>>,
     pub leadership: Arc<super::leader::Leadership>,
@@ -112,6 +97,7 @@ impl<C: Cluster> Fencer<C> {
         runner: Arc<dyn AgentRunner>,
         metrics: Metrics,
         leadership: Arc<super::leader::Leadership>,
+        members: Arc<super::nodes::Members>,
     ) -> Fencer<C> {
         let f = &cfg.fencing;
         Fencer {
@@ -136,7 +122,7 @@ impl<C: Cluster> Fencer<C> {
                 .connect_timeout(f.liveness_timeout)
                 .build()
                 .expect("a plain HTTP client always builds"),
-            targets: std::sync::RwLock::new(Arc::new(probe_targets(&cfg.nodes))),
+            members,
             watch: None,
             leadership,
             seen: Mutex::new(BTreeMap::new()),
@@ -172,20 +158,14 @@ impl<C: Cluster> Fencer<C> {
         info!("fencer stopped");
     }
 
-    pub fn set_members(&self, nodes: &[crate::config::NodeConfig]) {
-        *self.targets.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(probe_targets(nodes));
-    }
-
-    fn targets(&self) -> Arc<Vec<(String, String)>> {
-        self.targets
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
     async fn probe(&self) {
         let now = now_ns();
-        let targets = self.targets();
+        let targets: Vec<(String, String)> = self
+            .members
+            .get()
+            .iter()
+            .map(|n| (n.name.clone(), n.collector_url("/")))
+            .collect();
         let targets = &targets;
         let answers: Vec<(String, bool)> = futures::stream::iter(0..targets.len())
             .map(|i| async move {
@@ -230,9 +210,11 @@ impl<C: Cluster> Fencer<C> {
             .map(|e| e.fence)
             .unwrap_or_default();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        self.targets()
+        self.members
+            .get()
             .iter()
-            .map(|(n, _)| {
+            .map(|n| &n.name)
+            .map(|n| {
                 // Not probed yet: assume reachable, so nothing is fenced on start-up alone.
                 let probed = seen.get(n).copied().unwrap_or((true, None));
                 (

@@ -1,14 +1,13 @@
 //! Live-repair jobs: a signed, idempotent request to the node's collector, then polling for the
 //! result. A restarted daemon sends the same request again and gets the existing run back.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::debug;
 
 use crate::collector::{RepairRequest, RepairState, RepairStatus};
-use crate::config::{Config, collector_address};
+use crate::config::Config;
 use crate::core::{Event, Job};
 use crate::http::{error_message, read_capped, send_signed};
 use crate::jobrunner::Outcome;
@@ -21,7 +20,7 @@ const MARGIN: Duration = Duration::from_secs(30);
 pub struct LiveRepairs {
     client: reqwest::Client,
     key: Key,
-    bases: HashMap<String, String>,
+    members: std::sync::Arc<super::nodes::Members>,
     timeout: Duration,
 }
 
@@ -33,26 +32,18 @@ enum Step {
 }
 
 impl LiveRepairs {
-    pub fn new(key: Key, cfg: &Config) -> LiveRepairs {
+    pub fn new(
+        key: Key,
+        cfg: &Config,
+        members: std::sync::Arc<super::nodes::Members>,
+    ) -> LiveRepairs {
         LiveRepairs {
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()
                 .expect("a plain HTTP client always builds"),
             key,
-            bases: cfg
-                .nodes
-                .iter()
-                .map(|n| {
-                    (
-                        n.name.clone(),
-                        format!(
-                            "http://{}",
-                            collector_address(&n.collector).unwrap_or_default()
-                        ),
-                    )
-                })
-                .collect(),
+            members,
             timeout: cfg.daemon.live_repair_timeout + MARGIN,
         }
     }
@@ -91,9 +82,10 @@ impl LiveRepairs {
     }
 
     pub async fn run(&self, job: &Job, event: &Event) -> Outcome {
-        let Some(base) = self.bases.get(&job.node) else {
+        let Some(base) = self.members.find(&job.node).map(|n| n.collector_url("")) else {
             return Outcome::failed(format!("node {} has no collector address", job.node));
         };
+        let base = &base;
         let Some(command) = job.command.clone() else {
             return Outcome::failed("live-repair job without a command");
         };

@@ -123,12 +123,19 @@ async fn run_with<C: Cluster>(
     let fence_wake = Arc::new(Notify::new());
     leadership.wake = vec![wake.clone(), fence_wake.clone()];
     let leadership = Arc::new(leadership);
+    let members = Arc::new(nodes::Members::new(cfg.nodes.clone()));
     let cfg = Arc::new(cfg);
     let engine = Arc::new(engine::Engine {
         store: store.clone(),
         cluster: cluster.clone(),
-        poller: poller::Poller::new(&cfg, key.clone(), store.clone(), metrics.clone())?,
-        repairs: live_repair::LiveRepairs::new(key.clone(), &cfg),
+        poller: poller::Poller::new(
+            &cfg,
+            members.clone(),
+            key.clone(),
+            store.clone(),
+            metrics.clone(),
+        )?,
+        repairs: live_repair::LiveRepairs::new(key.clone(), &cfg, members.clone()),
         policy: Policy {
             live_repair: cfg.actions.live_repair,
             evacuate: cfg.actions.evacuate,
@@ -153,6 +160,7 @@ async fn run_with<C: Cluster>(
             }),
             engine.metrics.clone(),
             leadership.clone(),
+            members.clone(),
         );
         f.wake = fence_wake.clone();
         f.watch = watch.clone();
@@ -187,17 +195,11 @@ async fn run_with<C: Cluster>(
         )
     });
     let watch_task = watch.map(|w| {
-        let (poller_engine, fencer) = (engine.clone(), fencer.clone());
         tokio::spawn(
             w.run(
                 cluster,
                 cfg.kubernetes.node_interval,
-                move |m| {
-                    poller_engine.poller.set_members(m);
-                    if let Some(f) = &fencer {
-                        f.set_members(m);
-                    }
-                },
+                members,
                 stop(stop_rx.clone()),
             )
             .instrument(info_span!("nodes")),

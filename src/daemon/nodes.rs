@@ -1,8 +1,8 @@
-//! Node discovery and node conditions (Kubernetes): reads the node list every `node-interval`,
-//! keeps the managed set current for the poller and the fencer, and evaluates the condition
-//! rules for the engine (repair events) and the fencer (fence sources).
+//! The managed nodes, and their discovery and conditions on Kubernetes: reads the node list every
+//! `node-interval`, keeps the one membership the poller, the fencer and live repairs read, and
+//! evaluates the condition rules for the engine (repair events) and the fencer (fence sources).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -12,6 +12,27 @@ use crate::cluster::{Cluster, NodeFacts};
 use crate::config::NodeConfig;
 use crate::core::Nanos;
 use crate::core::conditions::{Evaluation, Rule, evaluate};
+
+/// The managed nodes, replaced as a whole when discovery sees a change.
+pub struct Members(RwLock<Arc<Vec<NodeConfig>>>);
+
+impl Members {
+    pub fn new(nodes: Vec<NodeConfig>) -> Members {
+        Members(RwLock::new(Arc::new(nodes)))
+    }
+
+    pub fn get(&self) -> Arc<Vec<NodeConfig>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, nodes: Vec<NodeConfig>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(nodes);
+    }
+
+    pub fn find(&self, node: &str) -> Option<NodeConfig> {
+        self.get().iter().find(|n| n.name == node).cloned()
+    }
+}
 
 pub struct NodeWatch {
     rules: Vec<Rule>,
@@ -47,12 +68,12 @@ impl NodeWatch {
         members
     }
 
-    /// Lists the nodes every `interval` until `shutdown`; `on_members` gets each new membership.
+    /// Lists the nodes every `interval` until `shutdown`, updating `members` on each change.
     pub async fn run<C: Cluster>(
         self: Arc<Self>,
         cluster: Arc<C>,
         interval: Duration,
-        on_members: impl Fn(&[NodeConfig]) + Send,
+        members: Arc<Members>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         let mut tick = tokio::time::interval(interval);
@@ -68,7 +89,7 @@ impl NodeWatch {
                 Ok(Some(facts)) => {
                     if let Some(m) = self.update(facts) {
                         info!(nodes = m.len(), "managed nodes changed");
-                        on_members(&m);
+                        members.set(m);
                     }
                 }
                 Ok(None) => break,

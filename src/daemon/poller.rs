@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tracing::{debug, warn};
 
-use crate::config::{Config, collector_address};
+use crate::config::Config;
 use crate::core::{Observation, Observations};
 use crate::http::{BodyError, read_capped};
 use crate::report::{Envelope, Key, ReportError, VerifyRules, canonical_json, now_ns};
 use crate::store::{NodeUpdate, Store, StoreError};
 
 use super::metrics::{Metrics, ReasonLabel};
+use super::nodes::Members;
 
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -22,24 +23,10 @@ pub struct Target {
     pub url: String,
 }
 
-impl Target {
-    pub fn of(n: &crate::config::NodeConfig) -> Target {
-        Target {
-            name: n.name.clone(),
-            // Validated at config load or discovery.
-            url: format!(
-                "http://{}/1/report/diagnose",
-                collector_address(&n.collector).unwrap_or_default()
-            ),
-        }
-    }
-}
-
 pub struct Poller {
     client: reqwest::Client,
     key: Key,
-    /// Replaced as a whole when the backend's membership changes (node discovery).
-    targets: std::sync::RwLock<Arc<Vec<Target>>>,
+    members: Arc<Members>,
     rules: VerifyRules,
     concurrency: usize,
     seqs: Mutex<HashMap<String, u64>>,
@@ -70,13 +57,13 @@ fn rejection_label(e: &ReportError) -> &'static str {
 impl Poller {
     pub fn new(
         cfg: &Config,
+        members: Arc<Members>,
         key: Key,
         store: Arc<Store>,
         metrics: Metrics,
     ) -> Result<Poller, StoreError> {
-        let targets = cfg.nodes.iter().map(Target::of).collect();
-        Poller::with_targets(
-            targets,
+        Poller::with_members(
+            members,
             key,
             VerifyRules {
                 window_s: cfg.daemon.report_window.as_secs(),
@@ -89,8 +76,8 @@ impl Poller {
         )
     }
 
-    pub fn with_targets(
-        targets: Vec<Target>,
+    pub fn with_members(
+        members: Arc<Members>,
         key: Key,
         rules: VerifyRules,
         concurrency: usize,
@@ -108,7 +95,7 @@ impl Poller {
         Ok(Poller {
             client,
             key,
-            targets: std::sync::RwLock::new(Arc::new(targets)),
+            members,
             rules,
             concurrency,
             seqs: Mutex::new(seqs),
@@ -117,19 +104,18 @@ impl Poller {
         })
     }
 
-    pub fn set_members(&self, nodes: &[crate::config::NodeConfig]) {
-        *self.targets.write().unwrap_or_else(|p| p.into_inner()) =
-            Arc::new(nodes.iter().map(Target::of).collect());
-    }
-
     /// Polls every node once, records what it learned, and returns the observations.
     pub async fn poll_all(&self) -> Observations {
         let start = Instant::now();
-        let targets = self
-            .targets
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let targets: Vec<Target> = self
+            .members
+            .get()
+            .iter()
+            .map(|n| Target {
+                name: n.name.clone(),
+                url: n.collector_url("/1/report/diagnose"),
+            })
+            .collect();
         let targets = &targets;
         // Indices, not references, keep the stream's futures free of higher-ranked lifetimes.
         let results: Vec<(String, Polled)> = futures::stream::iter(0..targets.len())
