@@ -850,30 +850,40 @@ impl Store {
     }
 }
 
+/// The events a checkpoint keeps: every live one, those with a running job, and the 100 most
+/// recently cleared (for the status history).
+macro_rules! kept_events {
+    () => {
+        "SELECT id FROM events WHERE cleared_ns IS NULL
+           OR id IN (SELECT event_id FROM jobs WHERE status = 'running')
+           OR id IN (SELECT id FROM events WHERE cleared_ns IS NOT NULL
+                     ORDER BY cleared_ns DESC LIMIT 100)"
+    };
+}
+
 /// Tables a checkpoint carries, in insertion order (rounds and events before the jobs that
 /// reference them), with the rows each keeps.
 const CHECKPOINT: &[(&str, &str)] = &[
     (
         "events",
-        "SELECT * FROM events WHERE cleared_ns IS NULL
-           OR id IN (SELECT event_id FROM jobs WHERE status = 'running')
-           OR id IN (SELECT id FROM events WHERE cleared_ns IS NOT NULL
-                     ORDER BY cleared_ns DESC LIMIT 100)",
+        concat!("SELECT * FROM events WHERE id IN (", kept_events!(), ")"),
     ),
     (
         "rounds",
-        "SELECT * FROM rounds WHERE id = (SELECT MAX(id) FROM rounds)
-           OR id IN (SELECT round FROM jobs WHERE event_id IN (SELECT id FROM events
-             WHERE cleared_ns IS NULL OR id IN (SELECT event_id FROM jobs WHERE status = 'running')
-             OR id IN (SELECT id FROM events WHERE cleared_ns IS NOT NULL
-                       ORDER BY cleared_ns DESC LIMIT 100)))",
+        concat!(
+            "SELECT * FROM rounds WHERE id = (SELECT MAX(id) FROM rounds)
+               OR id IN (SELECT round FROM jobs WHERE event_id IN (",
+            kept_events!(),
+            "))"
+        ),
     ),
     (
         "jobs",
-        "SELECT * FROM jobs WHERE event_id IN (SELECT id FROM events
-           WHERE cleared_ns IS NULL OR id IN (SELECT event_id FROM jobs WHERE status = 'running')
-           OR id IN (SELECT id FROM events WHERE cleared_ns IS NOT NULL
-                     ORDER BY cleared_ns DESC LIMIT 100))",
+        concat!(
+            "SELECT * FROM jobs WHERE event_id IN (",
+            kept_events!(),
+            ")"
+        ),
     ),
     (
         "fences",
@@ -1052,6 +1062,53 @@ mod tests {
             .pragma_query_value(None, "journal_mode", |r| r.get(0))
             .unwrap();
         assert_eq!(journal, "wal");
+    }
+
+    #[test]
+    fn a_checkpoint_carries_the_decision_state_and_a_bad_one_changes_nothing() {
+        let leader = Store::open_in_memory().unwrap();
+        tick(
+            &leader,
+            &obs("n1", r#"{"status":"evacuate","details":{"x":[1,2.5]}}"#),
+            100,
+        );
+        let text = leader.export_checkpoint().unwrap();
+        let standby = Store::open_in_memory().unwrap();
+        standby.import_checkpoint(&text).unwrap();
+        let (a, b) = (
+            leader.events_with_jobs().unwrap(),
+            standby.events_with_jobs().unwrap(),
+        );
+        assert_eq!(a, b);
+        let state = standby
+            .load_state(Policy::default(), BTreeMap::new())
+            .unwrap();
+        assert_eq!(state.round_running, Some(1), "the running job came along");
+        // Importing again replaces rather than duplicates.
+        standby.import_checkpoint(&text).unwrap();
+        assert_eq!(standby.events_with_jobs().unwrap().len(), 1);
+
+        let mut wrong_column: serde_json::Value = serde_json::from_str(&text).unwrap();
+        wrong_column["jobs"]["columns"][0] = "id; DROP TABLE jobs".into();
+        let mut short_row: serde_json::Value = serde_json::from_str(&text).unwrap();
+        short_row["jobs"]["rows"][0].as_array_mut().unwrap().pop();
+        let mut odd_value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        odd_value["events"]["rows"][0][0] = serde_json::json!([1]);
+        for (bad, why) in [
+            ("{".to_string(), "not JSON"),
+            (wrong_column.to_string(), "jobs has no column"),
+            (short_row.to_string(), "does not match its columns"),
+            (odd_value.to_string(), "unexpected value"),
+            (r#"{"schema": 99}"#.to_string(), "newer than this maintd"),
+        ] {
+            let err = standby.import_checkpoint(&bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{why}: {err}");
+            assert_eq!(
+                standby.events_with_jobs().unwrap(),
+                b,
+                "state kept after {why}"
+            );
+        }
     }
 
     #[test]
