@@ -323,11 +323,12 @@ impl KubeCluster {
         Some(NodeConfig { name, collector })
     }
 
-    fn lease_api(&self) -> Api<k8s_openapi::api::coordination::v1::Lease> {
-        Api::namespaced(self.client.clone(), &self.cfg.leader_election.namespace())
-    }
-
-    fn configmap_api(&self) -> Api<ConfigMap> {
+    /// The Lease and the state ConfigMap live in the leader-election namespace.
+    fn election_api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
         Api::namespaced(self.client.clone(), &self.cfg.leader_election.namespace())
     }
 
@@ -720,7 +721,7 @@ impl Cluster for KubeCluster {
 impl Coordination for KubeCluster {
     async fn get_lease(&self) -> Result<Option<LeaseRecord>, ClusterError> {
         let Some(l) = self
-            .lease_api()
+            .election_api::<Lease>()
             .get_opt(&self.cfg.leader_election.lease_name)
             .await?
         else {
@@ -755,9 +756,13 @@ impl Coordination for KubeCluster {
             }),
         };
         let r = match &lease.version {
-            None => self.lease_api().create(&PostParams::default(), &l).await,
+            None => {
+                self.election_api::<Lease>()
+                    .create(&PostParams::default(), &l)
+                    .await
+            }
             Some(_) => {
-                self.lease_api()
+                self.election_api::<Lease>()
                     .replace(name, &PostParams::default(), &l)
                     .await
             }
@@ -772,7 +777,7 @@ impl Coordination for KubeCluster {
 
     async fn get_state(&self) -> Result<Option<(String, String)>, ClusterError> {
         let name = &self.cfg.leader_election.state_configmap;
-        let Some(cm) = self.configmap_api().get_opt(name).await? else {
+        let Some(cm) = self.election_api::<ConfigMap>().get_opt(name).await? else {
             return Ok(None);
         };
         let data = cm
@@ -807,12 +812,12 @@ impl Coordination for KubeCluster {
         };
         let r = match version {
             None => {
-                self.configmap_api()
+                self.election_api::<ConfigMap>()
                     .create(&PostParams::default(), &cm)
                     .await
             }
             Some(_) => {
-                self.configmap_api()
+                self.election_api::<ConfigMap>()
                     .replace(name, &PostParams::default(), &cm)
                     .await
             }

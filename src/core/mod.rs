@@ -537,19 +537,18 @@ fn observe(d: &mut Draft, observations: &Observations, now: Nanos) {
     for (i, e) in events.iter().enumerate() {
         by_node.entry(e.node.as_str()).or_default().push(i);
     }
-    let mut nodes: BTreeSet<String> = observations.reports.keys().cloned().collect();
+    let mut nodes: BTreeSet<&str> = observations.reports.keys().map(String::as_str).collect();
     if let Some(c) = &observations.conditions {
-        nodes.extend(c.keys().cloned());
+        nodes.extend(c.keys().map(String::as_str));
         nodes.extend(
             events
                 .iter()
                 .filter(|e| e.from_condition())
-                .map(|e| e.node.clone()),
+                .map(|e| e.node.as_str()),
         );
     }
     let mut created = Vec::new();
-    for node in &nodes {
-        let node = node.as_str();
+    for node in nodes {
         let report = observations.report(node);
         let conditions = observations.conditions_of(node);
         let mine: Vec<&Event> = by_node

@@ -49,18 +49,18 @@ impl<C: Cluster> Engine<C> {
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         let mut tick = tokio::time::interval(self.poll_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut obs = Arc::new(Observations::new());
+        let mut obs = Observations::new();
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
                 _ = tick.tick() => {
-                    obs = Arc::new(self.poller.poll_all().instrument(info_span!("poll")).await);
+                    obs = self.poller.poll_all().instrument(info_span!("poll")).await;
                 }
                 _ = self.wake.notified() => {}
             }
-            self.tick(obs.clone()).await;
+            self.tick(&mut obs).await;
         }
         info!("engine stopped");
     }
@@ -85,7 +85,9 @@ impl<C: Cluster> Engine<C> {
     }
 
     /// One decision: rebuild the state, decide, execute (the leader) or count (a standby).
-    pub async fn tick(self: &Arc<Self>, obs: Arc<Observations>) {
+    /// The reports come from the last poll; the conditions are evaluated now, in place, since
+    /// escalation depends on the time.
+    pub async fn tick(self: &Arc<Self>, obs: &mut Observations) {
         self.metrics.leader.set(self.leadership.is_leader() as i64);
         self.resume();
         let tags = match self.cluster.tags().await {
@@ -103,15 +105,11 @@ impl<C: Cluster> Engine<C> {
             }
         };
         let now = now_ns();
-        let obs = match &self.watch {
-            Some(w) => {
-                let mut o = (*obs).clone();
-                o.conditions = w.evaluate(now).map(|e| e.verdicts);
-                Arc::new(o)
-            }
-            None => obs,
-        };
-        let mut actions = decide(&state, &obs, now);
+        if let Some(w) = &self.watch {
+            obs.conditions = w.evaluate(now).map(|e| e.verdicts);
+        }
+        let obs = &*obs;
+        let mut actions = decide(&state, obs, now);
         if drains(&actions) {
             // Only a round that drains needs the (large) pod and PDB lists.
             match self.cluster.capacity().await {
@@ -120,7 +118,7 @@ impl<C: Cluster> Engine<C> {
                         snapshot,
                         max_disruptions: self.max_disruptions,
                     });
-                    actions = decide(&state, &obs, now);
+                    actions = decide(&state, obs, now);
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -129,7 +127,6 @@ impl<C: Cluster> Engine<C> {
                 }
             }
         }
-        drop(obs);
         if !self.leadership.is_leader() {
             // A standby decides as the leader would, to be ready, and acts on nothing.
             self.metrics.standby_dropped.inc_by(actions.len() as u64);

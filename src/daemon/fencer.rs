@@ -277,19 +277,7 @@ impl<C: Cluster> Fencer<C> {
         });
         let mut storm = false;
         let mut moved = false;
-        for a in records.into_iter().chain(effects) {
-            if matches!(
-                a,
-                FenceAction::RunStep { .. }
-                    | FenceAction::Release { .. }
-                    | FenceAction::Reclaim { .. }
-                    | FenceAction::TagFailed { .. }
-            ) && let Err(e) = self.leadership.checkpoint().await
-            {
-                self.leadership
-                    .abdicate(format!("fence effect not shared: {e}"));
-                return;
-            }
+        for a in records {
             moved |= matches!(a, FenceAction::Save(_) | FenceAction::Start(_));
             match a {
                 FenceAction::Storm { unreachable, total } => {
@@ -306,13 +294,23 @@ impl<C: Cluster> Fencer<C> {
                 other => self.execute(other).await,
             }
         }
+        if !effects.is_empty()
+            && let Err(e) = self.leadership.checkpoint().await
+        {
+            self.leadership
+                .abdicate(format!("fence effect not shared: {e}"));
+            return;
+        }
+        for a in effects {
+            self.execute(a).await;
+        }
         if !storm {
             *self.storm.lock().unwrap_or_else(|p| p.into_inner()) = false;
         }
-        if moved && let Err(e) = self.leadership.checkpoint().await {
-            warn!(error = %e, "state checkpoint failed; retried on the next change");
-        }
         if moved {
+            if let Err(e) = self.leadership.checkpoint().await {
+                warn!(error = %e, "state checkpoint failed; retried on the next change");
+            }
             // A transition may make the next one due at once (isolated -> power off): decide
             // again now rather than a liveness interval later. Each save moves a flow forward,
             // so this settles.

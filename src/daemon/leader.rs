@@ -50,10 +50,8 @@ pub fn lease_step(
     match &l.holder {
         Some(h) if h == me => LeaseStep::Renew,
         Some(h) if unchanged_for < lease_duration => LeaseStep::Follow { holder: h.clone() },
-        Some(_) => LeaseStep::Acquire {
-            transitions: l.transitions + 1,
-        },
-        None => LeaseStep::Acquire {
+        // Released, or its holder stopped renewing.
+        _ => LeaseStep::Acquire {
             transitions: l.transitions + 1,
         },
     }
