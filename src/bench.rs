@@ -6,7 +6,7 @@ use std::io::{BufRead, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::sys::resource::{Resource, UsageWho, getrlimit, getrusage, setrlimit};
+use nix::sys::resource::{UsageWho, getrusage};
 use prometheus_client::registry::Registry;
 
 use crate::collector::{Collector, diagnose};
@@ -20,9 +20,7 @@ use crate::report::{Key, Verdict, VerifyRules};
 use crate::store::Store;
 
 fn raise_fd_limit() {
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
+    let _ = crate::http::listener::raise_fd_limit();
 }
 
 fn cpu_seconds() -> f64 {
@@ -49,8 +47,13 @@ pub async fn sim_collectors(count: usize) -> Result<(), String> {
     let key = Key::load(std::path::Path::new(&key_file)).map_err(|e| e.to_string())?;
     let ok = diagnose(&CollectorConfig::default()).await;
     let mut ports = Vec::with_capacity(count);
+    let state = tempfile::tempdir().map_err(|e| e.to_string())?;
     for i in 0..count {
-        let c = Collector::new(format!("sim{i}"), key.clone(), CollectorConfig::default());
+        let cfg = CollectorConfig {
+            state_dir: state.path().join(format!("sim{i}")),
+            ..CollectorConfig::default()
+        };
+        let c = Collector::new(format!("sim{i}"), key.clone(), cfg).map_err(|e| e.to_string())?;
         let mut d = ok.clone();
         if i % 10 == 0 {
             d.verdict = Verdict::parse_bytes(

@@ -63,6 +63,13 @@ pub enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Forget the last report sequence accepted from a node, so its collector's next report is
+    /// accepted again (after a collector's clock was far ahead, or its sequence was reset).
+    ResetSeq {
+        node: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// List or remove node tags (removing a maintd tag acknowledges the repair).
     Tags {
         #[command(subcommand)]
@@ -235,6 +242,15 @@ impl Cli {
     }
 }
 
+/// Raises the open-files limit to its hard limit (systemd's soft default of 1024 is too low for
+/// a listener's caps) and says what it is.
+fn log_fd_limit(what: &str) {
+    match crate::http::listener::raise_fd_limit() {
+        Ok(n) => tracing::info!(component = what, nofile = n, "open-files limit"),
+        Err(e) => tracing::warn!(component = what, error = %e, "cannot raise the open-files limit"),
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -283,7 +299,16 @@ async fn api_signed(
     let key = Key::load(&cfg.cluster.key_file)?;
     decode(
         url,
-        send_signed(&client(), &key, method, url, path, None).await,
+        send_signed(
+            &client(),
+            &key,
+            crate::report::DAEMON_TARGET,
+            method,
+            url,
+            path,
+            None,
+        )
+        .await,
     )
     .await
 }
@@ -384,10 +409,12 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
     match &cli.command {
         Command::Daemon(_) => {
             let cfg = cli.load_config()?;
+            log_fd_limit("daemon");
             crate::daemon::run(cfg, shutdown_signal()).await?;
         }
         Command::Collector(_) => {
             let cfg = cli.load_config()?;
+            log_fd_limit("collector");
             crate::collector::run(cfg, shutdown_signal()).await?;
         }
         Command::Status { json, api } => {
@@ -429,6 +456,22 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                     );
                 }
             }
+        }
+        Command::ResetSeq { node, api } => {
+            let cfg = cli.load_config()?;
+            let v = api_signed(
+                &cfg,
+                &api.url,
+                reqwest::Method::POST,
+                &format!("/1/nodes/{}/reset-seq", segment(node)),
+            )
+            .await?;
+            println!(
+                "node {node}: sequence state reset (was {})",
+                v["previous-seq"]
+                    .as_u64()
+                    .map_or("none".to_string(), |s| s.to_string())
+            );
         }
         Command::Cancel { id, api } => {
             let cfg = cli.load_config()?;

@@ -38,6 +38,86 @@ pub enum CollectorError {
     Listen(#[source] std::io::Error),
     #[error("collector server failed: {0}")]
     Serve(#[source] std::io::Error),
+    #[error("repair journal {path}: {source}")]
+    Journal {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The collector's record of live repairs on disk: one JSON file per job under
+/// `<state-dir>/repairs`, written before a repair runs and at each change of its state.
+struct Journal {
+    dir: std::path::PathBuf,
+}
+
+impl Journal {
+    fn open(state_dir: &std::path::Path) -> Result<Journal, CollectorError> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = state_dir.join("repairs");
+        let err = |source| CollectorError::Journal {
+            path: dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(err)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+        Ok(Journal { dir })
+    }
+
+    fn path(&self, job: &str) -> std::path::PathBuf {
+        self.dir.join(format!("{job}.json"))
+    }
+
+    fn load(&self) -> Result<BTreeMap<String, RepairStatus>, CollectorError> {
+        let err = |source| CollectorError::Journal {
+            path: self.dir.display().to_string(),
+            source,
+        };
+        let mut out = BTreeMap::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(err)? {
+            let path = entry.map_err(err)?.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let parsed = std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<RepairStatus>(&b).ok());
+            let Some(mut r) = parsed else {
+                warn!(file = %path.display(), "unreadable repair journal entry left aside");
+                let _ = std::fs::rename(&path, path.with_extension("bad"));
+                continue;
+            };
+            if r.state != RepairState::Done {
+                // It may have run in part: never run it again, and say why it did not finish.
+                r.error = Some(format!(
+                    "the collector restarted while this repair was {}; it was not run again",
+                    match r.state {
+                        RepairState::Queued => "queued",
+                        _ => "running",
+                    }
+                ));
+                r.state = RepairState::Done;
+                self.save(&r).map_err(err)?;
+            }
+            out.insert(r.job.clone(), r);
+        }
+        Ok(out)
+    }
+
+    fn save(&self, r: &RepairStatus) -> std::io::Result<()> {
+        use std::io::Write;
+        let path = self.path(&r.job);
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec(r).map_err(std::io::Error::other)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    }
+
+    fn remove(&self, job: &str) {
+        let _ = std::fs::remove_file(self.path(job));
+    }
 }
 
 /// The result of one diagnose run.
@@ -100,7 +180,27 @@ async fn diagnose_inner(cfg: &CollectorConfig) -> Result<Verdict, String> {
             exec::tail_chars(String::from_utf8_lossy(&out.stderr_tail).trim(), 512)
         ));
     }
-    Verdict::parse_bytes(&out.stdout).map_err(|e| format!("diagnose printed invalid output: {e}"))
+    let verdict = Verdict::parse_bytes(&out.stdout)
+        .map_err(|e| format!("diagnose printed invalid output: {e}"))?;
+    daemon_would_accept(&verdict)?;
+    Ok(verdict)
+}
+
+/// Refuses, as a diagnose error, a verdict the daemon would refuse: the collector runs the
+/// daemon's own verification on a report carrying it, so the two can never disagree on limits
+/// (nesting depth, size, numbers) and a genuine report is never rejected as forged.
+fn daemon_would_accept(verdict: &Verdict) -> Result<(), String> {
+    let key = Key::from_bytes(vec![0; 32]);
+    let now = now_ns();
+    let env = Envelope::new("self-check", 1, now, now, verdict, None).sign(&key);
+    let body = serde_json::to_vec(&env).map_err(|e| format!("report does not serialize: {e}"))?;
+    let rules = crate::report::VerifyRules {
+        window_s: 60,
+        max_bytes: crate::config::DaemonConfig::default().max_report_bytes,
+    };
+    Envelope::verify(&body, &key, "self-check", None, now, rules)
+        .map(|_| ())
+        .map_err(|e| format!("the daemon would refuse this diagnose output: {e}"))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -147,23 +247,36 @@ pub struct Collector {
     repair_seq: AtomicU64,
     /// One repair at a time per node.
     repair_slot: Semaphore,
+    journal: Journal,
+    replay: Arc<crate::http::ReplayCache>,
 }
 
 impl Collector {
-    pub fn new(node: String, key: Key, cfg: CollectorConfig) -> Arc<Collector> {
+    /// Opens the repair journal in `cfg.state-dir`; every repair it holds is known again, and
+    /// one that was queued or running when the collector stopped is marked failed, never re-run.
+    pub fn new(
+        node: String,
+        key: Key,
+        cfg: CollectorConfig,
+    ) -> Result<Arc<Collector>, CollectorError> {
         // Seeded from the clock so the sequence keeps increasing across restarts without a
         // state file; the daemon rejects any sequence not above the last one it accepted.
         let seed = (now_ns() / 1000).max(1) as u64;
-        Arc::new(Collector {
+        let journal = Journal::open(&cfg.state_dir)?;
+        let repairs = journal.load()?;
+        let next = repairs.values().map(|r| r.seq + 1).max().unwrap_or(0);
+        Ok(Arc::new(Collector {
             node,
             key,
             cfg,
             latest: RwLock::new(None),
             seq: AtomicU64::new(seed),
-            repairs: Mutex::new(BTreeMap::new()),
-            repair_seq: AtomicU64::new(0),
+            repairs: Mutex::new(repairs),
+            repair_seq: AtomicU64::new(next),
             repair_slot: Semaphore::new(1),
-        })
+            journal,
+            replay: Arc::new(crate::http::ReplayCache::default()),
+        }))
     }
 
     pub fn set_diagnosis(&self, d: Diagnosis) {
@@ -185,14 +298,29 @@ impl Collector {
     }
 
     pub fn router(self: &Arc<Self>) -> Router {
-        let auth = SignedAuth {
+        let auth = |max_body| SignedAuth {
             key: self.key.clone(),
+            target: self.node.clone(),
             window_s: self.cfg.request_window.as_secs(),
+            max_body,
+            body_timeout: self.cfg.limits.body_timeout,
+            replay: self.replay.clone(),
         };
+        // The request carries the event's diagnose JSON, which the diagnose cap bounds.
+        let repair_cap = self.cfg.diagnose_output_cap.saturating_mul(2) + 4096;
         let signed = Router::new()
-            .route("/1/repair", post(start_repair))
-            .route("/1/repair/{job}", get(repair_status))
-            .route_layer(middleware::from_fn_with_state(auth, require_signed))
+            .route(
+                "/1/repair",
+                post(start_repair).route_layer(middleware::from_fn_with_state(
+                    auth(repair_cap),
+                    require_signed,
+                )),
+            )
+            .route(
+                "/1/repair/{job}",
+                get(repair_status)
+                    .route_layer(middleware::from_fn_with_state(auth(0), require_signed)),
+            )
             .with_state(self.clone());
         Router::new()
             .route("/", get(|| async { Json(json!([1])) }))
@@ -248,13 +376,12 @@ impl Collector {
     }
 
     fn update(&self, job: &str, f: impl FnOnce(&mut RepairStatus)) {
-        if let Some(r) = self
-            .repairs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(job)
-        {
+        let mut repairs = self.repairs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = repairs.get_mut(job) {
             f(r);
+            if let Err(e) = self.journal.save(r) {
+                warn!(job = %job, error = %e, "cannot write the repair journal");
+            }
         }
     }
 }
@@ -293,6 +420,7 @@ async fn start_repair(State(c): State<Arc<Collector>>, body: Bytes) -> Result<Re
             .map(|r| r.job.clone())
     {
         repairs.remove(&oldest);
+        c.journal.remove(&oldest);
     }
     let status = RepairStatus {
         job: req.job.clone(),
@@ -304,6 +432,10 @@ async fn start_repair(State(c): State<Arc<Collector>>, body: Bytes) -> Result<Re
         output: String::new(),
         seq: c.repair_seq.fetch_add(1, Ordering::SeqCst),
     };
+    // On disk before it runs: a request re-sent after a restart finds it and runs nothing.
+    c.journal.save(&status).map_err(|e| {
+        ApiError::unavailable(format!("cannot record the repair in the journal: {e}"))
+    })?;
     repairs.insert(req.job.clone(), status.clone());
     drop(repairs);
     let span = info_span!("repair", job = %req.job);
@@ -335,8 +467,8 @@ pub async fn run(
     let listener = crate::http::bind(ccfg.listen)
         .await
         .map_err(CollectorError::Listen)?;
-    let collector = Collector::new(node.clone(), key, ccfg.clone());
-    info!(node = %node, listen = %ccfg.listen, diagnose = %ccfg.diagnose, "collector started");
+    let collector = Collector::new(node.clone(), key, ccfg.clone())?;
+    info!(node = %node, listen = %ccfg.listen, diagnose = %ccfg.diagnose, state_dir = %ccfg.state_dir.display(), "collector started");
 
     let c = collector.clone();
     let diag_loop = tokio::spawn(
@@ -354,10 +486,15 @@ pub async fn run(
         }
         .instrument(info_span!("diagnose")),
     );
-    let result = axum::serve(listener, collector.router())
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(CollectorError::Serve);
+    let result = crate::http::listener::serve(
+        listener,
+        collector.router(),
+        ccfg.limits,
+        Default::default(),
+        shutdown,
+    )
+    .await
+    .map_err(CollectorError::Serve);
     diag_loop.abort();
     // Let a running repair reach its end rather than abandon it half-way.
     let _ = tokio::time::timeout(Duration::from_secs(30), collector.repair_slot.acquire()).await;
@@ -375,6 +512,7 @@ mod tests {
 
     fn cfg(dir: &std::path::Path, name: &str) -> CollectorConfig {
         CollectorConfig {
+            state_dir: dir.join("state"),
             diagnose: name.into(),
             diagnose_dir: dir.into(),
             repair_dir: dir.into(),
@@ -423,7 +561,12 @@ mod tests {
     #[tokio::test]
     async fn reports_are_signed_with_increasing_sequence() {
         let key = Key::from_bytes(vec![1; 32]);
-        let c = Collector::new("n1".into(), key.clone(), CollectorConfig::default());
+        let state = tempfile::tempdir().unwrap();
+        let cfg = CollectorConfig {
+            state_dir: state.path().into(),
+            ..CollectorConfig::default()
+        };
+        let c = Collector::new("n1".into(), key.clone(), cfg).unwrap();
         let app = c.router();
         let get_report = || {
             app.clone().oneshot(
@@ -455,7 +598,8 @@ mod tests {
         let d = whitelist_dir();
         let marker = d.path().join("ran");
         script(d.path(), "fix", &format!("touch {}", marker.display()));
-        let c = Collector::new("n1".into(), Key::from_bytes(vec![1; 32]), cfg(d.path(), ""));
+        let c =
+            Collector::new("n1".into(), Key::from_bytes(vec![1; 32]), cfg(d.path(), "")).unwrap();
         let body = serde_json::to_vec(&json!({"job":"j1","event":"e","command":"fix","input":{}}))
             .unwrap();
         let resp = c

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::http::listener::ListenerLimits;
+
 pub const DEFAULT_CONFIG: &str = "/etc/maintd/maintd.toml";
 pub const DAEMON_PORT: u16 = 1816;
 pub const COLLECTOR_PORT: u16 = 1815;
@@ -76,6 +78,8 @@ pub struct DaemonConfig {
     /// How long the daemon waits for a live repair on a collector before failing the job.
     #[serde(with = "humantime_serde")]
     pub live_repair_timeout: Duration,
+    /// Connection caps and deadlines of the API listener.
+    pub limits: ListenerLimits,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -99,6 +103,11 @@ pub struct CollectorConfig {
     pub env: BTreeMap<String, String>,
     #[serde(with = "humantime_serde")]
     pub request_window: Duration,
+    /// Where the collector keeps the journal of live repairs, so a repair request is run once
+    /// even across restarts.
+    pub state_dir: PathBuf,
+    /// Connection caps and deadlines of the collector's listener.
+    pub limits: ListenerLimits,
 }
 
 /// Which actions the daemon may take. A disabled action is still noted, never executed.
@@ -173,6 +182,11 @@ impl Default for DaemonConfig {
             hook_timeout: Duration::from_secs(600),
             hook_env: BTreeMap::new(),
             live_repair_timeout: Duration::from_secs(600),
+            limits: ListenerLimits {
+                max_connections: 1024,
+                max_connections_per_ip: 256,
+                ..ListenerLimits::default()
+            },
         }
     }
 }
@@ -191,6 +205,8 @@ impl Default for CollectorConfig {
             repair_timeout: Duration::from_secs(600),
             env: BTreeMap::new(),
             request_window: Duration::from_secs(60),
+            state_dir: "/var/lib/maintd-collector".into(),
+            limits: ListenerLimits::default(),
         }
     }
 }
@@ -295,6 +311,14 @@ impl Config {
         }
         if let Err(e) = self.kubernetes.validate() {
             return bad(e);
+        }
+        for (what, l) in [
+            ("daemon.limits", &d.limits),
+            ("collector.limits", &self.collector.limits),
+        ] {
+            if let Err(e) = l.validate(what) {
+                return bad(e);
+            }
         }
         if d.poll_concurrency == 0 {
             return bad("daemon.poll-concurrency must be at least 1".into());

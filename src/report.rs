@@ -46,6 +46,8 @@ pub enum ReportError {
     WrongNode { signed: String, expected: String },
     #[error("report timestamp is {age_s:.1} s away from now (window {window_s} s)")]
     Stale { age_s: f64, window_s: u64 },
+    #[error("sequence {seq} is outside 1..=2^63-1")]
+    SeqRange { seq: u64 },
     #[error("sequence {seq} is not above the last accepted {last} (replay?)")]
     Replay { seq: u64, last: u64 },
 }
@@ -295,27 +297,57 @@ impl Key {
         }
     }
 
-    /// Signature of an HTTP request: method, path, timestamp and body.
-    pub fn sign_request(&self, method: &str, path: &str, timestamp_ns: i64, body: &[u8]) -> String {
-        let head = format!("{method}\n{path}\n{timestamp_ns}\n");
+    /// Signature of an HTTP request: the server it is meant for (a node's name, or
+    /// [`DAEMON_TARGET`]), method, path, timestamp and body. Binding the target keeps a request
+    /// captured on its way to one node from being valid at another.
+    pub fn sign_request(
+        &self,
+        target: &str,
+        method: &str,
+        path: &str,
+        timestamp_ns: i64,
+        body: &[u8],
+    ) -> String {
+        let head = request_head(target, method, path, timestamp_ns);
         self.sign(REQUEST_DOMAIN, &[head.as_bytes(), body])
     }
 
     pub fn verify_request(
         &self,
+        target: &str,
         method: &str,
         path: &str,
         timestamp_ns: i64,
         body: &[u8],
         sig_hex: &str,
     ) -> bool {
-        let head = format!("{method}\n{path}\n{timestamp_ns}\n");
+        let head = request_head(target, method, path, timestamp_ns);
         self.verify(REQUEST_DOMAIN, &[head.as_bytes(), body], sig_hex)
     }
 }
 
+/// The target name under which the daemon's API verifies signed requests.
+pub const DAEMON_TARGET: &str = "maintd-daemon";
+
+/// Lengths first, so no choice of fields can shift bytes from one field into the next.
+fn request_head(target: &str, method: &str, path: &str, timestamp_ns: i64) -> String {
+    format!(
+        "{}:{target}\n{}:{method}\n{}:{path}\n{timestamp_ns}\n",
+        target.len(),
+        method.len(),
+        path.len()
+    )
+}
+
+/// Distance between two timestamps in ns, without overflow whatever a client sent.
+pub fn age_ns(now_ns: i64, ts: i64) -> u64 {
+    now_ns.abs_diff(ts)
+}
+
 /// The parts of an HTTP request that its signature covers.
 pub struct SignedRequest<'a> {
+    /// Who verifies: this node's name, or [`DAEMON_TARGET`].
+    pub target: &'a str,
     pub method: &'a str,
     /// Path and query, exactly as sent.
     pub path: &'a str,
@@ -324,30 +356,52 @@ pub struct SignedRequest<'a> {
     pub body: &'a [u8],
 }
 
-/// Checks a signed request's headers; returns a message naming what was wrong.
-pub fn check_signed_request(
-    key: &Key,
-    req: &SignedRequest,
+/// Checks what can be checked of a signed request before its body is read: both headers are
+/// there, the signature is 64 hex digits, and the timestamp is within the window. Returns the
+/// timestamp.
+pub fn check_request_headers(
+    timestamp: Option<&str>,
+    signature: Option<&str>,
     now_ns: i64,
     window_s: u64,
-) -> Result<(), String> {
-    let (Some(ts), Some(sig)) = (req.timestamp, req.signature) else {
+) -> Result<i64, String> {
+    let (Some(ts), Some(sig)) = (timestamp, signature) else {
         return Err(format!(
             "request must be signed: send {TIMESTAMP_HEADER} and {SIGNATURE_HEADER} headers"
         ));
     };
+    if sig.len() != 64 || !sig.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "{SIGNATURE_HEADER} must be 64 hex digits (HMAC-SHA256)"
+        ));
+    }
     let ts: i64 = ts
         .parse()
         .map_err(|_| format!("{TIMESTAMP_HEADER} must be an integer of nanoseconds"))?;
-    let age = (now_ns - ts).unsigned_abs();
+    let age = age_ns(now_ns, ts);
     if age > window_s.saturating_mul(1_000_000_000) {
         return Err(format!(
             "request timestamp is {:.1} s away from now (window {window_s} s)",
             age as f64 / 1e9
         ));
     }
-    if !key.verify_request(req.method, req.path, ts, req.body, sig) {
-        return Err("request signature does not verify under the cluster key".into());
+    Ok(ts)
+}
+
+/// Checks a signed request's headers and signature; returns a message naming what was wrong.
+pub fn check_signed_request(
+    key: &Key,
+    req: &SignedRequest,
+    now_ns: i64,
+    window_s: u64,
+) -> Result<(), String> {
+    let ts = check_request_headers(req.timestamp, req.signature, now_ns, window_s)?;
+    let sig = req.signature.unwrap_or_default();
+    if !key.verify_request(req.target, req.method, req.path, ts, req.body, sig) {
+        return Err(format!(
+            "request signature does not verify under the cluster key for {:?}",
+            req.target
+        ));
     }
     Ok(())
 }
@@ -375,6 +429,9 @@ pub struct Envelope {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub signature: String,
 }
+
+/// Largest sequence number a report may carry: the store keeps sequences as SQLite integers.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
 
 /// Freshness and size rules the daemon applies to every report.
 #[derive(Debug, Clone, Copy)]
@@ -468,12 +525,15 @@ impl Envelope {
                 expected: expected_node.into(),
             });
         }
-        let age = (now_ns - env.timestamp).unsigned_abs();
+        let age = age_ns(now_ns, env.timestamp);
         if age > rules.window_s.saturating_mul(1_000_000_000) {
             return Err(ReportError::Stale {
                 age_s: age as f64 / 1e9,
                 window_s: rules.window_s,
             });
+        }
+        if env.seq == 0 || env.seq > MAX_SEQ {
+            return Err(ReportError::SeqRange { seq: env.seq });
         }
         if let Some(last) = last_seq
             && env.seq.cmp(&last) != Ordering::Greater
@@ -578,16 +638,21 @@ mod tests {
     }
 
     #[test]
-    fn request_signatures_bind_method_path_time_and_body() {
+    fn request_signatures_bind_target_method_path_time_and_body() {
         let k = key();
-        let sig = k.sign_request("POST", "/1/events/x/cancel", 10, b"{}");
-        assert!(k.verify_request("POST", "/1/events/x/cancel", 10, b"{}", &sig));
-        assert!(!k.verify_request("POST", "/1/events/y/cancel", 10, b"{}", &sig));
-        assert!(!k.verify_request("POST", "/1/events/x/cancel", 11, b"{}", &sig));
-        assert!(!k.verify_request("POST", "/1/events/x/cancel", 10, b"{1}", &sig));
+        let sig = k.sign_request("n1", "POST", "/1/events/x/cancel", 10, b"{}");
+        assert!(k.verify_request("n1", "POST", "/1/events/x/cancel", 10, b"{}", &sig));
+        assert!(!k.verify_request("n2", "POST", "/1/events/x/cancel", 10, b"{}", &sig));
+        assert!(!k.verify_request("n1", "POST", "/1/events/y/cancel", 10, b"{}", &sig));
+        assert!(!k.verify_request("n1", "POST", "/1/events/x/cancel", 11, b"{}", &sig));
+        assert!(!k.verify_request("n1", "POST", "/1/events/x/cancel", 10, b"{1}", &sig));
+        // Field boundaries cannot be shifted: "n1\nPOST" as a target is another head.
+        let shifted = k.sign_request("n", "1\nPOST", "/p", 10, b"");
+        assert!(!k.verify_request("n1", "POST", "/p", 10, b"", &shifted));
         let now = 10 + 5_000_000_000;
-        let good = k.sign_request("POST", "/p", 10, b"");
+        let good = k.sign_request("n1", "POST", "/p", 10, b"");
         let req = |ts, sig| SignedRequest {
+            target: "n1",
             method: "POST",
             path: "/p",
             timestamp: ts,
@@ -604,8 +669,51 @@ mod tests {
         assert!(
             check_signed_request(&k, &req(Some("10"), Some("00")), now, 30)
                 .unwrap_err()
+                .contains("64 hex digits")
+        );
+        let zeros = "0".repeat(64);
+        assert!(
+            check_signed_request(&k, &req(Some("10"), Some(&zeros)), now, 30)
+                .unwrap_err()
                 .contains("does not verify")
         );
+    }
+
+    #[test]
+    fn extreme_timestamps_are_refused_without_overflow() {
+        let k = key();
+        let zeros = "0".repeat(64);
+        for (ts, now) in [
+            (i64::MIN, i64::MAX),
+            (i64::MAX, i64::MIN),
+            (i64::MIN, 0),
+            (i64::MAX, 1),
+        ] {
+            let t = ts.to_string();
+            let e = check_request_headers(Some(&t), Some(&zeros), now, 60).unwrap_err();
+            assert!(e.contains("away from now"), "{e}");
+            let v = Verdict::builtin_ok();
+            let body =
+                serde_json::to_vec(&Envelope::new("n1", 1, ts, ts, &v, None).sign(&k)).unwrap();
+            assert!(matches!(
+                Envelope::verify(&body, &k, "n1", None, now, RULES),
+                Err(ReportError::Stale { .. })
+            ));
+        }
+        assert_eq!(age_ns(i64::MAX, i64::MIN), u64::MAX);
+    }
+
+    #[test]
+    fn sequences_beyond_the_store_range_are_refused() {
+        for seq in [0, MAX_SEQ + 1, u64::MAX] {
+            let body = signed("n1", seq, 1_000);
+            assert!(matches!(
+                Envelope::verify(&body, &key(), "n1", None, 2_000, RULES),
+                Err(ReportError::SeqRange { .. })
+            ));
+        }
+        let body = signed("n1", MAX_SEQ, 1_000);
+        assert!(Envelope::verify(&body, &key(), "n1", None, 2_000, RULES).is_ok());
     }
 
     #[test]

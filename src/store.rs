@@ -122,6 +122,7 @@ pub enum FenceCancel {
     NotFound,
     Final,
     PoweredOff,
+    AlreadyCanceled,
 }
 
 /// Which executor-written outcome of a flow to set.
@@ -603,7 +604,7 @@ impl Store {
                     ok.execute(params![
                         u.name,
                         now,
-                        u.seq.map(|s| s as i64),
+                        u.seq.and_then(|s| i64::try_from(s).ok()),
                         u.report,
                         u.diagnosed_ns,
                         u.diagnose_error
@@ -632,7 +633,7 @@ impl Store {
                 last_answer_ns: r.get(2)?,
                 unreachable_since_ns: r.get(3)?,
                 last_error: r.get(4)?,
-                last_seq: seq.map(|s| s as u64),
+                last_seq: seq.and_then(|s| u64::try_from(s).ok()),
                 last_report: report.and_then(|s| serde_json::from_str(&s).ok()),
                 diagnosed_ns: r.get(7)?,
                 diagnose_error: r.get(8)?,
@@ -651,9 +652,28 @@ impl Store {
         let mut out = HashMap::new();
         while let Some(r) = rows.next()? {
             let s: i64 = r.get(1)?;
-            out.insert(r.get(0)?, s as u64);
+            // A negative value can only come from an older version that stored a sequence
+            // above i64::MAX; it would reject every report, so it counts as none.
+            if let Ok(s) = u64::try_from(s) {
+                out.insert(r.get(0)?, s);
+            }
         }
         Ok(out)
+    }
+
+    /// Forgets the last accepted sequence of `node`; returns it, or `None` when there was none.
+    pub fn reset_seq(&self, node: &str) -> Result<Option<u64>> {
+        let mut c = self.conn();
+        let tx = c.transaction()?;
+        let prev: Option<i64> = tx
+            .query_row("SELECT last_seq FROM nodes WHERE name=?1", [node], |r| {
+                r.get(0)
+            })
+            .optional()?
+            .flatten();
+        tx.execute("UPDATE nodes SET last_seq=NULL WHERE name=?1", [node])?;
+        tx.commit()?;
+        Ok(prev.and_then(|s| u64::try_from(s).ok()))
     }
 
     pub fn inventory_tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>> {
@@ -796,6 +816,10 @@ impl Store {
                 false
             } else if f.fenced {
                 verdict = FenceCancel::PoweredOff;
+                false
+            } else if f.canceled {
+                // A repeated cancel changes nothing and says so, as an event's does.
+                verdict = FenceCancel::AlreadyCanceled;
                 false
             } else {
                 f.canceled = true;

@@ -14,6 +14,9 @@ struct Api {
     spec: Spec,
     client: reqwest::Client,
     key: Key,
+    /// Signed requests to the collector at this base URL are for node1; all others go to the
+    /// daemon.
+    collector: String,
 }
 
 impl Api {
@@ -30,7 +33,12 @@ impl Api {
         let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let body = body.map(|b| serde_json::to_vec(&b).unwrap());
         let resp = if signed {
-            send_signed(&self.client, &self.key, m, base, path, body)
+            let target = if base == self.collector {
+                "node1"
+            } else {
+                maintd::report::DAEMON_TARGET
+            };
+            send_signed(&self.client, &self.key, target, m, base, path, body)
                 .await
                 .unwrap()
         } else {
@@ -77,6 +85,7 @@ async fn real_responses_match_the_openapi_spec() {
         spec: Spec::load(),
         client: c.client.clone(),
         key: Key::load(&c.path("cluster.key")).unwrap(),
+        collector: format!("http://127.0.0.1:{}", c.ports[0]),
     };
     let base = c.url();
     let unknown = "8c7e1a64-3b4b-4c7b-9a43-1f0a2b3c4d5e";

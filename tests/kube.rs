@@ -575,6 +575,7 @@ async fn a_standby_takes_over_mid_round_and_resumes_without_duplicating_the_job(
     let r = maintd::http::send_signed(
         &c.client,
         &key,
+        maintd::report::DAEMON_TARGET,
         reqwest::Method::DELETE,
         &format!("http://127.0.0.1:{port_b}"),
         "/1/nodes/node1/tags/maintd:repairready:x",

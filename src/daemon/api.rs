@@ -18,8 +18,8 @@ use uuid::Uuid;
 use crate::cluster::{Cluster, ClusterError, event_json};
 use crate::config::{Config, collector_address};
 use crate::core::fence::{FenceStatus, Flow, fence_failed_tag};
-use crate::http::{ApiError, SignedAuth, require_signed};
-use crate::report::{Key, now_ns};
+use crate::http::{ApiError, ReplayCache, SignedAuth, require_signed};
+use crate::report::{DAEMON_TARGET, Key, now_ns};
 use crate::store::{CancelOutcome, FenceCancel, Store};
 
 pub struct ApiState<C: Cluster> {
@@ -30,6 +30,7 @@ pub struct ApiState<C: Cluster> {
     pub cfg: Arc<Config>,
     pub wake: Arc<Notify>,
     pub registry: Arc<Registry>,
+    pub seqs: Arc<super::poller::Seqs>,
 }
 
 type S<C> = State<Arc<ApiState<C>>>;
@@ -39,13 +40,19 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 }
 
 pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
+    // Every signed route of the daemon takes no body.
     let auth = SignedAuth {
         key: state.key.clone(),
+        target: DAEMON_TARGET.into(),
         window_s: state.cfg.daemon.request_window.as_secs(),
+        max_body: 0,
+        body_timeout: state.cfg.daemon.limits.body_timeout,
+        replay: Arc::new(ReplayCache::default()),
     };
     let signed = Router::new()
         .route("/1/events/{id}/cancel", post(cancel::<C>))
         .route("/1/nodes/{node}/tags/{tag}", delete(remove_tag::<C>))
+        .route("/1/nodes/{node}/reset-seq", post(reset_seq::<C>))
         .route_layer(middleware::from_fn_with_state(auth, require_signed));
     Router::new()
         .route("/", get(|| async { Json(json!([1])) }))
@@ -200,6 +207,9 @@ async fn cancel<C: Cluster>(
             FenceCancel::Final => Err(ApiError::conflict(format!(
                 "fence flow {id} is already final"
             ))),
+            FenceCancel::AlreadyCanceled => Err(ApiError::conflict(format!(
+                "fence flow {id} is already canceled"
+            ))),
             FenceCancel::PoweredOff => Err(ApiError::conflict(format!(
                 "fence flow {id} has already powered the node off; it can no longer be canceled"
             ))),
@@ -267,6 +277,19 @@ async fn remove_tag<C: Cluster>(
         }
         Err(e) => Err(internal(e)),
     }
+}
+
+async fn reset_seq<C: Cluster>(
+    State(s): S<C>,
+    Path(node): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    require_leader(&s)?;
+    if !s.cfg.nodes.iter().any(|n| n.name == node) {
+        return Err(ApiError::not_found(format!("unknown node {node:?}")));
+    }
+    let prev = s.seqs.reset(&s.store, &node).map_err(internal)?;
+    tracing::warn!(node = %node, previous_seq = ?prev, "report sequence state reset by operator");
+    Ok(Json(json!({"node": node, "previous-seq": prev})))
 }
 
 async fn metrics<C: Cluster>(State(s): S<C>) -> Result<impl IntoResponse, ApiError> {

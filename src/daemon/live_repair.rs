@@ -50,12 +50,14 @@ impl LiveRepairs {
 
     async fn call(
         &self,
+        node: &str,
         base: &str,
         method: reqwest::Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Step {
-        let resp = match send_signed(&self.client, &self.key, method, base, path, body).await {
+        let resp = match send_signed(&self.client, &self.key, node, method, base, path, body).await
+        {
             Ok(r) => r,
             Err(e) => return Step::Retry(format!("collector unreachable: {e}")),
         };
@@ -103,6 +105,7 @@ impl LiveRepairs {
         while Instant::now() < deadline {
             let step = if accepted {
                 self.call(
+                    &job.node,
                     base,
                     reqwest::Method::GET,
                     &format!("/1/repair/{key}"),
@@ -110,8 +113,14 @@ impl LiveRepairs {
                 )
                 .await
             } else {
-                self.call(base, reqwest::Method::POST, "/1/repair", Some(body.clone()))
-                    .await
+                self.call(
+                    &job.node,
+                    base,
+                    reqwest::Method::POST,
+                    "/1/repair",
+                    Some(body.clone()),
+                )
+                .await
             };
             match step {
                 Step::Status(s) if s.state == RepairState::Done => {

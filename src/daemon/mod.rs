@@ -149,6 +149,8 @@ async fn run_with<C: Cluster>(
         max_disruptions: cfg.kubernetes.max_disruptions,
         resumed_term: std::sync::atomic::AtomicU64::new(0),
     });
+    let redact =
+        crate::fencing::redact::Redactor::new(plans.values().flat_map(|p| p.secrets()).cloned());
     let fencer = (!plans.is_empty()).then(|| {
         let mut f = fencer::Fencer::new(
             &cfg,
@@ -157,6 +159,7 @@ async fn run_with<C: Cluster>(
             cluster.clone(),
             Arc::new(crate::fencing::agent::Agents {
                 dir: cfg.fencing.agents_dir.clone(),
+                redact,
             }),
             engine.metrics.clone(),
             leadership.clone(),
@@ -166,6 +169,8 @@ async fn run_with<C: Cluster>(
         f.watch = watch.clone();
         Arc::new(f)
     });
+    let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
+    let seqs = engine.poller.seqs();
     let app = api::router(Arc::new(api::ApiState {
         store,
         cluster: cluster.clone(),
@@ -174,6 +179,7 @@ async fn run_with<C: Cluster>(
         cfg: cfg.clone(),
         wake,
         registry: Arc::new(registry),
+        seqs,
     }));
     info!(listen = %cfg.daemon.listen, nodes = cfg.nodes.len(), db = %cfg.db_path().display(), "daemon started");
 
@@ -214,7 +220,13 @@ async fn run_with<C: Cluster>(
             .run(stop(elect_rx))
             .instrument(info_span!("election")),
     );
-    let server = axum::serve(listener, app).with_graceful_shutdown(stop(stop_rx));
+    let server = crate::http::listener::serve(
+        listener,
+        app,
+        cfg.daemon.limits,
+        listener_metrics,
+        stop(stop_rx),
+    );
     let mut server_task = tokio::spawn(async move { server.await });
     // A critical task that ends on its own takes the daemon down rather than leave it half-alive.
     let early = tokio::select! {

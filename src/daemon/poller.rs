@@ -29,9 +29,30 @@ pub struct Poller {
     members: Arc<Members>,
     rules: VerifyRules,
     concurrency: usize,
-    seqs: Mutex<HashMap<String, u64>>,
+    seqs: Arc<Seqs>,
     store: Arc<Store>,
     metrics: Metrics,
+}
+
+/// The last accepted report sequence per node, shared with the API's reset.
+pub struct Seqs(Mutex<HashMap<String, u64>>);
+
+impl Seqs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    pub fn get(&self, node: &str) -> Option<u64> {
+        self.lock().get(node).copied()
+    }
+    fn set(&self, node: &str, seq: u64) {
+        self.lock().insert(node.to_string(), seq);
+    }
+    /// Forgets `node`'s sequence in the store and in memory; returns what it was.
+    pub fn reset(&self, store: &Store, node: &str) -> Result<Option<u64>, StoreError> {
+        let mut m = self.lock();
+        let stored = store.reset_seq(node)?;
+        Ok(m.remove(node).or(stored))
+    }
 }
 
 /// One poll's verdict on one node.
@@ -98,10 +119,14 @@ impl Poller {
             members,
             rules,
             concurrency,
-            seqs: Mutex::new(seqs),
+            seqs: Arc::new(Seqs(Mutex::new(seqs))),
             store,
             metrics,
         })
+    }
+
+    pub fn seqs(&self) -> Arc<Seqs> {
+        self.seqs.clone()
     }
 
     /// Polls every node once, records what it learned, and returns the observations.
@@ -196,19 +221,11 @@ impl Poller {
         if !status.is_success() {
             return Polled::NoReport(crate::http::error_message(status, &body));
         }
-        let last = self
-            .seqs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&t.name)
-            .copied();
+        let last = self.seqs.get(&t.name);
         match Envelope::verify(&body, &self.key, &t.name, last, now_ns(), self.rules) {
             Ok(r) => {
                 // Polls of one node never overlap (one per cycle), so check-then-set is safe.
-                self.seqs
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(t.name.clone(), r.envelope.seq);
+                self.seqs.set(&t.name, r.envelope.seq);
                 self.metrics.reports_accepted.inc();
                 Polled::Verified(Box::new(r))
             }

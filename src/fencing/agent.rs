@@ -31,7 +31,13 @@ pub trait AgentRunner: Send + Sync + 'static {
 /// Runs the real agents from the whitelist directory.
 pub struct Agents {
     pub dir: PathBuf,
+    /// Applied to every agent's output before anything else sees it.
+    pub redact: super::redact::Redactor,
 }
+
+/// Agent output read, and what is kept of it after redaction.
+const OUTPUT_READ: usize = 16 * 1024;
+const OUTPUT_KEPT: usize = 400;
 
 fn stdin_params(method: &Method, action: &str) -> Vec<u8> {
     let mut s = format!("action={action}\n");
@@ -61,10 +67,13 @@ impl AgentRunner for Agents {
             stdin: stdin_params(method, action),
             env: vec![("LANG".into(), "C.UTF-8".into())],
             timeout: deadline,
-            output_cap: 2048,
+            output_cap: OUTPUT_READ,
         };
         match exec::run(&spec).await {
-            Ok(out) => (out.code, out.tail(400).trim().to_string()),
+            Ok(out) => (
+                out.code,
+                self.redact.summarize(&out.tail(OUTPUT_READ), OUTPUT_KEPT),
+            ),
             Err(ExecError::Timeout { timeout, .. }) => (
                 None,
                 format!("no answer within {timeout:?}; the agent's process group was killed"),

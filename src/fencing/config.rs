@@ -137,6 +137,8 @@ pub struct Method {
     pub agent: String,
     pub action: String,
     pub params: BTreeMap<String, String>,
+    /// The values read from secret files, for redaction of agent output.
+    pub secrets: Vec<String>,
 }
 
 impl std::fmt::Debug for Method {
@@ -168,6 +170,19 @@ pub struct FencePlan {
 }
 
 impl FencePlan {
+    /// Every secret value of every method of the plan.
+    pub fn secrets(&self) -> impl Iterator<Item = &String> {
+        [
+            self.isolation.as_ref(),
+            Some(&self.power_management),
+            self.recovery.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(|s| &s.methods)
+        .flat_map(|m| &m.secrets)
+    }
+
     pub fn stage(&self, step: Step) -> Option<&Stage> {
         match step {
             Step::Isolation => self.isolation.as_ref(),
@@ -302,15 +317,19 @@ impl FencingConfig {
                         check_param(&where_, k, v)?;
                         params.insert(k.clone(), v.clone());
                     }
+                    let mut secrets = Vec::new();
                     for (k, p) in t.secrets.iter().chain(&m.secrets) {
                         check_param(&where_, k, "")?;
-                        params.insert(k.clone(), read_secret(p)?);
+                        let v = read_secret(p)?;
+                        secrets.push(v.clone());
+                        params.insert(k.clone(), v);
                     }
                     methods.push(Method {
                         name: format!("{}#{i}", m.template),
                         agent: t.agent.clone(),
                         action,
                         params,
+                        secrets,
                     });
                 }
                 Ok(Stage {

@@ -3,3 +3,4 @@
 
 pub mod agent;
 pub mod config;
+pub mod redact;

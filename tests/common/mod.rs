@@ -208,6 +208,7 @@ repair-dir = "{root}/repair.d"
 diagnose-interval = "100ms"
 diagnose-timeout = "1s"
 repair-timeout = "20s"
+state-dir = "{root}/collector-state-{node}"
 env = {{ NODE = "{node}" }}
 "#,
             self.ports[i]

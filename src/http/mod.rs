@@ -1,0 +1,298 @@
+//! HTTP plumbing shared by the collector, the daemon and the CLI: JSON errors, signed requests
+//! (verify on the server, sign on the client), and reading bodies under a size cap.
+
+use axum::Json;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+pub mod listener;
+
+use std::sync::Arc;
+
+use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, check_request_headers, now_ns};
+
+/// Every API error is `{"error": <code>, "message": <what was wrong>}`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+    pub fn bad_request(m: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad-request", m)
+    }
+    pub fn not_found(m: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not-found", m)
+    }
+    pub fn conflict(m: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, "conflict", m)
+    }
+    pub fn unauthorized(m: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m)
+    }
+    pub fn internal(m: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", m)
+    }
+    pub fn unavailable(m: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", m)
+    }
+    pub fn too_large(cap: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too-large",
+            format!("this route takes a body of at most {cap} bytes"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": self.code, "message": self.message})),
+        )
+            .into_response()
+    }
+}
+
+pub async fn not_found_fallback(uri: Uri) -> ApiError {
+    ApiError::not_found(format!("no such endpoint: {}", uri.path()))
+}
+
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// What the signature middleware checks against, for one group of routes.
+#[derive(Clone)]
+pub struct SignedAuth {
+    pub key: Key,
+    /// The name requests must be signed for: this node's, or [`crate::report::DAEMON_TARGET`].
+    pub target: String,
+    pub window_s: u64,
+    /// Largest body these routes take; a larger `Content-Length` is answered 413 unread.
+    pub max_body: usize,
+    pub body_timeout: std::time::Duration,
+    pub replay: Arc<ReplayCache>,
+}
+
+/// Middleware for routes that change state: the request must be signed with the cluster key,
+/// for this server, within the window, and not seen before. Everything that can be judged from
+/// the head is judged before a byte of the body is read, so an unauthenticated client costs no
+/// memory; the body is then read under a size cap and a deadline, verified, and handed on.
+pub async fn require_signed(
+    axum::extract::State(auth): axum::extract::State<SignedAuth>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let h = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let ts = check_request_headers(
+        h(TIMESTAMP_HEADER),
+        h(SIGNATURE_HEADER),
+        now_ns(),
+        auth.window_s,
+    )
+    .map_err(ApiError::unauthorized)?;
+    let declared = match parts.headers.get(axum::http::header::CONTENT_LENGTH) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| ApiError::bad_request("Content-Length is not a number"))?,
+        ),
+    };
+    if declared.is_some_and(|l| l > auth.max_body as u64) {
+        return Err(ApiError::too_large(auth.max_body));
+    }
+    let bytes = {
+        // Waiting for an unauthenticated client's body: the connection stays evictable.
+        let _idle = parts
+            .extensions
+            .get::<listener::ConnActivity>()
+            .map(|a| a.unprotected());
+        let limited = http_body_util::Limited::new(body, auth.max_body);
+        match tokio::time::timeout(auth.body_timeout, http_body_util::BodyExt::collect(limited))
+            .await
+        {
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request-timeout",
+                    format!("the body did not arrive within {:?}", auth.body_timeout),
+                ));
+            }
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(ApiError::too_large(auth.max_body));
+            }
+            Ok(Err(e)) => {
+                return Err(ApiError::bad_request(format!(
+                    "cannot read the request body: {e}"
+                )));
+            }
+            Ok(Ok(c)) => c.to_bytes(),
+        }
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let sig = h(SIGNATURE_HEADER).unwrap_or_default();
+    if !auth
+        .key
+        .verify_request(&auth.target, parts.method.as_str(), path, ts, &bytes, sig)
+    {
+        return Err(ApiError::unauthorized(format!(
+            "request signature does not verify under the cluster key for {:?}",
+            auth.target
+        )));
+    }
+    auth.replay
+        .check_and_remember(sig, ts, now_ns(), auth.window_s)?;
+    Ok(next
+        .run(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::from(bytes),
+        ))
+        .await)
+}
+
+/// Signatures of the signed requests accepted within the window: the same request is accepted
+/// once. Only authenticated requests enter, so only a key holder could fill it.
+pub struct ReplayCache {
+    seen: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    cap: usize,
+}
+
+impl Default for ReplayCache {
+    fn default() -> Self {
+        ReplayCache::new(65_536)
+    }
+}
+
+impl ReplayCache {
+    pub fn new(cap: usize) -> ReplayCache {
+        ReplayCache {
+            seen: Default::default(),
+            cap,
+        }
+    }
+
+    pub fn check_and_remember(
+        &self,
+        sig: &str,
+        ts: i64,
+        now: i64,
+        window_s: u64,
+    ) -> Result<(), ApiError> {
+        let window = i64::try_from(window_s.saturating_mul(1_000_000_000)).unwrap_or(i64::MAX);
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.contains_key(sig) {
+            return Err(ApiError::unauthorized(
+                "this signed request was already accepted once (replay)",
+            ));
+        }
+        if seen.len() >= self.cap {
+            // A request stays replayable until its timestamp leaves the window on either side.
+            seen.retain(|_, t| now.saturating_sub(*t) <= window);
+            if seen.len() >= self.cap {
+                return Err(ApiError::unavailable(
+                    "too many signed requests within the window; try again shortly",
+                ));
+            }
+        }
+        seen.insert(sig.to_string(), ts.saturating_add(window));
+        Ok(())
+    }
+}
+
+/// Parses a JSON body, naming the problem when it is malformed.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// Sends a request signed with the cluster key for `target` (a node's name, or
+/// [`crate::report::DAEMON_TARGET`]). `path` includes any query string.
+pub async fn send_signed(
+    client: &reqwest::Client,
+    key: &Key,
+    target: &str,
+    method: reqwest::Method,
+    base: &str,
+    path: &str,
+    body: Option<Vec<u8>>,
+) -> Result<reqwest::Response, reqwest::Error> {
+    let ts = now_ns();
+    let body = body.unwrap_or_default();
+    let sig = key.sign_request(target, method.as_str(), path, ts, &body);
+    let mut req = client
+        .request(method, format!("{base}{path}"))
+        .header(TIMESTAMP_HEADER, ts.to_string())
+        .header(SIGNATURE_HEADER, sig);
+    if !body.is_empty() {
+        req = req
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+    }
+    req.send().await
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("{0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("body is over the {cap}-byte cap")]
+    TooLarge { cap: usize },
+}
+
+/// Reads a response body, stopping as soon as it exceeds `cap`.
+pub async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, BodyError> {
+    if resp.content_length().is_some_and(|l| l as usize > cap) {
+        return Err(BodyError::TooLarge { cap });
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        out.extend_from_slice(&chunk);
+        if out.len() > cap {
+            return Err(BodyError::TooLarge { cap });
+        }
+    }
+    Ok(out)
+}
+
+/// Error message of a daemon or collector JSON error body, or the raw text.
+pub fn error_message(status: reqwest::StatusCode, body: &[u8]) -> String {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) if v.get("message").is_some() => format!(
+            "{} ({}): {}",
+            status,
+            v["error"].as_str().unwrap_or("error"),
+            v["message"].as_str().unwrap_or("")
+        ),
+        _ => format!("{status}: {}", String::from_utf8_lossy(body).trim()),
+    }
+}
+
+/// Binds a TCP listener, naming the address on failure.
+pub async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener, std::io::Error> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+}
