@@ -329,6 +329,7 @@ impl Collector {
             .method_not_allowed_fallback(crate::http::method_not_allowed)
             .with_state(self.clone())
             .merge(signed)
+            .layer(middleware::map_response(crate::http::json_errors))
     }
 
     async fn run_repair(self: Arc<Self>, req: RepairRequest) {

@@ -164,29 +164,55 @@ pub fn tail_chars(s: &str, max: usize) -> String {
     }
 }
 
-/// Reads a stream to its end, keeping only the last `cap` bytes.
-async fn read_tail<R: AsyncRead + Unpin>(mut r: R, cap: usize) -> (Vec<u8>, usize) {
-    let mut kept = Vec::new();
-    let mut total = 0usize;
+/// What a reader has collected so far: the last `cap` bytes and the total count. Shared, so the
+/// output is kept even when the reader is stopped before end of file.
+#[derive(Default)]
+struct Tail {
+    kept: Vec<u8>,
+    total: usize,
+}
+
+type SharedTail = std::sync::Arc<std::sync::Mutex<Tail>>;
+
+/// Reads a stream to its end into `tail`, keeping only the last `cap` bytes.
+async fn read_tail<R: AsyncRead + Unpin>(mut r: R, cap: usize, tail: SharedTail) {
     let mut buf = [0u8; 8192];
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                total += n;
-                kept.extend_from_slice(&buf[..n]);
-                if kept.len() > cap.saturating_mul(2).max(8192) {
-                    let cut = kept.len() - cap;
-                    kept.drain(..cut);
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                t.total += n;
+                t.kept.extend_from_slice(&buf[..n]);
+                if t.kept.len() > cap.saturating_mul(2).max(8192) {
+                    let cut = t.kept.len() - cap;
+                    t.kept.drain(..cut);
                 }
             }
         }
     }
+}
+
+/// Waits a moment for a reader to reach end of file, then stops it either way (closing our end
+/// of the pipe, so a process that escaped the group cannot pin the descriptor) and returns what
+/// it read.
+async fn finish_tail(
+    reader: tokio::task::JoinHandle<()>,
+    tail: SharedTail,
+    cap: usize,
+    grace: Duration,
+) -> (Vec<u8>, usize) {
+    let abort = reader.abort_handle();
+    if tokio::time::timeout(grace, reader).await.is_err() {
+        abort.abort();
+    }
+    let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+    let mut kept = std::mem::take(&mut t.kept);
     if kept.len() > cap {
         let cut = kept.len() - cap;
         kept.drain(..cut);
     }
-    (kept, total)
+    (kept, t.total)
 }
 
 fn kill_group(pid: u32) {
@@ -223,13 +249,17 @@ pub async fn run(spec: &RunSpec) -> Result<RunOutput, ExecError> {
         let _ = stdin.write_all(&input).await;
         let _ = stdin.shutdown().await;
     });
+    let out_tail = SharedTail::default();
+    let err_tail = SharedTail::default();
     let out = tokio::spawn(read_tail(
         child.stdout.take().expect("piped"),
         spec.output_cap,
+        out_tail.clone(),
     ));
     let err = tokio::spawn(read_tail(
         child.stderr.take().expect("piped"),
         spec.output_cap,
+        err_tail.clone(),
     ));
 
     let status = match tokio::time::timeout(spec.timeout, child.wait()).await {
@@ -256,15 +286,11 @@ pub async fn run(spec: &RunSpec) -> Result<RunOutput, ExecError> {
     kill_group(pid);
     drop(guard);
     writer.abort();
-    let grace = Duration::from_secs(1);
-    let (stdout, stdout_len) = match tokio::time::timeout(grace, out).await {
-        Ok(Ok(v)) => v,
-        _ => (Vec::new(), 0),
-    };
-    let stderr_tail = match tokio::time::timeout(grace, err).await {
-        Ok(Ok((v, _))) => v,
-        _ => Vec::new(),
-    };
+    // A descendant that left the group (setsid) may still hold the pipes: what the command
+    // printed before it exited is kept, and the pipes are closed regardless.
+    let grace = Duration::from_millis(500);
+    let (stdout, stdout_len) = finish_tail(out, out_tail, spec.output_cap, grace).await;
+    let (stderr_tail, _) = finish_tail(err, err_tail, spec.output_cap, grace).await;
     Ok(RunOutput {
         code: status.code(),
         stdout,
@@ -410,6 +436,42 @@ mod tests {
         assert!(
             !marker.exists(),
             "a child of the timed-out command survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_escaped_grandchild_neither_hides_the_output_nor_pins_the_pipe() {
+        let d = whitelist_dir();
+        let pidfile = d.path().join("gpid");
+        let p = script(
+            d.path(),
+            "escape",
+            &format!(
+                "echo '{{\"status\":\"Ok\"}}'\nsetsid sh -c 'echo $$ > {}; exec sleep 30' &\nsleep 0.2",
+                pidfile.display()
+            ),
+        );
+        let mut s = spec(p, 10_000);
+        s.output_cap = 4096;
+        let out = run(&s).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            r#"{"status":"Ok"}"#
+        );
+        let gpid = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .to_string();
+        let pipe = std::fs::read_link(format!("/proc/{gpid}/fd/1")).unwrap();
+        assert!(pipe.to_string_lossy().starts_with("pipe:"), "{pipe:?}");
+        let ours: Vec<_> = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .collect();
+        let _ = nix::sys::signal::kill(Pid::from_raw(gpid.parse().unwrap()), Signal::SIGKILL);
+        assert!(
+            !ours.contains(&pipe),
+            "the daemon still holds the escaped process's stdout pipe"
         );
     }
 }

@@ -19,7 +19,9 @@ async fn main() {
         Ok(code) => code,
         Err(e) => {
             let code = e.exit_code();
-            eprintln!("maintd: {:#}", anyhow::Error::from(e));
+            // Each cause once: several errors already name their source in their own text.
+            let err = anyhow::Error::from(e);
+            eprintln!("maintd: {}", maintd::http::error_chain(err.as_ref()));
             code
         }
     };

@@ -28,6 +28,10 @@ pub enum StoreError {
     Sql(#[from] rusqlite::Error),
     #[error("state database holds a corrupt row: {0}")]
     Corrupt(String),
+    #[error(
+        "state database {path} fails its integrity check ({detail}); restore it from a backup or move it aside to start afresh"
+    )]
+    Integrity { path: String, detail: String },
     #[error("state database has schema version {found}, newer than this maintd ({known})")]
     TooNew { found: i64, known: i64 },
 }
@@ -147,6 +151,7 @@ pub type EventRecord = (Event, Vec<Job>, Option<String>);
 
 pub struct Store {
     conn: Mutex<Connection>,
+    path: String,
 }
 
 /// Outcome of an operator's cancel request.
@@ -286,16 +291,48 @@ fn live_events_and_jobs(c: &Connection) -> Result<(Vec<Event>, Vec<Job>)> {
 }
 
 impl Store {
+    /// Opens (or creates) the database, refusing one that fails SQLite's integrity check: a
+    /// daemon that cannot read its events must not run as if it had none.
     pub fn open(path: &Path) -> Result<Store> {
-        let conn = Connection::open(path).map_err(|source| StoreError::Open {
-            path: path.display().to_string(),
+        let shown = path.display().to_string();
+        let open_err = |source| StoreError::Open {
+            path: shown.clone(),
             source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        let check: std::result::Result<Vec<String>, rusqlite::Error> = conn
+            .prepare("PRAGMA integrity_check")
+            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect());
+        match check {
+            Ok(lines) if lines.len() == 1 && lines[0] == "ok" => {}
+            Ok(lines) => {
+                return Err(StoreError::Integrity {
+                    path: shown,
+                    detail: lines.into_iter().take(5).collect::<Vec<_>>().join("; "),
+                });
+            }
+            Err(e) => {
+                return Err(StoreError::Integrity {
+                    path: shown,
+                    detail: e.to_string(),
+                });
+            }
+        }
+        let mut store = Store::init(conn).map_err(|e| match e {
+            StoreError::Sql(source) => open_err(source),
+            other => other,
         })?;
-        Store::init(conn)
+        store.path = shown;
+        Ok(store)
     }
 
     pub fn open_in_memory() -> Result<Store> {
         Store::init(Connection::open_in_memory()?)
+    }
+
+    /// Where the database lives, for messages about it.
+    pub fn path(&self) -> &str {
+        &self.path
     }
 
     fn init(mut conn: Connection) -> Result<Store> {
@@ -319,6 +356,7 @@ impl Store {
         }
         Ok(Store {
             conn: Mutex::new(conn),
+            path: ":memory:".into(),
         })
     }
 
@@ -659,6 +697,26 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// Live (not cleared) events per repair status, for the metrics.
+    pub fn event_status_counts(&self) -> Result<BTreeMap<String, i64>> {
+        let c = self.conn();
+        let mut stmt = c.prepare_cached(
+            "SELECT status, count(*) FROM events WHERE cleared_ns IS NULL GROUP BY status",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<std::result::Result<_, _>>()?)
+    }
+
+    /// When the oldest job still running started, if any.
+    pub fn oldest_running_job_ns(&self) -> Result<Option<Nanos>> {
+        let c = self.conn();
+        Ok(c.query_row(
+            "SELECT min(created_ns) FROM jobs WHERE status='running'",
+            [],
+            |r| r.get(0),
+        )?)
     }
 
     /// Forgets the last accepted sequence of `node`; returns it, or `None` when there was none.

@@ -31,6 +31,7 @@ pub struct ApiState<C: Cluster> {
     pub wake: Arc<Notify>,
     pub registry: Arc<Registry>,
     pub seqs: Arc<super::poller::Seqs>,
+    pub health: Arc<super::engine::Health>,
 }
 
 type S<C> = State<Arc<ApiState<C>>>;
@@ -62,11 +63,13 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/tags", get(tags::<C>))
         .route("/1/fences", get(fences::<C>))
         .route("/1/leader", get(leader::<C>))
+        .route("/1/health", get(health::<C>))
         .route("/metrics", get(metrics::<C>))
         .merge(signed)
         .fallback(crate::http::not_found_fallback)
         .method_not_allowed_fallback(crate::http::method_not_allowed)
         .with_state(state)
+        .layer(middleware::map_response(crate::http::json_errors))
 }
 
 /// Operator changes go to the replica that acts; a standby's state is a copy it overwrites.
@@ -279,6 +282,22 @@ async fn remove_tag<C: Cluster>(
     }
 }
 
+/// 200 while the engine decides, 503 naming the cause when it has stalled: for a liveness probe
+/// and for alerting.
+async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<Value>, ApiError> {
+    // Three poll intervals, and never less than 30 s, so a slow tick is not a stall.
+    let stale = (s.cfg.daemon.poll_interval * 3).max(std::time::Duration::from_secs(30));
+    let stale_ns = i64::try_from(stale.as_nanos()).unwrap_or(i64::MAX);
+    match s.health.check(now_ns(), stale_ns) {
+        Ok(age) => Ok(Json(json!({
+            "status": "ok",
+            "last-decision-age-seconds": age.map(|a| a as f64 / 1e9),
+            "db": s.store.path(),
+        }))),
+        Err(why) => Err(ApiError::unavailable(why)),
+    }
+}
+
 async fn reset_seq<C: Cluster>(
     State(s): S<C>,
     Path(node): Path<String>,
@@ -292,14 +311,34 @@ async fn reset_seq<C: Cluster>(
     Ok(Json(json!({"node": node, "previous-seq": prev})))
 }
 
-async fn metrics<C: Cluster>(State(s): S<C>) -> Result<impl IntoResponse, ApiError> {
+/// OpenMetrics for a scraper that asks for it (Prometheus does), else the classic text format,
+/// which `promtool check metrics` and older tools read.
+async fn metrics<C: Cluster>(
+    State(s): S<C>,
+    headers: axum::http::HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &s.registry).map_err(internal)?;
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    ))
+    let wants_openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    Ok(if wants_openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            super::metrics::openmetrics_to_text(&text),
+        )
+    })
 }

@@ -34,6 +34,59 @@ pub struct Engine<C: Cluster> {
     pub max_disruptions: usize,
     /// The leadership term whose running jobs this replica has resumed.
     pub resumed_term: std::sync::atomic::AtomicU64,
+    /// When the last decision completed, and why the last one did not; `/1/health` reads it.
+    pub health: Arc<Health>,
+}
+
+/// Whether the engine is still deciding: a daemon whose every tick fails (an unreadable
+/// database, an unreachable backend) must not look healthy.
+#[derive(Default)]
+pub struct Health {
+    last_ok_ns: std::sync::atomic::AtomicI64,
+    last_error: std::sync::Mutex<Option<String>>,
+    started_ns: std::sync::atomic::AtomicI64,
+}
+
+impl Health {
+    pub fn new(now: i64) -> Health {
+        let h = Health::default();
+        h.started_ns
+            .store(now, std::sync::atomic::Ordering::Relaxed);
+        h
+    }
+
+    fn ok(&self, now: i64) {
+        self.last_ok_ns
+            .store(now, std::sync::atomic::Ordering::Relaxed);
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn failed(&self, why: String) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// `Ok(age of the last decision)` while one completed within `stale_ns` (or the daemon is
+    /// younger than that), else why not.
+    pub fn check(&self, now: i64, stale_ns: i64) -> Result<Option<i64>, String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let last = self.last_ok_ns.load(Relaxed);
+        let since = if last == 0 {
+            self.started_ns.load(Relaxed)
+        } else {
+            last
+        };
+        let age = now.saturating_sub(since);
+        if age <= stale_ns {
+            return Ok((last != 0).then_some(age));
+        }
+        let why = self
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| "the engine has not run".into());
+        Err(format!("no decision for {:.1} s: {why}", age as f64 / 1e9))
+    }
 }
 
 fn drains(actions: &[Action]) -> bool {
@@ -94,13 +147,18 @@ impl<C: Cluster> Engine<C> {
             Ok(t) => t,
             Err(e) => {
                 warn!(error = %e, "cannot read tags; skipping this decision");
+                self.metrics.tick_failed("tags");
+                self.health.failed(format!("cannot read tags: {e}"));
                 return;
             }
         };
         let mut state = match self.store.load_state(self.policy, tags) {
             Ok(s) => s,
             Err(e) => {
-                error!(error = %e, "cannot load state; skipping this decision");
+                error!(error = %e, db = %self.store.path(), "cannot load state; skipping this decision");
+                self.metrics.tick_failed("store");
+                self.health
+                    .failed(format!("cannot load state from {}: {e}", self.store.path()));
                 return;
             }
         };
@@ -123,10 +181,15 @@ impl<C: Cluster> Engine<C> {
                 Ok(None) => {}
                 Err(e) => {
                     warn!(error = %e, "cannot read capacity facts; no drain starts this tick");
+                    self.metrics.tick_failed("capacity");
+                    self.health
+                        .failed(format!("cannot read capacity facts: {e}"));
                     return;
                 }
             }
         }
+        self.health.ok(now);
+        self.metrics.last_decision.set(now / 1_000_000_000);
         if !self.leadership.is_leader() {
             // A standby decides as the leader would, to be ready, and acts on nothing.
             self.metrics.standby_dropped.inc_by(actions.len() as u64);

@@ -85,6 +85,8 @@ pub struct Fencer<C: Cluster> {
     /// Effects in progress (transient: a restart simply issues them again, idempotently).
     busy: Mutex<HashSet<(Uuid, &'static str)>>,
     storm: Mutex<bool>,
+    /// Stage latencies already observed per flow, so each is observed once.
+    observed: Mutex<HashSet<(Uuid, &'static str)>>,
 }
 
 impl<C: Cluster> Fencer<C> {
@@ -128,6 +130,7 @@ impl<C: Cluster> Fencer<C> {
             seen: Mutex::new(BTreeMap::new()),
             busy: Mutex::new(HashSet::new()),
             storm: Mutex::new(false),
+            observed: Mutex::new(HashSet::new()),
         }
     }
 
@@ -170,8 +173,10 @@ impl<C: Cluster> Fencer<C> {
         let answers: Vec<(String, bool)> = futures::stream::iter(0..targets.len())
             .map(|i| async move {
                 let (node, url) = &targets[i];
-                let ok =
-                    matches!(self.client.get(url).send().await, Ok(r) if r.status().is_success());
+                let ok = matches!(
+                    super::poller::get_with_retry(&self.client, url).await,
+                    Ok(r) if r.status().is_success()
+                );
                 (node.clone(), ok)
             })
             .buffer_unordered(256)
@@ -388,34 +393,37 @@ impl<C: Cluster> Fencer<C> {
         }
     }
 
-    /// Per-stage latencies, once a flow reaches its release (for the time-to-release figures).
+    /// Per-stage latencies, each observed once, as soon as its stage is over (a flow that
+    /// never releases still shows its detection, isolation and power-off times).
     fn observe_stages(&self, f: &crate::core::fence::Flow) {
-        let Some(released) = f.released_at else {
-            return;
-        };
-        if f.history
-            .last()
-            .map(|t| t.note.starts_with("workloads released"))
-            != Some(true)
-        {
-            return;
-        }
-        let secs = |a: Nanos, b: Nanos| (b - a).max(0) as f64 / 1e9;
-        let fenced = f.fenced_at.unwrap_or(released);
-        let isolated = f.isolated_at.unwrap_or(f.created);
-        for (stage, v) in [
-            ("detection", secs(f.detected, f.created)),
-            ("isolation", secs(f.created, isolated)),
-            ("power-off", secs(isolated, fenced)),
-            ("release", secs(fenced, released)),
-            ("total", secs(f.detected, released)),
-        ] {
+        let secs = |a: Nanos, b: Nanos| b.saturating_sub(a).max(0) as f64 / 1e9;
+        let isolated = f.isolated_at;
+        let start_of_power = isolated.unwrap_or(f.created);
+        let stages = [
+            ("detection", Some(secs(f.detected, f.created))),
+            ("isolation", isolated.map(|i| secs(f.created, i))),
+            ("power-off", f.fenced_at.map(|t| secs(start_of_power, t))),
+            (
+                "release",
+                f.released_at.zip(f.fenced_at).map(|(r, t)| secs(t, r)),
+            ),
+            ("total", f.released_at.map(|r| secs(f.detected, r))),
+        ];
+        let mut seen = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+        for (stage, v) in stages {
+            let Some(v) = v else { continue };
+            if !seen.insert((f.id, stage)) {
+                continue;
+            }
             self.metrics
                 .fence_stage_seconds
                 .get_or_create(&StepLabel {
                     stage: stage.into(),
                 })
                 .observe(v);
+        }
+        if f.status == crate::core::fence::FenceStatus::Final {
+            seen.retain(|(id, _)| *id != f.id);
         }
     }
 
@@ -434,6 +442,9 @@ impl<C: Cluster> Fencer<C> {
         self.spawn_effect_claimed(flow, "step", async move {
             let stage = me.plans.get(&node).and_then(|p| p.stage(step));
             let (o, calls) = run_stage(me.runner.as_ref(), step, stage).await;
+            if !o.ok {
+                me.metrics.fence_failed(step.as_str());
+            }
             for c in &calls {
                 info!(flow = %flow, node = %node, step = step.as_str(), agent = %c.agent, action = %c.action, code = ?c.code, elapsed_ms = c.elapsed_ms, "fence agent call");
             }
@@ -468,6 +479,10 @@ impl<C: Cluster> Fencer<C> {
             async move {
                 let (which, outcome, calls) = fut.await;
                 info!(ok = outcome.ok, detail = %outcome.detail, "fence effect finished");
+                // A step counts its failure under the step's own name (below).
+                if !outcome.ok && what != "step" {
+                    self.metrics.fence_failed(what);
+                }
                 if let Err(e) = self.store.set_flow_outcome(&flow, which, outcome, calls) {
                     error!(error = %e, "cannot record a fence outcome; it runs again after a restart");
                 }

@@ -1,6 +1,14 @@
 //! Prometheus metrics of the daemon: poll cycles, report verification, jobs.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::core::fence::{FenceStatus, Step};
+use crate::store::Store;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -10,6 +18,12 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabel {
+    pub reason: String,
+    pub node: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -27,7 +41,7 @@ pub struct StepLabel {
 pub struct Metrics {
     pub poll_cycle_seconds: Histogram,
     pub reports_accepted: Counter,
-    pub reports_rejected: Family<ReasonLabel, Counter>,
+    pub reports_rejected: Family<RejectLabel, Counter>,
     pub nodes_unreachable: Gauge,
     pub jobs_started: Counter,
     pub jobs_finished: Family<JobLabel, Counter>,
@@ -40,6 +54,12 @@ pub struct Metrics {
     pub standby_dropped: Counter,
     /// 1 while this replica is the leader.
     pub leader: Gauge,
+    /// Unix time of the last completed decision.
+    pub last_decision: Gauge,
+    /// Decisions skipped, by what failed (store, tags, capacity).
+    pub tick_failures: Family<ReasonLabel, Counter>,
+    /// Failed fence attempts, by step (isolation, power-management, recovery, release, reclaim).
+    pub fence_failures: Family<StepLabel, Counter>,
 }
 
 impl Metrics {
@@ -56,6 +76,9 @@ impl Metrics {
             fencing_storm: Gauge::default(),
             standby_dropped: Counter::default(),
             leader: Gauge::default(),
+            last_decision: Gauge::default(),
+            tick_failures: Family::default(),
+            fence_failures: Family::default(),
             fence_stage_seconds: Family::new_with_constructor(|| {
                 Histogram::new([
                     0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
@@ -74,7 +97,7 @@ impl Metrics {
         );
         reg.register(
             "maintd_reports_rejected",
-            "Reports rejected, by reason",
+            "Reports rejected, by reason and node",
             m.reports_rejected.clone(),
         );
         reg.register(
@@ -122,6 +145,176 @@ impl Metrics {
             "1 while this replica is the leader",
             m.leader.clone(),
         );
+        reg.register(
+            "maintd_engine_last_decision_timestamp_seconds",
+            "Unix time of the engine's last completed decision",
+            m.last_decision.clone(),
+        );
+        reg.register(
+            "maintd_engine_skipped_decisions",
+            "Decisions skipped because an input could not be read, by input",
+            m.tick_failures.clone(),
+        );
+        reg.register(
+            "maintd_fence_failures",
+            "Failed fence attempts, by step",
+            m.fence_failures.clone(),
+        );
         m
+    }
+
+    pub fn fence_failed(&self, stage: &str) {
+        self.fence_failures
+            .get_or_create(&StepLabel {
+                stage: stage.into(),
+            })
+            .inc();
+    }
+
+    pub fn tick_failed(&self, reason: &str) {
+        self.tick_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RepairStatusLabel {
+    repair_status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FlowLabel {
+    step: &'static str,
+    status: &'static str,
+}
+
+/// Gauges read from the store at each scrape, so they can never drift from the state: events
+/// by repair status, the age of the oldest running job, and unfinished fence flows by step
+/// and status. Every label value is always present (0 when none), so alerts see a series.
+pub struct StateGauges {
+    pub store: Arc<Store>,
+}
+
+impl std::fmt::Debug for StateGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StateGauges({})", self.store.path())
+    }
+}
+
+impl Collector for StateGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let now = crate::report::now_ns();
+        if let Ok(counts) = self.store.event_status_counts() {
+            let mut family = encoder.encode_descriptor(
+                "maintd_events",
+                "Live repair events, by repair status",
+                None,
+                MetricType::Gauge,
+            )?;
+            for st in ["noted", "pending", "canceled", "failed", "completed"] {
+                let n = counts.get(st).copied().unwrap_or(0);
+                ConstGauge::new(n)
+                    .encode(family.encode_family(&RepairStatusLabel { repair_status: st })?)?;
+            }
+        }
+        if let Ok(oldest) = self.store.oldest_running_job_ns() {
+            let age = oldest.map_or(0.0, |t| now.saturating_sub(t).max(0) as f64 / 1e9);
+            ConstGauge::new(age).encode(encoder.encode_descriptor(
+                "maintd_oldest_running_job_age_seconds",
+                "Age of the oldest job still running (0 when none runs)",
+                None,
+                MetricType::Gauge,
+            )?)?;
+        }
+        if let Ok(flows) = self.store.fence_flows(i64::MAX) {
+            let mut family = encoder.encode_descriptor(
+                "maintd_fence_flows",
+                "Fence flows not final yet, by step and status",
+                None,
+                MetricType::Gauge,
+            )?;
+            for step in [Step::Isolation, Step::PowerManagement, Step::Recovery] {
+                for status in [
+                    FenceStatus::New,
+                    FenceStatus::Running,
+                    FenceStatus::Done,
+                    FenceStatus::Error,
+                ] {
+                    let n = flows
+                        .iter()
+                        .filter(|f| f.step == step && f.status == status)
+                        .count() as i64;
+                    ConstGauge::new(n).encode(family.encode_family(&FlowLabel {
+                        step: step.as_str(),
+                        status: status.as_str(),
+                    })?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rewrites OpenMetrics text as the classic Prometheus text format (0.0.4): a counter's HELP and
+/// TYPE name its `_total` series, `_created` samples, `# UNIT` and `# EOF` go, and
+/// `unknown` becomes `untyped`.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = line
+            .strip_prefix("# HELP ")
+            .map(|r| ("# HELP ", r))
+            .or_else(|| line.strip_prefix("# TYPE ").map(|r| ("# TYPE ", r)));
+        if let Some((kind, rest)) = meta {
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            let tail = if kind == "# TYPE " && tail == "unknown" {
+                "untyped"
+            } else {
+                tail
+            };
+            let name = if counters.contains(name) {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            };
+            out.push_str(&format!("{kind}{name} {tail}\n"));
+            continue;
+        }
+        let series = line.split(['{', ' ']).next().unwrap_or("");
+        if series
+            .strip_suffix("_created")
+            .is_some_and(|base| counters.contains(base))
+        {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_counters_become_classic_text() {
+        let om = "# HELP a_events Events.\n# TYPE a_events counter\na_events_total 3\na_events_created 1.5\n# HELP g A gauge.\n# TYPE g gauge\n# UNIT g seconds\ng{x=\"1\"} 2\n# TYPE u unknown\nu 1\n# EOF\n";
+        let t = openmetrics_to_text(om);
+        assert_eq!(
+            t,
+            "# HELP a_events_total Events.\n# TYPE a_events_total counter\na_events_total 3\n# HELP g A gauge.\n# TYPE g gauge\ng{x=\"1\"} 2\n# TYPE u untyped\nu 1\n"
+        );
     }
 }

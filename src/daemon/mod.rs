@@ -64,6 +64,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let lock = lock::acquire(&cfg.daemon.state_dir)?;
+    warn_lost_database(&cfg);
     let store = Arc::new(Store::open(&cfg.db_path())?);
     if cfg.cluster.backend == "kubernetes" {
         let k = KubeCluster::connect(cfg.kubernetes.clone()).await?;
@@ -99,6 +100,25 @@ pub async fn run(
             .unwrap_or_default();
         let leadership = leader::Leadership::single(me, store.clone());
         run_with(cfg, store, Arc::new(inv), lock, leadership, None, shutdown).await
+    }
+}
+
+/// A missing database beside job directories means the previous state was lost (deleted, or a
+/// wrong `db` path): jobs those directories describe will not be resumed.
+fn warn_lost_database(cfg: &Config) {
+    let db = cfg.db_path();
+    let jobs = cfg.daemon.state_dir.join("jobs");
+    if db.exists() {
+        return;
+    }
+    let n = std::fs::read_dir(&jobs).map(|d| d.count()).unwrap_or(0);
+    if n > 0 {
+        tracing::warn!(
+            db = %db.display(),
+            jobs = %jobs.display(),
+            count = n,
+            "the state database is missing but job directories exist: the previous state is lost and those jobs will not be resumed"
+        );
     }
 }
 
@@ -148,6 +168,7 @@ async fn run_with<C: Cluster>(
         watch: watch.clone(),
         max_disruptions: cfg.kubernetes.max_disruptions,
         resumed_term: std::sync::atomic::AtomicU64::new(0),
+        health: Arc::new(engine::Health::new(crate::report::now_ns())),
     });
     let redact =
         crate::fencing::redact::Redactor::new(plans.values().flat_map(|p| p.secrets()).cloned());
@@ -170,6 +191,14 @@ async fn run_with<C: Cluster>(
         Arc::new(f)
     });
     let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
+    registry.register_collector(Box::new(metrics::StateGauges {
+        store: store.clone(),
+    }));
+    if let Err(e) =
+        kubert_prometheus_process::register(registry.sub_registry_with_prefix("process"))
+    {
+        tracing::warn!(error = %e, "process metrics unavailable");
+    }
     let seqs = engine.poller.seqs();
     let app = api::router(Arc::new(api::ApiState {
         store,
@@ -180,6 +209,7 @@ async fn run_with<C: Cluster>(
         wake,
         registry: Arc::new(registry),
         seqs,
+        health: engine.health.clone(),
     }));
     info!(listen = %cfg.daemon.listen, nodes = cfg.nodes.len(), db = %cfg.db_path().display(), "daemon started");
 

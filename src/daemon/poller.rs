@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::core::{Observation, Observations};
@@ -14,7 +14,7 @@ use crate::http::{BodyError, read_capped};
 use crate::report::{Envelope, Key, ReportError, VerifyRules, canonical_json, now_ns};
 use crate::store::{NodeUpdate, Store, StoreError};
 
-use super::metrics::{Metrics, ReasonLabel};
+use super::metrics::{Metrics, RejectLabel};
 use super::nodes::Members;
 
 #[derive(Debug, Clone)]
@@ -30,8 +30,32 @@ pub struct Poller {
     rules: VerifyRules,
     concurrency: usize,
     seqs: Arc<Seqs>,
+    /// Per node: answered at the last poll, and when a change was last logged.
+    reach: Mutex<HashMap<String, (bool, Option<Instant>)>>,
     store: Arc<Store>,
     metrics: Metrics,
+}
+
+/// Reachability changes of one node are logged at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A GET that is tried again, twice, when the connection failed without a timeout: a
+/// collector under a connection flood may close a pooled or fresh connection to make room,
+/// and that must not read as a silent node. Timeouts are not retried (the poll's deadline).
+pub async fn get_with_retry(
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<reqwest::Response, reqwest::Error> {
+    let mut attempt = 0;
+    loop {
+        match client.get(url).send().await {
+            Err(e) if attempt < 2 && !e.is_timeout() => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(25 * attempt)).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// The last accepted report sequence per node, shared with the API's reset.
@@ -120,6 +144,7 @@ impl Poller {
             rules,
             concurrency,
             seqs: Arc::new(Seqs(Mutex::new(seqs))),
+            reach: Mutex::new(HashMap::new()),
             store,
             metrics,
         })
@@ -192,6 +217,7 @@ impl Poller {
             obs.reports.insert(name, o);
             updates.push(u);
         }
+        self.log_changes(&updates);
         if let Err(e) = self.store.record_polls(&updates, now_ns()) {
             warn!(error = %e, "cannot record poll results");
         }
@@ -203,11 +229,11 @@ impl Poller {
     }
 
     async fn poll_one(&self, t: &Target) -> Polled {
-        let resp = match self.client.get(&t.url).send().await {
+        let resp = match get_with_retry(&self.client, &t.url).await {
             Ok(r) => r,
             Err(e) => {
                 debug!(node = %t.name, error = %e, "collector did not answer");
-                return Polled::Down(format!("no answer: {e}"));
+                return Polled::Down(format!("no answer: {}", crate::http::error_chain(&e)));
             }
         };
         let status = resp.status();
@@ -233,12 +259,35 @@ impl Poller {
         }
     }
 
+    /// Logs each node that stops or starts answering, at most once per node every
+    /// [`LOG_EVERY`], so a flapping or flooded collector cannot flood the log.
+    fn log_changes(&self, updates: &[NodeUpdate]) {
+        let mut seen = self.reach.lock().unwrap_or_else(|p| p.into_inner());
+        for u in updates {
+            let e = seen.entry(u.name.clone()).or_insert((true, None));
+            if e.0 == u.answered {
+                continue;
+            }
+            e.0 = u.answered;
+            if e.1.is_some_and(|t: Instant| t.elapsed() < LOG_EVERY) {
+                continue;
+            }
+            e.1 = Some(Instant::now());
+            if u.answered {
+                info!(node = %u.name, "collector answers again");
+            } else {
+                warn!(node = %u.name, error = u.error.as_deref().unwrap_or(""), "collector stopped answering");
+            }
+        }
+    }
+
     fn reject(&self, t: &Target, e: ReportError) -> Polled {
         warn!(node = %t.name, reason = %e, "report rejected");
         self.metrics
             .reports_rejected
-            .get_or_create(&ReasonLabel {
+            .get_or_create(&RejectLabel {
                 reason: rejection_label(&e).into(),
+                node: t.name.clone(),
             })
             .inc();
         Polled::Rejected(e.to_string())

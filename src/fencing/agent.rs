@@ -242,6 +242,7 @@ mod tests {
                     agent: "fence_x".into(),
                     action: action.into(),
                     params: BTreeMap::new(),
+                    secrets: vec![],
                 })
                 .collect(),
         }
@@ -297,6 +298,7 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            secrets: vec!["pw".into()],
         };
         assert_eq!(
             String::from_utf8(stdin_params(&m, "status")).unwrap(),

@@ -65,6 +65,36 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Turns the framework's own plain-text rejections (a query or path that does not parse, a
+/// missing content type) into the documented JSON error, so every error a client sees has one
+/// shape.
+pub async fn json_errors(resp: Response) -> Response {
+    let plain = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"));
+    let status = resp.status();
+    if !plain || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let text = axum::body::to_bytes(resp.into_body(), 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::BAD_REQUEST => "bad-request",
+        StatusCode::NOT_FOUND => "not-found",
+        StatusCode::METHOD_NOT_ALLOWED => "method-not-allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "too-large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported-media-type",
+        StatusCode::UNPROCESSABLE_ENTITY => "bad-request",
+        s if s.is_server_error() => "internal",
+        _ => "bad-request",
+    };
+    ApiError::new(status, code, text).into_response()
+}
+
 pub async fn not_found_fallback(uri: Uri) -> ApiError {
     ApiError::not_found(format!("no such endpoint: {}", uri.path()))
 }
@@ -275,6 +305,22 @@ pub async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<
         }
     }
     Ok(out)
+}
+
+/// An error and its causes, each said once: reqwest's Display already names the URL, and its
+/// source repeats the top line, so only causes that add something are appended.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out
 }
 
 /// Error message of a daemon or collector JSON error body, or the raw text.
