@@ -78,6 +78,9 @@ pub struct DaemonConfig {
     /// How long the daemon waits for a live repair on a collector before failing the job.
     #[serde(with = "humantime_serde")]
     pub live_repair_timeout: Duration,
+    /// `/1/health` fails when no decision completed for this long.
+    #[serde(with = "humantime_serde")]
+    pub stall_after: Duration,
     /// Connection caps and deadlines of the API listener.
     pub limits: ListenerLimits,
 }
@@ -182,6 +185,7 @@ impl Default for DaemonConfig {
             hook_timeout: Duration::from_secs(600),
             hook_env: BTreeMap::new(),
             live_repair_timeout: Duration::from_secs(600),
+            stall_after: Duration::from_secs(60),
             limits: ListenerLimits {
                 max_connections: 1024,
                 max_connections_per_ip: 256,
@@ -319,6 +323,13 @@ impl Config {
             if let Err(e) = l.validate(what) {
                 return bad(e);
             }
+        }
+        if d.stall_after < d.poll_interval * 2 {
+            return bad(format!(
+                "daemon.stall-after ({:?}) must be at least two poll intervals ({:?})",
+                d.stall_after,
+                d.poll_interval * 2
+            ));
         }
         if d.poll_concurrency == 0 {
             return bad("daemon.poll-concurrency must be at least 1".into());

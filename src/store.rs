@@ -391,6 +391,7 @@ impl Store {
             tags,
             policy,
             capacity: None,
+            members: None,
         })
     }
 
@@ -443,6 +444,16 @@ impl Store {
             Action::Clear { event, why } => {
                 tx.execute(
                     "UPDATE events SET cleared_ns=?2, cleared_why=?3, updated_ns=?2 WHERE id=?1",
+                    params![event.to_string(), now, why],
+                )?;
+            }
+            Action::Forget { event, why, .. } => {
+                tx.execute(
+                    "UPDATE events SET cleared_ns=?2, cleared_why=?3, updated_ns=?2 WHERE id=?1",
+                    params![event.to_string(), now, why],
+                )?;
+                tx.execute(
+                    "UPDATE jobs SET status='failed', detail=?3, finished_ns=?2 WHERE event_id=?1 AND status='running'",
                     params![event.to_string(), now, why],
                 )?;
             }

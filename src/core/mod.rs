@@ -263,6 +263,8 @@ pub struct State {
     pub policy: Policy,
     /// When present, evacuations in one round must pass `capacity::admit`.
     pub capacity: Option<Capacity>,
+    /// The managed nodes, when known: events of any other node are forgotten.
+    pub members: Option<BTreeSet<String>>,
 }
 
 /// What the last poll says about a node.
@@ -342,6 +344,13 @@ pub enum Action {
     },
     Clear {
         event: Uuid,
+        why: String,
+    },
+    /// The node left the inventory (or the cluster): its event is cleared and its running jobs
+    /// end as failed, with `why`; nothing more runs or is tagged on that node.
+    Forget {
+        event: Uuid,
+        node: String,
         why: String,
     },
     /// Sets a final status and the tag to apply.
@@ -448,6 +457,7 @@ pub fn decide(state: &State, observations: &Observations, now: Nanos) -> Vec<Act
         jobs,
         out: Vec::new(),
     };
+    forget_departed(&mut d);
     settle_jobs(&mut d);
     follow_tags(&mut d);
     observe(&mut d, observations, now);
@@ -455,11 +465,34 @@ pub fn decide(state: &State, observations: &Observations, now: Nanos) -> Vec<Act
     d.out
 }
 
+/// Events of nodes no longer managed: forgotten, with their jobs, before anything else is
+/// decided for them.
+fn forget_departed(d: &mut Draft) {
+    let Some(members) = &d.state.members else {
+        return;
+    };
+    let events = std::mem::take(&mut d.events);
+    for e in &events {
+        if !members.contains(&e.node) {
+            d.cleared.insert(e.id);
+            d.out.push(Action::Forget {
+                event: e.id,
+                node: e.node.clone(),
+                why: format!("node {} left the inventory", e.node),
+            });
+        }
+    }
+    d.events = events;
+}
+
 /// Finalizes events whose jobs have all run, or one of which failed.
 fn settle_jobs(d: &mut Draft) {
     // Taken out and put back rather than cloned: cloning every event is the cost on big clusters.
     let events = std::mem::take(&mut d.events);
     for e in &events {
+        if d.cleared.contains(&e.id) {
+            continue;
+        }
         let jobs = d.jobs_of(&e.id);
         let failed = jobs.iter().find(|j| j.status == JobStatus::Failed).copied();
         let running = jobs.iter().any(|j| j.status == JobStatus::Running);

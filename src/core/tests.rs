@@ -103,6 +103,7 @@ fn state(events: Vec<Event>, jobs: Vec<Job>) -> State {
         tags: BTreeMap::new(),
         policy: Policy::default(),
         capacity: None,
+        members: None,
     }
 }
 
@@ -661,4 +662,39 @@ fn a_round_drains_only_what_capacity_and_the_disruption_cap_admit() {
     assert!(a.iter().any(
         |x| matches!(x, Action::Note { event, note: Some(n) } if *event == e1.id && n.contains("at most 1 concurrent"))
     ));
+}
+
+#[test]
+fn events_of_a_node_that_left_the_inventory_are_forgotten_and_nothing_more_runs_there() {
+    let gone = Event::test("n9", evac("sda"), NOW - 100).with(RepairStatus::Pending);
+    let failed = Event::test("n9", live("fix"), NOW - 50)
+        .with(RepairStatus::Failed)
+        .tagged();
+    let stays = Event::test("n1", evac("sdb"), NOW - 10);
+    let mut s = state(
+        vec![gone.clone(), failed.clone(), stays.clone()],
+        vec![job(&gone, 1, JobKind::Offline, JobStatus::Failed)],
+    );
+    s.members = Some(["n1".to_string()].into_iter().collect());
+    let a = decide(&s, &obs(&[("n1", report(evac("sdb")))]), NOW);
+    let forgotten: Vec<Uuid> = a
+        .iter()
+        .filter_map(|x| match x {
+            Action::Forget { event, why, .. } => {
+                assert!(why.contains("n9") && why.contains("left the inventory"));
+                Some(*event)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(forgotten, [gone.id, failed.id]);
+    // Not finalized, tagged or planned on the departed node; the other node goes on.
+    assert!(!a.iter().any(|x| matches!(x,
+        Action::Finalize { node, .. } | Action::ApplyTag { node, .. } if node == "n9")));
+    let (_, jobs) = round(&a).expect("n1 still gets its round");
+    assert!(jobs.iter().all(|j| j.node == "n1"));
+    // Unknown membership forgets nothing.
+    s.members = None;
+    let a = decide(&s, &obs(&[("n1", report(evac("sdb")))]), NOW);
+    assert!(!a.iter().any(|x| matches!(x, Action::Forget { .. })));
 }

@@ -285,9 +285,7 @@ async fn remove_tag<C: Cluster>(
 /// 200 while the engine decides, 503 naming the cause when it has stalled: for a liveness probe
 /// and for alerting.
 async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<Value>, ApiError> {
-    // Three poll intervals, and never less than 30 s, so a slow tick is not a stall.
-    let stale = (s.cfg.daemon.poll_interval * 3).max(std::time::Duration::from_secs(30));
-    let stale_ns = i64::try_from(stale.as_nanos()).unwrap_or(i64::MAX);
+    let stale_ns = i64::try_from(s.cfg.daemon.stall_after.as_nanos()).unwrap_or(i64::MAX);
     match s.health.check(now_ns(), stale_ns) {
         Ok(age) => Ok(Json(json!({
             "status": "ok",

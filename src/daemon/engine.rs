@@ -162,6 +162,7 @@ impl<C: Cluster> Engine<C> {
                 return;
             }
         };
+        state.members = Some(self.poller.member_names());
         let now = now_ns();
         if let Some(w) = &self.watch {
             obs.conditions = w.evaluate(now).map(|e| e.verdicts);
@@ -235,6 +236,10 @@ impl<C: Cluster> Engine<C> {
             Action::Clear { event, why } => {
                 self.store.apply(action, now).map_err(|e| e.to_string())?;
                 info!(event = %event, why = %why, "event forgotten");
+            }
+            Action::Forget { event, node, why } => {
+                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                warn!(event = %event, node = %node, why = %why, "event and its running jobs dropped");
             }
             Action::Note { .. } => self.store.apply(action, now).map_err(|e| e.to_string())?,
             Action::Finalize {

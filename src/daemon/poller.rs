@@ -150,6 +150,11 @@ impl Poller {
         })
     }
 
+    /// The names of the nodes polled now.
+    pub fn member_names(&self) -> std::collections::BTreeSet<String> {
+        self.members.get().iter().map(|n| n.name.clone()).collect()
+    }
+
     pub fn seqs(&self) -> Arc<Seqs> {
         self.seqs.clone()
     }

@@ -59,6 +59,8 @@ pub struct Cluster {
     pub collectors: Vec<Option<Proc>>,
     pub daemon: Option<Proc>,
     pub extra_daemon_toml: String,
+    /// Appended to every collector's config (after its `[collector]` keys).
+    pub extra_collector_toml: String,
     /// List the nodes in the daemon's config (the inventory backend); off for Kubernetes, where
     /// the daemon discovers them from the API.
     pub inventory_nodes: bool,
@@ -118,6 +120,7 @@ impl Cluster {
             dir,
             daemon: None,
             extra_daemon_toml: String::new(),
+            extra_collector_toml: String::new(),
             inventory_nodes: true,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
@@ -210,8 +213,9 @@ diagnose-timeout = "1s"
 repair-timeout = "20s"
 state-dir = "{root}/collector-state-{node}"
 env = {{ NODE = "{node}" }}
+{}
 "#,
-            self.ports[i]
+            self.ports[i], self.extra_collector_toml
         );
         let path = self.path(&format!("collector-{node}.toml"));
         std::fs::write(&path, toml).unwrap();
@@ -234,6 +238,40 @@ env = {{ NODE = "{node}" }}
             .spawn()
             .unwrap();
         Proc { child, log }
+    }
+
+    /// Starts a collector under a wrapper command (e.g. `prlimit --nofile=1024:1024 --`).
+    pub fn start_collector_wrapped(&mut self, i: usize, wrapper: &[&str]) {
+        let cfg = self.collector_config(i, "scripted", "cluster.key");
+        let name = format!("collector-{}", self.nodes[i]);
+        let log = self.path(&format!("{name}.log"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(wrapper[0])
+            .args(&wrapper[1..])
+            .arg(BIN)
+            .args(["--config", cfg.to_str().unwrap(), "collector"])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .unwrap();
+        self.collectors[i] = Some(Proc { child, log });
+    }
+
+    /// Stand-in fence agents in `<dir>/agents` (tests of what happens around a fence, not of
+    /// the agents: tests/fencing.rs drives the real ones). Returns the directory.
+    pub fn stub_agents(&self, agents: &[(&str, &str)]) -> PathBuf {
+        let dir = self.path("agents");
+        mkdir755(&dir);
+        for (name, body) in agents {
+            write_exec(&dir.join(name), body);
+        }
+        dir
     }
 
     pub fn start_collector_with(&mut self, i: usize, diagnose: &str, key: &str) {
