@@ -779,3 +779,42 @@ async fn a_node_that_joins_later_is_polled_and_repaired_without_a_restart() {
     assert_eq!(e["jobs"][0]["status"], "succeeded", "{e}");
     assert!(c.path("repair-input-node2.json").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_engine_fails_its_health_check_naming_the_cause() {
+    let (mut c, _url, w) = kube_cluster(1, "[kubernetes.leader-election]\nenabled = false\n").await;
+    c.extra_daemon_toml = c
+        .extra_daemon_toml
+        .replace("[kubernetes]", "stall-after = \"1s\"\n[kubernetes]");
+    c.start_collectors();
+    start_kube_daemon(&mut c);
+    c.wait_api().await;
+    common::wait_for("a healthy engine", || async {
+        let (code, v) = c.get("/1/health").await;
+        (code == 200 && v["status"] == "ok").then_some(())
+    })
+    .await;
+    // The apiserver goes away: no decision can be made, and the health check says why.
+    w.lock().unwrap().down = true;
+    let v = common::wait_for("the health check to fail", || async {
+        let (code, v) = c.get("/1/health").await;
+        (code == 503).then_some(v)
+    })
+    .await;
+    let msg = v["message"].as_str().unwrap();
+    assert!(
+        msg.contains("no decision for") && msg.contains("cannot read tags"),
+        "{msg}"
+    );
+    assert!(
+        c.metrics()
+            .await
+            .contains("maintd_engine_skipped_decisions_total{reason=\"tags\"}")
+    );
+    // Back: healthy again.
+    w.lock().unwrap().down = false;
+    common::wait_for("the engine to recover", || async {
+        (c.get("/1/health").await.0 == 200).then_some(())
+    })
+    .await;
+}

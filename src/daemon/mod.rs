@@ -257,7 +257,7 @@ async fn run_with<C: Cluster>(
         listener_metrics,
         stop(stop_rx),
     );
-    let mut server_task = tokio::spawn(async move { server.await });
+    let mut server_task = tokio::spawn(server);
     // A critical task that ends on its own takes the daemon down rather than leave it half-alive.
     let early = tokio::select! {
         biased;

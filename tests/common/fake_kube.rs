@@ -20,6 +20,8 @@ use serde_json::{Value, json};
 
 #[derive(Default)]
 pub struct World {
+    /// While set, every request is answered 503 (an apiserver outage).
+    pub down: bool,
     pub nodes: BTreeMap<String, Value>,
     /// (namespace, name) -> pod
     pub pods: BTreeMap<(String, String), Value>,
@@ -571,24 +573,35 @@ pub async fn start() -> (String, Shared) {
     let app = Router::new();
     let app = object_routes(app, "/apis/coordination.k8s.io/v1", "leases");
     let app = object_routes(app, "/api/v1", "configmaps");
-    let app = app
-        .route("/apis/policy/v1/poddisruptionbudgets", get(list_pdbs))
-        .route("/api/v1/nodes", get(list_nodes))
-        .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
-        .route("/api/v1/pods", get(list_pods))
-        .route(
-            "/api/v1/namespaces/{ns}/pods/{name}",
-            axum::routing::delete(delete_pod),
-        )
-        .route(
-            "/api/v1/namespaces/{ns}/pods/{name}/eviction",
-            post(evict_pod),
-        )
-        .route("/api/v1/namespaces/{ns}/events", post(create_event))
-        .fallback(|uri: axum::http::Uri| async move {
-            status(404, "NotFound", &format!("the fake does not serve {uri}"))
-        })
-        .with_state(world.clone());
+    let app =
+        app.route("/apis/policy/v1/poddisruptionbudgets", get(list_pdbs))
+            .route("/api/v1/nodes", get(list_nodes))
+            .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
+            .route("/api/v1/pods", get(list_pods))
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}",
+                axum::routing::delete(delete_pod),
+            )
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}/eviction",
+                post(evict_pod),
+            )
+            .route("/api/v1/namespaces/{ns}/events", post(create_event))
+            .fallback(|uri: axum::http::Uri| async move {
+                status(404, "NotFound", &format!("the fake does not serve {uri}"))
+            })
+            .layer(axum::middleware::from_fn_with_state(
+                world.clone(),
+                |State(w): State<Shared>,
+                 req: axum::extract::Request,
+                 next: axum::middleware::Next| async move {
+                    if w.lock().unwrap().down {
+                        return status(503, "ServiceUnavailable", "the apiserver is down");
+                    }
+                    next.run(req).await
+                },
+            ))
+            .with_state(world.clone());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", l.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
