@@ -236,6 +236,34 @@ async fn real_responses_match_the_openapi_spec() {
     );
     api.call(false, &base, "GET", "/metrics", "/metrics", None)
         .await;
+    let (code, h) = api
+        .call(false, &base, "GET", "/1/health", "/1/health", None)
+        .await;
+    assert_eq!((code, &h["status"]), (200, &json!("ok")), "{h}");
+    let reset = "/1/nodes/{node}/reset-seq";
+    let (code, r) = api
+        .call(true, &base, "POST", reset, "/1/nodes/node1/reset-seq", None)
+        .await;
+    assert_eq!(code, 200, "{r}");
+    assert!(r["previous-seq"].is_u64(), "{r}");
+    assert_eq!(
+        api.call(false, &base, "POST", reset, "/1/nodes/node1/reset-seq", None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        api.call(true, &base, "POST", reset, "/1/nodes/ghost/reset-seq", None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        api.call(false, &base, "GET", "/1/tags", "/1/tags?node=a&node=b", None)
+            .await
+            .0,
+        400
+    );
     let (_, l) = api
         .call(false, &base, "GET", "/1/leader", "/1/leader", None)
         .await;
@@ -368,4 +396,48 @@ async fn unknown_paths_and_methods_get_json_errors() {
     assert_eq!(r.status(), 405);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"], "method-not-allowed");
+}
+
+/// Schemathesis (every operation, every check, signed requests) against a live daemon and
+/// collector; scripts/test installs it into target/schemathesis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_failure_against_the_daemon_and_the_collector() {
+    let pytest = std::env::var("MAINTD_PYTEST")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| common::sims::repo("target/schemathesis/bin/pytest"));
+    if !pytest.exists() {
+        assert!(
+            std::env::var("MAINTD_REQUIRE_SIMS").as_deref() != Ok("1"),
+            "schemathesis missing: run scripts/test (it installs target/schemathesis)"
+        );
+        eprintln!("skipped: schemathesis missing (scripts/test installs it)");
+        return;
+    }
+    let mut c = Cluster::new(2);
+    c.set_verdict("node2", r#"{"status":"evacuate","details":{"disk":"sda"}}"#);
+    c.start().await;
+    c.wait_status("node2", "completed").await;
+    let out = tokio::process::Command::new(&pytest)
+        .args(["-q", "-p", "no:cacheprovider"])
+        .arg(common::sims::repo("tests/schemathesis/test_api.py"))
+        .env("MAINTD_SPEC", common::sims::repo("api-spec/openapi.yaml"))
+        .env("MAINTD_DAEMON_URL", c.url())
+        .env(
+            "MAINTD_COLLECTOR_URL",
+            format!("http://127.0.0.1:{}", c.ports[0]),
+        )
+        .env("MAINTD_COLLECTOR_NODE", "node1")
+        .env("MAINTD_KEY_FILE", c.path("cluster.key"))
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "schemathesis failed:\n{text}");
+    assert!(text.contains(" passed"), "{text}");
+    // The daemon and the collector are still healthy after it.
+    assert_eq!(c.get("/1/health").await.0, 200);
 }

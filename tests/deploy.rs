@@ -127,3 +127,21 @@ fn two_daemon_replicas_and_a_collector_per_node_with_host_script_dirs() {
     assert!(c.env.iter().flatten().any(|e| e.name == "MAINTD_NODE"));
     assert_eq!(c.ports.as_ref().unwrap()[0].host_port, Some(1815));
 }
+
+/// Reports are verified by re-serializing the parsed JSON, which is exact only with serde_json's
+/// correctly rounded float parser. A dev-dependency (jsonschema) turns it on for every test
+/// build, so no test of the binary could see it missing from a release build: the manifest
+/// itself must ask for it.
+#[test]
+fn the_release_build_parses_floats_exactly() {
+    let manifest: toml::Table =
+        toml::from_str(&std::fs::read_to_string(env!("CARGO_MANIFEST_DIR").to_string() + "/Cargo.toml").unwrap())
+            .unwrap();
+    let features = manifest["dependencies"]["serde_json"]["features"]
+        .as_array()
+        .expect("serde_json must be declared with features");
+    assert!(
+        features.iter().any(|f| f.as_str() == Some("float_roundtrip")),
+        "serde_json needs the float_roundtrip feature: {features:?}"
+    );
+}

@@ -294,7 +294,12 @@ async fn kill_9_mid_round_then_restart_resumes_without_duplicating_a_job() {
     );
     c.set_verdict("node1", EVAC);
     c.set_verdict("node2", EVAC);
-    c.start().await;
+    // Both reports are there before the daemon's first poll, so both land in one round even
+    // on a loaded machine.
+    c.start_collectors();
+    c.wait_collectors_ready().await;
+    c.start_daemon();
+    c.wait_api().await;
     wait_for("both evacuations to start", || async {
         (c.hook_log()
             .iter()

@@ -144,7 +144,7 @@ async fn rejected_reports_create_no_event_and_are_counted_with_their_reason() {
     );
     let metrics = c.metrics().await;
     assert!(
-        metrics.contains("maintd_reports_rejected_total{reason=\"replay\"}"),
+        metrics.contains("maintd_reports_rejected_total{reason=\"replay\",node=\"node2\"}"),
         "{metrics}"
     );
 }

@@ -287,6 +287,28 @@ env = {{ NODE = "{node}" }}
         }
     }
 
+    /// Waits until every running collector serves a report of a finished diagnose whose status
+    /// is the one its verdict file holds, so the daemon's first poll sees them all (on a loaded
+    /// machine a collector's first diagnose can otherwise land a poll later).
+    pub async fn wait_collectors_ready(&self) {
+        for (i, node) in self.nodes.iter().enumerate() {
+            if self.collectors[i].is_none() {
+                continue;
+            }
+            let want: Value = serde_json::from_str(
+                &std::fs::read_to_string(self.path(&format!("verdict-{node}.json"))).unwrap(),
+            )
+            .unwrap();
+            let url = format!("http://127.0.0.1:{}/1/report/diagnose", self.ports[i]);
+            wait_for("a collector's first report", || async {
+                let r = self.client.get(&url).send().await.ok()?;
+                let v: Value = r.json().await.ok()?;
+                (v["data"]["status"] == want["status"]).then_some(())
+            })
+            .await;
+        }
+    }
+
     pub fn start_daemon(&mut self) {
         let cfg = self.daemon_config();
         self.daemon = Some(self.spawn("daemon", &["--config", cfg.to_str().unwrap(), "daemon"]));
