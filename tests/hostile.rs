@@ -11,8 +11,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use maintd::report::{DAEMON_TARGET, Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Fencing for node1 with a stand-in agent: any flow that starts shows in /1/fences, and any
 /// release in the hook log. The grace is short, so a node that looks silent for 3 s is fenced.
@@ -107,43 +105,6 @@ fn watch_status(c: &Cluster) -> tokio::task::JoinHandle<(usize, usize)> {
     })
 }
 
-async fn connect(port: u16) -> Option<TcpStream> {
-    tokio::time::timeout(
-        Duration::from_secs(2),
-        TcpStream::connect(("127.0.0.1", port)),
-    )
-    .await
-    .ok()?
-    .ok()
-}
-
-/// Sends `head`, then up to `body` bytes of filler, and returns the status line's code if an
-/// answer came.
-async fn raw_request(port: u16, head: String, body: usize) -> Option<u16> {
-    let mut s = connect(port).await?;
-    s.write_all(head.as_bytes()).await.ok()?;
-    let chunk = vec![b'x'; 64 * 1024];
-    let mut sent = 0;
-    while sent < body {
-        let n = chunk.len().min(body - sent);
-        if s.write_all(&chunk[..n]).await.is_err() {
-            break;
-        }
-        sent += n;
-    }
-    let mut buf = vec![0u8; 512];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    std::str::from_utf8(&buf[..n])
-        .ok()?
-        .split(' ')
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn floods_without_the_key_neither_fence_nor_release_a_healthy_node() {
     raise_own_fd_limit();
@@ -166,22 +127,7 @@ async fn floods_without_the_key_neither_fence_nor_release_a_healthy_node() {
 
     // 1. Big unsigned POSTs to the signed routes of the collector and the daemon.
     let status = watch_status(&c);
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..300 {
-        let (p, path) = if i % 3 == 0 {
-            (api, "/1/events/x/cancel")
-        } else {
-            (port, "/1/repair")
-        };
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 983040\r\n\r\n"
-        );
-        tasks.spawn(raw_request(p, head, 983_040));
-    }
-    let mut answered = Vec::new();
-    while let Some(r) = tasks.join_next().await {
-        answered.push(r.unwrap());
-    }
+    let answered = attack::big_unsigned_posts(port, api, 300).await;
     assert!(
         answered.iter().flatten().all(|&s| s == 401),
         "unsigned requests must be refused: {answered:?}"
@@ -195,23 +141,10 @@ async fn floods_without_the_key_neither_fence_nor_release_a_healthy_node() {
 
     // 2. 1,100 slow-header connections, trickling a byte each second, and 2,000 idle ones.
     let status = watch_status(&c);
-    let mut slow = Vec::new();
-    for _ in 0..1100 {
-        if let Some(mut s) = connect(port).await {
-            let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await;
-            slow.push(s);
-        }
-    }
-    let mut idle = Vec::new();
-    for _ in 0..2000 {
-        if let Some(s) = connect(port).await {
-            idle.push(s);
-        }
-    }
+    let mut slow = attack::slow_headers(port, 1100).await;
+    let idle = attack::idle(port, 2000).await;
     for _ in 0..5 {
-        for s in &mut slow {
-            let _ = s.write_all(b"X").await;
-        }
+        attack::trickle(&mut slow).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let (ok, failed) = status.await.unwrap();
@@ -220,16 +153,10 @@ async fn floods_without_the_key_neither_fence_nor_release_a_healthy_node() {
     drop(idle);
 
     // 3. A 10 GB Content-Length and a half-sent body on a signed route.
-    let ts = now_ns();
-    let sig = "0".repeat(64);
-    let huge = format!(
-        "POST /1/repair HTTP/1.1\r\nHost: x\r\n{TIMESTAMP_HEADER}: {ts}\r\n{SIGNATURE_HEADER}: {sig}\r\nContent-Length: 10000000000\r\n\r\n"
-    );
-    assert_eq!(raw_request(port, huge, 0).await, Some(413));
-    let half = format!(
-        "POST /1/repair HTTP/1.1\r\nHost: x\r\n{TIMESTAMP_HEADER}: {ts}\r\n{SIGNATURE_HEADER}: {sig}\r\nContent-Length: 100\r\n\r\n"
-    );
-    assert_eq!(raw_request(port, half, 10).await, Some(408));
+    let huge = attack::signed_looking_head("/1/repair", 10_000_000_000);
+    assert_eq!(attack::raw_request(port, huge, 0).await, Some(413));
+    let half = attack::signed_looking_head("/1/repair", 100);
+    assert_eq!(attack::raw_request(port, half, 10).await, Some(408));
 
     // The node was never silent for the grace: nothing fenced or released; the collector lives.
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -250,7 +177,7 @@ async fn the_head_of_a_signed_request_is_judged_before_its_body() {
         let t = Instant::now();
         let unsigned =
             format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\n");
-        assert_eq!(raw_request(port, unsigned, 0).await, Some(401), "{path}");
+        assert_eq!(attack::raw_request(port, unsigned, 0).await, Some(401), "{path}");
         assert!(t.elapsed() < Duration::from_secs(5));
         // Extreme timestamps are refused, not a panic (a debug build overflowed here).
         for ts in [i64::MIN.to_string(), i64::MAX.to_string()] {
@@ -258,7 +185,7 @@ async fn the_head_of_a_signed_request_is_judged_before_its_body() {
                 "POST {path} HTTP/1.1\r\nHost: x\r\n{TIMESTAMP_HEADER}: {ts}\r\n{SIGNATURE_HEADER}: {}\r\nContent-Length: 0\r\n\r\n",
                 "0".repeat(64)
             );
-            assert_eq!(raw_request(port, head, 0).await, Some(401), "{path} {ts}");
+            assert_eq!(attack::raw_request(port, head, 0).await, Some(401), "{path} {ts}");
         }
     }
     // The daemon's signed routes take no body at all.
@@ -267,7 +194,7 @@ async fn the_head_of_a_signed_request_is_judged_before_its_body() {
         now_ns(),
         "0".repeat(64)
     );
-    assert_eq!(raw_request(c.api_port, head, 10).await, Some(413));
+    assert_eq!(attack::raw_request(c.api_port, head, 10).await, Some(413));
     assert!(alive(&mut c.collectors[0]) && alive(&mut c.daemon));
     let (code, _) = c.get("/1/status").await;
     assert_eq!(code, 200);

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod attack;
 pub mod fake_kube;
 pub mod sims;
 pub mod spec;
