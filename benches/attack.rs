@@ -107,11 +107,8 @@ async fn main() {
     }
     let _ = maintd::http::listener::raise_fd_limit();
     let mut c = Cluster::new(3);
-    let agents = c.stub_agents(&[("fence_stub", "cat > /dev/null; exit 0")]);
-    c.extra_daemon_toml = format!(
-        "[fencing]\nagents-dir = \"{}\"\nstorm-percent = 50\n[fencing.templates.stub]\nagent = \"fence_stub\"\n[fencing.nodes.node1.power-management]\nmethods = [{{ template = \"stub\" }}]\n",
-        agents.display()
-    );
+    // Default grace (5 s) and probe: the figures are for a daemon as shipped.
+    c.extra_daemon_toml = c.stub_fencing("fence_stub", "cat > /dev/null; exit 0", "5s", &["node1"]);
     c.start_collectors();
     c.start_collector_wrapped(
         0,
@@ -126,7 +123,9 @@ async fn main() {
     let col = c.collectors[0].as_ref().unwrap().child.id();
     let dae = c.daemon.as_ref().unwrap().child.id();
     let (port, api) = (c.ports[0], c.api_port);
-    println!("| phase                        | col MiB | col fds | dae MiB | dae fds | status p50 ms | p99 ms | failed |");
+    println!(
+        "| phase                        | col MiB | col fds | dae MiB | dae fds | status p50 ms | p99 ms | failed |"
+    );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     phase(&c, col, dae, "baseline (5 s)", quiet(5)).await;
     phase(&c, col, dae, "300 unsigned 960 KiB POSTs", async {
@@ -158,7 +157,10 @@ async fn main() {
         let mut t = tokio::task::JoinSet::new();
         for i in 0..50 {
             let (head, body) = if i % 2 == 0 {
-                (common::attack::signed_looking_head("/1/repair", 10_000_000_000), 0)
+                (
+                    common::attack::signed_looking_head("/1/repair", 10_000_000_000),
+                    0,
+                )
             } else {
                 (common::attack::signed_looking_head("/1/repair", 100), 10)
             };

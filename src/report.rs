@@ -763,7 +763,9 @@ mod tests {
                 br#"{"status":"evacuate","details":{"fs-used-ratio":0.92665207135085950}}"#,
             )
             .unwrap();
-            let body = serde_json::to_vec(&Envelope::new("n1", 1, 1_000, 1_000, &v, None).sign(&key())).unwrap();
+            let body =
+                serde_json::to_vec(&Envelope::new("n1", 1, 1_000, 1_000, &v, None).sign(&key()))
+                    .unwrap();
             Envelope::verify(&body, &key(), "n1", None, 2_000, RULES).unwrap();
         }
 

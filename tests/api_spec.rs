@@ -247,9 +247,16 @@ async fn real_responses_match_the_openapi_spec() {
     assert_eq!(code, 200, "{r}");
     assert!(r["previous-seq"].is_u64(), "{r}");
     assert_eq!(
-        api.call(false, &base, "POST", reset, "/1/nodes/node1/reset-seq", None)
-            .await
-            .0,
+        api.call(
+            false,
+            &base,
+            "POST",
+            reset,
+            "/1/nodes/node1/reset-seq",
+            None
+        )
+        .await
+        .0,
         401
     );
     assert_eq!(
@@ -259,9 +266,16 @@ async fn real_responses_match_the_openapi_spec() {
         404
     );
     assert_eq!(
-        api.call(false, &base, "GET", "/1/tags", "/1/tags?node=a&node=b", None)
-            .await
-            .0,
+        api.call(
+            false,
+            &base,
+            "GET",
+            "/1/tags",
+            "/1/tags?node=a&node=b",
+            None
+        )
+        .await
+        .0,
         400
     );
     let (_, l) = api

@@ -134,14 +134,17 @@ fn two_daemon_replicas_and_a_collector_per_node_with_host_script_dirs() {
 /// itself must ask for it.
 #[test]
 fn the_release_build_parses_floats_exactly() {
-    let manifest: toml::Table =
-        toml::from_str(&std::fs::read_to_string(env!("CARGO_MANIFEST_DIR").to_string() + "/Cargo.toml").unwrap())
-            .unwrap();
+    let manifest: toml::Table = toml::from_str(
+        &std::fs::read_to_string(env!("CARGO_MANIFEST_DIR").to_string() + "/Cargo.toml").unwrap(),
+    )
+    .unwrap();
     let features = manifest["dependencies"]["serde_json"]["features"]
         .as_array()
         .expect("serde_json must be declared with features");
     assert!(
-        features.iter().any(|f| f.as_str() == Some("float_roundtrip")),
+        features
+            .iter()
+            .any(|f| f.as_str() == Some("float_roundtrip")),
         "serde_json needs the float_roundtrip feature: {features:?}"
     );
 }

@@ -17,28 +17,11 @@ use serde_json::{Value, json};
 fn fenced_cluster() -> Cluster {
     let mut c = Cluster::new(3);
     let calls = c.path("agent-calls");
-    let agents = c.stub_agents(&[(
+    c.extra_daemon_toml = c.stub_fencing(
         "fence_stub",
-        &format!(
-            "cat >> {}; echo called >> {}; exit 0",
-            calls.display(),
-            calls.display()
-        ),
-    )]);
-    c.extra_daemon_toml = format!(
-        r#"
-[fencing]
-agents-dir = "{}"
-grace = "3s"
-liveness-interval = "200ms"
-liveness-timeout = "1s"
-storm-percent = 50
-[fencing.templates.stub]
-agent = "fence_stub"
-[fencing.nodes.node1.power-management]
-methods = [{{ template = "stub" }}]
-"#,
-        agents.display()
+        &format!("cat >> {0}; echo called >> {0}; exit 0", calls.display()),
+        "3s",
+        &["node1"],
     );
     c.extra_collector_toml = r#"
 [collector.limits]
@@ -177,7 +160,11 @@ async fn the_head_of_a_signed_request_is_judged_before_its_body() {
         let t = Instant::now();
         let unsigned =
             format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\n");
-        assert_eq!(attack::raw_request(port, unsigned, 0).await, Some(401), "{path}");
+        assert_eq!(
+            attack::raw_request(port, unsigned, 0).await,
+            Some(401),
+            "{path}"
+        );
         assert!(t.elapsed() < Duration::from_secs(5));
         // Extreme timestamps are refused, not a panic (a debug build overflowed here).
         for ts in [i64::MIN.to_string(), i64::MAX.to_string()] {
@@ -185,7 +172,11 @@ async fn the_head_of_a_signed_request_is_judged_before_its_body() {
                 "POST {path} HTTP/1.1\r\nHost: x\r\n{TIMESTAMP_HEADER}: {ts}\r\n{SIGNATURE_HEADER}: {}\r\nContent-Length: 0\r\n\r\n",
                 "0".repeat(64)
             );
-            assert_eq!(attack::raw_request(port, head, 0).await, Some(401), "{path} {ts}");
+            assert_eq!(
+                attack::raw_request(port, head, 0).await,
+                Some(401),
+                "{path} {ts}"
+            );
         }
     }
     // The daemon's signed routes take no body at all.

@@ -222,22 +222,7 @@ async fn metrics_pass_promtool_after_a_repair_and_a_fence_and_the_alert_rules_te
         assert!(out.status.success(), "promtool {args:?}: {out:?}");
     }
     let mut c = Cluster::new(5);
-    let agents = c.stub_agents(&[("fence_ok", OK_AGENT)]);
-    c.extra_daemon_toml = format!(
-        r#"
-[fencing]
-agents-dir = "{}"
-grace = "1s"
-liveness-interval = "200ms"
-liveness-timeout = "500ms"
-storm-percent = 50
-[fencing.templates.ok]
-agent = "fence_ok"
-[fencing.nodes.node3.power-management]
-methods = [{{ template = "ok" }}]
-"#,
-        agents.display()
-    );
+    c.extra_daemon_toml = c.stub_fencing("fence_ok", OK_AGENT, "1s", &["node3"]);
     c.set_verdict("node1", r#"{"status":"live-repair","command":"fix"}"#);
     c.set_verdict("node2", r#"{"status":"evacuate","details":"d"}"#);
     c.start().await;

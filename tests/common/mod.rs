@@ -224,13 +224,27 @@ env = {{ NODE = "{node}" }}
     }
 
     pub fn spawn(&self, name: &str, args: &[&str]) -> Proc {
+        self.spawn_wrapped(name, &[], args)
+    }
+
+    /// Runs the binary under `wrapper` (e.g. `prlimit --nofile=1024:1024 --`), or directly when
+    /// it is empty, logging to `<name>.log`.
+    pub fn spawn_wrapped(&self, name: &str, wrapper: &[&str], args: &[&str]) -> Proc {
         let log = self.path(&format!("{name}.log"));
         let f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)
             .unwrap();
-        let child = Command::new(BIN)
+        let mut cmd = match wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = cmd
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -245,23 +259,28 @@ env = {{ NODE = "{node}" }}
     pub fn start_collector_wrapped(&mut self, i: usize, wrapper: &[&str]) {
         let cfg = self.collector_config(i, "scripted", "cluster.key");
         let name = format!("collector-{}", self.nodes[i]);
-        let log = self.path(&format!("{name}.log"));
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        let child = Command::new(wrapper[0])
-            .args(&wrapper[1..])
-            .arg(BIN)
-            .args(["--config", cfg.to_str().unwrap(), "collector"])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .spawn()
-            .unwrap();
-        self.collectors[i] = Some(Proc { child, log });
+        let p = self.spawn_wrapped(
+            &name,
+            wrapper,
+            &["--config", cfg.to_str().unwrap(), "collector"],
+        );
+        self.collectors[i] = Some(p);
+    }
+
+    /// `[fencing]` with one stand-in agent `agent` (made from `body`) as the power-management
+    /// of `nodes`, fast detection (`grace`), and the storm threshold at 50 %.
+    pub fn stub_fencing(&self, agent: &str, body: &str, grace: &str, nodes: &[&str]) -> String {
+        let agents = self.stub_agents(&[(agent, body)]);
+        let mut toml = format!(
+            "[fencing]\nagents-dir = \"{}\"\ngrace = \"{grace}\"\nliveness-interval = \"200ms\"\nliveness-timeout = \"1s\"\nstorm-percent = 50\n[fencing.templates.stub]\nagent = \"{agent}\"\n",
+            agents.display()
+        );
+        for n in nodes {
+            toml.push_str(&format!(
+                "[fencing.nodes.{n}.power-management]\nmethods = [{{ template = \"stub\" }}]\n"
+            ));
+        }
+        toml
     }
 
     /// Stand-in fence agents in `<dir>/agents` (tests of what happens around a fence, not of
