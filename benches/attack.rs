@@ -154,7 +154,9 @@ async fn main() {
         let end = Instant::now() + Duration::from_secs(5);
         let mut sent = 0;
         while Instant::now() < end {
-            sent += common::attack::big_unsigned_posts(port, api, 300).await.len();
+            sent += common::attack::big_unsigned_posts(port, api, 300)
+                .await
+                .len();
         }
         eprintln!("unsigned POSTs sent: {sent}");
     })

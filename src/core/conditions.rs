@@ -122,7 +122,7 @@ pub fn evaluate(
             else {
                 continue;
             };
-            let held = now - c.since;
+            let held = now.saturating_sub(c.since);
             if held < rule.after {
                 continue;
             }

@@ -271,7 +271,7 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
         .iter()
         .filter(|(n, l)| !l.reachable && s.plans.contains_key(*n))
         .filter_map(|(n, l)| l.unreachable_since.map(|t| (n, t)))
-        .filter(|(_, since)| now - since >= p.grace)
+        .filter(|(_, since)| now.saturating_sub(*since) >= p.grace)
         .collect();
     candidates.sort_by_key(|(n, since)| (*since, (*n).clone()));
     for (node, since) in candidates {
@@ -291,7 +291,7 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
         if in_flight >= p.max_in_flight {
             break;
         }
-        if last_start.is_some_and(|t| now - t < p.min_interval) {
+        if last_start.is_some_and(|t| now.saturating_sub(t) < p.min_interval) {
             break;
         }
         let plan = &s.plans[node];
@@ -329,7 +329,7 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
             FenceStatus::New,
             format!(
                 "collector silent for {:.1} s (grace {:.1} s)",
-                (now - since) as f64 / 1e9,
+                now.saturating_sub(since) as f64 / 1e9,
                 p.grace as f64 / 1e9
             ),
         );

@@ -40,6 +40,11 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(e.to_string())
 }
 
+/// A store error as the API reports it: naming the database, so an operator knows which file.
+fn db_error(store: &Store, e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("{}: {e}", store.path()))
+}
+
 pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
     // Every signed route of the daemon takes no body.
     let auth = SignedAuth {
@@ -101,16 +106,22 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
 }
 
 async fn status<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError> {
-    let events = s.store.events_with_jobs().map_err(internal)?;
+    let events = s
+        .store
+        .events_with_jobs()
+        .map_err(|e| db_error(&s.store, e))?;
     let mut out: Vec<Value> = events.iter().map(|(e, j)| event_json(e, j)).collect();
     // Fence flows are events too, until they are final.
-    let flows = s.store.fence_flows(i64::MAX).map_err(internal)?;
+    let flows = s
+        .store
+        .fence_flows(i64::MAX)
+        .map_err(|e| db_error(&s.store, e))?;
     out.extend(flows.iter().map(fence_event_json));
     Ok(Json(out))
 }
 
 async fn fences<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError> {
-    let flows = s.store.all_flows(1000).map_err(internal)?;
+    let flows = s.store.all_flows(1000).map_err(|e| db_error(&s.store, e))?;
     Ok(Json(flows.iter().map(fence_json).collect()))
 }
 
@@ -160,10 +171,10 @@ async fn one_status<C: Cluster>(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
-    if let Some(f) = s.store.flow(&id).map_err(internal)? {
+    if let Some(f) = s.store.flow(&id).map_err(|e| db_error(&s.store, e))? {
         return Ok(Json(fence_event_json(&f)));
     }
-    match s.store.event(&id).map_err(internal)? {
+    match s.store.event(&id).map_err(|e| db_error(&s.store, e))? {
         Some((e, jobs, None)) => Ok(Json(event_json(&e, &jobs))),
         Some((_, _, Some(why))) => Err(ApiError::not_found(format!(
             "event {id} was cleared: {why}"
@@ -173,7 +184,7 @@ async fn one_status<C: Cluster>(
 }
 
 async fn nodes<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError> {
-    let rows = s.store.nodes().map_err(internal)?;
+    let rows = s.store.nodes().map_err(|e| db_error(&s.store, e))?;
     let offline = s.cluster.offline_nodes().await.map_err(internal)?;
     let tags = s.cluster.tags().await.map_err(internal)?;
     let out = s
@@ -204,8 +215,16 @@ async fn cancel<C: Cluster>(
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
     require_leader(&s)?;
-    match s.store.cancel(&id, now_ns()).map_err(internal)? {
-        CancelOutcome::NotFound => match s.store.cancel_flow(&id, now_ns()).map_err(internal)? {
+    match s
+        .store
+        .cancel(&id, now_ns())
+        .map_err(|e| db_error(&s.store, e))?
+    {
+        CancelOutcome::NotFound => match s
+            .store
+            .cancel_flow(&id, now_ns())
+            .map_err(|e| db_error(&s.store, e))?
+        {
             FenceCancel::NotFound => Err(ApiError::not_found(format!("no live event {id}"))),
             FenceCancel::Final => Err(ApiError::conflict(format!(
                 "fence flow {id} is already final"
@@ -232,7 +251,7 @@ async fn cancel<C: Cluster>(
             let (e, jobs, _) = s
                 .store
                 .event(&id)
-                .map_err(internal)?
+                .map_err(|e| db_error(&s.store, e))?
                 .ok_or_else(|| ApiError::internal("event vanished"))?;
             Ok(Json(event_json(&e, &jobs)))
         }
@@ -304,7 +323,10 @@ async fn reset_seq<C: Cluster>(
     if !s.cfg.nodes.iter().any(|n| n.name == node) {
         return Err(ApiError::not_found(format!("unknown node {node:?}")));
     }
-    let prev = s.seqs.reset(&s.store, &node).map_err(internal)?;
+    let prev = s
+        .seqs
+        .reset(&s.store, &node)
+        .map_err(|e| db_error(&s.store, e))?;
     tracing::warn!(node = %node, previous_seq = ?prev, "report sequence state reset by operator");
     Ok(Json(json!({"node": node, "previous-seq": prev})))
 }

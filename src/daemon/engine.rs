@@ -316,7 +316,7 @@ impl<C: Cluster> Engine<C> {
                     .store
                     .finish_job(job.id, outcome.ok, &outcome.detail, now_ns())
                 {
-                    error!(error = %e, "cannot record the job's end; it resumes on restart");
+                    error!(error = %e, db = %self.store.path(), "cannot record the job's end; it resumes on restart");
                 }
                 self.wake.notify_one();
             }

@@ -232,10 +232,13 @@ impl<C: Cluster> Fencer<C> {
 
     pub async fn tick(self: &Arc<Self>) {
         let now = now_ns();
-        let flows = match self.store.fence_flows(now - self.policy.cooldown) {
+        let flows = match self
+            .store
+            .fence_flows(now.saturating_sub(self.policy.cooldown))
+        {
             Ok(f) => f,
             Err(e) => {
-                error!(error = %e, "cannot load fence flows");
+                error!(error = %e, db = %self.store.path(), "cannot load fence flows");
                 return;
             }
         };
@@ -330,7 +333,7 @@ impl<C: Cluster> Fencer<C> {
                 info!(flow = %f.id, node = %f.node, "fence flow started");
                 self.metrics.fences_started.inc();
                 if let Err(e) = self.store.insert_flow(&f) {
-                    error!(error = %e, "cannot record a new fence flow");
+                    error!(error = %e, db = %self.store.path(), "cannot record a new fence flow");
                 }
             }
             FenceAction::Save(f) => {
@@ -356,7 +359,9 @@ impl<C: Cluster> Fencer<C> {
                     }
                     // Changed meanwhile (an operator's cancel): decide again from the store.
                     Ok(false) => self.wake.notify_one(),
-                    Err(e) => error!(error = %e, "cannot save a fence flow"),
+                    Err(e) => {
+                        error!(error = %e, db = %self.store.path(), "cannot save a fence flow")
+                    }
                 }
             }
             FenceAction::RunStep { flow, node, step } => self.clone().spawn_step(flow, node, step),
@@ -383,7 +388,7 @@ impl<C: Cluster> Fencer<C> {
                 match self.cluster.add_tag(&node, &tag).await {
                     Ok(()) => {
                         if let Err(e) = self.store.mark_flow_tagged(&flow) {
-                            error!(error = %e, "cannot record the fencefailed tag");
+                            error!(error = %e, db = %self.store.path(), "cannot record the fencefailed tag");
                         }
                     }
                     Err(e) => error!(error = %e, "cannot tag the node"),
@@ -484,7 +489,7 @@ impl<C: Cluster> Fencer<C> {
                     self.metrics.fence_failed(what);
                 }
                 if let Err(e) = self.store.set_flow_outcome(&flow, which, outcome, calls) {
-                    error!(error = %e, "cannot record a fence outcome; it runs again after a restart");
+                    error!(error = %e, db = %self.store.path(), "cannot record a fence outcome; it runs again after a restart");
                 }
                 self.busy
                     .lock()

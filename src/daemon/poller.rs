@@ -224,7 +224,7 @@ impl Poller {
         }
         self.log_changes(&updates);
         if let Err(e) = self.store.record_polls(&updates, now_ns()) {
-            warn!(error = %e, "cannot record poll results");
+            warn!(error = %e, db = %self.store.path(), "cannot record poll results");
         }
         self.metrics.nodes_unreachable.set(down);
         self.metrics
