@@ -437,5 +437,9 @@ mod tests {
         assert!(err("[collector]\ndiagnose = \"../x\"").contains("bare name"));
         assert!(err("[daemon]\npoll-interval = \"0s\"").contains("greater than zero"));
         assert!(err("[cluster]\nbackend = \"nope\"").contains("not supported"));
+        assert!(
+            err("[kubernetes]\nevents-namespace = \"maintd\"")
+                .contains("accepted only in \"default\"")
+        );
     }
 }

@@ -93,6 +93,9 @@ async fn a_drain_waits_out_a_blocking_pdb_and_spares_daemonset_and_mirror_pods()
     let ev = w.events.last().unwrap();
     assert_eq!(ev["involvedObject"]["kind"], "Node");
     assert_eq!(ev["involvedObject"]["name"], "n1");
+    // The uid is what `kubectl describe node` matches Events by; the namespace is default.
+    assert_eq!(ev["involvedObject"]["uid"], "uid-n1", "{ev}");
+    assert_eq!(ev["metadata"]["namespace"], "default", "{ev}");
     assert!(
         ev["message"].as_str().unwrap().starts_with("maintd:"),
         "{ev}"

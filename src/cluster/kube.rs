@@ -159,6 +159,12 @@ impl KubeConfig {
         if self.max_disruptions == 0 {
             return Err("kubernetes.max-disruptions must be at least 1".into());
         }
+        if !matches!(self.events_namespace.as_str(), "default" | "kube-system") {
+            return Err(format!(
+                "kubernetes.events-namespace {:?}: Events about Nodes (cluster-scoped objects) are accepted only in \"default\" (or \"kube-system\"); the apiserver refuses any other namespace with 422",
+                self.events_namespace
+            ));
+        }
         let l = &self.leader_election;
         if l.enabled && !(l.retry_period < l.renew_deadline && l.renew_deadline < l.lease_duration)
         {
@@ -681,6 +687,15 @@ impl Cluster for KubeCluster {
 
     async fn record(&self, node: &str, reason: &str, message: &str, warning: bool) {
         let now = chrono_now();
+        // `kubectl describe node` lists only Events whose involvedObject carries the Node's uid.
+        let uid = match self.nodes_api().get_opt(node).await {
+            Ok(Some(n)) => n.metadata.uid,
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(node, reason, error = %e, "cannot read the Node for its Event");
+                None
+            }
+        };
         let ev = Event {
             metadata: ObjectMeta {
                 generate_name: Some(format!("{node}.maintd.")),
@@ -691,6 +706,7 @@ impl Cluster for KubeCluster {
                 api_version: Some("v1".into()),
                 kind: Some("Node".into()),
                 name: Some(node.into()),
+                uid,
                 ..Default::default()
             },
             reason: Some(reason.into()),

@@ -55,7 +55,7 @@ impl World {
             name.into(),
             json!({
                 "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "resourceVersion": rv, "labels": {"kubernetes.io/hostname": name}},
+                "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": rv, "labels": {"kubernetes.io/hostname": name}},
                 "spec": {},
                 "status": {
                     "addresses": [{"type": "InternalIP", "address": ip}],
@@ -448,6 +448,14 @@ async fn create_event(State(w): State<Shared>, Path(ns): Path<String>, body: Byt
     let Ok(mut ev) = serde_json::from_slice::<Value>(&body) else {
         return status(400, "BadRequest", "invalid Event");
     };
+    // As the apiserver: an Event about a cluster-scoped object lives in default or kube-system.
+    if ev["involvedObject"]["kind"] == "Node" && !matches!(ns.as_str(), "default" | "kube-system") {
+        return status(
+            422,
+            "Invalid",
+            "Event.involvedObject.namespace: Invalid value: \"\": does not match event.namespace",
+        );
+    }
     let mut w = w.lock().unwrap();
     let n = w.events.len();
     ev["metadata"]["namespace"] = json!(ns);
