@@ -90,6 +90,13 @@ async fn a_drain_waits_out_a_blocking_pdb_and_spares_daemonset_and_mirror_pods()
     left.sort();
     assert_eq!(left, vec!["agent-x", "etcd-n1"]);
     assert_eq!(w.pods_on("n2"), vec!["web-2"], "other nodes untouched");
+    // Every eviction named the pod's UID; each pod counts once however often it was tried.
+    assert!(
+        w.delete_requests.iter().all(|(_, uid)| uid.is_some()),
+        "{:?}",
+        w.delete_requests
+    );
+    assert!(o.detail.ends_with("(2 pods)"), "{o:?}");
     let ev = w.events.last().unwrap();
     assert_eq!(ev["involvedObject"]["kind"], "Node");
     assert_eq!(ev["involvedObject"]["name"], "n1");
@@ -208,6 +215,14 @@ async fn release_taints_out_of_service_and_force_deletes_pods_and_reclaim_clears
             forced,
             vec!["db/db-0", "web/web-1"],
             "grace 0, DaemonSet and mirror pods kept"
+        );
+        assert!(
+            !w.delete_requests.is_empty()
+                && w.delete_requests.iter().all(|(p, uid)| uid
+                    .as_deref()
+                    .is_some_and(|u| u.contains(p.replace('/', "-").as_str()))),
+            "every delete names the pod's UID: {:?}",
+            w.delete_requests
         );
         assert_eq!(w.events.last().unwrap()["reason"], "MaintdFenceRelease");
     }
@@ -820,4 +835,37 @@ async fn a_stalled_engine_fails_its_health_check_naming_the_cause() {
         (c.get("/1/health").await.0 == 200).then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_drain_never_evicts_a_terminating_pod_again_and_counts_each_pod_once() {
+    let (k, w) = world(30_000, 1).await;
+    w.lock().unwrap().graceful = true;
+    let k = std::sync::Arc::new(k);
+    let drain = tokio::spawn({
+        let k = k.clone();
+        async move { k.run_job(&job("n1", JobKind::Evacuate), &json!({})).await }
+    });
+    // Both pods are terminating; the drain waits for them for several of its rounds.
+    common::wait_for("both pods terminating", || async {
+        let w = w.lock().unwrap();
+        let terminating = w
+            .pods
+            .values()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_string())
+            .count();
+        (terminating == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(!drain.is_finished());
+    w.lock().unwrap().finish_terminating();
+    let o = drain.await.unwrap();
+    assert!(o.ok, "{o:?}");
+    assert!(o.detail.contains("(2 pods)"), "{o:?}");
+    let w = w.lock().unwrap();
+    for pod in ["db/db-0", "web/web-1"] {
+        let n = w.delete_requests.iter().filter(|(p, _)| p == pod).count();
+        assert_eq!(n, 1, "{pod} evicted {n} times: {:?}", w.delete_requests);
+    }
 }

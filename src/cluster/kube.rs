@@ -12,7 +12,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::Client;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -233,6 +233,45 @@ fn evictable(pod: &Pod) -> bool {
     !daemonset && !mirror && !finished
 }
 
+/// How long a release waits for the taint-eviction controller to mark the pods terminating.
+const RELEASE_SETTLE: Duration = Duration::from_secs(1);
+
+/// Delete options that apply only to this very pod (its UID), with an optional grace period.
+fn uid_delete(p: &Pod, grace: Option<u32>) -> DeleteParams {
+    let mut dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: p.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    if let Some(g) = grace {
+        dp = dp.grace_period(g);
+    }
+    dp
+}
+
+/// An Eviction of this very pod (its UID). Built from k8s-openapi's type rather than kube's
+/// `evict`, whose body spells the field `delete_options`: the apiserver expects
+/// `deleteOptions` and silently drops the unknown key, preconditions with it.
+fn uid_eviction(p: &Pod) -> k8s_openapi::api::policy::v1::Eviction {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions};
+    k8s_openapi::api::policy::v1::Eviction {
+        metadata: ObjectMeta {
+            name: p.metadata.name.clone(),
+            namespace: p.metadata.namespace.clone(),
+            ..Default::default()
+        },
+        delete_options: Some(DeleteOptions {
+            preconditions: Some(Preconditions {
+                uid: p.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
 fn pod_name(p: &Pod) -> String {
     format!(
         "{}/{}",
@@ -416,14 +455,16 @@ impl KubeCluster {
     }
 
     /// Cordons, then evicts (honouring PDBs, retrying 429s with backoff) or deletes every pod but
-    /// DaemonSet and mirror pods, until none is left or the drain deadline passes.
+    /// DaemonSet and mirror pods, until none is left or the drain deadline passes. A pod already
+    /// terminating is waited for, not evicted again; every request names the pod's UID, so a
+    /// replacement that took the same name is never touched.
     pub async fn drain(&self, node: &str, respect_pdbs: bool) -> Outcome {
         if let Err(e) = self.cordon(node, true).await {
             return Outcome::failed(format!("cordon {node}: {e}"));
         }
         let deadline = tokio::time::Instant::now() + self.cfg.drain_deadline;
         let mut backoff = self.cfg.eviction_backoff;
-        let mut evicted = 0usize;
+        let mut evicted = std::collections::BTreeSet::new();
         loop {
             let pods = match self.pods_on(node).await {
                 Ok(p) => p,
@@ -432,23 +473,36 @@ impl KubeCluster {
             if pods.is_empty() {
                 return Outcome {
                     ok: true,
-                    detail: format!("{node} drained ({evicted} pods)"),
+                    detail: format!("{node} drained ({} pods)", evicted.len()),
                 };
             }
             let mut blocked = Vec::new();
-            for p in &pods {
+            for p in pods
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+            {
                 let (Some(ns), Some(name)) = (&p.metadata.namespace, &p.metadata.name) else {
                     continue;
                 };
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
                 let r = if respect_pdbs {
-                    api.evict(name, &EvictParams::default()).await.map(|_| ())
+                    api.create_subresource::<_, serde_json::Value>(
+                        "eviction",
+                        name,
+                        &PostParams::default(),
+                        &uid_eviction(p),
+                    )
+                    .await
+                    .map(|_| ())
                 } else {
-                    api.delete(name, &DeleteParams::default()).await.map(|_| ())
+                    api.delete(name, &uid_delete(p, None)).await.map(|_| ())
                 };
                 match r {
-                    Ok(()) => evicted += 1,
-                    Err(e) if api_code(&e) == Some(404) => {}
+                    Ok(()) => {
+                        evicted.insert(pod_name(p));
+                    }
+                    // Gone, or replaced by a new pod of that name: nothing of ours is left.
+                    Err(e) if matches!(api_code(&e), Some(404 | 409)) => {}
                     // 429: a PodDisruptionBudget allows no disruption right now.
                     Err(e) if api_code(&e) == Some(429) => blocked.push(pod_name(p)),
                     Err(e) => blocked.push(format!("{} ({e})", pod_name(p))),
@@ -473,24 +527,38 @@ impl KubeCluster {
         }
     }
 
-    /// Force-deletes the node's pods (grace 0), so their controllers recreate them at once.
-    async fn force_delete_pods(&self, node: &str) -> Result<usize, ClusterError> {
+    /// Force-deletes the node's pods (grace 0), so their controllers recreate them at once. Each
+    /// delete names the pod's UID: a replacement that took the name is never deleted.
+    async fn force_delete_pods(&self, pods: &[Pod]) -> Result<usize, ClusterError> {
         let mut n = 0;
-        for p in self.pods_on(node).await? {
+        for p in pods {
             let (Some(ns), Some(name)) = (&p.metadata.namespace, &p.metadata.name) else {
                 continue;
             };
             let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-            match api
-                .delete(name, &DeleteParams::default().grace_period(0))
-                .await
-            {
+            match api.delete(name, &uid_delete(p, Some(0))).await {
                 Ok(_) => n += 1,
-                Err(e) if api_code(&e) == Some(404) => {}
+                Err(e) if matches!(api_code(&e), Some(404 | 409)) => {}
                 Err(e) => return Err(e.into()),
             }
         }
         Ok(n)
+    }
+
+    /// After the out-of-service taint, the taint-eviction controller deletes the node's pods
+    /// itself (gracefully, which a dead kubelet never completes). Waiting until it has marked
+    /// them, briefly, lets its delete land first: our force delete then finishes the same pod,
+    /// and the controller never retries a delete by name that could hit the replacement.
+    async fn pods_after_taint(&self, node: &str) -> Result<Vec<Pod>, ClusterError> {
+        let until = tokio::time::Instant::now() + RELEASE_SETTLE;
+        loop {
+            let pods = self.pods_on(node).await?;
+            let settled = pods.iter().all(|p| p.metadata.deletion_timestamp.is_some());
+            if settled || tokio::time::Instant::now() >= until {
+                return Ok(pods);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn offline(&self, node: &str, on: bool) -> Result<(), ClusterError> {
@@ -609,7 +677,8 @@ impl Cluster for KubeCluster {
                 true,
             )
             .await?;
-            self.force_delete_pods(node).await
+            let pods = self.pods_after_taint(node).await?;
+            self.force_delete_pods(&pods).await
         }
         .await;
         let o = match r {

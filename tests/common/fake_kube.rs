@@ -22,6 +22,9 @@ use serde_json::{Value, json};
 pub struct World {
     /// While set, every request is answered 503 (an apiserver outage).
     pub down: bool,
+    /// As a kubelet with a termination grace: an eviction or a delete without grace 0 marks the
+    /// pod terminating (deletionTimestamp) and leaves it until `finish_terminating`.
+    pub graceful: bool,
     pub nodes: BTreeMap<String, Value>,
     /// (namespace, name) -> pod
     pub pods: BTreeMap<(String, String), Value>,
@@ -29,6 +32,8 @@ pub struct World {
     pub events: Vec<Value>,
     /// Pods deleted, with the grace period asked for.
     pub deleted: Vec<(String, Option<i64>)>,
+    /// Every pod delete or eviction request, with the UID precondition it carried (if any).
+    pub delete_requests: Vec<(String, Option<String>)>,
     pub evictions_refused: usize,
     /// The next this-many versioned node patches lose a race with another writer: the node
     /// changes just before they land, so they get 409 Conflict.
@@ -114,12 +119,26 @@ impl World {
             (ns.into(), name.into()),
             json!({
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "labels": labels,
+                "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}-{rv}"), "resourceVersion": rv, "labels": labels,
                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": owner, "name": format!("{name}-owner"), "uid": "u"}]},
                 "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
                 "status": {"phase": "Running"},
             }),
         );
+    }
+
+    /// Completes every graceful deletion, as the kubelet does once the containers stopped.
+    pub fn finish_terminating(&mut self) {
+        let done: Vec<_> = self
+            .pods
+            .iter()
+            .filter(|(_, p)| p["metadata"]["deletionTimestamp"].is_string())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in done {
+            self.pods.remove(&k);
+            self.deleted.push((format!("{}/{}", k.0, k.1), None));
+        }
     }
 
     pub fn add_mirror_pod(&mut self, ns: &str, name: &str, node: &str) {
@@ -383,10 +402,21 @@ async fn delete_pod(
     Path((ns, name)): Path<(String, String)>,
     body: Bytes,
 ) -> Response {
-    let grace = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v["gracePeriodSeconds"].as_i64());
+    let opts = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+    let grace = opts["gracePeriodSeconds"].as_i64();
     let mut w = w.lock().unwrap();
+    if let Some(r) = precondition_failed(&mut w, &ns, &name, &opts) {
+        return r;
+    }
+    if w.graceful && grace != Some(0) {
+        return match w.pods.get_mut(&(ns.clone(), name.clone())) {
+            Some(p) => {
+                p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+                axum::Json(p.clone()).into_response()
+            }
+            None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
+        };
+    }
     match w.pods.remove(&(ns.clone(), name.clone())) {
         Some(p) => {
             w.deleted.push((format!("{ns}/{name}"), grace));
@@ -396,8 +426,35 @@ async fn delete_pod(
     }
 }
 
-async fn evict_pod(State(w): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+/// Records the request and answers 409 as the apiserver does when the UID precondition names
+/// another object than the one under that name.
+fn precondition_failed(w: &mut World, ns: &str, name: &str, opts: &Value) -> Option<Response> {
+    let want = opts["preconditions"]["uid"].as_str().map(String::from);
+    w.delete_requests
+        .push((format!("{ns}/{name}"), want.clone()));
+    let have = w.pods.get(&(ns.to_string(), name.to_string()))?["metadata"]["uid"]
+        .as_str()
+        .map(String::from);
+    match want {
+        Some(u) if Some(&u) != have.as_ref() => Some(status(
+            409,
+            "Conflict",
+            &format!("Precondition failed: UID in precondition: {u}, UID in object meta: {have:?}"),
+        )),
+        _ => None,
+    }
+}
+
+async fn evict_pod(
+    State(w): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let eviction = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
     let mut w = w.lock().unwrap();
+    if let Some(r) = precondition_failed(&mut w, &ns, &name, &eviction["deleteOptions"]) {
+        return r;
+    }
     let Some(pod) = w.pods.get(&(ns.clone(), name.clone())).cloned() else {
         return status(404, "NotFound", &format!("pods \"{name}\" not found"));
     };
@@ -433,8 +490,14 @@ async fn evict_pod(State(w): State<Shared>, Path((ns, name)): Path<(String, Stri
             .unwrap_or(0);
         w.pdbs[i]["status"]["disruptionsAllowed"] = json!(a - 1);
     }
-    w.pods.remove(&(ns.clone(), name.clone()));
-    w.deleted.push((format!("{ns}/{name}"), None));
+    if w.graceful {
+        if let Some(p) = w.pods.get_mut(&(ns.clone(), name.clone())) {
+            p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+    } else {
+        w.pods.remove(&(ns.clone(), name.clone()));
+        w.deleted.push((format!("{ns}/{name}"), None));
+    }
     (
         StatusCode::CREATED,
         axum::Json(
