@@ -724,6 +724,13 @@ timeout = "20s"
         })
         .await;
     assert!(!ipmi.powered_on(), "the BMC reads off");
+    // The flow names the rule that fired, not a silent collector (it kept answering).
+    let first = f["history"][0]["note"].as_str().unwrap();
+    assert!(
+        first.contains("rule Ready=Unknown for") && first.contains("collector still answers"),
+        "{first}"
+    );
+    assert_eq!(f["witnesses"]["collector"], false, "{f:#}");
     let fenced_at = f["fenced-at"].as_i64().unwrap();
     {
         let w = w.lock().unwrap();

@@ -104,8 +104,16 @@ pub struct NodeCondition {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Evaluation {
     pub verdicts: BTreeMap<String, Vec<Verdict>>,
-    /// Nodes a fence rule applies to, with the time their condition began.
-    pub fence: BTreeMap<String, Nanos>,
+    /// Nodes a fence rule applies to, with the time their condition began and the rule.
+    pub fence: BTreeMap<String, FenceRule>,
+}
+
+/// A fence rule that holds for a node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FenceRule {
+    pub since: Nanos,
+    /// The rule as an operator wrote it: `Ready=Unknown for 5s`.
+    pub rule: String,
 }
 
 pub fn evaluate(
@@ -134,8 +142,19 @@ pub fn evaluate(
             .min(rule.steps.len() - 1);
             match rule.steps[step] {
                 RuleAction::Fence => {
-                    let e = out.fence.entry(node.clone()).or_insert(c.since);
-                    *e = (*e).min(c.since);
+                    let rule = format!(
+                        "{}={} for {}",
+                        rule.condition,
+                        rule.status,
+                        humantime::format_duration(std::time::Duration::from_nanos(
+                            rule.after.max(0) as u64
+                        ))
+                    );
+                    let e = out.fence.entry(node.clone()).or_insert(FenceRule {
+                        since: c.since,
+                        rule,
+                    });
+                    e.since = e.since.min(c.since);
                 }
                 RuleAction::Repair(status) => {
                     // `since` is part of the identity: a condition that clears and comes back
@@ -207,7 +226,12 @@ mod tests {
         assert_eq!(action(&at(70 * S)), Some(Status::EvacuateFailover));
         let top = at(130 * S);
         assert!(top.verdicts.is_empty());
-        assert_eq!(top.fence.get("n1"), Some(&(NOW - 130 * S)));
+        assert_eq!(top.fence.get("n1").map(|f| f.since), Some(NOW - 130 * S));
+        assert!(
+            top.fence["n1"].rule.starts_with("Ready=Unknown for"),
+            "{:?}",
+            top.fence
+        );
         // Far past the ladder's end it stays at the last step.
         assert_eq!(at(10_000 * S).fence.len(), 1);
         // Another status of the same condition does not match.

@@ -116,9 +116,44 @@ pub struct Flow {
     pub released_at: Option<Nanos>,
     pub history: Vec<Transition>,
     pub calls: Vec<Call>,
+    /// What declared the node dead when the flow started: recovery waits for each of them to
+    /// be healthy again.
+    #[serde(default = "Witnesses::legacy")]
+    pub witnesses: Witnesses,
     /// Store version this copy was loaded at (a save of a stale copy is refused).
     #[serde(skip)]
     pub version: u64,
+}
+
+/// The witnesses that declared a node dead.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Witnesses {
+    /// The collector stopped answering the liveness probe.
+    pub collector: bool,
+    /// The node-condition fence rule that held, as `Ready=Unknown for 5s`.
+    pub condition: Option<String>,
+}
+
+impl Witnesses {
+    /// Flows recorded before witnesses were: the collector decided, as it then always did.
+    fn legacy() -> Witnesses {
+        Witnesses {
+            collector: true,
+            condition: None,
+        }
+    }
+
+    /// Whether every witness is healthy again after the power-off at `fenced_at`: a healthy
+    /// report diagnosed after it for the collector, the rule no longer holding for a condition.
+    fn recovered(&self, l: &Liveness, fenced_at: Option<Nanos>) -> bool {
+        let collector = !self.collector
+            || l.healthy_at
+                .zip(fenced_at)
+                .is_some_and(|(h, t)| h > t && !l.probe_silent);
+        let condition = self.condition.is_none() || !l.condition_fence;
+        collector && condition
+    }
 }
 
 impl Flow {
@@ -150,8 +185,13 @@ impl Flow {
 pub struct Liveness {
     pub reachable: bool,
     pub unreachable_since: Option<Nanos>,
-    /// When the last verified, healthy (Ok, no diagnose error) report arrived.
+    /// When the diagnose behind the last verified, healthy (Ok, no diagnose error) report ran,
+    /// by the collector's clock: a report diagnosed before a power-off proves nothing after it.
     pub healthy_at: Option<Nanos>,
+    /// The collector does not answer the liveness probe.
+    pub probe_silent: bool,
+    /// A node-condition fence rule holds for the node (e.g. `Ready=Unknown` for its time).
+    pub condition_fence: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -206,6 +246,8 @@ pub struct FenceState {
     pub plans: BTreeMap<String, PlanSummary>,
     pub tags: BTreeMap<String, BTreeSet<String>>,
     pub policy: FencePolicy,
+    /// The fence rule holding per node, as `Ready=Unknown for 5s` (Kubernetes).
+    pub rules: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -296,6 +338,29 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
         }
         let plan = &s.plans[node];
         let step = plan.first_step();
+        let l = s.liveness.get(node).copied().unwrap_or_default();
+        let rule = s.rules.get(node).filter(|_| l.condition_fence).cloned();
+        let why = match &rule {
+            Some(r) => format!(
+                "node condition rule {r} holds for {:.1} s (grace {:.1} s){}",
+                now.saturating_sub(since) as f64 / 1e9,
+                p.grace as f64 / 1e9,
+                if l.probe_silent {
+                    "; the collector is silent too"
+                } else {
+                    "; the collector still answers"
+                }
+            ),
+            None => format!(
+                "collector silent for {:.1} s (grace {:.1} s)",
+                now.saturating_sub(since) as f64 / 1e9,
+                p.grace as f64 / 1e9
+            ),
+        };
+        let witnesses = Witnesses {
+            collector: l.probe_silent,
+            condition: rule,
+        };
         let mut f = Flow {
             id: Uuid::new_v5(&FLOW_NAMESPACE, format!("{node}\n{now}").as_bytes()),
             node: node.clone(),
@@ -321,18 +386,10 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
             released_at: None,
             history: Vec::new(),
             calls: Vec::new(),
+            witnesses,
             version: 0,
         };
-        f.go(
-            now,
-            step,
-            FenceStatus::New,
-            format!(
-                "collector silent for {:.1} s (grace {:.1} s)",
-                now.saturating_sub(since) as f64 / 1e9,
-                p.grace as f64 / 1e9
-            ),
-        );
+        f.go(now, step, FenceStatus::New, why);
         out.push(FenceAction::Start(f.clone()));
         // Start the first step at once rather than a tick later.
         let mut running = f.clone();
@@ -459,11 +516,8 @@ fn advance(s: &FenceState, f: &Flow, hold_power: bool, now: Nanos, out: &mut Vec
             if (power_step && hold_power) || now < f.next_attempt {
                 return;
             }
-            if f.step == Step::Recovery
-                && f.fenced
-                && l.healthy_at.zip(f.fenced_at).is_none_or(|(h, t)| h <= t)
-            {
-                // Powered off: wait for the node to come back with a healthy report.
+            if f.step == Step::Recovery && f.fenced && !f.witnesses.recovered(&l, f.fenced_at) {
+                // Powered off: wait until every witness that declared it dead is healthy again.
                 return;
             }
             n.go(

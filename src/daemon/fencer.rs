@@ -51,6 +51,8 @@ pub fn merge_liveness(
         reachable: answers && fence_rule_since.is_none(),
         unreachable_since: since,
         healthy_at,
+        probe_silent: !answers,
+        condition_fence: fence_rule_since.is_some(),
     }
 }
 
@@ -193,7 +195,8 @@ impl<C: Cluster> Fencer<C> {
         }
     }
 
-    fn liveness(&self) -> BTreeMap<String, Liveness> {
+    /// Every member's liveness, and the fence rule holding per node (for the flow's note).
+    fn liveness(&self) -> (BTreeMap<String, Liveness>, BTreeMap<String, String>) {
         let healthy: BTreeMap<String, Nanos> = match self.store.nodes() {
             Ok(rows) => rows
                 .into_iter()
@@ -201,7 +204,7 @@ impl<C: Cluster> Fencer<C> {
                     r.diagnose_error.is_none()
                         && r.last_report.as_ref().is_some_and(|v| v["status"] == "Ok")
                 })
-                .filter_map(|r| r.last_answer_ns.map(|t| (r.name, t)))
+                .filter_map(|r| r.diagnosed_ns.map(|t| (r.name, t)))
                 .collect(),
             Err(e) => {
                 warn!(error = %e, "cannot read node reports");
@@ -215,19 +218,23 @@ impl<C: Cluster> Fencer<C> {
             .map(|e| e.fence)
             .unwrap_or_default();
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        self.members
+        let liveness = self
+            .members
             .get()
             .iter()
             .map(|n| &n.name)
             .map(|n| {
                 // Not probed yet: assume reachable, so nothing is fenced on start-up alone.
                 let probed = seen.get(n).copied().unwrap_or((true, None));
+                let rule_since = fence_rules.get(n).map(|f| f.since);
                 (
                     n.clone(),
-                    merge_liveness(probed, fence_rules.get(n).copied(), healthy.get(n).copied()),
+                    merge_liveness(probed, rule_since, healthy.get(n).copied()),
                 )
             })
-            .collect()
+            .collect();
+        let rules = fence_rules.into_iter().map(|(n, f)| (n, f.rule)).collect();
+        (liveness, rules)
     }
 
     pub async fn tick(self: &Arc<Self>) {
@@ -249,9 +256,11 @@ impl<C: Cluster> Fencer<C> {
                 return;
             }
         };
+        let (liveness, rules) = self.liveness();
         let state = FenceState {
             flows,
-            liveness: self.liveness(),
+            liveness,
+            rules,
             plans: self
                 .plans
                 .iter()

@@ -38,6 +38,8 @@ fn up() -> Liveness {
         reachable: true,
         unreachable_since: None,
         healthy_at: None,
+        probe_silent: false,
+        condition_fence: false,
     }
 }
 
@@ -46,6 +48,8 @@ fn down(since: Nanos) -> Liveness {
         reachable: false,
         unreachable_since: Some(since),
         healthy_at: None,
+        probe_silent: true,
+        condition_fence: false,
     }
 }
 
@@ -65,6 +69,7 @@ fn state() -> FenceState {
         plans,
         tags: BTreeMap::new(),
         policy: policy(),
+        rules: BTreeMap::new(),
     }
 }
 
@@ -379,4 +384,96 @@ fn a_failed_release_is_an_error_and_the_restart_releases_under_a_new_attempt_key
             attempt: 1
         }]
     );
+}
+
+/// Drives n2's flow from a fresh start to "powered off, released, recovery due".
+fn fenced_flow(s: &mut FenceState) -> Flow {
+    let a = decide_fencing(s, T0 + 6 * S);
+    let mut f = saved(&a);
+    f = saved(&tick(s, &with_result(&f, true), T0 + 7 * S));
+    assert!(f.fenced);
+    f.release_result = Some(Outcome {
+        ok: true,
+        detail: "ok".into(),
+    });
+    f = saved(&tick(s, &f, T0 + 8 * S));
+    f = saved(&tick(s, &f, T0 + 8 * S));
+    assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
+    f
+}
+
+#[test]
+fn a_condition_fence_recovers_only_once_the_condition_clears_and_says_which_rule_fired() {
+    let mut s = state();
+    // The collector still answers; the Ready=Unknown rule alone declares n2 dead.
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            reachable: false,
+            unreachable_since: Some(T0),
+            healthy_at: Some(T0 + 5 * S),
+            probe_silent: false,
+            condition_fence: true,
+        },
+    );
+    s.rules.insert("n2".into(), "Ready=Unknown for 5s".into());
+    let a = decide_fencing(&s, T0 + 6 * S);
+    let f = &started(&a)[0];
+    assert_eq!(
+        f.witnesses,
+        Witnesses {
+            collector: false,
+            condition: Some("Ready=Unknown for 5s".into())
+        }
+    );
+    let note = &f.history[0].note;
+    assert!(
+        note.contains("rule Ready=Unknown for 5s") && !note.contains("collector silent"),
+        "{note}"
+    );
+    let f = fenced_flow(&mut s);
+    // Powered back on with the kubelet still down: healthy reports, Ready still Unknown.
+    s.liveness.get_mut("n2").unwrap().healthy_at = Some(T0 + 30 * S);
+    assert!(
+        runs(&tick(&mut s, &f, T0 + 31 * S)).is_empty(),
+        "no recovery while the rule holds"
+    );
+    s.liveness.insert("n2".into(), up());
+    assert_eq!(runs(&tick(&mut s, &f, T0 + 32 * S)), vec![Step::Recovery]);
+}
+
+#[test]
+fn a_collector_fence_never_recovers_on_a_report_diagnosed_before_the_power_off() {
+    let mut s = state();
+    s.liveness.insert("n2".into(), down(T0));
+    let f = fenced_flow(&mut s);
+    assert!(f.witnesses.collector && f.witnesses.condition.is_none());
+    // A stale answer: the probe reaches it, but its report was diagnosed before the off.
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            healthy_at: Some(T0 + 6 * S),
+            ..up()
+        },
+    );
+    assert!(runs(&tick(&mut s, &f, T0 + 9 * S)).is_empty());
+    // A report diagnosed after the power-off, while the probe still fails: not yet either.
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            healthy_at: Some(T0 + 20 * S),
+            probe_silent: true,
+            reachable: false,
+            ..up()
+        },
+    );
+    assert!(runs(&tick(&mut s, &f, T0 + 21 * S)).is_empty());
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            healthy_at: Some(T0 + 20 * S),
+            ..up()
+        },
+    );
+    assert_eq!(runs(&tick(&mut s, &f, T0 + 22 * S)), vec![Step::Recovery]);
 }
