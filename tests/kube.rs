@@ -647,6 +647,21 @@ async fn a_standby_takes_over_mid_round_and_resumes_without_duplicating_the_job(
         1,
         "the repair ran once"
     );
+    // acquireTime is set when B took the lease and kept across its renewals.
+    let spec = |w: &fake_kube::Shared| {
+        w.lock()
+            .unwrap()
+            .object("leases", "default", "maintd")
+            .unwrap()["spec"]
+            .clone()
+    };
+    let before = spec(&w);
+    common::wait_for("a renewal", || async {
+        (spec(&w)["renewTime"] != before["renewTime"]).then_some(())
+    })
+    .await;
+    assert_eq!(spec(&w)["acquireTime"], before["acquireTime"]);
+    assert_ne!(spec(&w)["acquireTime"], spec(&w)["renewTime"]);
     let w = w.lock().unwrap();
     let label = format!("repairready.maintd.io/{}", done["id"].as_str().unwrap());
     assert_eq!(w.nodes["node1"]["metadata"]["labels"][&label], "true");

@@ -515,7 +515,7 @@ impl KubeCluster {
                     blocked
                 };
                 return Outcome::failed(format!(
-                    "drain of {node} missed its {:?} deadline; blocking pods: {}",
+                    "drain of {node} missed its {:?} deadline; blocking pods: {}; the node stays cordoned (as kubectl drain leaves it): `kubectl uncordon {node}` once it may take work again",
                     self.cfg.drain_deadline,
                     still.join(", ")
                 ));
@@ -819,6 +819,7 @@ impl Coordination for KubeCluster {
             duration_s: spec.lease_duration_seconds.unwrap_or(0),
             transitions: spec.lease_transitions.unwrap_or(0),
             version: l.metadata.resource_version,
+            acquired: spec.acquire_time,
         }))
     }
 
@@ -836,7 +837,8 @@ impl Coordination for KubeCluster {
                 lease_duration_seconds: Some(lease.duration_s),
                 lease_transitions: Some(lease.transitions),
                 renew_time: Some(now.clone()),
-                acquire_time: Some(now),
+                // Set when the lease changes hands, kept on every renewal (as client-go does).
+                acquire_time: Some(lease.acquired.clone().unwrap_or(now)),
                 ..Default::default()
             }),
         };

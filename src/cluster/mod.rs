@@ -57,6 +57,8 @@ pub struct LeaseRecord {
     pub duration_s: i32,
     pub transitions: i32,
     pub version: Option<String>,
+    /// `acquireTime` as stored: kept on renewal, set anew (None) only when the lease is taken.
+    pub acquired: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>,
 }
 
 /// The shared objects of leader election: the Lease, and the ConfigMap holding the leader's

@@ -294,6 +294,7 @@ impl Leadership {
                         duration_s: lease_duration.as_secs().max(1) as i32,
                         transitions,
                         version: lease.and_then(|l| l.version),
+                        acquired: None,
                     };
                     match coord.write_lease(&l).await {
                         Ok(true) => {
@@ -372,6 +373,7 @@ mod tests {
             duration_s: 15,
             transitions: 3,
             version: Some("7".into()),
+            acquired: None,
         }
     }
 
