@@ -5,6 +5,7 @@
 
 pub mod attack;
 pub mod fake_kube;
+pub mod k8s;
 pub mod sims;
 pub mod spec;
 
@@ -62,6 +63,8 @@ pub struct Cluster {
     pub extra_daemon_toml: String,
     /// Appended to every collector's config (after its `[collector]` keys).
     pub extra_collector_toml: String,
+    /// Extra environment for every process spawned.
+    pub env: Vec<(String, String)>,
     /// List the nodes in the daemon's config (the inventory backend); off for Kubernetes, where
     /// the daemon discovers them from the API.
     pub inventory_nodes: bool,
@@ -122,6 +125,7 @@ impl Cluster {
             daemon: None,
             extra_daemon_toml: String::new(),
             extra_collector_toml: String::new(),
+            env: Vec::new(),
             inventory_nodes: true,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
@@ -247,6 +251,7 @@ env = {{ NODE = "{node}" }}
         let child = cmd
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(f.try_clone().unwrap())
             .stderr(f)
