@@ -30,6 +30,157 @@ async fn against_a_real_control_plane() {
         "{out}"
     );
     events_show_in_kubectl_describe_node_under_the_deploy_rbac(&cp).await;
+    a_fence_release_never_deletes_the_replacement_pod(&cp).await;
+}
+
+/// A status answers OFF, an off succeeds: a fence that completes (the agents themselves are
+/// tests/fencing.rs's business; here the control plane's reaction is).
+const OK_AGENT: &str = "grep -q '^action=status' && exit 2; exit 0";
+
+/// Four nodes; the one running a StatefulSet pod dies (heartbeats and collector stop). maintd
+/// powers it off, taints it out-of-service and force-deletes the pod: the StatefulSet's
+/// replacement, tracked by UID through a watch, must never be deleted by anyone.
+async fn a_fence_release_never_deletes_the_replacement_pod(cp: &ControlPlane) {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, WatchEvent, WatchParams};
+    let mut c = Cluster::new(4);
+    let nodes: Vec<String> = c.nodes.clone();
+    for (i, n) in nodes.iter().enumerate() {
+        cp.add_node(
+            n,
+            json!({"maintd.io/managed": "true"}),
+            json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])}),
+        )
+        .await;
+    }
+    let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    c.inventory_nodes = false;
+    c.extra_daemon_toml = format!(
+        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
+        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs)
+    );
+    c.env
+        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+    c.start_collectors();
+    cp.kubectl_ok(&["create", "namespace", "race"]);
+    let sts = r#"{"apiVersion":"apps/v1","kind":"StatefulSet","metadata":{"name":"db","namespace":"race"},
+      "spec":{"serviceName":"db","replicas":1,"selector":{"matchLabels":{"app":"db"}},
+      "template":{"metadata":{"labels":{"app":"db"}},"spec":{"terminationGracePeriodSeconds":30,
+      "containers":[{"name":"db","image":"db:1","resources":{"requests":{"cpu":"100m"}}}]}}}}"#;
+    let file = c.path("sts.json");
+    std::fs::write(&file, sts).unwrap();
+    cp.kubectl_ok(&["apply", "-f", file.to_str().unwrap()]);
+    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "race");
+    let running = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|ph| ph == "Running")
+    };
+    let first = common::wait_for("db-0 running", || async {
+        let p = pods.get_opt("db-0").await.ok()??;
+        running(&p).then_some(p)
+    })
+    .await;
+    let victim = first.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let old_uid = first.metadata.uid.clone().unwrap();
+    // Every change to the namespace's pods from here on.
+    let rv = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = pods
+        .watch(&WatchParams::default().timeout(290), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let cfg = c.daemon_config();
+    c.daemon = Some(c.spawn(
+        "daemon",
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "daemon",
+            "--cluster",
+            "kubernetes",
+        ],
+    ));
+    c.wait_api().await;
+    wait_for("node reachability", || async {
+        (c.node(&victim).await["reachable"] == true).then_some(())
+    })
+    .await;
+    // The node dies.
+    cp.heartbeats.alive(&victim, false);
+    let i = nodes.iter().position(|n| *n == victim).unwrap();
+    c.kill_collector(i);
+    let flow = c
+        .wait_flow("the release", |f| {
+            f["node"] == victim.as_str() && f["released"] == true
+        })
+        .await;
+    assert!(
+        flow["fenced-at"].as_i64() <= flow["released-at"].as_i64(),
+        "{flow:#}"
+    );
+    // Follow the pods until the replacement has run on another node for a while.
+    let mut replacement: Option<String> = None;
+    let mut deleted = Vec::new();
+    let mut since_running: Option<std::time::Instant> = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while since_running.is_none_or(|t| t.elapsed() < Duration::from_secs(8)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replacement ran; deleted: {deleted:?}"
+        );
+        let ev = tokio::time::timeout(Duration::from_millis(500), stream.next()).await;
+        let Ok(Some(Ok(ev))) = ev else { continue };
+        let (pod, gone) = match ev {
+            WatchEvent::Added(p) | WatchEvent::Modified(p) => (p, false),
+            WatchEvent::Deleted(p) => (p, true),
+            _ => continue,
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if uid != old_uid && replacement.is_none() {
+            replacement = Some(uid.clone());
+        }
+        if gone || pod.metadata.deletion_timestamp.is_some() {
+            deleted.push(uid.clone());
+            if Some(&uid) == replacement.as_ref() {
+                break;
+            }
+        }
+        if Some(&uid) == replacement.as_ref() && running(&pod) && since_running.is_none() {
+            let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+            assert_ne!(node, victim, "the replacement must run elsewhere");
+            since_running = Some(std::time::Instant::now());
+        }
+    }
+    let replacement = replacement.unwrap();
+    assert!(
+        !deleted.contains(&replacement),
+        "the replacement pod {replacement} was deleted; deletions: {deleted:?}\ncontroller-manager log tail:\n{}",
+        std::fs::read_to_string(cp.dir.path().join("controller-manager.log"))
+            .unwrap_or_default()
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(deleted.contains(&old_uid), "{deleted:?}");
+    c.kill_daemon();
+    for n in &nodes {
+        cp.heartbeats.alive(n, false);
+    }
+    cp.kubectl(&["delete", "namespace", "race", "--wait=false"]);
+    for n in &nodes {
+        cp.kubectl(&["delete", "node", n, "--wait=false"]);
+    }
 }
 
 /// The daemon runs with the deploy/ ServiceAccount's token (not as admin): its Events about a
