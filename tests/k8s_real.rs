@@ -31,6 +31,101 @@ async fn against_a_real_control_plane() {
     );
     events_show_in_kubectl_describe_node_under_the_deploy_rbac(&cp).await;
     a_fence_release_never_deletes_the_replacement_pod(&cp).await;
+    a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
+}
+
+fn taints(cp: &ControlPlane, node: &str) -> String {
+    cp.kubectl_ok(&["get", "node", node, "-o", "jsonpath={.spec.taints}"])
+}
+
+/// The kubelet dies but the collector keeps answering: the `Ready=Unknown` rule fences the node.
+/// While its kubelet stays down, Ready stays Unknown and nothing recovers, un-taints or fences it
+/// again (no power-cycle loop); once its heartbeats resume (Ready=True), it recovers.
+async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlPlane) {
+    let mut c = Cluster::new(4);
+    let nodes: Vec<String> = c.nodes.iter().map(|n| format!("k{n}")).collect();
+    for (i, n) in nodes.iter().enumerate() {
+        cp.add_node(
+            n,
+            json!({"maintd.io/managed": "true"}),
+            json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])}),
+        )
+        .await;
+    }
+    // The collectors answer under the Kubernetes node names.
+    c.nodes = nodes.clone();
+    let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    c.inventory_nodes = false;
+    c.extra_daemon_toml = format!(
+        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n[[kubernetes.conditions]]\ntype = \"Ready\"\nstatus = \"Unknown\"\nfor = \"1s\"\nactions = [\"fence\"]\n",
+        // A short cooldown: a flow that ended would be followed by a new one within the wait.
+        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs).replacen(
+            "[fencing]\n",
+            "[fencing]\ncooldown = \"2s\"\n",
+            1
+        )
+    );
+    c.env
+        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+    for n in &nodes {
+        c.set_verdict(n, r#"{"status":"Ok"}"#);
+    }
+    c.start_collectors();
+    let cfg = c.daemon_config();
+    c.daemon = Some(c.spawn(
+        "daemon",
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "daemon",
+            "--cluster",
+            "kubernetes",
+        ],
+    ));
+    c.wait_api().await;
+    let victim = nodes[0].clone();
+    cp.heartbeats.alive(&victim, false);
+    let f = c
+        .wait_flow("the condition fence's release", |f| {
+            f["node"] == victim.as_str() && f["released"] == true
+        })
+        .await;
+    assert!(
+        f["witnesses"]["condition"]
+            .as_str()
+            .unwrap()
+            .starts_with("Ready=Unknown"),
+        "{f:#}"
+    );
+    assert!(taints(cp, &victim).contains("out-of-service"));
+    // The node is "powered on" by nobody and its kubelet stays down: for several cooldowns,
+    // the flow waits in recovery and keeps the taint; no second flow starts.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let flows = c.get("/1/fences").await.1;
+    let mine: Vec<_> = flows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["node"] == victim.as_str())
+        .collect();
+    assert_eq!(mine.len(), 1, "{flows:#}");
+    assert_ne!(mine[0]["status"], "final", "{:#}", mine[0]);
+    assert!(taints(cp, &victim).contains("out-of-service"));
+    // The kubelet is back: Ready=True, recovery, the taint goes.
+    cp.heartbeats.alive(&victim, true);
+    c.wait_flow("recovery", |f| {
+        f["node"] == victim.as_str() && f["status"] == "final"
+    })
+    .await;
+    cp.wait_for("the out-of-service taint to go", |cp| {
+        !taints(cp, &victim).contains("out-of-service")
+    })
+    .await;
+    c.kill_daemon();
+    for n in &nodes {
+        cp.heartbeats.alive(n, false);
+        cp.kubectl(&["delete", "node", n, "--wait=false"]);
+    }
 }
 
 /// A status answers OFF, an off succeeds: a fence that completes (the agents themselves are

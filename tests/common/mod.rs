@@ -347,13 +347,15 @@ env = {{ NODE = "{node}" }}
 
     pub async fn wait_api(&self) {
         let url = format!("{}/", self.url());
-        let c = self.client.clone();
-        wait_for("the daemon's API", || {
-            let c = c.clone();
-            let url = url.clone();
-            async move { c.get(&url).send().await.is_ok().then_some(()) }
-        })
-        .await;
+        let deadline = Instant::now() + WAIT;
+        while self.client.get(&url).send().await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for the daemon's API; its log:\n{}",
+                self.daemon_log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// A node's collector dies (a hard node failure, as the daemon sees it).
