@@ -34,6 +34,18 @@ async fn against_a_real_control_plane() {
     a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
 }
 
+/// Simulated nodes for maintd to manage, each pointing at the collector of the same index.
+async fn add_managed_nodes(cp: &ControlPlane, c: &Cluster, nodes: &[String]) {
+    for (i, n) in nodes.iter().enumerate() {
+        cp.add_node(
+            n,
+            json!({"maintd.io/managed": "true"}),
+            json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])}),
+        )
+        .await;
+    }
+}
+
 fn taints(cp: &ControlPlane, node: &str) -> String {
     cp.kubectl_ok(&["get", "node", node, "-o", "jsonpath={.spec.taints}"])
 }
@@ -44,14 +56,7 @@ fn taints(cp: &ControlPlane, node: &str) -> String {
 async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlPlane) {
     let mut c = Cluster::new(4);
     let nodes: Vec<String> = c.nodes.iter().map(|n| format!("k{n}")).collect();
-    for (i, n) in nodes.iter().enumerate() {
-        cp.add_node(
-            n,
-            json!({"maintd.io/managed": "true"}),
-            json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])}),
-        )
-        .await;
-    }
+    add_managed_nodes(cp, &c, &nodes).await;
     // The collectors answer under the Kubernetes node names.
     c.nodes = nodes.clone();
     let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
@@ -71,17 +76,7 @@ async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlP
         c.set_verdict(n, r#"{"status":"Ok"}"#);
     }
     c.start_collectors();
-    let cfg = c.daemon_config();
-    c.daemon = Some(c.spawn(
-        "daemon",
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "daemon",
-            "--cluster",
-            "kubernetes",
-        ],
-    ));
+    c.start_kube_daemon();
     c.wait_api().await;
     let victim = nodes[0].clone();
     cp.heartbeats.alive(&victim, false);
@@ -141,14 +136,7 @@ async fn a_fence_release_never_deletes_the_replacement_pod(cp: &ControlPlane) {
     use kube::api::{Api, WatchEvent, WatchParams};
     let mut c = Cluster::new(4);
     let nodes: Vec<String> = c.nodes.clone();
-    for (i, n) in nodes.iter().enumerate() {
-        cp.add_node(
-            n,
-            json!({"maintd.io/managed": "true"}),
-            json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])}),
-        )
-        .await;
-    }
+    add_managed_nodes(cp, &c, &nodes).await;
     let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
     c.inventory_nodes = false;
     c.extra_daemon_toml = format!(
@@ -193,17 +181,7 @@ async fn a_fence_release_never_deletes_the_replacement_pod(cp: &ControlPlane) {
         .await
         .unwrap()
         .boxed();
-    let cfg = c.daemon_config();
-    c.daemon = Some(c.spawn(
-        "daemon",
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "daemon",
-            "--cluster",
-            "kubernetes",
-        ],
-    ));
+    c.start_kube_daemon();
     c.wait_api().await;
     wait_for("node reachability", || async {
         (c.node(&victim).await["reachable"] == true).then_some(())
@@ -298,17 +276,7 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
     ));
     c.set_verdict("node1", r#"{"status":"live-repair","command":"fix"}"#);
     c.start_collectors();
-    let cfg = c.daemon_config();
-    c.daemon = Some(c.spawn(
-        "daemon",
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "daemon",
-            "--cluster",
-            "kubernetes",
-        ],
-    ));
+    c.start_kube_daemon();
     c.wait_api().await;
     c.wait_status("node1", "completed").await;
     cp.wait_for("maintd's Events in kubectl describe node", |cp| {

@@ -293,26 +293,12 @@ async fn kube_cluster(n: usize, toml: &str) -> (common::Cluster, String, fake_ku
     (c, url, w)
 }
 
-fn start_kube_daemon(c: &mut common::Cluster) {
-    let cfg = c.daemon_config();
-    c.daemon = Some(c.spawn(
-        "daemon",
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "daemon",
-            "--cluster",
-            "kubernetes",
-        ],
-    ));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_drives_a_kubernetes_evacuation_and_a_label_removal_acknowledges_it() {
     let (mut c, _url, w) = kube_cluster(2, "").await;
     c.set_verdict("node1", r#"{"status":"evacuate","details":{"disk":"sda"}}"#);
     c.start_collectors();
-    start_kube_daemon(&mut c);
+    c.start_kube_daemon();
     c.wait_api().await;
 
     let e = c.wait_status("node1", "completed").await;
@@ -382,7 +368,7 @@ async fn a_round_whose_pods_do_not_fit_elsewhere_waits_and_says_why() {
     }
     c.set_verdict("node1", r#"{"status":"evacuate","details":{"disk":"sda"}}"#);
     c.start_collectors();
-    start_kube_daemon(&mut c);
+    c.start_kube_daemon();
     c.wait_api().await;
     let e = c
         .wait_event("node1", "a capacity wait", |e| {
@@ -418,7 +404,7 @@ async fn condition_rules_raise_events_and_escalate_while_the_condition_holds() {
         w.add_pdb("web", "db", json!({"app": "db"}), 0);
     }
     c.start_collectors();
-    start_kube_daemon(&mut c);
+    c.start_kube_daemon();
     c.wait_api().await;
     w.lock()
         .unwrap()
@@ -725,7 +711,7 @@ timeout = "20s"
         pw.display()
     ));
     c.start_collectors();
-    start_kube_daemon(&mut c);
+    c.start_kube_daemon();
     c.wait_api().await;
     assert!(ipmi.powered_on());
     // The kubelet stops posting status: Ready goes Unknown. The collector still answers, so the
@@ -806,7 +792,7 @@ async fn a_node_that_joins_later_is_polled_and_repaired_without_a_restart() {
         r#"{"status":"live-repair","command":"fix","details":{"fan":1}}"#,
     );
     c.start_collectors();
-    start_kube_daemon(&mut c);
+    c.start_kube_daemon();
     c.wait_api().await;
     common::wait_for("node1 to be polled", || async {
         (c.node("node1").await["reachable"] == true).then_some(())
@@ -827,7 +813,7 @@ async fn a_stalled_engine_fails_its_health_check_naming_the_cause() {
         .extra_daemon_toml
         .replace("[kubernetes]", "stall-after = \"1s\"\n[kubernetes]");
     c.start_collectors();
-    start_kube_daemon(&mut c);
+    c.start_kube_daemon();
     c.wait_api().await;
     common::wait_for("a healthy engine", || async {
         let (code, v) = c.get("/1/health").await;

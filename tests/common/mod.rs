@@ -334,6 +334,21 @@ env = {{ NODE = "{node}" }}
         }
     }
 
+    /// Starts the daemon on the Kubernetes backend (its config's `[kubernetes]` section).
+    pub fn start_kube_daemon(&mut self) {
+        let cfg = self.daemon_config();
+        self.daemon = Some(self.spawn(
+            "daemon",
+            &[
+                "--config",
+                cfg.to_str().unwrap(),
+                "daemon",
+                "--cluster",
+                "kubernetes",
+            ],
+        ));
+    }
+
     pub fn start_daemon(&mut self) {
         let cfg = self.daemon_config();
         self.daemon = Some(self.spawn("daemon", &["--config", cfg.to_str().unwrap(), "daemon"]));
