@@ -877,3 +877,41 @@ async fn a_drain_never_evicts_a_terminating_pod_again_and_counts_each_pod_once()
         assert_eq!(n, 1, "{pod} evicted {n} times: {:?}", w.delete_requests);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_cannot_renew_its_lease_starts_nothing_and_exits_12() {
+    let election = "[kubernetes.leader-election]\nlease-duration = \"4s\"\nrenew-deadline = \"3s\"\nretry-period = \"300ms\"\n";
+    let (mut c, _url, w) = kube_cluster(1, election).await;
+    c.start_collectors();
+    c.start_kube_daemon();
+    c.wait_api().await;
+    common::wait_for("leadership", || async {
+        (c.get("/1/leader").await.1["leader"] == true).then_some(())
+    })
+    .await;
+    // The apiserver goes away; meanwhile the node asks for a live repair.
+    w.lock().unwrap().down = true;
+    c.set_verdict("node1", r#"{"status":"live-repair","command":"fix"}"#);
+    let d = c.daemon.as_mut().unwrap();
+    let deadline = std::time::Instant::now() + common::WAIT;
+    let status = loop {
+        if let Some(s) = d.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader did not exit"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(12), "{}", c.daemon_log());
+    assert!(
+        !c.path("repair-input-node1.json").exists(),
+        "a leader without a fresh Lease started a repair"
+    );
+    assert!(
+        c.daemon_log().contains("could not renew the lease"),
+        "{}",
+        c.daemon_log()
+    );
+}

@@ -70,6 +70,8 @@ pub struct Leadership {
     last_written: tokio::sync::Mutex<String>,
     lost: Mutex<Option<String>>,
     lost_notify: Notify,
+    /// When this replica last wrote the Lease as its holder (elected mode).
+    renewed: Mutex<Option<std::time::Instant>>,
     /// Wakes the executors once this replica leads.
     pub wake: Vec<Arc<Notify>>,
 }
@@ -107,6 +109,7 @@ impl Leadership {
             last_written: tokio::sync::Mutex::new(String::new()),
             lost: Mutex::new(None),
             lost_notify: Notify::new(),
+            renewed: Mutex::new(None),
             wake: Vec::new(),
         }
     }
@@ -115,8 +118,27 @@ impl Leadership {
         &self.identity
     }
 
+    /// Leads, and (when elected) renewed the Lease within `renew-deadline`: a leader whose Lease
+    /// is not fresh starts nothing, since another replica may take the Lease once it lapses.
     pub fn is_leader(&self) -> bool {
         self.leader.load(Ordering::SeqCst)
+            && match &self.election {
+                None => true,
+                Some((_, cfg)) => self
+                    .renewed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_some_and(|t| t.elapsed() < cfg.renew_deadline),
+            }
+    }
+
+    /// Holds leadership, fresh Lease or not (the election's own bookkeeping).
+    fn leads(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+
+    fn renewed_now(&self) {
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
     }
 
     pub fn term(&self) -> u64 {
@@ -273,7 +295,8 @@ impl Leadership {
                     match coord.write_lease(&l).await {
                         Ok(true) => {
                             renewed_at = Instant::now();
-                            if !self.is_leader() {
+                            self.renewed_now();
+                            if !self.leads() {
                                 // Our own lease from before a restart: lead again at once.
                                 self.become_leader(&coord).await;
                             }
@@ -284,7 +307,7 @@ impl Leadership {
                     self.check_deadline(renewed_at, cfg.renew_deadline);
                 }
                 LeaseStep::Acquire { transitions } => {
-                    if self.is_leader() {
+                    if self.leads() {
                         self.lose("the lease lapsed while this replica led".into());
                         return;
                     }
@@ -299,6 +322,7 @@ impl Leadership {
                     match coord.write_lease(&l).await {
                         Ok(true) => {
                             renewed_at = Instant::now();
+                            self.renewed_now();
                             self.become_leader(&coord).await;
                         }
                         Ok(false) => info!("another replica took the lease first"),
@@ -306,7 +330,7 @@ impl Leadership {
                     }
                 }
                 LeaseStep::Follow { holder } => {
-                    if self.is_leader() {
+                    if self.leads() {
                         self.lose(format!("{holder} holds the lease now"));
                         return;
                     }
@@ -317,7 +341,7 @@ impl Leadership {
                 }
             }
         }
-        if self.is_leader() {
+        if self.leads() {
             // Hand over at once rather than after the lease expires: last state, then the lease.
             if let Err(e) = self.checkpoint().await {
                 warn!(error = %e, "final checkpoint failed");
@@ -340,7 +364,7 @@ impl Leadership {
     }
 
     fn check_deadline(&self, renewed_at: Instant, deadline: Duration) {
-        if self.is_leader() && renewed_at.elapsed() > deadline {
+        if self.leads() && renewed_at.elapsed() > deadline {
             self.lose(format!("could not renew the lease for {deadline:?}"));
         }
     }
