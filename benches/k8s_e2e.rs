@@ -10,13 +10,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::k8s::ControlPlane;
+use common::k8s::{self, ControlPlane};
 use common::sims::{self, Ipmi};
 use common::*;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, WatchEvent, WatchParams};
-use serde_json::json;
+use kube::api::WatchEvent;
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -40,14 +38,7 @@ async fn main() {
     let mut c = Cluster::new(4);
     let nodes = c.nodes.clone();
     let bmcs: Vec<Ipmi> = nodes.iter().map(|n| Ipmi::start(c.dir.path(), n)).collect();
-    for (i, n) in nodes.iter().enumerate() {
-        cp.add_node(
-            n,
-            json!({"maintd.io/managed": "true"}),
-            json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])}),
-        )
-        .await;
-    }
+    cp.add_managed_nodes(&c, &nodes).await;
     let pw = c.secret("bmc.pw", &bmcs[0].password);
     let mut toml = format!(
         "[fencing]\ncooldown = \"1s\"\nstorm-percent = 50\n[fencing.templates.ipmi]\nagent = \"fence_ipmilan\"\nsecrets = {{ password = \"{}\" }}\n",
@@ -68,24 +59,7 @@ async fn main() {
     c.start_collectors();
     c.start_kube_daemon();
     c.wait_api().await;
-    cp.kubectl_ok(&["create", "namespace", "bench"]);
-    let sts = c.path("sts.json");
-    std::fs::write(
-        &sts,
-        r#"{"apiVersion":"apps/v1","kind":"StatefulSet","metadata":{"name":"db","namespace":"bench"},
-        "spec":{"serviceName":"db","replicas":1,"selector":{"matchLabels":{"app":"db"}},
-        "template":{"metadata":{"labels":{"app":"db"}},"spec":{"terminationGracePeriodSeconds":30,
-        "containers":[{"name":"db","image":"db:1"}]}}}}"#,
-    )
-    .unwrap();
-    cp.kubectl_ok(&["apply", "-f", sts.to_str().unwrap()]);
-    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "bench");
-    let running = |p: &Pod| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|ph| ph == "Running")
-    };
+    let pods = cp.statefulset("bench");
     println!("death to replacement, real control plane v1.36.2, grace 5 s, {runs} runs");
     println!(
         "{:>4} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9}",
@@ -96,11 +70,7 @@ async fn main() {
     let mut replacement_deletions = 0;
     let mut seen_flows = std::collections::HashSet::new();
     for run in 1..=runs {
-        let p = common::wait_for("db-0 running", || async {
-            let p = pods.get_opt("db-0").await.ok()??;
-            running(&p).then_some(p)
-        })
-        .await;
+        let p = k8s::running_pod(&pods, "db-0").await;
         let victim = p.spec.as_ref().unwrap().node_name.clone().unwrap();
         let old_uid = p.metadata.uid.clone().unwrap();
         let i = nodes.iter().position(|n| *n == victim).unwrap();
@@ -109,18 +79,7 @@ async fn main() {
         })
         .await;
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let rv = pods
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .metadata
-            .resource_version
-            .unwrap();
-        let mut stream = pods
-            .watch(&WatchParams::default().timeout(290), &rv)
-            .await
-            .unwrap()
-            .boxed();
+        let mut stream = k8s::watch_pods(&pods).await;
         // Death: heartbeats and collector stop together.
         cp.heartbeats.alive(&victim, false);
         c.kill_collector(i);
@@ -163,7 +122,7 @@ async fn main() {
             {
                 sched = Some(now_ns());
             }
-            if running(&pod) {
+            if k8s::pod_running(&pod) {
                 up = Some(now_ns());
             }
         }

@@ -34,18 +34,6 @@ async fn against_a_real_control_plane() {
     a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
 }
 
-/// Simulated nodes for maintd to manage, each pointing at the collector of the same index.
-async fn add_managed_nodes(cp: &ControlPlane, c: &Cluster, nodes: &[String]) {
-    for (i, n) in nodes.iter().enumerate() {
-        cp.add_node(
-            n,
-            json!({"maintd.io/managed": "true"}),
-            json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])}),
-        )
-        .await;
-    }
-}
-
 fn taints(cp: &ControlPlane, node: &str) -> String {
     cp.kubectl_ok(&["get", "node", node, "-o", "jsonpath={.spec.taints}"])
 }
@@ -56,7 +44,7 @@ fn taints(cp: &ControlPlane, node: &str) -> String {
 async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlPlane) {
     let mut c = Cluster::new(4);
     let nodes: Vec<String> = c.nodes.iter().map(|n| format!("k{n}")).collect();
-    add_managed_nodes(cp, &c, &nodes).await;
+    cp.add_managed_nodes(&c, &nodes).await;
     // The collectors answer under the Kubernetes node names.
     c.nodes = nodes.clone();
     let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
@@ -132,11 +120,10 @@ const OK_AGENT: &str = "grep -q '^action=status' && exit 2; exit 0";
 /// replacement, tracked by UID through a watch, must never be deleted by anyone.
 async fn a_fence_release_never_deletes_the_replacement_pod(cp: &ControlPlane) {
     use futures::StreamExt;
-    use k8s_openapi::api::core::v1::Pod;
-    use kube::api::{Api, WatchEvent, WatchParams};
+    use kube::api::WatchEvent;
     let mut c = Cluster::new(4);
     let nodes: Vec<String> = c.nodes.clone();
-    add_managed_nodes(cp, &c, &nodes).await;
+    cp.add_managed_nodes(&c, &nodes).await;
     let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
     c.inventory_nodes = false;
     c.extra_daemon_toml = format!(
@@ -146,41 +133,11 @@ async fn a_fence_release_never_deletes_the_replacement_pod(cp: &ControlPlane) {
     c.env
         .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
     c.start_collectors();
-    cp.kubectl_ok(&["create", "namespace", "race"]);
-    let sts = r#"{"apiVersion":"apps/v1","kind":"StatefulSet","metadata":{"name":"db","namespace":"race"},
-      "spec":{"serviceName":"db","replicas":1,"selector":{"matchLabels":{"app":"db"}},
-      "template":{"metadata":{"labels":{"app":"db"}},"spec":{"terminationGracePeriodSeconds":30,
-      "containers":[{"name":"db","image":"db:1","resources":{"requests":{"cpu":"100m"}}}]}}}}"#;
-    let file = c.path("sts.json");
-    std::fs::write(&file, sts).unwrap();
-    cp.kubectl_ok(&["apply", "-f", file.to_str().unwrap()]);
-    let pods: Api<Pod> = Api::namespaced(cp.client.clone(), "race");
-    let running = |p: &Pod| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|ph| ph == "Running")
-    };
-    let first = common::wait_for("db-0 running", || async {
-        let p = pods.get_opt("db-0").await.ok()??;
-        running(&p).then_some(p)
-    })
-    .await;
+    let pods = cp.statefulset("race");
+    let first = k8s::running_pod(&pods, "db-0").await;
     let victim = first.spec.as_ref().unwrap().node_name.clone().unwrap();
     let old_uid = first.metadata.uid.clone().unwrap();
-    // Every change to the namespace's pods from here on.
-    let rv = pods
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut stream = pods
-        .watch(&WatchParams::default().timeout(290), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let mut stream = k8s::watch_pods(&pods).await;
     c.start_kube_daemon();
     c.wait_api().await;
     wait_for("node reachability", || async {
@@ -227,7 +184,7 @@ async fn a_fence_release_never_deletes_the_replacement_pod(cp: &ControlPlane) {
                 break;
             }
         }
-        if Some(&uid) == replacement.as_ref() && running(&pod) && since_running.is_none() {
+        if Some(&uid) == replacement.as_ref() && k8s::pod_running(&pod) && since_running.is_none() {
             let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
             assert_ne!(node, victim, "the replacement must run elsewhere");
             since_running = Some(std::time::Instant::now());

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{Proc, free_port};
+use super::{Cluster, Proc, free_port};
 
 /// The unpacked Kubernetes binaries.
 pub fn bin_dir() -> PathBuf {
@@ -380,6 +380,72 @@ impl ControlPlane {
         .unwrap();
         path
     }
+}
+
+impl ControlPlane {
+    /// Simulated nodes for maintd to manage, each pointing at the collector of the same index
+    /// in `c`.
+    pub async fn add_managed_nodes(&self, c: &Cluster, nodes: &[String]) {
+        for (i, n) in nodes.iter().enumerate() {
+            self.add_node(
+                n,
+                json!({"maintd.io/managed": "true"}),
+                json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])}),
+            )
+            .await;
+        }
+    }
+
+    /// Namespace `ns` with a one-replica StatefulSet `db` (30 s termination grace, 100m CPU),
+    /// and the API of its pods.
+    pub fn statefulset(&self, ns: &str) -> Api<Pod> {
+        self.kubectl_ok(&["create", "namespace", ns]);
+        let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "db", "namespace": ns},
+            "spec": {"serviceName": "db", "replicas": 1,
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": {"metadata": {"labels": {"app": "db"}},
+                    "spec": {"terminationGracePeriodSeconds": 30, "containers": [{"name": "db",
+                        "image": "db:1", "resources": {"requests": {"cpu": "100m"}}}]}}}});
+        let file = self.dir.path().join(format!("sts-{ns}.json"));
+        std::fs::write(&file, sts.to_string()).unwrap();
+        self.kubectl_ok(&["apply", "-f", file.to_str().unwrap()]);
+        Api::namespaced(self.client.clone(), ns)
+    }
+}
+
+pub fn pod_running(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|ph| ph == "Running")
+}
+
+/// Waits until pod `name` runs, and returns it.
+pub async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
+    super::wait_for("the pod running", || async {
+        let p = pods.get_opt(name).await.ok()??;
+        pod_running(&p).then_some(p)
+    })
+    .await
+}
+
+/// Every change to `pods` from now on.
+pub async fn watch_pods(
+    pods: &Api<Pod>,
+) -> futures::stream::BoxStream<'static, Result<kube::api::WatchEvent<Pod>, kube::Error>> {
+    use futures::StreamExt;
+    let rv = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    pods.watch(&kube::api::WatchParams::default().timeout(290), &rv)
+        .await
+        .unwrap()
+        .boxed()
 }
 
 /// What a kubelet reports: a Ready condition with a fresh heartbeat, capacity, and a renewed
