@@ -81,7 +81,10 @@ pub async fn json_errors(resp: Response) -> Response {
     let text = axum::body::to_bytes(resp.into_body(), 64 * 1024)
         .await
         .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-        .unwrap_or_default();
+        .ok()
+        .filter(|t| !t.is_empty())
+        // The documented error always says something.
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
     let code = match status {
         StatusCode::BAD_REQUEST => "bad-request",
         StatusCode::NOT_FOUND => "not-found",
