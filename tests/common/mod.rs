@@ -1,5 +1,6 @@
-//! Test harness: a daemon plus collectors as real `maintd` processes on ephemeral 127.0.0.1
-//! ports, with scripted diagnose output, generated configs, and helpers to wait and query.
+//! Test harness: a daemon plus collectors as real `maintd` processes on 127.0.0.1 ports handed
+//! out once per process, with scripted diagnose output, generated configs, and helpers to wait
+//! and query.
 
 #![allow(dead_code)]
 
@@ -20,12 +21,32 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_maintd");
 /// Generous: tests must pass on a loaded 2-core machine.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// A port no other test of this process has been given. Asking the kernel for port 0 and
+/// releasing it is racy: the tests of one binary run in parallel, and the kernel hands a
+/// released ephemeral port to the next bind or outgoing connection, so a daemon could come up on
+/// another test's collector port. Ports come from a per-process counter below the ephemeral range
+/// (32768+), starting at an offset from the pid so that two test processes rarely meet, and each
+/// is checked free for both TCP and UDP before it is handed out.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id() * 97) % SPAN,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{}", LOW + SPAN);
 }
 
 pub fn write_exec(path: &Path, body: &str) {

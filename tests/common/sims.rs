@@ -36,11 +36,7 @@ pub fn available() -> bool {
 }
 
 pub fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    super::free_port()
 }
 
 struct Proc(Child);
