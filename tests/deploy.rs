@@ -61,11 +61,14 @@ fn rbac_grants_only_the_verbs_maintd_uses() {
     let want: BTreeSet<String> = [
         "/nodes:get[]",
         "/nodes:list[]",
+        "/nodes:watch[]",
         "/nodes:patch[]",
         "/pods:list[]",
+        "/pods:watch[]",
         "/pods:delete[]",
         "/pods/eviction:create[]",
         "policy/poddisruptionbudgets:list[]",
+        "policy/poddisruptionbudgets:watch[]",
     ]
     .map(String::from)
     .into();
@@ -75,9 +78,13 @@ fn rbac_grants_only_the_verbs_maintd_uses() {
     let want: BTreeSet<String> = [
         "coordination.k8s.io/leases:create[]",
         "coordination.k8s.io/leases:get[maintd]",
+        "coordination.k8s.io/leases:list[maintd]",
+        "coordination.k8s.io/leases:watch[maintd]",
         "coordination.k8s.io/leases:update[maintd]",
         "/configmaps:create[]",
         "/configmaps:get[maintd-state]",
+        "/configmaps:list[maintd-state]",
+        "/configmaps:watch[maintd-state]",
         "/configmaps:update[maintd-state]",
     ]
     .map(String::from)

@@ -224,7 +224,9 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
     )
     .await;
     c.inventory_nodes = false;
-    c.extra_daemon_toml = "[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n".into();
+    // Leader election as shipped: the Lease and the state ConfigMap in `maintd`, watched by
+    // name, which the Role allows only through its resourceNames.
+    c.extra_daemon_toml = "[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nnamespace = \"maintd\"\n".into();
     c.env.push((
         "KUBECONFIG".into(),
         cp.service_account_kubeconfig("maintd", "maintd")
@@ -243,6 +245,9 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
     .await;
     let log = c.daemon_log();
     assert!(!log.contains("cannot record a Kubernetes Event"), "{log}");
+    assert!(log.contains("became the leader"), "{log}");
+    // Every watch (nodes, pods, PDBs, the Lease, the state ConfigMap) is allowed and running.
+    assert!(!log.contains("watch broken"), "{log}");
     c.kill_daemon();
     cp.heartbeats.alive("node1", false);
     cp.kubectl_ok(&["delete", "node", "node1"]);

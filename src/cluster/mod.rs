@@ -38,6 +38,10 @@ pub enum ClusterError {
     Kube(#[from] ::kube::Error),
     #[error("Kubernetes client configuration: {0}")]
     KubeConfig(String),
+    #[error("the {what} cache has no list yet: {detail}")]
+    NotSynced { what: &'static str, detail: String },
+    #[error("the {what} watch is broken: {detail}")]
+    WatchBroken { what: &'static str, detail: String },
 }
 
 /// What the node list says now (Kubernetes): the managed nodes and their conditions.
@@ -65,11 +69,14 @@ pub struct LeaseRecord {
 /// checkpoint of the decision state. Writes are conditional: `Ok(None)`/`Ok(false)` on conflict.
 #[async_trait::async_trait]
 pub trait Coordination: Send + Sync + 'static {
-    async fn get_lease(&self) -> Result<Option<LeaseRecord>, ClusterError>;
+    /// The Lease: from a watch cache unless `fresh` asks the API itself (after a conflict, when
+    /// the cache may lag behind the write that won).
+    async fn get_lease(&self, fresh: bool) -> Result<Option<LeaseRecord>, ClusterError>;
     /// Creates the Lease (`version` None) or replaces the version read; sets `renewTime` now.
-    async fn write_lease(&self, lease: &LeaseRecord) -> Result<bool, ClusterError>;
-    /// The checkpoint and its resourceVersion.
-    async fn get_state(&self) -> Result<Option<(String, String)>, ClusterError>;
+    /// Returns the Lease as written (its new version), or `None` on conflict.
+    async fn write_lease(&self, lease: &LeaseRecord) -> Result<Option<LeaseRecord>, ClusterError>;
+    /// The checkpoint and its resourceVersion, from a watch cache unless `fresh`.
+    async fn get_state(&self, fresh: bool) -> Result<Option<(String, String)>, ClusterError>;
     /// Writes the checkpoint over `version` (None: create); returns the new resourceVersion.
     async fn put_state(
         &self,

@@ -220,9 +220,11 @@ impl Leadership {
         }
     }
 
-    /// Imports the shared checkpoint if it changed since the last import or write.
-    async fn import(&self, coord: &Arc<dyn Coordination>) -> Result<bool, String> {
-        let Some((version, data)) = coord.get_state().await.map_err(|e| e.to_string())? else {
+    /// Imports the shared checkpoint if it changed since the last import or write. A standby
+    /// reads its watch cache; a new leader reads the API (`fresh`), so it never acts on a
+    /// checkpoint older than the last one written.
+    async fn import(&self, coord: &Arc<dyn Coordination>, fresh: bool) -> Result<bool, String> {
+        let Some((version, data)) = coord.get_state(fresh).await.map_err(|e| e.to_string())? else {
             return Ok(false);
         };
         let known = self
@@ -255,6 +257,11 @@ impl Leadership {
         let mut seen: Option<(Option<String>, Option<String>)> = None;
         let mut seen_at = Instant::now();
         let mut renewed_at = Instant::now();
+        // The Lease as this replica last wrote it, while it holds it: a renewal replaces that
+        // version without reading first (as client-go does), so a leader's only request per
+        // retry period is its renewal. A conflict means someone else wrote: read it afresh.
+        let mut own: Option<LeaseRecord> = None;
+        let mut fresh = false;
         let mut tick = tokio::time::interval(cfg.retry_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
@@ -273,13 +280,20 @@ impl Leadership {
             {
                 return;
             }
-            let lease = match coord.get_lease().await {
-                Ok(l) => l,
-                Err(e) => {
-                    warn!(error = %e, "cannot read the lease");
-                    self.check_deadline(renewed_at, cfg.renew_deadline);
-                    continue;
-                }
+            let lease = match own.clone() {
+                Some(l) => Some(l),
+                None => match coord.get_lease(fresh).await {
+                    Ok(l) => {
+                        fresh = false;
+                        l
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot read the lease");
+                        fresh = true;
+                        self.check_deadline(renewed_at, cfg.renew_deadline);
+                        continue;
+                    }
+                },
             };
             let marker = lease
                 .as_ref()
@@ -293,7 +307,8 @@ impl Leadership {
                     let mut l = lease.clone().unwrap_or_default();
                     l.duration_s = lease_duration.as_secs().max(1) as i32;
                     match coord.write_lease(&l).await {
-                        Ok(true) => {
+                        Ok(Some(written)) => {
+                            own = Some(written);
                             renewed_at = Instant::now();
                             self.renewed_now();
                             if !self.leads() {
@@ -301,7 +316,13 @@ impl Leadership {
                                 self.become_leader(&coord).await;
                             }
                         }
-                        Ok(false) => warn!("lease renewal conflicted; retrying"),
+                        Ok(None) => {
+                            warn!("lease renewal conflicted; reading it afresh");
+                            own = None;
+                            fresh = true;
+                        }
+                        // Whether it landed is unknown: the next attempt replaces the same
+                        // version, and a conflict then reads it afresh.
                         Err(e) => warn!(error = %e, "cannot renew the lease"),
                     }
                     self.check_deadline(renewed_at, cfg.renew_deadline);
@@ -320,13 +341,20 @@ impl Leadership {
                         acquired: None,
                     };
                     match coord.write_lease(&l).await {
-                        Ok(true) => {
+                        Ok(Some(written)) => {
+                            own = Some(written);
                             renewed_at = Instant::now();
                             self.renewed_now();
                             self.become_leader(&coord).await;
                         }
-                        Ok(false) => info!("another replica took the lease first"),
-                        Err(e) => warn!(error = %e, "cannot take the lease"),
+                        Ok(None) => {
+                            info!("another replica took the lease first");
+                            fresh = true;
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "cannot take the lease");
+                            fresh = true;
+                        }
                     }
                 }
                 LeaseStep::Follow { holder } => {
@@ -334,8 +362,9 @@ impl Leadership {
                         self.lose(format!("{holder} holds the lease now"));
                         return;
                     }
+                    own = None;
                     *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(holder);
-                    if let Err(e) = self.import(&coord).await {
+                    if let Err(e) = self.import(&coord, false).await {
                         warn!(error = %e, "standby cannot follow the leader's state");
                     }
                 }
@@ -347,7 +376,7 @@ impl Leadership {
                 warn!(error = %e, "final checkpoint failed");
             }
             self.leader.store(false, Ordering::SeqCst);
-            if let Ok(Some(l)) = coord.get_lease().await
+            if let Ok(Some(l)) = coord.get_lease(true).await
                 && l.holder.as_deref() == Some(me.as_str())
             {
                 let released = LeaseRecord {
@@ -356,7 +385,7 @@ impl Leadership {
                     ..l
                 };
                 match coord.write_lease(&released).await {
-                    Ok(true) => info!("lease released"),
+                    Ok(Some(_)) => info!("lease released"),
                     _ => warn!("cannot release the lease; it expires on its own"),
                 }
             }
@@ -371,7 +400,7 @@ impl Leadership {
 
     async fn become_leader(&self, coord: &Arc<dyn Coordination>) {
         // The leader acts on the last shared state, never on what it computed as a standby.
-        if let Err(e) = self.import(coord).await {
+        if let Err(e) = self.import(coord, true).await {
             error!(error = %e, "took the lease but cannot load the shared state; not acting");
             self.lose(e);
             return;

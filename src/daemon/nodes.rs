@@ -1,6 +1,7 @@
-//! The managed nodes, and their discovery and conditions on Kubernetes: reads the node list every
-//! `node-interval`, keeps the one membership the poller, the fencer and live repairs read, and
-//! evaluates the condition rules for the engine (repair events) and the fencer (fence sources).
+//! The managed nodes, and their discovery and conditions on Kubernetes: reads the node cache
+//! (kept by a watch) every `node-interval`, keeps the one membership the poller, the fencer and
+//! live repairs read, and evaluates the condition rules for the engine (repair events) and the
+//! fencer (fence sources).
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -68,7 +69,9 @@ impl NodeWatch {
         members
     }
 
-    /// Lists the nodes every `interval` until `shutdown`, updating `members` on each change.
+    /// Reads the nodes every `interval` until `shutdown`, updating `members` on each change. The
+    /// read costs no API request; it fails while the node watch is broken, and the conditions
+    /// then age into unknown.
     pub async fn run<C: Cluster>(
         self: Arc<Self>,
         cluster: Arc<C>,

@@ -5,10 +5,15 @@
 //! subresource (429 TooManyRequests while a PodDisruptionBudget allows no disruption), PDB lists,
 //! Leases and ConfigMaps (create: 409 AlreadyExists; replace: 409 Conflict on a stale
 //! resourceVersion), and Events. Errors are `Status` objects. Every write bumps the object's
-//! resourceVersion.
+//! resourceVersion. Lists and watches: every list remembers what it returned under a new
+//! resourceVersion; a watch from that version streams the differences (ADDED, MODIFIED, DELETED)
+//! between it and the world, however a test changed the world, with a BOOKMARK after each batch
+//! and every second; a watch from a version it does not remember gets 410 Expired, so the client
+//! relists, as from a real apiserver whose watch cache has moved on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -45,13 +50,57 @@ pub struct World {
     pub writes: Vec<(String, String, String)>,
     /// Every change of a node's taints: (wall-clock ns, node, taints after it).
     pub taint_log: Vec<(i64, String, Vec<String>)>,
+    /// Requests by verb and path (without the query), for tests of the request budget.
+    pub requests: Vec<(String, String)>,
     version: u64,
+    /// What recent lists and bookmarks saw, by the resourceVersion they returned.
+    snapshots: VecDeque<(String, Items)>,
+}
+
+/// A list's objects by namespace/name.
+type Items = BTreeMap<String, Value>;
+/// What one list or watch selects from the world.
+type Select = Arc<dyn Fn(&World) -> Vec<Value> + Send + Sync>;
+
+fn keyed(items: Vec<Value>) -> Items {
+    items
+        .into_iter()
+        .map(|o| {
+            let m = &o["metadata"];
+            (
+                format!(
+                    "{}/{}",
+                    m["namespace"].as_str().unwrap_or(""),
+                    m["name"].as_str().unwrap_or("")
+                ),
+                o,
+            )
+        })
+        .collect()
 }
 
 impl World {
     fn bump(&mut self) -> String {
         self.version += 1;
         self.version.to_string()
+    }
+
+    /// Remembers what a list or bookmark saw; returns the resourceVersion that names it.
+    fn remember(&mut self, items: Items) -> String {
+        let rv = self.bump();
+        self.snapshots.push_back((rv.clone(), items));
+        if self.snapshots.len() > 256 {
+            self.snapshots.pop_front();
+        }
+        rv
+    }
+
+    /// How many requests matched `verb` (GET, PATCH, ...) and contained `path_part`.
+    pub fn count_requests(&self, verb: &str, path_part: &str) -> usize {
+        self.requests
+            .iter()
+            .filter(|(v, p)| v == verb && p.contains(path_part))
+            .count()
     }
 
     pub fn add_node(&mut self, name: &str, ip: &str) {
@@ -204,9 +253,106 @@ fn status(code: u16, reason: &str, message: &str) -> Response {
         .into_response()
 }
 
-fn list(kind: &str, items: Vec<Value>) -> Response {
-    axum::Json(json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}))
-        .into_response()
+/// A list (or, with `watch=true`, a watch) of what `select` picks.
+fn list_or_watch(
+    w: &Shared,
+    kind: &'static str,
+    api_version: &'static str,
+    q: &BTreeMap<String, String>,
+    select: Select,
+) -> Response {
+    if q.get("watch").map(String::as_str) == Some("true") {
+        return watch(w.clone(), kind, api_version, q, select);
+    }
+    let mut g = w.lock().unwrap();
+    let items = select(&g);
+    let rv = g.remember(keyed(items.clone()));
+    axum::Json(json!({
+        "kind": format!("{kind}List"), "apiVersion": api_version,
+        "metadata": {"resourceVersion": rv}, "items": items,
+    }))
+    .into_response()
+}
+
+fn watch(
+    w: Shared,
+    kind: &'static str,
+    api_version: &'static str,
+    q: &BTreeMap<String, String>,
+    select: Select,
+) -> Response {
+    let rv = q.get("resourceVersion").cloned().unwrap_or_default();
+    let baseline = w
+        .lock()
+        .unwrap()
+        .snapshots
+        .iter()
+        .find(|(v, _)| *v == rv)
+        .map(|(_, items)| items.clone());
+    let Some(mut last) = baseline else {
+        return status(410, "Expired", &format!("too old resource version: {rv}"));
+    };
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(290);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
+    tokio::spawn(async move {
+        let end = tokio::time::Instant::now() + Duration::from_secs(timeout);
+        let mut bookmarked = tokio::time::Instant::now();
+        let line = |kind: &str, object: &Value| {
+            let mut b = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap();
+            b.push(b'\n');
+            Bytes::from(b)
+        };
+        while tokio::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let (now, down) = {
+                let g = w.lock().unwrap();
+                (keyed(select(&g)), g.down)
+            };
+            if down {
+                return;
+            }
+            let mut out = Vec::new();
+            for (k, o) in &now {
+                match last.get(k) {
+                    None => out.push(line("ADDED", o)),
+                    Some(old) if old != o => out.push(line("MODIFIED", o)),
+                    Some(_) => {}
+                }
+            }
+            for (k, o) in &last {
+                if !now.contains_key(k) {
+                    out.push(line("DELETED", o));
+                }
+            }
+            last = now;
+            if !out.is_empty() || bookmarked.elapsed() >= Duration::from_secs(1) {
+                let rv = w.lock().unwrap().remember(last.clone());
+                out.push(line(
+                    "BOOKMARK",
+                    &json!({"kind": kind, "apiVersion": api_version,
+                            "metadata": {"resourceVersion": rv}}),
+                ));
+                bookmarked = tokio::time::Instant::now();
+            }
+            for b in out {
+                if tx.send(b).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from_stream(body))
+        .unwrap()
 }
 
 /// `a=b,c` style selectors: equality and existence.
@@ -294,16 +440,15 @@ async fn list_nodes(
     State(w): State<Shared>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    let w = w.lock().unwrap();
     let sel = q.get("labelSelector").cloned().unwrap_or_default();
-    list(
-        "NodeList",
+    let select: Select = Arc::new(move |w: &World| {
         w.nodes
             .values()
             .filter(|n| labels_match(&sel, &n["metadata"]["labels"]))
             .cloned()
-            .collect(),
-    )
+            .collect()
+    });
+    list_or_watch(&w, "Node", "v1", &q, select)
 }
 
 async fn get_node(State(w): State<Shared>, Path(name): Path<String>) -> Response {
@@ -381,11 +526,9 @@ async fn patch_node(
 }
 
 async fn list_pods(State(w): State<Shared>, Query(q): Query<BTreeMap<String, String>>) -> Response {
-    let w = w.lock().unwrap();
     let field = q.get("fieldSelector").cloned().unwrap_or_default();
     let node = field.strip_prefix("spec.nodeName=").map(String::from);
-    list(
-        "PodList",
+    let select: Select = Arc::new(move |w: &World| {
         w.pods
             .values()
             .filter(|p| {
@@ -393,8 +536,9 @@ async fn list_pods(State(w): State<Shared>, Query(q): Query<BTreeMap<String, Str
                     .is_none_or(|n| p["spec"]["nodeName"] == n.as_str())
             })
             .cloned()
-            .collect(),
-    )
+            .collect()
+    });
+    list_or_watch(&w, "Pod", "v1", &q, select)
 }
 
 async fn delete_pod(
@@ -530,9 +674,9 @@ async fn create_event(State(w): State<Shared>, Path(ns): Path<String>, body: Byt
     (StatusCode::CREATED, axum::Json(ev)).into_response()
 }
 
-async fn list_pdbs(State(w): State<Shared>) -> Response {
-    let items = w.lock().unwrap().pdbs.clone();
-    list("PodDisruptionBudgetList", items)
+async fn list_pdbs(State(w): State<Shared>, Query(q): Query<BTreeMap<String, String>>) -> Response {
+    let select: Select = Arc::new(|w: &World| w.pdbs.clone());
+    list_or_watch(&w, "PodDisruptionBudget", "policy/v1", &q, select)
 }
 
 /// Generic namespaced objects (Leases, ConfigMaps): get, create and replace.
@@ -611,13 +755,53 @@ fn replace_object(w: &Shared, resource: &str, ns: String, name: String, body: &[
     axum::Json(o).into_response()
 }
 
-fn object_routes(router: Router<Shared>, base: &str, resource: &'static str) -> Router<Shared> {
+/// A namespaced list or watch of generic objects, by `metadata.name=` field selector if given.
+fn list_objects(
+    w: &Shared,
+    resource: &'static str,
+    kind: &'static str,
+    api_version: &'static str,
+    ns: String,
+    q: BTreeMap<String, String>,
+) -> Response {
+    let name = q
+        .get("fieldSelector")
+        .and_then(|f| f.strip_prefix("metadata.name="))
+        .map(String::from);
+    let select: Select = Arc::new(move |w: &World| {
+        w.objects
+            .iter()
+            .filter(|((r, n, o), _)| {
+                r == resource && *n == ns && name.as_ref().is_none_or(|x| x == o)
+            })
+            .map(|(_, v)| v.clone())
+            .collect()
+    });
+    list_or_watch(w, kind, api_version, &q, select)
+}
+
+fn object_routes(
+    router: Router<Shared>,
+    base: &'static str,
+    resource: &'static str,
+    kind: &'static str,
+) -> Router<Shared> {
+    let api_version = base
+        .trim_start_matches("/apis/")
+        .trim_start_matches("/api/");
     router
         .route(
             &format!("{base}/namespaces/{{ns}}/{resource}"),
             post(
                 move |State(w): State<Shared>, Path(ns): Path<String>, body: Bytes| async move {
                     create_object(&w, resource, ns, &body)
+                },
+            )
+            .get(
+                move |State(w): State<Shared>,
+                      Path(ns): Path<String>,
+                      Query(q): Query<BTreeMap<String, String>>| async move {
+                    list_objects(&w, resource, kind, api_version, ns, q)
                 },
             ),
         )
@@ -642,8 +826,8 @@ fn object_routes(router: Router<Shared>, base: &str, resource: &'static str) -> 
 pub async fn start() -> (String, Shared) {
     let world: Shared = Arc::default();
     let app = Router::new();
-    let app = object_routes(app, "/apis/coordination.k8s.io/v1", "leases");
-    let app = object_routes(app, "/api/v1", "configmaps");
+    let app = object_routes(app, "/apis/coordination.k8s.io/v1", "leases", "Lease");
+    let app = object_routes(app, "/api/v1", "configmaps", "ConfigMap");
     let app =
         app.route("/apis/policy/v1/poddisruptionbudgets", get(list_pdbs))
             .route("/api/v1/nodes", get(list_nodes))
@@ -666,8 +850,17 @@ pub async fn start() -> (String, Shared) {
                 |State(w): State<Shared>,
                  req: axum::extract::Request,
                  next: axum::middleware::Next| async move {
-                    if w.lock().unwrap().down {
-                        return status(503, "ServiceUnavailable", "the apiserver is down");
+                    {
+                        let mut g = w.lock().unwrap();
+                        if g.down {
+                            return status(503, "ServiceUnavailable", "the apiserver is down");
+                        }
+                        let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
+                        let verb = match (req.method().as_str(), watch) {
+                            (_, true) => "WATCH".to_string(),
+                            (m, false) => m.to_string(),
+                        };
+                        g.requests.push((verb, req.uri().path().to_string()));
                     }
                     next.run(req).await
                 },

@@ -1,9 +1,13 @@
 //! The Kubernetes backend (kube-rs): nodes by label selector, maintd tags as node labels, drain
 //! through the Eviction API (which honours PodDisruptionBudgets), taints for offline and for the
 //! out-of-service release, and Events on the Node. One code path for a real API server and the
-//! tests' fake: only the URL differs.
+//! tests' fake: only the URL differs. Reads come from watch caches (`cache`); only writes and
+//! the reads a write is conditional on go to the API.
+
+pub mod cache;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -12,7 +16,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -21,6 +26,7 @@ use super::{Cluster, ClusterError, Coordination, LeaseRecord, NodeFacts};
 use crate::config::NodeConfig;
 use crate::core::conditions::{NodeCondition, Rule};
 use crate::core::{Job, JobKind, Outcome, capacity};
+use cache::Watched;
 
 /// The taint that tells Kubernetes a node is shut down for good: the attach-detach controller
 /// detaches its volumes and the pod GC deletes its pods (GA in 1.28).
@@ -153,6 +159,8 @@ impl KubeConfig {
         for r in &self.conditions {
             r.rule()?;
         }
+        cache::parse_selector(&self.label_selector)
+            .map_err(|e| format!("kubernetes.label-selector: {e}"))?;
         if self.node_interval.is_zero() {
             return Err("kubernetes.node-interval must be greater than zero".into());
         }
@@ -290,6 +298,18 @@ fn api_code(e: &kube::Error) -> Option<u16> {
 pub struct KubeCluster {
     client: Client,
     cfg: KubeConfig,
+    /// `label-selector`, applied to the node cache (which holds every node, for capacity).
+    selector: kube::core::Selector,
+    nodes: Watched<Node>,
+    pods: Watched<Pod>,
+    pdbs: Watched<PodDisruptionBudget>,
+    /// The election's Lease and state ConfigMap, watched only with leader election on.
+    lease: Option<Watched<Lease>>,
+    state: Option<Watched<ConfigMap>>,
+    /// Nodes as this replica last wrote them, until the watch catches up (as client-go's
+    /// mutation cache): a tag applied one tick must not read as removed by an operator the
+    /// next, only because its watch event is still on the way.
+    written: std::sync::Mutex<BTreeMap<String, Arc<Node>>>,
 }
 
 impl KubeCluster {
@@ -304,13 +324,63 @@ impl KubeCluster {
         KubeCluster::from_config(config, cfg)
     }
 
+    /// Starts the watches on the current tokio runtime; they stop when the cluster is dropped.
     fn from_config(mut config: kube::Config, cfg: KubeConfig) -> Result<KubeCluster, ClusterError> {
         // The client's own retry of 429s (up to 15 times, 5 s apart) would hide a blocking PDB
         // for minutes and overrun the drain deadline: the drain loop backs off itself.
         config.default_retry = false;
         let client =
             Client::try_from(config).map_err(|e| ClusterError::KubeConfig(e.to_string()))?;
-        Ok(KubeCluster { client, cfg })
+        let selector =
+            cache::parse_selector(&cfg.label_selector).map_err(ClusterError::KubeConfig)?;
+        // Lists from the apiserver's watch cache (resourceVersion 0), as informers do: the
+        // first list after a break costs the apiserver no etcd read.
+        let any = || watcher::Config::default().any_semantic();
+        let nodes = Watched::spawn(
+            "nodes",
+            Api::all(client.clone()),
+            any(),
+            cache::trim_node(&cfg.collector_annotation),
+        );
+        let pods = Watched::spawn("pods", Api::all(client.clone()), any(), cache::trim_pod);
+        let pdbs = Watched::spawn(
+            "poddisruptionbudgets",
+            Api::all(client.clone()),
+            any(),
+            cache::trim_meta,
+        );
+        let le = &cfg.leader_election;
+        let one = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let (lease, state) = if le.enabled {
+            let ns = le.namespace();
+            (
+                Some(Watched::spawn(
+                    "lease",
+                    Api::namespaced(client.clone(), &ns),
+                    one(&le.lease_name),
+                    cache::trim_meta,
+                )),
+                Some(Watched::spawn(
+                    "state configmap",
+                    Api::namespaced(client.clone(), &ns),
+                    one(&le.state_configmap),
+                    cache::trim_meta,
+                )),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(KubeCluster {
+            client,
+            cfg,
+            selector,
+            nodes,
+            pods,
+            pdbs,
+            lease,
+            state,
+            written: Default::default(),
+        })
     }
 
     /// For an explicit API URL (plain HTTP, e.g. `kubectl proxy` or a test's fake API server).
@@ -325,18 +395,56 @@ impl KubeCluster {
         Api::all(self.client.clone())
     }
 
-    async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
-        let mut lp = ListParams::default();
-        if !self.cfg.label_selector.is_empty() {
-            lp = lp.labels(&self.cfg.label_selector);
+    /// The managed nodes, from the node cache.
+    async fn managed_nodes(&self) -> Result<Vec<Arc<Node>>, ClusterError> {
+        Ok(self.managed(self.all_nodes().await?))
+    }
+
+    /// Every node by name, from the node cache with this replica's own writes over it.
+    async fn all_nodes(&self) -> Result<Vec<Arc<Node>>, ClusterError> {
+        Ok(self.with_writes(self.nodes.objects().await?))
+    }
+
+    fn with_writes(&self, nodes: Vec<Arc<Node>>) -> Vec<Arc<Node>> {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        nodes
+            .into_iter()
+            .map(|n| {
+                let name = n.metadata.name.as_deref().unwrap_or_default();
+                match written.get(name) {
+                    Some(mine) if newer(mine, &n) => mine.clone(),
+                    Some(_) => {
+                        // The watch has caught up (or moved past it).
+                        written.remove(name);
+                        n
+                    }
+                    None => n,
+                }
+            })
+            .collect()
+    }
+
+    fn wrote(&self, mut n: Node) {
+        cache::trim_node(&self.cfg.collector_annotation)(&mut n);
+        if let Some(name) = n.metadata.name.clone() {
+            self.written
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name, Arc::new(n));
         }
-        Ok(self.nodes_api().list(&lp).await?.items)
+    }
+
+    fn managed(&self, nodes: Vec<Arc<Node>>) -> Vec<Arc<Node>> {
+        nodes
+            .into_iter()
+            .filter(|n| cache::selects(&self.selector, n.metadata.labels.as_ref()))
+            .collect()
     }
 
     /// Managed nodes and their collector addresses (InternalIP:1815 unless annotated).
     pub async fn nodes(&self) -> Result<Vec<(String, String)>, ClusterError> {
         Ok(self
-            .list_nodes()
+            .managed_nodes()
             .await?
             .iter()
             .filter_map(|n| self.member(n))
@@ -378,18 +486,22 @@ impl KubeCluster {
     }
 
     async fn merge_patch(&self, node: &str, patch: Value) -> Result<(), ClusterError> {
-        self.nodes_api()
+        let n = self
+            .nodes_api()
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        self.wrote(n);
         Ok(())
     }
 
     /// A strategic-merge patch, as kubectl sends for cordon and labels: maps merge, and a
     /// null deletes a key, without reading the node first.
     async fn strategic_patch(&self, node: &str, patch: Value) -> Result<(), ClusterError> {
-        self.nodes_api()
+        let n = self
+            .nodes_api()
             .patch(node, &PatchParams::default(), &Patch::Strategic(&patch))
             .await?;
+        self.wrote(n);
         Ok(())
     }
 
@@ -442,15 +554,20 @@ impl KubeCluster {
         unreachable!("the loop returns")
     }
 
-    async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, ClusterError> {
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
-        Ok(pods
-            .list(&lp)
+    /// The node's pods that a drain or release moves, from the pod cache (as last seen: the
+    /// job's own requests go to the API and fail there while it is away).
+    async fn pods_on(&self, node: &str) -> Result<Vec<Arc<Pod>>, ClusterError> {
+        Ok(self
+            .pods
+            .last_known()
             .await?
-            .items
             .into_iter()
-            .filter(evictable)
+            .filter(|p| {
+                p.spec
+                    .as_ref()
+                    .is_some_and(|s| s.node_name.as_deref() == Some(node))
+                    && evictable(p)
+            })
             .collect())
     }
 
@@ -510,7 +627,7 @@ impl KubeCluster {
             }
             if tokio::time::Instant::now() >= deadline {
                 let still = if blocked.is_empty() {
-                    pods.iter().map(pod_name).collect()
+                    pods.iter().map(|p| pod_name(p)).collect()
                 } else {
                     blocked
                 };
@@ -529,7 +646,7 @@ impl KubeCluster {
 
     /// Force-deletes the node's pods (grace 0), so their controllers recreate them at once. Each
     /// delete names the pod's UID: a replacement that took the name is never deleted.
-    async fn force_delete_pods(&self, pods: &[Pod]) -> Result<usize, ClusterError> {
+    async fn force_delete_pods(&self, pods: &[Arc<Pod>]) -> Result<usize, ClusterError> {
         let mut n = 0;
         for p in pods {
             let (Some(ns), Some(name)) = (&p.metadata.namespace, &p.metadata.name) else {
@@ -549,7 +666,7 @@ impl KubeCluster {
     /// itself (gracefully, which a dead kubelet never completes). Waiting until it has marked
     /// them, briefly, lets its delete land first: our force delete then finishes the same pod,
     /// and the controller never retries a delete by name that could hit the replacement.
-    async fn pods_after_taint(&self, node: &str) -> Result<Vec<Pod>, ClusterError> {
+    async fn pods_after_taint(&self, node: &str) -> Result<Vec<Arc<Pod>>, ClusterError> {
         let until = tokio::time::Instant::now() + RELEASE_SETTLE;
         loop {
             let pods = self.pods_on(node).await?;
@@ -582,7 +699,7 @@ fn outcome(what: String, r: Result<(), ClusterError>) -> Outcome {
 impl Cluster for KubeCluster {
     async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError> {
         let mut out = BTreeMap::new();
-        for n in self.list_nodes().await? {
+        for n in self.managed_nodes().await? {
             let Some(name) = n.metadata.name.clone() else {
                 continue;
             };
@@ -652,16 +769,16 @@ impl Cluster for KubeCluster {
 
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
         Ok(self
-            .list_nodes()
+            .managed_nodes()
             .await?
-            .into_iter()
+            .iter()
             .filter(|n| {
                 n.spec
                     .as_ref()
                     .and_then(|s| s.taints.as_ref())
                     .is_some_and(|t| t.iter().any(|t| t.key == OFFLINE_TAINT))
             })
-            .filter_map(|n| n.metadata.name)
+            .filter_map(|n| n.metadata.name.clone())
             .collect())
     }
 
@@ -714,7 +831,8 @@ impl Cluster for KubeCluster {
     }
 
     async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
-        let nodes = self.list_nodes().await?;
+        // Conditions can start a fence: never from a cache whose watch is broken.
+        let nodes = self.managed_nodes().await?;
         let mut facts = NodeFacts::default();
         for n in &nodes {
             let Some(m) = self.member(n) else { continue };
@@ -742,23 +860,18 @@ impl Cluster for KubeCluster {
 
     async fn capacity(&self) -> Result<Option<capacity::Snapshot>, ClusterError> {
         // Every node counts as room for the pods, managed or not.
-        let nodes = self.nodes_api().list(&ListParams::default()).await?.items;
-        let pods = Api::<Pod>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await?
-            .items;
-        let pdbs = Api::<PodDisruptionBudget>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await?
-            .items;
+        let nodes = self.all_nodes().await?;
+        let pods = self.pods.objects().await?;
+        let pdbs = self.pdbs.objects().await?;
         Ok(Some(snapshot(&nodes, &pods, &pdbs)))
     }
 
     async fn record(&self, node: &str, reason: &str, message: &str, warning: bool) {
         let now = chrono_now();
         // `kubectl describe node` lists only Events whose involvedObject carries the Node's uid.
-        let uid = match self.nodes_api().get_opt(node).await {
-            Ok(Some(n)) => n.metadata.uid,
+        let uid = match self.nodes.get(node).await {
+            // The uid never changes: no need for this replica's own writes.
+            Ok(Some(n)) => n.metadata.uid.clone(),
             Ok(None) => None,
             Err(e) => {
                 tracing::warn!(node, reason, error = %e, "cannot read the Node for its Event");
@@ -804,26 +917,19 @@ impl Cluster for KubeCluster {
 
 #[async_trait::async_trait]
 impl Coordination for KubeCluster {
-    async fn get_lease(&self) -> Result<Option<LeaseRecord>, ClusterError> {
-        let Some(l) = self
-            .election_api::<Lease>()
-            .get_opt(&self.cfg.leader_election.lease_name)
-            .await?
-        else {
-            return Ok(None);
+    async fn get_lease(&self, fresh: bool) -> Result<Option<LeaseRecord>, ClusterError> {
+        let l = match (&self.lease, fresh) {
+            (Some(w), false) => w.only().await?.map(|l| (*l).clone()),
+            _ => {
+                self.election_api::<Lease>()
+                    .get_opt(&self.cfg.leader_election.lease_name)
+                    .await?
+            }
         };
-        let spec = l.spec.unwrap_or_default();
-        Ok(Some(LeaseRecord {
-            holder: spec.holder_identity.filter(|h| !h.is_empty()),
-            renew_marker: spec.renew_time.map(|t| t.0.to_string()),
-            duration_s: spec.lease_duration_seconds.unwrap_or(0),
-            transitions: spec.lease_transitions.unwrap_or(0),
-            version: l.metadata.resource_version,
-            acquired: spec.acquire_time,
-        }))
+        Ok(l.map(lease_record))
     }
 
-    async fn write_lease(&self, lease: &LeaseRecord) -> Result<bool, ClusterError> {
+    async fn write_lease(&self, lease: &LeaseRecord) -> Result<Option<LeaseRecord>, ClusterError> {
         let now = MicroTime(chrono_now());
         let name = &self.cfg.leader_election.lease_name;
         let l = Lease {
@@ -855,16 +961,20 @@ impl Coordination for KubeCluster {
             }
         };
         match r {
-            Ok(_) => Ok(true),
+            Ok(l) => Ok(Some(lease_record(l))),
             // 409: someone else wrote it first (a replace over a newer version, or a create).
-            Err(e) if api_code(&e) == Some(409) => Ok(false),
+            Err(e) if api_code(&e) == Some(409) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
-    async fn get_state(&self) -> Result<Option<(String, String)>, ClusterError> {
+    async fn get_state(&self, fresh: bool) -> Result<Option<(String, String)>, ClusterError> {
         let name = &self.cfg.leader_election.state_configmap;
-        let Some(cm) = self.election_api::<ConfigMap>().get_opt(name).await? else {
+        let cm = match (&self.state, fresh) {
+            (Some(w), false) => w.only().await?.map(|c| (*c).clone()),
+            _ => self.election_api::<ConfigMap>().get_opt(name).await?,
+        };
+        let Some(cm) = cm else {
             return Ok(None);
         };
         let data = cm
@@ -918,6 +1028,31 @@ impl Coordination for KubeCluster {
 }
 
 const STATE_KEY: &str = "state.json";
+
+/// Whether `a` is a later version of the same object than `b`. resourceVersions are opaque to
+/// clients but are etcd revisions in practice; client-go's mutation cache compares them the same
+/// way, and anything unparsable trusts the watch.
+fn newer(a: &Node, b: &Node) -> bool {
+    let rv = |n: &Node| {
+        n.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    matches!((rv(a), rv(b)), (Some(x), Some(y)) if x > y)
+}
+
+fn lease_record(l: Lease) -> LeaseRecord {
+    let spec = l.spec.unwrap_or_default();
+    LeaseRecord {
+        holder: spec.holder_identity.filter(|h| !h.is_empty()),
+        renew_marker: spec.renew_time.map(|t| t.0.to_string()),
+        duration_s: spec.lease_duration_seconds.unwrap_or(0),
+        transitions: spec.lease_transitions.unwrap_or(0),
+        version: l.metadata.resource_version,
+        acquired: spec.acquire_time,
+    }
+}
 
 /// CPU in millicores or memory in bytes from a Kubernetes quantity ("500m", "2", "1Gi", "1e9").
 pub fn quantity(q: &str, milli: bool) -> Option<i64> {
@@ -998,9 +1133,14 @@ fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
 }
 
 /// The capacity picture for `capacity::admit`, from one list of nodes, pods and PDBs.
-pub fn snapshot(nodes: &[Node], pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> capacity::Snapshot {
+pub fn snapshot<N, P, B>(nodes: &[N], pods: &[P], pdbs: &[B]) -> capacity::Snapshot
+where
+    N: std::borrow::Borrow<Node>,
+    P: std::borrow::Borrow<Pod>,
+    B: std::borrow::Borrow<PodDisruptionBudget>,
+{
     let mut s = capacity::Snapshot::default();
-    for n in nodes {
+    for n in nodes.iter().map(|n| n.borrow()) {
         let Some(name) = n.metadata.name.clone() else {
             continue;
         };
@@ -1034,7 +1174,7 @@ pub fn snapshot(nodes: &[Node], pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> c
             schedulable: ready && !spec.and_then(|s| s.unschedulable).unwrap_or(false),
         });
     }
-    for b in pdbs {
+    for b in pdbs.iter().map(|b| b.borrow()) {
         s.pdbs.push(capacity::Pdb {
             name: format!(
                 "{}/{}",
@@ -1048,7 +1188,7 @@ pub fn snapshot(nodes: &[Node], pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> c
                 .unwrap_or(0),
         });
     }
-    for p in pods {
+    for p in pods.iter().map(|p| p.borrow()) {
         let Some(spec) = &p.spec else { continue };
         let Some(node) = spec.node_name.clone() else {
             continue;
@@ -1079,6 +1219,7 @@ pub fn snapshot(nodes: &[Node], pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> c
                 .collect(),
             pdbs: pdbs
                 .iter()
+                .map(|b| b.borrow())
                 .enumerate()
                 .filter(|(_, b)| {
                     b.metadata.namespace.as_deref().unwrap_or("default") == ns
