@@ -32,6 +32,7 @@ async fn against_a_real_control_plane() {
     events_show_in_kubectl_describe_node_under_the_deploy_rbac(&cp).await;
     a_fence_release_never_deletes_the_replacement_pod(&cp).await;
     a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
+    a_stale_collector_answer_never_recovers_a_fenced_node(&cp).await;
 }
 
 fn taints(cp: &ControlPlane, node: &str) -> String {
@@ -251,4 +252,105 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
     c.kill_daemon();
     cp.heartbeats.alive("node1", false);
     cp.kubectl_ok(&["delete", "node", "node1"]);
+}
+
+/// A node dies (heartbeats stop, its collector freezes) and is fenced. Its collector then wakes
+/// up still holding the report it diagnosed before the power-off, while its next diagnose hangs:
+/// it answers, but that answer predates the power-off and proves nothing, so the flow neither
+/// recovers nor removes the out-of-service taint. Only a report diagnosed after the power-off
+/// (the diagnose finishes) recovers it.
+async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane) {
+    use nix::sys::signal::{Signal, kill};
+    let mut c = Cluster::new(4);
+    let nodes: Vec<String> = c.nodes.iter().map(|n| format!("s{n}")).collect();
+    cp.add_managed_nodes(&c, &nodes).await;
+    c.nodes = nodes.clone();
+    let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    c.inventory_nodes = false;
+    c.extra_daemon_toml = format!(
+        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
+        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs)
+    );
+    c.env
+        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+    // The diagnose hangs while a hold file exists; a long diagnose timeout keeps it hanging
+    // (rather than failing) for the whole check.
+    write_exec(
+        &c.path("diagnose.d/scripted"),
+        &format!(
+            "while [ -e {root}/hold-$NODE ]; do sleep 0.1; done; cat {root}/verdict-$NODE.json",
+            root = c.dir.path().display()
+        ),
+    );
+    for (i, n) in nodes.iter().enumerate() {
+        c.set_verdict(n, r#"{"status":"Ok"}"#);
+        let cfg = c.collector_config(i, "scripted", "cluster.key");
+        let text = std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("diagnose-timeout = \"1s\"", "diagnose-timeout = \"60s\"");
+        std::fs::write(&cfg, text).unwrap();
+        c.collectors[i] = Some(c.spawn(
+            &format!("collector-{n}"),
+            &["--config", cfg.to_str().unwrap(), "collector"],
+        ));
+    }
+    c.wait_collectors_ready().await;
+    c.start_kube_daemon();
+    c.wait_api().await;
+    let victim = nodes[0].clone();
+    wait_for("the victim reachable", || async {
+        (c.node(&victim).await["reachable"] == true).then_some(())
+    })
+    .await;
+    let pid = nix::unistd::Pid::from_raw(c.collectors[0].as_ref().unwrap().child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    cp.heartbeats.alive(&victim, false);
+    let f = c
+        .wait_flow("the release", |f| {
+            f["node"] == victim.as_str() && f["released"] == true
+        })
+        .await;
+    assert_eq!(f["witnesses"]["collector"], true, "{f:#}");
+    assert!(f["witnesses"]["condition"].is_null(), "{f:#}");
+    assert!(taints(cp, &victim).contains("out-of-service"));
+    // It wakes with its pre-power-off report while its next diagnose hangs.
+    std::fs::write(c.path(&format!("hold-{victim}")), "").unwrap();
+    kill(pid, Signal::SIGCONT).unwrap();
+    cp.heartbeats.alive(&victim, true);
+    let n = wait_for("the stale collector answering", || async {
+        let n = c.node(&victim).await;
+        (n["reachable"] == true).then_some(n)
+    })
+    .await;
+    assert!(n["diagnose-error"].is_null(), "{n:#}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let flows = c.get("/1/fences").await.1;
+    let mine: Vec<_> = flows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["node"] == victim.as_str())
+        .collect();
+    assert_eq!(mine.len(), 1, "{flows:#}");
+    assert_ne!(
+        mine[0]["status"], "final",
+        "a stale answer recovered the node: {:#}",
+        mine[0]
+    );
+    assert!(taints(cp, &victim).contains("out-of-service"));
+    // A diagnose that ran after the power-off: now it recovers.
+    std::fs::remove_file(c.path(&format!("hold-{victim}"))).unwrap();
+    c.wait_flow("recovery", |f| {
+        f["node"] == victim.as_str() && f["status"] == "final"
+    })
+    .await;
+    cp.wait_for("the out-of-service taint to go", |cp| {
+        !taints(cp, &victim).contains("out-of-service")
+    })
+    .await;
+    c.kill_daemon();
+    for n in &nodes {
+        cp.heartbeats.alive(n, false);
+        cp.kubectl(&["delete", "node", n, "--wait=false"]);
+    }
 }

@@ -92,6 +92,8 @@ pub struct ControlPlane {
     pub kubeconfig: PathBuf,
     pub client: kube::Client,
     pub heartbeats: Heartbeats,
+    /// With `start_audited`: the apiserver's audit log (JSON lines, one per request of `user`).
+    pub audit_log: Option<PathBuf>,
     // Dropped in reverse order of start: scheduler, controller-manager, apiserver, etcd.
     procs: Vec<Proc>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -112,6 +114,16 @@ impl ControlPlane {
     /// Starts etcd, the apiserver, the controller-manager (node monitor grace `grace`) and the
     /// scheduler, and waits until the apiserver is ready and the default namespace exists.
     pub async fn start(node_monitor_grace: Duration) -> ControlPlane {
+        ControlPlane::start_inner(node_monitor_grace, None).await
+    }
+
+    /// As `start`, with an audit log of every request `user` sends (one line per request, at
+    /// receipt, with its verb and resource), for counting a client's requests.
+    pub async fn start_audited(node_monitor_grace: Duration, user: &str) -> ControlPlane {
+        ControlPlane::start_inner(node_monitor_grace, Some(user)).await
+    }
+
+    async fn start_inner(node_monitor_grace: Duration, audit_user: Option<&str>) -> ControlPlane {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let openssl = |args: &[&str]| {
@@ -198,6 +210,23 @@ impl ControlPlane {
         std::fs::create_dir(&data).unwrap();
         std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .unwrap();
+        let mut audit = vec![];
+        let audit_log = audit_user.map(|user| {
+            let policy = d.join("audit-policy.yaml");
+            std::fs::write(
+                &policy,
+                format!(
+                    "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [ResponseStarted, ResponseComplete, Panic]\nrules:\n- level: Metadata\n  users: [\"{user}\"]\n- level: None\n"
+                ),
+            )
+            .unwrap();
+            let log = d.join("audit.log");
+            audit.push(format!("--audit-policy-file={}", policy.display()));
+            audit.push(format!("--audit-log-path={}", log.display()));
+            audit.push("--audit-log-format=json".into());
+            audit.push("--audit-log-mode=blocking".into());
+            log
+        });
         let mut procs = vec![spawn(
             Command::new("etcd").args([
                 "--data-dir",
@@ -218,24 +247,26 @@ impl ControlPlane {
             &d.join("etcd.log"),
         )];
         procs.push(spawn(
-            Command::new(bin_dir().join("kube-apiserver")).args([
-                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                format!("--secure-port={api_port}"),
-                format!("--tls-cert-file={}", p("apiserver.crt")),
-                format!("--tls-private-key-file={}", p("apiserver.key")),
-                format!("--client-ca-file={}", p("ca.crt")),
-                "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!("--service-account-key-file={}", p("sa.pub")),
-                format!("--service-account-signing-key-file={}", p("sa.key")),
-                "--api-audiences=https://kubernetes.default.svc".into(),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
-                "--authorization-mode=Node,RBAC".into(),
-                "--endpoint-reconciler-type=none".into(),
-                // As kubeadm and every distribution set it: the collector DaemonSet is privileged.
-                "--allow-privileged=true".into(),
-            ]),
+            Command::new(bin_dir().join("kube-apiserver"))
+                .args([
+                    format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+                    "--bind-address=127.0.0.1".into(),
+                    "--advertise-address=127.0.0.1".into(),
+                    format!("--secure-port={api_port}"),
+                    format!("--tls-cert-file={}", p("apiserver.crt")),
+                    format!("--tls-private-key-file={}", p("apiserver.key")),
+                    format!("--client-ca-file={}", p("ca.crt")),
+                    "--service-account-issuer=https://kubernetes.default.svc".into(),
+                    format!("--service-account-key-file={}", p("sa.pub")),
+                    format!("--service-account-signing-key-file={}", p("sa.key")),
+                    "--api-audiences=https://kubernetes.default.svc".into(),
+                    "--service-cluster-ip-range=10.96.0.0/16".into(),
+                    "--authorization-mode=Node,RBAC".into(),
+                    "--endpoint-reconciler-type=none".into(),
+                    // As kubeadm and every distribution set it: the collector DaemonSet is privileged.
+                    "--allow-privileged=true".into(),
+                ])
+                .args(&audit),
             &d.join("apiserver.log"),
         ));
         let config = kube::Config::from_custom_kubeconfig(
@@ -299,6 +330,7 @@ impl ControlPlane {
             kubeconfig,
             client,
             heartbeats: Heartbeats::default(),
+            audit_log,
             procs,
             tasks: vec![],
         };
