@@ -17,7 +17,7 @@ use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const USER: &str = "system:serviceaccount:maintd:maintd";
 
@@ -28,24 +28,15 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Requests in the audit log received in [from, to), by "verb resource[/subresource]".
-fn requests(log: &std::path::Path, from: i64, to: i64) -> BTreeMap<String, usize> {
+/// maintd's requests received in [from, to), by "verb resource[/subresource]".
+fn requests(cp: &ControlPlane, from: i64, to: i64) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
-    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        if v["user"]["username"] != USER {
-            continue;
-        }
-        let Some(at) = v["requestReceivedTimestamp"]
+    for v in cp.audited(from) {
+        let at = v["requestReceivedTimestamp"]
             .as_str()
             .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-        else {
-            continue;
-        };
-        let at = at.as_nanosecond() as i64;
-        if at < from || at >= to {
+            .map_or(i64::MAX, |t| t.as_nanosecond() as i64);
+        if v["user"]["username"] != USER || at >= to {
             continue;
         }
         let r = &v["objectRef"];
@@ -204,7 +195,6 @@ async fn main() {
     })
     .await;
     let pid = c.daemon.as_ref().unwrap().child.id();
-    let log = cp.audit_log.clone().unwrap();
     // The initial lists are done once every node is known; measure idle after a settling pause.
     wait_for("every node polled", || async {
         let (_, v) = c.get("/1/nodes").await;
@@ -214,7 +204,7 @@ async fn main() {
     let synced = now_ns();
     println!(
         "daemon up and synced; start-up requests:\n{:#?}",
-        requests(&log, 0, synced)
+        requests(&cp, 0, synced)
     );
     tokio::time::sleep(Duration::from_secs(10)).await;
     let from = now_ns();
@@ -222,7 +212,7 @@ async fn main() {
     let to = now_ns();
     report(
         &format!("idle leader, {n} nodes"),
-        &requests(&log, from, to),
+        &requests(&cp, from, to),
         idle.as_secs_f64(),
     );
     println!("daemon RSS after idle: {} MiB", rss_kib(pid) / 1024);
@@ -251,7 +241,7 @@ async fn main() {
     let to = now_ns();
     report(
         "evacuation waiting for a PDB",
-        &requests(&log, from, to),
+        &requests(&cp, from, to),
         wait.as_secs_f64(),
     );
 
@@ -286,7 +276,7 @@ async fn main() {
     let secs = done.elapsed().as_secs_f64();
     report(
         "drain of 4 pods, budget open",
-        &requests(&log, from, now_ns()),
+        &requests(&cp, from, now_ns()),
         secs.max(1.0),
     );
     println!("daemon RSS after the drain: {} MiB", rss_kib(pid) / 1024);

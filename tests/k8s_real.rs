@@ -16,7 +16,8 @@ async fn against_a_real_control_plane() {
     if !k8s::available() {
         return;
     }
-    let cp = ControlPlane::start(Duration::from_secs(8)).await;
+    // The audit log counts what maintd's ServiceAccount sends (the drain scenario reads it).
+    let cp = ControlPlane::start_audited(Duration::from_secs(8), SA_USER).await;
     // Every deploy/ manifest is valid for the real apiserver (the namespace first).
     let deploy = common::sims::repo("deploy");
     cp.kubectl_ok(&[
@@ -33,7 +34,10 @@ async fn against_a_real_control_plane() {
     a_fence_release_never_deletes_the_replacement_pod(&cp).await;
     a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
     a_stale_collector_answer_never_recovers_a_fenced_node(&cp).await;
+    drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(&cp).await;
 }
+
+const SA_USER: &str = "system:serviceaccount:maintd:maintd";
 
 fn taints(cp: &ControlPlane, node: &str) -> String {
     cp.kubectl_ok(&["get", "node", node, "-o", "jsonpath={.spec.taints}"])
@@ -349,6 +353,117 @@ async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane
     })
     .await;
     c.kill_daemon();
+    for n in &nodes {
+        cp.heartbeats.alive(n, false);
+        cp.kubectl(&["delete", "node", n, "--wait=false"]);
+    }
+}
+
+/// Drains on the real apiserver, under the deploy/ RBAC. A pod whose shutdown takes 2 s is
+/// evicted once, not again while it terminates (the audit log counts maintd's evictions), and the
+/// job counts pods, not calls. A drain that misses its deadline fails, says the node stays
+/// cordoned, and it does stay cordoned after its repairfailed label is removed (as after a
+/// failed `kubectl drain`).
+async fn drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(cp: &ControlPlane) {
+    let mut c = Cluster::new(4);
+    let nodes: Vec<String> = c.nodes.iter().map(|n| format!("d{n}")).collect();
+    cp.add_managed_nodes(&c, &nodes).await;
+    c.nodes = nodes.clone();
+    c.inventory_nodes = false;
+    c.extra_daemon_toml = "[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\ndrain-deadline = \"8s\"\n[kubernetes.leader-election]\nnamespace = \"maintd\"\n".into();
+    c.env.push((
+        "KUBECONFIG".into(),
+        cp.service_account_kubeconfig("maintd", "maintd")
+            .display()
+            .to_string(),
+    ));
+    cp.kubectl_ok(&["create", "namespace", "drain"]);
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(cp.client.clone(), "drain");
+    for (name, node, exit_after, grace) in [
+        ("slow", &nodes[0], 2, 30),
+        ("fast", &nodes[0], 0, 30),
+        ("stuck", &nodes[1], 60, 60),
+    ] {
+        let p = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {k8s::EXIT_AFTER: exit_after.to_string()}},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": grace,
+                "containers": [{"name": "c", "image": "c:1",
+                    "resources": {"requests": {"cpu": "100m"}}}]}}))
+        .unwrap();
+        pods.create(&Default::default(), &p).await.unwrap();
+        k8s::running_pod(&pods, name).await;
+    }
+    for n in &nodes {
+        c.set_verdict(n, r#"{"status":"Ok"}"#);
+    }
+    c.start_collectors();
+    c.wait_collectors_ready().await;
+    c.start_kube_daemon();
+    c.wait_api().await;
+    let since = maintd::report::now_ns();
+    c.set_verdict(&nodes[0], r#"{"status":"evacuate"}"#);
+    let e = c
+        .wait_event(&nodes[0], "the drain to complete", |e| {
+            e["repair-status"] == "completed"
+        })
+        .await;
+    let drain = e["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["kind"] == "evacuate")
+        .unwrap_or_else(|| panic!("{e:#}"));
+    assert_eq!(
+        drain["detail"],
+        format!("{} drained (2 pods)", nodes[0]),
+        "{e:#}"
+    );
+    let evictions = |name: &str| {
+        cp.audited(since)
+            .iter()
+            .filter(|v| {
+                v["user"]["username"] == SA_USER
+                    && v["verb"] == "create"
+                    && v["objectRef"]["subresource"] == "eviction"
+                    && v["objectRef"]["name"] == name
+            })
+            .count()
+    };
+    assert_eq!(evictions("slow"), 1, "a terminating pod was evicted again");
+    assert_eq!(evictions("fast"), 1);
+    // The stuck pod outlasts the deadline: the drain fails and says the node stays cordoned.
+    c.set_verdict(&nodes[1], r#"{"status":"evacuate"}"#);
+    let e = c
+        .wait_event(&nodes[1], "the drain to fail", |e| {
+            e["repair-status"] == "failed"
+        })
+        .await;
+    let detail = e["jobs"][0]["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        detail.contains("drain/stuck") && detail.contains("stays cordoned"),
+        "{e:#}"
+    );
+    assert_eq!(evictions("stuck"), 1, "{e:#}");
+    let unschedulable =
+        |n: &str| cp.kubectl_ok(&["get", "node", n, "-o", "jsonpath={.spec.unschedulable}"]);
+    assert_eq!(unschedulable(&nodes[1]), "true");
+    // The operator acknowledges the failure by removing its label: the event goes, the cordon
+    // stays until they uncordon the node themselves.
+    let label = maintd::cluster::kube::tag_to_label(e["tag"].as_str().unwrap()).unwrap();
+    c.set_verdict(&nodes[1], r#"{"status":"Ok"}"#);
+    cp.kubectl_ok(&["label", "node", &nodes[1], &format!("{label}-")]);
+    let id = e["id"].clone();
+    wait_for("the failed event to be forgotten", || async {
+        (!c.status().await.iter().any(|e| e["id"] == id)).then_some(())
+    })
+    .await;
+    assert_eq!(unschedulable(&nodes[1]), "true");
+    c.kill_daemon();
+    cp.kubectl_ok(&["delete", "namespace", "drain", "--wait=false"]);
     for n in &nodes {
         cp.heartbeats.alive(n, false);
         cp.kubectl(&["delete", "node", n, "--wait=false"]);

@@ -353,6 +353,24 @@ impl ControlPlane {
         cp
     }
 
+    /// The audit log's entries (`start_audited`) received since `since` (Unix ns).
+    pub fn audited(&self, since: i64) -> Vec<serde_json::Value> {
+        let Some(log) = &self.audit_log else {
+            return vec![];
+        };
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| {
+                v["requestReceivedTimestamp"]
+                    .as_str()
+                    .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                    .is_some_and(|t| t.as_nanosecond() as i64 >= since)
+            })
+            .collect()
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> Output {
         Command::new(bin_dir().join("kubectl"))
             .arg("--kubeconfig")
@@ -521,8 +539,31 @@ async fn heartbeat_loop(client: kube::Client, hb: Heartbeats) {
     }
 }
 
+/// Label of a pod whose containers take this many seconds to stop once it is deleted (a real
+/// application's shutdown), capped by its grace period as a kubelet would.
+pub const EXIT_AFTER: &str = "maintd-test/exit-after";
+
+fn termination_done(
+    p: &Pod,
+    deleted: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> bool {
+    let Some(secs) = p
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(EXIT_AFTER))
+        .and_then(|v| v.parse::<i64>().ok())
+    else {
+        return true;
+    };
+    // deletionTimestamp is the delete plus the grace period.
+    let grace = p.metadata.deletion_grace_period_seconds.unwrap_or(0);
+    let asked = deleted.0.as_second() - grace;
+    k8s_openapi::jiff::Timestamp::now().as_second() >= asked + secs.min(grace)
+}
+
 /// The kubelet stand-in: pods bound to live nodes become Running/Ready, and their graceful
-/// deletions complete (a dead node's pods stay as they are, as a dead kubelet leaves them).
+/// deletions complete (after `EXIT_AFTER` seconds if the pod says so) (a dead node's pods stay as they are, as a dead kubelet leaves them).
 async fn kubelet_loop(client: kube::Client, hb: Heartbeats) {
     let pods: Api<Pod> = Api::all(client.clone());
     loop {
@@ -541,7 +582,10 @@ async fn kubelet_loop(client: kube::Client, hb: Heartbeats) {
                     continue;
                 };
                 let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-                if p.metadata.deletion_timestamp.is_some() {
+                if let Some(deleted) = &p.metadata.deletion_timestamp {
+                    if !termination_done(&p, deleted) {
+                        continue;
+                    }
                     let dp = DeleteParams {
                         preconditions: Some(kube::api::Preconditions {
                             uid: p.metadata.uid.clone(),
