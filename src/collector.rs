@@ -517,7 +517,8 @@ mod tests {
             diagnose: name.into(),
             diagnose_dir: dir.into(),
             repair_dir: dir.into(),
-            diagnose_timeout: Duration::from_millis(500),
+            // Generous: a loaded 2-core machine can take seconds to start a script.
+            diagnose_timeout: Duration::from_secs(20),
             diagnose_output_cap: 256,
             ..CollectorConfig::default()
         }
@@ -534,7 +535,7 @@ mod tests {
         script(d.path(), "badjson", "echo '{nope'");
         script(d.path(), "badstatus", r#"echo '{"status":"panic"}'"#);
         script(d.path(), "fails", "echo boom >&2; exit 4");
-        script(d.path(), "slow", "sleep 5");
+        script(d.path(), "slow", "sleep 60");
         script(d.path(), "huge", "head -c 1000 /dev/zero | tr '\\0' 'a'");
         let ok = diagnose(&cfg(d.path(), "good")).await;
         assert!(ok.error.is_none());
@@ -548,7 +549,11 @@ mod tests {
             ("../good", "refused"),
             ("absent", "refused"),
         ] {
-            let r = diagnose(&cfg(d.path(), name)).await;
+            let mut c = cfg(d.path(), name);
+            if name == "slow" {
+                c.diagnose_timeout = Duration::from_millis(300);
+            }
+            let r = diagnose(&c).await;
             let err = r.error.unwrap_or_default();
             assert!(err.contains(expect), "{name}: {err}");
             assert_eq!(r.verdict.status, crate::report::Status::Ok);

@@ -915,3 +915,55 @@ async fn a_leader_that_cannot_renew_its_lease_starts_nothing_and_exits_12() {
         c.daemon_log()
     );
 }
+
+/// Reads come from watches: once synced, an idle leader's only requests are its Lease renewals
+/// (one PUT per retry period), and a standby, which follows the Lease and the checkpoint through
+/// its watches, sends nothing at all. The real apiserver's figures are in BENCHMARKS.md (k8s_requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_leader_sends_only_its_lease_renewals_and_a_standby_nothing() {
+    let election = "[kubernetes.leader-election]\nlease-duration = \"4s\"\nrenew-deadline = \"3s\"\nretry-period = \"300ms\"\nidentity = \"a\"\n";
+    let (mut c, _url, w) = kube_cluster(2, election).await;
+    c.start_collectors();
+    c.start_kube_daemon();
+    c.wait_api().await;
+    common::wait_for("leadership", || async {
+        (c.get("/1/leader").await.1["leader"] == true).then_some(())
+    })
+    .await;
+    // The standby: a second daemon on the same fake, its own API port and state.
+    let mut b = common::Cluster::new(0);
+    b.inventory_nodes = false;
+    b.extra_daemon_toml = c
+        .extra_daemon_toml
+        .replace("identity = \"a\"", "identity = \"b\"");
+    b.start_kube_daemon();
+    b.wait_api().await;
+    common::wait_for("the standby to follow", || async {
+        (b.get("/1/leader").await.1["holder"] == "a").then_some(())
+    })
+    .await;
+    for n in c.nodes.clone() {
+        common::wait_for("the nodes polled", || async {
+            (c.node(&n).await["reachable"] == true).then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let before = w.lock().unwrap().requests.len();
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let seen: Vec<(String, String)> = w.lock().unwrap().requests[before..].to_vec();
+    let renewals = seen
+        .iter()
+        .filter(|(v, p)| v == "PUT" && p.ends_with("/leases/maintd"))
+        .count();
+    let other: Vec<_> = seen
+        .iter()
+        .filter(|(v, p)| !(v == "PUT" && p.ends_with("/leases/maintd")))
+        .collect();
+    assert!(
+        other.is_empty(),
+        "requests besides the Lease renewals: {other:?}"
+    );
+    // About one per 300 ms retry period from the leader alone (a standby never writes).
+    assert!((5..=15).contains(&renewals), "{renewals} renewals in 3 s");
+}
