@@ -341,7 +341,7 @@ pub fn trim_node(keep_annotation: &str) -> impl Fn(&mut Node) + use<> {
 pub fn trim_pod(p: &mut Pod) {
     p.metadata.managed_fields = None;
     if let Some(a) = p.metadata.annotations.as_mut() {
-        a.retain(|k, _| k == super::MIRROR_ANNOTATION);
+        a.retain(|k, _| k == super::drain::MIRROR_ANNOTATION);
     }
     if let Some(s) = p.spec.as_mut() {
         s.volumes = None;

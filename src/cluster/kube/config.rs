@@ -1,0 +1,174 @@
+//! The `[kubernetes]` settings: which nodes, drain timings, Events, condition rules and leader
+//! election, with the checks serde cannot make.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::cache;
+use crate::core::conditions::Rule;
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KubeConfig {
+    /// API server URL, e.g. `http://127.0.0.1:8001` behind `kubectl proxy`. Unset: the
+    /// kubeconfig, or the in-cluster service account.
+    pub api_url: Option<String>,
+    /// Which Nodes maintd manages (a label selector; empty = all).
+    pub label_selector: String,
+    /// Annotation that overrides a node's collector address (default: InternalIP:1815).
+    pub collector_annotation: String,
+    /// An evacuation that cannot evict every pod by then fails, naming the blocking pods.
+    #[serde(with = "humantime_serde")]
+    pub drain_deadline: Duration,
+    /// First backoff after a 429 from the Eviction API (doubles up to 5 s).
+    #[serde(with = "humantime_serde")]
+    pub eviction_backoff: Duration,
+    /// Namespace for the Events maintd records on Nodes.
+    pub events_namespace: String,
+    /// How often the node list is read: membership, conditions and the fencing source.
+    #[serde(with = "humantime_serde")]
+    pub node_interval: Duration,
+    /// At most this many nodes drain in one round (capacity and PDBs may allow fewer).
+    pub max_disruptions: usize,
+    /// Node-condition rules, checked in order.
+    pub conditions: Vec<ConditionRuleConfig>,
+    pub leader_election: LeaderElectionConfig,
+}
+
+/// `(type, status) for <duration> -> actions`, escalating one step per `escalate-after`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ConditionRuleConfig {
+    #[serde(rename = "type")]
+    pub condition: String,
+    pub status: String,
+    #[serde(rename = "for", with = "humantime_serde", default)]
+    pub after: Duration,
+    pub actions: Vec<String>,
+    #[serde(with = "humantime_serde", default)]
+    pub escalate_after: Option<Duration>,
+}
+
+impl ConditionRuleConfig {
+    pub fn rule(&self) -> Result<Rule, String> {
+        Rule::new(
+            &self.condition,
+            &self.status,
+            self.after.as_nanos() as i64,
+            &self.actions,
+            self.escalate_after.map(|d| d.as_nanos() as i64),
+        )
+    }
+}
+
+/// A `coordination.k8s.io/v1` Lease elects the one replica that acts; the state it acts on is
+/// checkpointed to a ConfigMap, so a successor resumes it. Defaults are client-go's.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LeaderElectionConfig {
+    pub enabled: bool,
+    /// Namespace of the Lease and the state ConfigMap (default: `$POD_NAMESPACE`, else
+    /// `default`).
+    pub namespace: Option<String>,
+    pub lease_name: String,
+    pub state_configmap: String,
+    /// This replica's name in the Lease (default: `$POD_NAME`, else the host name).
+    pub identity: Option<String>,
+    #[serde(with = "humantime_serde")]
+    pub lease_duration: Duration,
+    /// A leader that cannot renew for this long stops acting (exits) before its lease expires.
+    #[serde(with = "humantime_serde")]
+    pub renew_deadline: Duration,
+    #[serde(with = "humantime_serde")]
+    pub retry_period: Duration,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        LeaderElectionConfig {
+            enabled: true,
+            namespace: None,
+            lease_name: "maintd".into(),
+            state_configmap: "maintd-state".into(),
+            identity: None,
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+impl LeaderElectionConfig {
+    pub fn namespace(&self) -> String {
+        self.namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| "default".into())
+    }
+
+    pub fn identity(&self) -> String {
+        self.identity
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
+            .or_else(|| {
+                nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+            })
+            .unwrap_or_else(|| "maintd".into())
+    }
+}
+
+impl KubeConfig {
+    /// Checks what serde cannot: rules, and timings that only work in one order.
+    pub fn validate(&self) -> Result<(), String> {
+        for r in &self.conditions {
+            r.rule()?;
+        }
+        cache::parse_selector(&self.label_selector)
+            .map_err(|e| format!("kubernetes.label-selector: {e}"))?;
+        if self.node_interval.is_zero() {
+            return Err("kubernetes.node-interval must be greater than zero".into());
+        }
+        if self.max_disruptions == 0 {
+            return Err("kubernetes.max-disruptions must be at least 1".into());
+        }
+        if !matches!(self.events_namespace.as_str(), "default" | "kube-system") {
+            return Err(format!(
+                "kubernetes.events-namespace {:?}: Events about Nodes (cluster-scoped objects) are accepted only in \"default\" (or \"kube-system\"); the apiserver refuses any other namespace with 422",
+                self.events_namespace
+            ));
+        }
+        let l = &self.leader_election;
+        if l.enabled && !(l.retry_period < l.renew_deadline && l.renew_deadline < l.lease_duration)
+        {
+            return Err(
+                "kubernetes.leader-election needs retry-period < renew-deadline < lease-duration"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        KubeConfig {
+            api_url: None,
+            label_selector: String::new(),
+            collector_annotation: "maintd.io/collector".into(),
+            drain_deadline: Duration::from_secs(600),
+            eviction_backoff: Duration::from_millis(500),
+            events_namespace: "default".into(),
+            node_interval: Duration::from_secs(2),
+            max_disruptions: 1,
+            conditions: vec![],
+            leader_election: LeaderElectionConfig::default(),
+        }
+    }
+}
