@@ -1,0 +1,148 @@
+//! The leader's checkpoint of the decision state (events, jobs, rounds, fence flows) as one
+//! JSON document, and its import by a new leader.
+
+use super::*;
+
+/// The events a checkpoint keeps: every live one, those with a running job, and the 100 most
+/// recently cleared (for the status history).
+macro_rules! kept_events {
+    () => {
+        "SELECT id FROM events WHERE cleared_ns IS NULL
+           OR id IN (SELECT event_id FROM jobs WHERE status = 'running')
+           OR id IN (SELECT id FROM events WHERE cleared_ns IS NOT NULL
+                     ORDER BY cleared_ns DESC LIMIT 100)"
+    };
+}
+
+/// Tables a checkpoint carries, in insertion order (rounds and events before the jobs that
+/// reference them), with the rows each keeps.
+const CHECKPOINT: &[(&str, &str)] = &[
+    (
+        "events",
+        concat!("SELECT * FROM events WHERE id IN (", kept_events!(), ")"),
+    ),
+    (
+        "rounds",
+        concat!(
+            "SELECT * FROM rounds WHERE id = (SELECT MAX(id) FROM rounds)
+               OR id IN (SELECT round FROM jobs WHERE event_id IN (",
+            kept_events!(),
+            "))"
+        ),
+    ),
+    (
+        "jobs",
+        concat!(
+            "SELECT * FROM jobs WHERE event_id IN (",
+            kept_events!(),
+            ")"
+        ),
+    ),
+    (
+        "fences",
+        "SELECT * FROM fences WHERE status != 'final'
+           OR id IN (SELECT id FROM fences ORDER BY updated_ns DESC LIMIT 100)",
+    ),
+];
+
+fn sql_to_json(v: rusqlite::types::ValueRef<'_>) -> serde_json::Value {
+    use rusqlite::types::ValueRef;
+    match v {
+        ValueRef::Null => serde_json::Value::Null,
+        ValueRef::Integer(i) => i.into(),
+        ValueRef::Real(f) => f.into(),
+        ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
+        ValueRef::Blob(b) => hex::encode(b).into(),
+    }
+}
+
+impl Store {
+    /// The decision state (events, jobs, rounds, fence flows) as one JSON document, for the
+    /// leader's checkpoint. Poll state stays per replica.
+    pub fn export_checkpoint(&self) -> Result<String> {
+        let c = self.conn();
+        let mut doc = serde_json::Map::new();
+        doc.insert("schema".into(), (MIGRATIONS.len() as i64).into());
+        for (table, query) in CHECKPOINT {
+            let mut stmt = c.prepare_cached(query)?;
+            let cols: Vec<String> = stmt.column_names().iter().map(|s| s.to_string()).collect();
+            let mut rows = stmt.query([])?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next()? {
+                let row: Vec<serde_json::Value> = (0..cols.len())
+                    .map(|i| r.get_ref(i).map(sql_to_json))
+                    .collect::<Result<_, _>>()?;
+                out.push(serde_json::Value::Array(row));
+            }
+            doc.insert(
+                table.to_string(),
+                serde_json::json!({"columns": cols, "rows": out}),
+            );
+        }
+        Ok(serde_json::Value::Object(doc).to_string())
+    }
+
+    /// Replaces the decision state with a checkpoint, in one transaction: a malformed one is
+    /// refused as a whole and the state stays as it was.
+    pub fn import_checkpoint(&self, text: &str) -> Result<()> {
+        let bad = |m: String| StoreError::Corrupt(format!("checkpoint: {m}"));
+        let doc: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let schema = doc["schema"]
+            .as_i64()
+            .ok_or_else(|| bad("no schema".into()))?;
+        if schema > MIGRATIONS.len() as i64 {
+            return Err(StoreError::TooNew {
+                found: schema,
+                known: MIGRATIONS.len() as i64,
+            });
+        }
+        let mut c = self.conn();
+        let tx = c.transaction()?;
+        for table in ["jobs", "rounds", "events", "fences"] {
+            tx.execute(&format!("DELETE FROM {table}"), [])?;
+        }
+        for (table, _) in CHECKPOINT {
+            let t = &doc[*table];
+            let known: BTreeSet<String> = tx
+                .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?
+                .query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<_, _>>()?;
+            let cols: Vec<String> = serde_json::from_value(t["columns"].clone())
+                .map_err(|e| bad(format!("{table}.columns: {e}")))?;
+            if let Some(c) = cols.iter().find(|c| !known.contains(*c)) {
+                return Err(bad(format!("{table} has no column {c:?}")));
+            }
+            let rows = t["rows"]
+                .as_array()
+                .ok_or_else(|| bad(format!("{table}.rows is not a list")))?;
+            let sql = format!(
+                "INSERT INTO {table} ({}) VALUES ({})",
+                cols.join(", "),
+                vec!["?"; cols.len()].join(", ")
+            );
+            let mut stmt = tx.prepare(&sql)?;
+            for row in rows {
+                let vals = row
+                    .as_array()
+                    .filter(|v| v.len() == cols.len())
+                    .ok_or_else(|| bad(format!("{table}: a row does not match its columns")))?;
+                let params: Vec<rusqlite::types::Value> = vals
+                    .iter()
+                    .map(|v| match v {
+                        serde_json::Value::Null => Ok(rusqlite::types::Value::Null),
+                        serde_json::Value::String(s) => Ok(rusqlite::types::Value::Text(s.clone())),
+                        serde_json::Value::Number(n) => Ok(match n.as_i64() {
+                            Some(i) => rusqlite::types::Value::Integer(i),
+                            None => rusqlite::types::Value::Real(n.as_f64().unwrap_or(0.0)),
+                        }),
+                        other => Err(bad(format!("{table}: unexpected value {other}"))),
+                    })
+                    .collect::<Result<_>>()?;
+                stmt.execute(rusqlite::params_from_iter(params))?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+//! Fence flows: each flow as JSON with an optimistic version, the executor's outcomes, and
+//! operators' cancels.
+
+use super::*;
+
+/// Outcome of an operator's cancel of a fence flow.
+#[derive(Debug, PartialEq)]
+pub enum FenceCancel {
+    Canceled(Box<Flow>),
+    NotFound,
+    Final,
+    PoweredOff,
+    AlreadyCanceled,
+}
+
+/// Which executor-written outcome of a flow to set.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FlowOutcome {
+    Step,
+    Release,
+    Reclaim,
+}
+
+fn flow_from_row(r: &Row) -> Result<Flow> {
+    let data: String = r.get(0)?;
+    let version: i64 = r.get(1)?;
+    let mut f: Flow =
+        serde_json::from_str(&data).map_err(|e| corrupt(format!("fence flow: {e}")))?;
+    f.version = version as u64;
+    Ok(f)
+}
+
+impl Store {
+    pub fn insert_flow(&self, f: &Flow) -> Result<()> {
+        let data = serde_json::to_string(f).map_err(|e| corrupt(e.to_string()))?;
+        self.conn().execute(
+            "INSERT INTO fences (id, node, status, version, created_ns, updated_ns, data) VALUES (?1,?2,?3,0,?4,?5,?6)",
+            params![f.id.to_string(), f.node, f.status.as_str(), f.created, f.updated, data],
+        )?;
+        Ok(())
+    }
+
+    /// Saves a flow unless someone changed it since it was loaded; returns whether it was saved.
+    pub fn save_flow(&self, f: &Flow) -> Result<bool> {
+        let data = serde_json::to_string(f).map_err(|e| corrupt(e.to_string()))?;
+        let n = self.conn().execute(
+            "UPDATE fences SET status=?2, updated_ns=?3, data=?4, version=version+1 WHERE id=?1 AND version=?5",
+            params![f.id.to_string(), f.status.as_str(), f.updated, data, f.version as i64],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Read-modify-write of one flow in a transaction.
+    fn update_flow(
+        &self,
+        id: &Uuid,
+        change: impl FnOnce(&mut Flow) -> bool,
+    ) -> Result<Option<Flow>> {
+        let mut c = self.conn();
+        let tx = c.transaction()?;
+        let f = {
+            let mut stmt = tx.prepare_cached("SELECT data, version FROM fences WHERE id=?1")?;
+            let mut rows = stmt.query([id.to_string()])?;
+            match rows.next()? {
+                Some(r) => Some(flow_from_row(r)?),
+                None => None,
+            }
+        };
+        let Some(mut f) = f else {
+            return Ok(None);
+        };
+        if !change(&mut f) {
+            return Ok(Some(f));
+        }
+        let data = serde_json::to_string(&f).map_err(|e| corrupt(e.to_string()))?;
+        tx.execute(
+            "UPDATE fences SET status=?2, updated_ns=?3, data=?4, version=version+1 WHERE id=?1",
+            params![id.to_string(), f.status.as_str(), f.updated, data],
+        )?;
+        tx.commit()?;
+        Ok(Some(f))
+    }
+
+    /// Records what the executor saw: a step attempt (with its agent calls), a release or a reclaim.
+    pub fn set_flow_outcome(
+        &self,
+        id: &Uuid,
+        which: FlowOutcome,
+        outcome: Outcome,
+        calls: Vec<Call>,
+    ) -> Result<()> {
+        self.update_flow(id, |f| {
+            match which {
+                FlowOutcome::Step => f.result = Some(outcome),
+                FlowOutcome::Release => f.release_result = Some(outcome),
+                FlowOutcome::Reclaim => f.reclaim_result = Some(outcome),
+            }
+            f.calls.extend(calls);
+            true
+        })?;
+        Ok(())
+    }
+
+    pub fn mark_flow_tagged(&self, id: &Uuid) -> Result<()> {
+        self.update_flow(id, |f| {
+            f.tagged = true;
+            true
+        })?;
+        Ok(())
+    }
+
+    /// An operator's cancel: only before the node was powered off.
+    pub fn cancel_flow(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
+        let mut verdict = FenceCancel::NotFound;
+        let f = self.update_flow(id, |f| {
+            if f.status == FenceStatus::Final {
+                verdict = FenceCancel::Final;
+                false
+            } else if f.fenced {
+                verdict = FenceCancel::PoweredOff;
+                false
+            } else if f.canceled {
+                // A repeated cancel changes nothing and says so, as an event's does.
+                verdict = FenceCancel::AlreadyCanceled;
+                false
+            } else {
+                f.canceled = true;
+                f.updated = now;
+                f.history.push(crate::core::fence::Transition {
+                    at: now,
+                    step: f.step,
+                    status: f.status,
+                    note: "canceled by operator".into(),
+                });
+                verdict = FenceCancel::Canceled(Box::new(f.clone()));
+                true
+            }
+        })?;
+        Ok(if f.is_none() {
+            FenceCancel::NotFound
+        } else {
+            verdict
+        })
+    }
+
+    /// Flows the fencer decides on: every one not final, and final ones ended after `since`.
+    pub fn fence_flows(&self, since: Nanos) -> Result<Vec<Flow>> {
+        let c = self.conn();
+        collect(
+            c.prepare_cached(
+                "SELECT data, version FROM fences WHERE status != 'final' OR updated_ns >= ?1 ORDER BY created_ns",
+            )?,
+            [since],
+            flow_from_row,
+        )
+    }
+
+    /// Every flow, newest first, for the API.
+    pub fn all_flows(&self, limit: usize) -> Result<Vec<Flow>> {
+        let c = self.conn();
+        collect(
+            c.prepare_cached("SELECT data, version FROM fences ORDER BY created_ns DESC LIMIT ?1")?,
+            [limit as i64],
+            flow_from_row,
+        )
+    }
+
+    pub fn flow(&self, id: &Uuid) -> Result<Option<Flow>> {
+        let c = self.conn();
+        let mut stmt = c.prepare_cached("SELECT data, version FROM fences WHERE id=?1")?;
+        let mut rows = stmt.query([id.to_string()])?;
+        match rows.next()? {
+            Some(r) => Ok(Some(flow_from_row(r)?)),
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Persistent state in SQLite: the connection, its migrations and integrity check. WAL mode,
+//! numbered migrations, one transaction per change. One file per table group: `events` (events,
+//! jobs, rounds), `nodes` (poll state), `inventory` (the inventory backend's tags and offline
+//! flags), `flows` (fence flows) and `checkpoint` (the leader's export and import); `tests` is
+//! the conformance suite for all of them.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::core::fence::{Call, FenceStatus, Flow, Outcome};
+use crate::core::{
+    Action, Event, Job, JobKind, JobSpec, JobStatus, Nanos, Policy, RepairStatus, State,
+    reason_trail,
+};
+use crate::report::Status;
+
+mod checkpoint;
+mod events;
+mod flows;
+mod inventory;
+mod nodes;
+#[cfg(test)]
+mod tests;
+
+pub use events::{CancelOutcome, EventRecord};
+pub use flows::{FenceCancel, FlowOutcome};
+pub use nodes::{NodeRow, NodeUpdate};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open state database {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("state database: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("state database holds a corrupt row: {0}")]
+    Corrupt(String),
+    #[error(
+        "state database {path} fails its integrity check ({detail}); restore it from a backup or move it aside to start afresh"
+    )]
+    Integrity { path: String, detail: String },
+    #[error("state database has schema version {found}, newer than this maintd ({known})")]
+    TooNew { found: i64, known: i64 },
+}
+
+type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[
+    // 1: events, jobs, rounds, node poll state, inventory tags and offline flags.
+    r#"
+    CREATE TABLE events (
+        id TEXT PRIMARY KEY,
+        node TEXT NOT NULL,
+        canonical TEXT NOT NULL,
+        action TEXT NOT NULL,
+        command TEXT,
+        status TEXT NOT NULL,
+        tag TEXT NOT NULL,
+        tagged INTEGER NOT NULL DEFAULT 0,
+        acknowledged INTEGER NOT NULL DEFAULT 0,
+        superseded_by TEXT,
+        note TEXT,
+        created_ns INTEGER NOT NULL,
+        updated_ns INTEGER NOT NULL,
+        cleared_ns INTEGER,
+        cleared_why TEXT
+    );
+    -- Event identity: one live event per (node, canonical JSON).
+    CREATE UNIQUE INDEX events_identity ON events(node, canonical) WHERE cleared_ns IS NULL;
+    CREATE TABLE rounds (
+        id INTEGER PRIMARY KEY,
+        started_ns INTEGER NOT NULL
+    );
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        event_id TEXT NOT NULL REFERENCES events(id),
+        node TEXT NOT NULL,
+        round INTEGER NOT NULL REFERENCES rounds(id),
+        kind TEXT NOT NULL,
+        command TEXT,
+        status TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        detail TEXT,
+        created_ns INTEGER NOT NULL,
+        finished_ns INTEGER
+    );
+    CREATE INDEX jobs_event ON jobs(event_id);
+    CREATE INDEX jobs_status ON jobs(status);
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        reachable INTEGER NOT NULL DEFAULT 0,
+        last_answer_ns INTEGER,
+        unreachable_since_ns INTEGER,
+        last_error TEXT,
+        last_seq INTEGER,
+        last_report TEXT,
+        diagnosed_ns INTEGER,
+        diagnose_error TEXT,
+        rejected INTEGER NOT NULL DEFAULT 0,
+        last_rejection TEXT
+    );
+    CREATE TABLE inventory_tags (
+        node TEXT NOT NULL,
+        tag TEXT NOT NULL,
+        created_ns INTEGER NOT NULL,
+        PRIMARY KEY (node, tag)
+    );
+    CREATE TABLE inventory_offline (
+        node TEXT PRIMARY KEY,
+        since_ns INTEGER NOT NULL
+    );
+    "#,
+    // 2: fence flows. The flow is one JSON document; `version` guards against stale writes.
+    r#"
+    CREATE TABLE fences (
+        id TEXT PRIMARY KEY,
+        node TEXT NOT NULL,
+        status TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        created_ns INTEGER NOT NULL,
+        updated_ns INTEGER NOT NULL,
+        data TEXT NOT NULL
+    );
+    CREATE INDEX fences_status ON fences(status, updated_ns);
+    "#,
+];
+
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: String,
+}
+
+fn corrupt(what: impl Into<String>) -> StoreError {
+    StoreError::Corrupt(what.into())
+}
+
+fn parse_uuid(s: &str) -> Result<Uuid> {
+    Uuid::parse_str(s).map_err(|_| corrupt(format!("bad uuid {s:?}")))
+}
+
+fn collect<T>(
+    mut stmt: rusqlite::CachedStatement<'_>,
+    params: impl rusqlite::Params,
+    f: fn(&Row) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut rows = stmt.query(params)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push(f(r)?);
+    }
+    Ok(out)
+}
+
+impl Store {
+    /// Opens (or creates) the database, refusing one that fails SQLite's integrity check: a
+    /// daemon that cannot read its events must not run as if it had none.
+    pub fn open(path: &Path) -> Result<Store> {
+        let shown = path.display().to_string();
+        let open_err = |source| StoreError::Open {
+            path: shown.clone(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        let check: std::result::Result<Vec<String>, rusqlite::Error> = conn
+            .prepare("PRAGMA integrity_check")
+            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect());
+        match check {
+            Ok(lines) if lines.len() == 1 && lines[0] == "ok" => {}
+            Ok(lines) => {
+                return Err(StoreError::Integrity {
+                    path: shown,
+                    detail: lines.into_iter().take(5).collect::<Vec<_>>().join("; "),
+                });
+            }
+            Err(e) => {
+                return Err(StoreError::Integrity {
+                    path: shown,
+                    detail: e.to_string(),
+                });
+            }
+        }
+        let mut store = Store::init(conn).map_err(|e| match e {
+            StoreError::Sql(source) => open_err(source),
+            other => other,
+        })?;
+        store.path = shown;
+        Ok(store)
+    }
+
+    pub fn open_in_memory() -> Result<Store> {
+        Store::init(Connection::open_in_memory()?)
+    }
+
+    /// Where the database lives, for messages about it.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn init(mut conn: Connection) -> Result<Store> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let known = MIGRATIONS.len() as i64;
+        if version > known {
+            return Err(StoreError::TooNew {
+                found: version,
+                known,
+            });
+        }
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            let tx = conn.transaction()?;
+            tx.execute_batch(m)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(Store {
+            conn: Mutex::new(conn),
+            path: ":memory:".into(),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave a half-applied change: SQLite rolls back.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
