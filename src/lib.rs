@@ -1,16 +1,21 @@
-//! maintd: cluster maintenance and node-repair daemon.
+//! maintd: cluster maintenance and node-repair daemon. docs/ARCHITECTURE.md has the module map,
+//! the path of data and where each side effect lives.
 //!
 //! Module map:
 //! - `report`: diagnose verdicts, the signed report envelope, keys and request signatures.
 //! - `config`: the one validated configuration (defaults, TOML file, flags).
 //! - `exec`: whitelisted command lookup and bounded subprocess runs.
+//! - `jobrunner`: detached hook jobs, each with a directory, resumable after a restart.
+//! - `http`: JSON errors, signed-request middleware, and the bounded listener.
+//! - `collector`: the node agent (`maintd collector`).
 //! - `core`: the pure decision core, `decide(state, observations, now) -> actions`, with the fence
 //!   state machine, evacuation admission (`capacity`) and node-condition rules (`conditions`).
-//! - `store`: SQLite persistence (events, jobs, rounds, poll state, inventory tags, fence flows)
-//!   and the checkpoint a Kubernetes leader shares with its standby.
-//! - `cluster`: the backend trait, the inventory backend and the Kubernetes backend (`kube`).
-//! - `daemon`: poller, engine, fencer, leadership, node watch and the HTTP API.
-//! - `fencing`: fence-agent configuration and the agent runner.
+//! - `store`: SQLite persistence, one file per table group, and the leader's checkpoint.
+//! - `cluster`: the backend traits, the inventory backend and the Kubernetes backend (`kube`).
+//! - `fencing`: fence-agent configuration, the agent runner and output redaction.
+//! - `daemon`: poller, engine, fencer, leadership, node membership and the HTTP API.
+//! - `cli`: argument parsing and the operator commands.
+//! - `bench`: `maintd bench poll|plan`.
 
 pub mod bench;
 pub mod cli;
