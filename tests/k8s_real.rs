@@ -43,17 +43,70 @@ fn taints(cp: &ControlPlane, node: &str) -> String {
     cp.kubectl_ok(&["get", "node", node, "-o", "jsonpath={.spec.taints}"])
 }
 
+/// Four collectors for four managed Nodes named `<prefix>node<i>`, with the daemon taking its
+/// nodes from the API.
+async fn managed_cluster(cp: &ControlPlane, prefix: &str) -> (Cluster, Vec<String>) {
+    let mut c = Cluster::new(4);
+    let nodes: Vec<String> = c.nodes.iter().map(|n| format!("{prefix}{n}")).collect();
+    cp.add_managed_nodes(&c, &nodes).await;
+    // The collectors answer under the Kubernetes node names.
+    c.nodes = nodes.clone();
+    c.inventory_nodes = false;
+    (c, nodes)
+}
+
+/// A daemon as cluster-admin, without election, fencing `nodes` with a stub agent that always
+/// powers off (2 s grace).
+fn stub_fenced_admin_daemon(cp: &ControlPlane, c: &mut Cluster, nodes: &[String]) {
+    let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    c.extra_daemon_toml = format!(
+        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
+        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs)
+    );
+    c.env
+        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+}
+
+/// The one fence flow of `node`, which must not have ended.
+async fn one_open_flow(c: &Cluster, node: &str) -> serde_json::Value {
+    let flows = c.get("/1/fences").await.1;
+    let mine: Vec<_> = flows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["node"] == node)
+        .cloned()
+        .collect();
+    assert_eq!(mine.len(), 1, "{flows:#}");
+    assert_ne!(mine[0]["status"], "final", "{:#}", mine[0]);
+    mine[0].clone()
+}
+
+/// The node's flow ends in recovery and its out-of-service taint goes.
+async fn wait_recovered(cp: &ControlPlane, c: &Cluster, node: &str) {
+    c.wait_flow("recovery", |f| f["node"] == node && f["status"] == "final")
+        .await;
+    cp.wait_for("the out-of-service taint to go", |cp| {
+        !taints(cp, node).contains("out-of-service")
+    })
+    .await;
+}
+
+/// Ends a scenario: its daemon stops, and its nodes stop heartbeating and are deleted.
+fn remove_nodes(cp: &ControlPlane, c: &mut Cluster, nodes: &[String]) {
+    c.kill_daemon();
+    for n in nodes {
+        cp.heartbeats.alive(n, false);
+        cp.kubectl(&["delete", "node", n, "--wait=false"]);
+    }
+}
+
 /// The kubelet dies but the collector keeps answering: the `Ready=Unknown` rule fences the node.
 /// While its kubelet stays down, Ready stays Unknown and nothing recovers, un-taints or fences it
 /// again (no power-cycle loop); once its heartbeats resume (Ready=True), it recovers.
 async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlPlane) {
-    let mut c = Cluster::new(4);
-    let nodes: Vec<String> = c.nodes.iter().map(|n| format!("k{n}")).collect();
-    cp.add_managed_nodes(&c, &nodes).await;
-    // The collectors answer under the Kubernetes node names.
-    c.nodes = nodes.clone();
+    let (mut c, nodes) = managed_cluster(cp, "k").await;
     let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    c.inventory_nodes = false;
     c.extra_daemon_toml = format!(
         "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n[[kubernetes.conditions]]\ntype = \"Ready\"\nstatus = \"Unknown\"\nfor = \"1s\"\nactions = [\"fence\"]\n",
         // A short cooldown: a flow that ended would be followed by a new one within the wait.
@@ -89,31 +142,12 @@ async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlP
     // The node is "powered on" by nobody and its kubelet stays down: for several cooldowns,
     // the flow waits in recovery and keeps the taint; no second flow starts.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let flows = c.get("/1/fences").await.1;
-    let mine: Vec<_> = flows
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["node"] == victim.as_str())
-        .collect();
-    assert_eq!(mine.len(), 1, "{flows:#}");
-    assert_ne!(mine[0]["status"], "final", "{:#}", mine[0]);
+    one_open_flow(&c, &victim).await;
     assert!(taints(cp, &victim).contains("out-of-service"));
     // The kubelet is back: Ready=True, recovery, the taint goes.
     cp.heartbeats.alive(&victim, true);
-    c.wait_flow("recovery", |f| {
-        f["node"] == victim.as_str() && f["status"] == "final"
-    })
-    .await;
-    cp.wait_for("the out-of-service taint to go", |cp| {
-        !taints(cp, &victim).contains("out-of-service")
-    })
-    .await;
-    c.kill_daemon();
-    for n in &nodes {
-        cp.heartbeats.alive(n, false);
-        cp.kubectl(&["delete", "node", n, "--wait=false"]);
-    }
+    wait_recovered(cp, &c, &victim).await;
+    remove_nodes(cp, &mut c, &nodes);
 }
 
 /// A status answers OFF, an off succeeds: a fence that completes (the agents themselves are
@@ -129,14 +163,7 @@ async fn a_fence_release_never_deletes_the_replacement_pod(cp: &ControlPlane) {
     let mut c = Cluster::new(4);
     let nodes: Vec<String> = c.nodes.clone();
     cp.add_managed_nodes(&c, &nodes).await;
-    let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    c.inventory_nodes = false;
-    c.extra_daemon_toml = format!(
-        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
-        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs)
-    );
-    c.env
-        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+    stub_fenced_admin_daemon(cp, &mut c, &nodes);
     c.start_collectors();
     let pods = cp.statefulset("race");
     let first = k8s::running_pod(&pods, "db-0").await;
@@ -265,18 +292,8 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
 /// (the diagnose finishes) recovers it.
 async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane) {
     use nix::sys::signal::{Signal, kill};
-    let mut c = Cluster::new(4);
-    let nodes: Vec<String> = c.nodes.iter().map(|n| format!("s{n}")).collect();
-    cp.add_managed_nodes(&c, &nodes).await;
-    c.nodes = nodes.clone();
-    let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    c.inventory_nodes = false;
-    c.extra_daemon_toml = format!(
-        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
-        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs)
-    );
-    c.env
-        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+    let (mut c, nodes) = managed_cluster(cp, "s").await;
+    stub_fenced_admin_daemon(cp, &mut c, &nodes);
     // The diagnose hangs while a hold file exists; a long diagnose timeout keeps it hanging
     // (rather than failing) for the whole check.
     write_exec(
@@ -328,35 +345,12 @@ async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane
     .await;
     assert!(n["diagnose-error"].is_null(), "{n:#}");
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let flows = c.get("/1/fences").await.1;
-    let mine: Vec<_> = flows
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["node"] == victim.as_str())
-        .collect();
-    assert_eq!(mine.len(), 1, "{flows:#}");
-    assert_ne!(
-        mine[0]["status"], "final",
-        "a stale answer recovered the node: {:#}",
-        mine[0]
-    );
+    one_open_flow(&c, &victim).await;
     assert!(taints(cp, &victim).contains("out-of-service"));
     // A diagnose that ran after the power-off: now it recovers.
     std::fs::remove_file(c.path(&format!("hold-{victim}"))).unwrap();
-    c.wait_flow("recovery", |f| {
-        f["node"] == victim.as_str() && f["status"] == "final"
-    })
-    .await;
-    cp.wait_for("the out-of-service taint to go", |cp| {
-        !taints(cp, &victim).contains("out-of-service")
-    })
-    .await;
-    c.kill_daemon();
-    for n in &nodes {
-        cp.heartbeats.alive(n, false);
-        cp.kubectl(&["delete", "node", n, "--wait=false"]);
-    }
+    wait_recovered(cp, &c, &victim).await;
+    remove_nodes(cp, &mut c, &nodes);
 }
 
 /// Drains on the real apiserver, under the deploy/ RBAC. A pod whose shutdown takes 2 s is
@@ -365,11 +359,7 @@ async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane
 /// cordoned, and it does stay cordoned after its repairfailed label is removed (as after a
 /// failed `kubectl drain`).
 async fn drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(cp: &ControlPlane) {
-    let mut c = Cluster::new(4);
-    let nodes: Vec<String> = c.nodes.iter().map(|n| format!("d{n}")).collect();
-    cp.add_managed_nodes(&c, &nodes).await;
-    c.nodes = nodes.clone();
-    c.inventory_nodes = false;
+    let (mut c, nodes) = managed_cluster(cp, "d").await;
     c.extra_daemon_toml = "[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\ndrain-deadline = \"8s\"\n[kubernetes.leader-election]\nnamespace = \"maintd\"\n".into();
     c.env.push((
         "KUBECONFIG".into(),
@@ -462,10 +452,6 @@ async fn drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(
     })
     .await;
     assert_eq!(unschedulable(&nodes[1]), "true");
-    c.kill_daemon();
     cp.kubectl_ok(&["delete", "namespace", "drain", "--wait=false"]);
-    for n in &nodes {
-        cp.heartbeats.alive(n, false);
-        cp.kubectl(&["delete", "node", n, "--wait=false"]);
-    }
+    remove_nodes(cp, &mut c, &nodes);
 }

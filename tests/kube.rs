@@ -882,13 +882,7 @@ async fn a_drain_never_evicts_a_terminating_pod_again_and_counts_each_pod_once()
 async fn a_leader_that_cannot_renew_its_lease_starts_nothing_and_exits_12() {
     let election = "[kubernetes.leader-election]\nlease-duration = \"4s\"\nrenew-deadline = \"3s\"\nretry-period = \"300ms\"\n";
     let (mut c, _url, w) = kube_cluster(1, election).await;
-    c.start_collectors();
-    c.start_kube_daemon();
-    c.wait_api().await;
-    common::wait_for("leadership", || async {
-        (c.get("/1/leader").await.1["leader"] == true).then_some(())
-    })
-    .await;
+    start_leader(&mut c).await;
     // The apiserver goes away; meanwhile the node asks for a live repair.
     w.lock().unwrap().down = true;
     c.set_verdict("node1", r#"{"status":"live-repair","command":"fix"}"#);
@@ -923,13 +917,7 @@ async fn a_leader_that_cannot_renew_its_lease_starts_nothing_and_exits_12() {
 async fn an_idle_leader_sends_only_its_lease_renewals_and_a_standby_nothing() {
     let election = "[kubernetes.leader-election]\nlease-duration = \"4s\"\nrenew-deadline = \"3s\"\nretry-period = \"300ms\"\nidentity = \"a\"\n";
     let (mut c, _url, w) = kube_cluster(2, election).await;
-    c.start_collectors();
-    c.start_kube_daemon();
-    c.wait_api().await;
-    common::wait_for("leadership", || async {
-        (c.get("/1/leader").await.1["leader"] == true).then_some(())
-    })
-    .await;
+    start_leader(&mut c).await;
     // The standby: a second daemon on the same fake, its own API port and state.
     let mut b = common::Cluster::new(0);
     b.inventory_nodes = false;
@@ -966,4 +954,15 @@ async fn an_idle_leader_sends_only_its_lease_renewals_and_a_standby_nothing() {
     );
     // About one per 300 ms retry period from the leader alone (a standby never writes).
     assert!((5..=15).contains(&renewals), "{renewals} renewals in 3 s");
+}
+
+/// Starts the collectors and a daemon, and waits until it leads.
+async fn start_leader(c: &mut common::Cluster) {
+    c.start_collectors();
+    c.start_kube_daemon();
+    c.wait_api().await;
+    common::wait_for("leadership", || async {
+        (c.get("/1/leader").await.1["leader"] == true).then_some(())
+    })
+    .await;
 }
