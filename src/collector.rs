@@ -24,6 +24,7 @@ use crate::config::{CollectorConfig, Config};
 use crate::exec::{self, ExecError, RunSpec};
 use crate::http::{ApiError, SignedAuth, parse_json, require_signed};
 use crate::report::{Envelope, Key, KeyError, Verdict, canonical_json, now_ns};
+use crate::sync::{LockExt, RwLockExt};
 
 /// Output of a repair kept for the daemon.
 const REPAIR_TAIL_CHARS: usize = 4096;
@@ -280,16 +281,12 @@ impl Collector {
     }
 
     pub fn set_diagnosis(&self, d: Diagnosis) {
-        *self.latest.write().unwrap_or_else(|p| p.into_inner()) = Some(d);
+        *self.latest.write_unpoisoned() = Some(d);
     }
 
     /// Signs the cached verdict now, with the next sequence number.
     pub fn signed_report(&self) -> Option<Envelope> {
-        let d = self
-            .latest
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()?;
+        let d = self.latest.read_unpoisoned().clone()?;
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         Some(
             Envelope::new(&self.node, seq, now_ns(), d.at, &d.verdict, d.error.clone())
@@ -377,7 +374,7 @@ impl Collector {
     }
 
     fn update(&self, job: &str, f: impl FnOnce(&mut RepairStatus)) {
-        let mut repairs = self.repairs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut repairs = self.repairs.lock_unpoisoned();
         if let Some(r) = repairs.get_mut(job) {
             f(r);
             if let Err(e) = self.journal.save(r) {
@@ -409,7 +406,7 @@ async fn start_repair(State(c): State<Arc<Collector>>, body: Bytes) -> Result<Re
         ));
     }
     exec::validate_name(&req.command).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let mut repairs = c.repairs.lock().unwrap_or_else(|p| p.into_inner());
+    let mut repairs = c.repairs.lock_unpoisoned();
     if let Some(existing) = repairs.get(&req.job) {
         return Ok((StatusCode::OK, Json(existing.clone())).into_response());
     }
@@ -449,8 +446,7 @@ async fn repair_status(
     Path(job): Path<String>,
 ) -> Result<Json<RepairStatus>, ApiError> {
     c.repairs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+        .lock_unpoisoned()
         .get(&job)
         .cloned()
         .map(Json)

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::sync::LockExt;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -181,7 +182,7 @@ async fn read_tail<R: AsyncRead + Unpin>(mut r: R, cap: usize, tail: SharedTail)
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                let mut t = tail.lock_unpoisoned();
                 t.total += n;
                 t.kept.extend_from_slice(&buf[..n]);
                 if t.kept.len() > cap.saturating_mul(2).max(8192) {
@@ -206,7 +207,7 @@ async fn finish_tail(
     if tokio::time::timeout(grace, reader).await.is_err() {
         abort.abort();
     }
-    let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = tail.lock_unpoisoned();
     let mut kept = std::mem::take(&mut t.kept);
     if kept.len() > cap {
         let cut = kept.len() - cap;

@@ -30,3 +30,4 @@ pub mod http;
 pub mod jobrunner;
 pub mod report;
 pub mod store;
+pub mod sync;

@@ -16,6 +16,7 @@ use crate::store::Store;
 use super::live_repair::LiveRepairs;
 use super::metrics::{JobLabel, Metrics};
 use super::poller::Poller;
+use crate::sync::LockExt;
 
 pub struct Engine<C: Cluster> {
     pub store: Arc<Store>,
@@ -58,11 +59,11 @@ impl Health {
     fn ok(&self, now: i64) {
         self.last_ok_ns
             .store(now, std::sync::atomic::Ordering::Relaxed);
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.last_error.lock_unpoisoned() = None;
     }
 
     fn failed(&self, why: String) {
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        *self.last_error.lock_unpoisoned() = Some(why);
     }
 
     /// `Ok(age of the last decision)` while one completed within `stale_ns` (or the daemon is
@@ -81,8 +82,7 @@ impl Health {
         }
         let why = self
             .last_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .clone()
             .unwrap_or_else(|| "the engine has not run".into());
         Err(format!("no decision for {:.1} s: {why}", age as f64 / 1e9))

@@ -23,6 +23,7 @@ use crate::report::now_ns;
 use crate::store::{FlowOutcome, Store};
 
 use super::metrics::{Metrics, StepLabel};
+use crate::sync::LockExt;
 
 fn ns(d: Duration) -> Nanos {
     d.as_nanos() as Nanos
@@ -151,13 +152,7 @@ impl<C: Cluster> Fencer<C> {
             self.tick().await;
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        while !self
-            .busy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
-            && tokio::time::Instant::now() < deadline
-        {
+        while !self.busy.lock_unpoisoned().is_empty() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         info!("fencer stopped");
@@ -184,7 +179,7 @@ impl<C: Cluster> Fencer<C> {
             .buffer_unordered(256)
             .collect()
             .await;
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock_unpoisoned();
         for (node, ok) in answers {
             let e = seen.entry(node).or_insert((true, None));
             match (ok, e.1) {
@@ -217,7 +212,7 @@ impl<C: Cluster> Fencer<C> {
             .and_then(|w| w.evaluate(now_ns()))
             .map(|e| e.fence)
             .unwrap_or_default();
-        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = self.seen.lock_unpoisoned();
         let liveness = self
             .members
             .get()
@@ -299,7 +294,7 @@ impl<C: Cluster> Fencer<C> {
             match a {
                 FenceAction::Storm { unreachable, total } => {
                     storm = true;
-                    let mut was = self.storm.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut was = self.storm.lock_unpoisoned();
                     if !*was {
                         warn!(
                             unreachable,
@@ -322,7 +317,7 @@ impl<C: Cluster> Fencer<C> {
             self.execute(a).await;
         }
         if !storm {
-            *self.storm.lock().unwrap_or_else(|p| p.into_inner()) = false;
+            *self.storm.lock_unpoisoned() = false;
         }
         if moved {
             if let Err(e) = self.leadership.checkpoint().await {
@@ -423,7 +418,7 @@ impl<C: Cluster> Fencer<C> {
             ),
             ("total", f.released_at.map(|r| secs(f.detected, r))),
         ];
-        let mut seen = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.observed.lock_unpoisoned();
         for (stage, v) in stages {
             let Some(v) = v else { continue };
             if !seen.insert((f.id, stage)) {
@@ -442,10 +437,7 @@ impl<C: Cluster> Fencer<C> {
     }
 
     fn claim(&self, flow: Uuid, what: &'static str) -> bool {
-        self.busy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((flow, what))
+        self.busy.lock_unpoisoned().insert((flow, what))
     }
 
     fn spawn_step(self: Arc<Self>, flow: Uuid, node: String, step: Step) {
@@ -501,8 +493,7 @@ impl<C: Cluster> Fencer<C> {
                     error!(error = %e, db = %self.store.path(), "cannot record a fence outcome; it runs again after a restart");
                 }
                 self.busy
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                    .lock_unpoisoned()
                     .remove(&(flow, what));
                 self.wake.notify_one();
             }

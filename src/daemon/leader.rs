@@ -14,6 +14,7 @@ use tracing::{error, info, warn};
 use crate::cluster::kube::LeaderElectionConfig;
 use crate::cluster::{Coordination, LeaseRecord};
 use crate::store::Store;
+use crate::sync::LockExt;
 
 /// Exit code of a replica that lost the lease: its supervisor restarts it as a standby.
 pub const EXIT_LOST_LEADERSHIP: i32 = 12;
@@ -126,8 +127,7 @@ impl Leadership {
                 None => true,
                 Some((_, cfg)) => self
                     .renewed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                    .lock_unpoisoned()
                     .is_some_and(|t| t.elapsed() < cfg.renew_deadline),
             }
     }
@@ -138,7 +138,7 @@ impl Leadership {
     }
 
     fn renewed_now(&self) {
-        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+        *self.renewed.lock_unpoisoned() = Some(std::time::Instant::now());
     }
 
     pub fn term(&self) -> u64 {
@@ -154,17 +154,14 @@ impl Leadership {
         if self.is_leader() {
             return Some(self.identity.clone());
         }
-        self.holder
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.holder.lock_unpoisoned().clone()
     }
 
     /// Resolves once leadership is lost; the daemon then exits rather than act twice.
     pub async fn lost(&self) -> String {
         loop {
             let notified = self.lost_notify.notified();
-            if let Some(why) = self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            if let Some(why) = self.lost.lock_unpoisoned().clone() {
                 return why;
             }
             notified.await;
@@ -181,7 +178,7 @@ impl Leadership {
     fn lose(&self, why: String) {
         self.leader.store(false, Ordering::SeqCst);
         error!(reason = %why, "leadership lost");
-        *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        *self.lost.lock_unpoisoned() = Some(why);
         self.lost_notify.notify_waiters();
     }
 
@@ -200,14 +197,10 @@ impl Leadership {
         if *last == data {
             return Ok(());
         }
-        let version = self
-            .state_version
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let version = self.state_version.lock_unpoisoned().clone();
         match coord.put_state(version.as_deref(), &data).await {
             Ok(Some(v)) => {
-                *self.state_version.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+                *self.state_version.lock_unpoisoned() = Some(v);
                 *last = data;
                 Ok(())
             }
@@ -227,11 +220,7 @@ impl Leadership {
         let Some((version, data)) = coord.get_state(fresh).await.map_err(|e| e.to_string())? else {
             return Ok(false);
         };
-        let known = self
-            .state_version
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let known = self.state_version.lock_unpoisoned().clone();
         if known.as_deref() == Some(version.as_str()) {
             return Ok(false);
         }
@@ -240,7 +229,7 @@ impl Leadership {
                 .import_checkpoint(&data)
                 .map_err(|e| format!("cannot import the state checkpoint: {e}"))?;
         }
-        *self.state_version.lock().unwrap_or_else(|p| p.into_inner()) = Some(version);
+        *self.state_version.lock_unpoisoned() = Some(version);
         *self.last_written.lock().await = data;
         Ok(true)
     }
@@ -272,12 +261,7 @@ impl Leadership {
                 _ = &mut shutdown => break,
                 _ = tick.tick() => {}
             }
-            if self
-                .lost
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_some()
-            {
+            if self.lost.lock_unpoisoned().is_some() {
                 return;
             }
             let lease = match own.clone() {
@@ -363,7 +347,7 @@ impl Leadership {
                         return;
                     }
                     own = None;
-                    *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(holder);
+                    *self.holder.lock_unpoisoned() = Some(holder);
                     if let Err(e) = self.import(&coord, false).await {
                         warn!(error = %e, "standby cannot follow the leader's state");
                     }
@@ -405,7 +389,7 @@ impl Leadership {
             self.lose(e);
             return;
         }
-        *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.identity.clone());
+        *self.holder.lock_unpoisoned() = Some(self.identity.clone());
         self.term.fetch_add(1, Ordering::SeqCst);
         self.leader.store(true, Ordering::SeqCst);
         info!(identity = %self.identity, term = self.term(), "became the leader");

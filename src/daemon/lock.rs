@@ -83,6 +83,18 @@ mod tests {
             "{err}"
         );
         drop(first);
-        acquire(d.path()).unwrap();
+        // Other tests of this process spawn subprocesses: a child forked while `first` was open
+        // holds a copy of its descriptor, and so the lock, until it execs (close-on-exec).
+        // That window is short; wait it out rather than read it as a held lock.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match acquire(d.path()) {
+                Ok(_) => break,
+                Err(LockError::Held { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
 }

@@ -13,6 +13,7 @@ use crate::cluster::{Cluster, NodeFacts};
 use crate::config::NodeConfig;
 use crate::core::Nanos;
 use crate::core::conditions::{Evaluation, Rule, evaluate};
+use crate::sync::{LockExt, RwLockExt};
 
 /// The managed nodes, replaced as a whole when discovery sees a change.
 pub struct Members(RwLock<Arc<Vec<NodeConfig>>>);
@@ -23,11 +24,11 @@ impl Members {
     }
 
     pub fn get(&self) -> Arc<Vec<NodeConfig>> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.0.read_unpoisoned().clone()
     }
 
     fn set(&self, nodes: Vec<NodeConfig>) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(nodes);
+        *self.0.write_unpoisoned() = Arc::new(nodes);
     }
 
     pub fn find(&self, node: &str) -> Option<NodeConfig> {
@@ -53,14 +54,14 @@ impl NodeWatch {
 
     /// What the condition rules say at `now`, or `None` without a recent node list.
     pub fn evaluate(&self, now: Nanos) -> Option<Evaluation> {
-        let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let facts = self.facts.lock_unpoisoned().clone();
         let (at, facts) = facts?;
         (at.elapsed() <= self.max_age).then(|| evaluate(&self.rules, &facts.conditions, now))
     }
 
     /// Records a fresh node list; returns the new membership if it changed.
     fn update(&self, facts: NodeFacts) -> Option<Vec<NodeConfig>> {
-        let mut cur = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cur = self.facts.lock_unpoisoned();
         let changed = cur
             .as_ref()
             .is_none_or(|(_, old)| old.members != facts.members);

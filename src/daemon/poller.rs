@@ -16,6 +16,7 @@ use crate::store::{NodeUpdate, Store, StoreError};
 
 use super::metrics::{Metrics, RejectLabel};
 use super::nodes::Members;
+use crate::sync::LockExt;
 
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -63,7 +64,7 @@ pub struct Seqs(Mutex<HashMap<String, u64>>);
 
 impl Seqs {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.lock_unpoisoned()
     }
     pub fn get(&self, node: &str) -> Option<u64> {
         self.lock().get(node).copied()
@@ -267,7 +268,7 @@ impl Poller {
     /// Logs each node that stops or starts answering, at most once per node every
     /// [`LOG_EVERY`], so a flapping or flooded collector cannot flood the log.
     fn log_changes(&self, updates: &[NodeUpdate]) {
-        let mut seen = self.reach.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.reach.lock_unpoisoned();
         for u in updates {
             let e = seen.entry(u.name.clone()).or_insert((true, None));
             if e.0 == u.answered {

@@ -11,6 +11,7 @@ pub mod listener;
 use std::sync::Arc;
 
 use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, check_request_headers, now_ns};
+use crate::sync::LockExt;
 
 /// Every API error is `{"error": <code>, "message": <what was wrong>}`.
 #[derive(Debug, Clone)]
@@ -235,7 +236,7 @@ impl ReplayCache {
         window_s: u64,
     ) -> Result<(), ApiError> {
         let window = i64::try_from(window_s.saturating_mul(1_000_000_000)).unwrap_or(i64::MAX);
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock_unpoisoned();
         if seen.contains_key(sig) {
             return Err(ApiError::unauthorized(
                 "this signed request was already accepted once (replay)",

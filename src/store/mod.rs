@@ -18,6 +18,7 @@ use crate::core::{
     reason_trail,
 };
 use crate::report::Status;
+use crate::sync::LockExt;
 
 mod checkpoint;
 mod events;
@@ -232,6 +233,6 @@ impl Store {
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave a half-applied change: SQLite rolls back.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        self.conn.lock_unpoisoned()
     }
 }

@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use super::super::ClusterError;
+use crate::sync::LockExt;
 
 /// How long a read waits for a cache's first full list before it fails.
 const SYNC_WAIT: Duration = Duration::from_secs(30);
@@ -62,14 +63,14 @@ struct Health {
 
 impl Health {
     fn ok(&self, what: &str) {
-        let was = self.broken.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let was = self.broken.lock_unpoisoned().take();
         if let Some((since, _)) = was {
             tracing::info!(watch = what, after = ?since.elapsed(), "watch resumed");
         }
     }
 
     fn failed(&self, what: &str, e: &watcher::Error) {
-        let mut b = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = self.broken.lock_unpoisoned();
         if b.is_none() {
             tracing::warn!(watch = what, error = %e, "watch broken; retrying with backoff");
         }
@@ -81,8 +82,7 @@ impl Health {
 
     fn error(&self) -> Option<String> {
         self.broken
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .as_ref()
             .map(|(_, e)| e.clone())
     }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::KubeCluster;
 use super::{api_code, cache};
 use crate::cluster::ClusterError;
+use crate::sync::LockExt;
 
 /// The taint that tells Kubernetes a node is shut down for good: the attach-detach controller
 /// detaches its volumes and the pod GC deletes its pods (GA in 1.28).
@@ -43,7 +44,7 @@ pub fn label_to_tag(key: &str) -> Option<String> {
 
 impl KubeCluster {
     pub(super) fn with_writes(&self, nodes: Vec<Arc<Node>>) -> Vec<Arc<Node>> {
-        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let mut written = self.written.lock_unpoisoned();
         nodes
             .into_iter()
             .map(|n| {
@@ -64,10 +65,7 @@ impl KubeCluster {
     pub(super) fn wrote(&self, mut n: Node) {
         cache::trim_node(&self.cfg.collector_annotation)(&mut n);
         if let Some(name) = n.metadata.name.clone() {
-            self.written
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name, Arc::new(n));
+            self.written.lock_unpoisoned().insert(name, Arc::new(n));
         }
     }
 
