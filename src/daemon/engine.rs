@@ -16,6 +16,7 @@ use crate::store::Store;
 use super::live_repair::LiveRepairs;
 use super::metrics::{JobLabel, Metrics};
 use super::poller::Poller;
+use super::ticker::{Ticker, Wake};
 use crate::sync::LockExt;
 
 pub struct Engine<C: Cluster> {
@@ -100,18 +101,12 @@ impl<C: Cluster> Engine<C> {
     /// Runs until `shutdown` resolves. Jobs run in detached runners or on collectors, so stopping
     /// the loop never abandons one half-way: a restart picks each up from its recorded state.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        let mut tick = tokio::time::interval(self.poll_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticker = Ticker::new(self.poll_interval, Some(self.wake.clone()));
         let mut obs = Observations::new();
         tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => break,
-                _ = tick.tick() => {
-                    obs = self.poller.poll_all().instrument(info_span!("poll")).await;
-                }
-                _ = self.wake.notified() => {}
+        while let Some(wake) = ticker.next(shutdown.as_mut()).await {
+            if wake == Wake::Tick {
+                obs = self.poller.poll_all().instrument(info_span!("poll")).await;
             }
             self.tick(&mut obs).await;
         }

@@ -23,6 +23,7 @@ use crate::report::now_ns;
 use crate::store::{FlowOutcome, Store};
 
 use super::metrics::{Metrics, StepLabel};
+use super::ticker::{Ticker, Wake};
 use crate::sync::LockExt;
 
 fn ns(d: Duration) -> Nanos {
@@ -139,15 +140,11 @@ impl<C: Cluster> Fencer<C> {
 
     /// Runs until `shutdown`; then waits for running steps, so no fence step is abandoned.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticker = Ticker::new(self.interval, Some(self.wake.clone()));
         tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => break,
-                _ = tick.tick() => self.probe().await,
-                _ = self.wake.notified() => {}
+        while let Some(wake) = ticker.next(shutdown.as_mut()).await {
+            if wake == Wake::Tick {
+                self.probe().await;
             }
             self.tick().await;
         }

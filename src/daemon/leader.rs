@@ -251,16 +251,10 @@ impl Leadership {
         // retry period is its renewal. A conflict means someone else wrote: read it afresh.
         let mut own: Option<LeaseRecord> = None;
         let mut fresh = false;
-        let mut tick = tokio::time::interval(cfg.retry_period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticker = super::ticker::Ticker::new(cfg.retry_period, None);
         tokio::pin!(shutdown);
         info!(identity = %me, lease = %cfg.lease_name, namespace = %cfg.namespace(), "leader election started");
-        loop {
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => break,
-                _ = tick.tick() => {}
-            }
+        while ticker.next(shutdown.as_mut()).await.is_some() {
             if self.lost.lock_unpoisoned().is_some() {
                 return;
             }

@@ -10,6 +10,7 @@ pub mod lock;
 pub mod metrics;
 pub mod nodes;
 pub mod poller;
+pub mod ticker;
 
 use std::future::Future;
 use std::sync::Arc;

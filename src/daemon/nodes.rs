@@ -80,15 +80,9 @@ impl NodeWatch {
         members: Arc<Members>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticker = super::ticker::Ticker::new(interval, None);
         tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => break,
-                _ = tick.tick() => {}
-            }
+        while ticker.next(shutdown.as_mut()).await.is_some() {
             match cluster.node_facts().await {
                 Ok(Some(facts)) => {
                     if let Some(m) = self.update(facts) {
