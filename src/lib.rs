@@ -3,6 +3,7 @@
 //!
 //! Module map:
 //! - `report`: diagnose verdicts, the signed report envelope, keys and request signatures.
+//! - `clock`: the clock seam of the shells (the core is handed `now`).
 //! - `config`: the one validated configuration (defaults, TOML file, flags).
 //! - `exec`: whitelisted command lookup and bounded subprocess runs.
 //! - `jobrunner`: detached hook jobs, each with a directory, resumable after a restart.
@@ -19,6 +20,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod clock;
 pub mod cluster;
 pub mod collector;
 pub mod config;

@@ -10,7 +10,6 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::cluster::{Cluster, event_json};
 use crate::core::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
 use crate::jobrunner::Outcome;
-use crate::report::now_ns;
 use crate::store::Store;
 
 use super::live_repair::LiveRepairs;
@@ -38,6 +37,8 @@ pub struct Engine<C: Cluster> {
     pub resumed_term: std::sync::atomic::AtomicU64,
     /// When the last decision completed, and why the last one did not; `/1/health` reads it.
     pub health: Arc<Health>,
+    /// Read once per decision.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// Whether the engine is still deciding: a daemon whose every tick fails (an unreadable
@@ -158,7 +159,7 @@ impl<C: Cluster> Engine<C> {
             }
         };
         state.members = Some(self.poller.member_names());
-        let now = now_ns();
+        let now = self.clock.now();
         if let Some(w) = &self.watch {
             obs.conditions = w.evaluate(now).map(|e| e.verdicts);
         }
@@ -309,7 +310,7 @@ impl<C: Cluster> Engine<C> {
                     .inc();
                 if let Err(e) = self
                     .store
-                    .finish_job(job.id, outcome.ok, &outcome.detail, now_ns())
+                    .finish_job(job.id, outcome.ok, &outcome.detail, self.clock.now())
                 {
                     error!(error = %e, db = %self.store.path(), "cannot record the job's end; it resumes on restart");
                 }

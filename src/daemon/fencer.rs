@@ -19,7 +19,6 @@ use crate::core::fence::{
 use crate::core::{Nanos, Outcome};
 use crate::fencing::agent::{AgentRunner, run_stage};
 use crate::fencing::config::{FencePlan, Stage};
-use crate::report::now_ns;
 use crate::store::{FlowOutcome, Store};
 
 use super::metrics::{Metrics, StepLabel};
@@ -91,6 +90,8 @@ pub struct Fencer<C: Cluster> {
     storm: Mutex<bool>,
     /// Stage latencies already observed per flow, so each is observed once.
     observed: Mutex<HashSet<(Uuid, &'static str)>>,
+    /// Read once per probe and once per decision.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 impl<C: Cluster> Fencer<C> {
@@ -135,6 +136,7 @@ impl<C: Cluster> Fencer<C> {
             busy: Mutex::new(HashSet::new()),
             storm: Mutex::new(false),
             observed: Mutex::new(HashSet::new()),
+            clock: Arc::new(crate::clock::SystemClock),
         }
     }
 
@@ -156,7 +158,7 @@ impl<C: Cluster> Fencer<C> {
     }
 
     async fn probe(&self) {
-        let now = now_ns();
+        let now = self.clock.now();
         let targets: Vec<(String, String)> = self
             .members
             .get()
@@ -188,7 +190,7 @@ impl<C: Cluster> Fencer<C> {
     }
 
     /// Every member's liveness, and the fence rule holding per node (for the flow's note).
-    fn liveness(&self) -> (BTreeMap<String, Liveness>, BTreeMap<String, String>) {
+    fn liveness(&self, now: Nanos) -> (BTreeMap<String, Liveness>, BTreeMap<String, String>) {
         let healthy: BTreeMap<String, Nanos> = match self.store.nodes() {
             Ok(rows) => rows
                 .into_iter()
@@ -206,7 +208,7 @@ impl<C: Cluster> Fencer<C> {
         let fence_rules = self
             .watch
             .as_ref()
-            .and_then(|w| w.evaluate(now_ns()))
+            .and_then(|w| w.evaluate(now))
             .map(|e| e.fence)
             .unwrap_or_default();
         let seen = self.seen.lock_unpoisoned();
@@ -230,7 +232,7 @@ impl<C: Cluster> Fencer<C> {
     }
 
     pub async fn tick(self: &Arc<Self>) {
-        let now = now_ns();
+        let now = self.clock.now();
         let flows = match self
             .store
             .fence_flows(now.saturating_sub(self.policy.cooldown))
@@ -248,7 +250,7 @@ impl<C: Cluster> Fencer<C> {
                 return;
             }
         };
-        let (liveness, rules) = self.liveness();
+        let (liveness, rules) = self.liveness(now);
         let state = FenceState {
             flows,
             liveness,

@@ -170,6 +170,7 @@ async fn run_with<C: Cluster>(
         max_disruptions: cfg.kubernetes.max_disruptions,
         resumed_term: std::sync::atomic::AtomicU64::new(0),
         health: Arc::new(engine::Health::new(crate::report::now_ns())),
+        clock: Arc::new(crate::clock::SystemClock),
     });
     let redact =
         crate::fencing::redact::Redactor::new(plans.values().flat_map(|p| p.secrets()).cloned());

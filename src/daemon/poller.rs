@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::core::{Observation, Observations};
 use crate::http::{BodyError, read_capped};
-use crate::report::{Envelope, Key, ReportError, VerifyRules, canonical_json, now_ns};
+use crate::report::{Envelope, Key, ReportError, VerifyRules, canonical_json};
 use crate::store::{NodeUpdate, Store, StoreError};
 
 use super::metrics::{Metrics, RejectLabel};
@@ -35,6 +35,8 @@ pub struct Poller {
     reach: Mutex<HashMap<String, (bool, Option<Instant>)>>,
     store: Arc<Store>,
     metrics: Metrics,
+    /// Judges report freshness and stamps poll records.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// Reachability changes of one node are logged at most this often.
@@ -148,6 +150,7 @@ impl Poller {
             reach: Mutex::new(HashMap::new()),
             store,
             metrics,
+            clock: Arc::new(crate::clock::SystemClock),
         })
     }
 
@@ -224,7 +227,7 @@ impl Poller {
             updates.push(u);
         }
         self.log_changes(&updates);
-        if let Err(e) = self.store.record_polls(&updates, now_ns()) {
+        if let Err(e) = self.store.record_polls(&updates, self.clock.now()) {
             warn!(error = %e, db = %self.store.path(), "cannot record poll results");
         }
         self.metrics.nodes_unreachable.set(down);
@@ -254,7 +257,14 @@ impl Poller {
             return Polled::NoReport(crate::http::error_message(status, &body));
         }
         let last = self.seqs.get(&t.name);
-        match Envelope::verify(&body, &self.key, &t.name, last, now_ns(), self.rules) {
+        match Envelope::verify(
+            &body,
+            &self.key,
+            &t.name,
+            last,
+            self.clock.now(),
+            self.rules,
+        ) {
             Ok(r) => {
                 // Polls of one node never overlap (one per cycle), so check-then-set is safe.
                 self.seqs.set(&t.name, r.envelope.seq);

@@ -1,0 +1,63 @@
+//! The clock seam of the daemon's shells: the engine, the fencer and the poller read the time
+//! through a `Clock`, once per decision, so that a decision sees one `now` and a test can set it.
+//! The pure core never reads a clock; it is handed `now`.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use crate::core::Nanos;
+
+pub trait Clock: Send + Sync + 'static {
+    /// Unix time in nanoseconds.
+    fn now(&self) -> Nanos;
+}
+
+/// The wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Nanos {
+        crate::report::now_ns()
+    }
+}
+
+/// A clock that moves only when told to.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicI64);
+
+impl ManualClock {
+    pub fn new(at: Nanos) -> ManualClock {
+        ManualClock(AtomicI64::new(at))
+    }
+
+    pub fn advance(&self, by: std::time::Duration) {
+        let by = i64::try_from(by.as_nanos()).unwrap_or(i64::MAX);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                Some(t.saturating_add(by))
+            });
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Nanos {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_only_when_told() {
+        let c = ManualClock::new(1_000);
+        assert_eq!(c.now(), 1_000);
+        c.advance(std::time::Duration::from_micros(2));
+        assert_eq!(c.now(), 3_000);
+        c.advance(std::time::Duration::MAX);
+        assert_eq!(c.now(), i64::MAX);
+        assert!(SystemClock.now() > 1_700_000_000_000_000_000);
+    }
+}
