@@ -16,8 +16,9 @@ use crate::core::{Observation, Policy, decide};
 use crate::daemon::metrics::Metrics;
 use crate::daemon::nodes::Members;
 use crate::daemon::poller::Poller;
-use crate::report::{Key, Verdict, VerifyRules};
+use crate::report::{Key, VerifyRules};
 use crate::store::Store;
+use crate::verdict::Verdict;
 
 fn raise_fd_limit() {
     let _ = crate::http::listener::raise_fd_limit();
@@ -276,7 +277,7 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
         // drain, and the round planner admits what fits.
         let mut obs = crate::core::Observations::new();
         let mut events = Vec::new();
-        let evac = crate::report::Verdict::from_value(
+        let evac = crate::verdict::Verdict::from_value(
             serde_json::json!({"status": "evacuate", "details": {"bench": true}}),
         )
         .map_err(|e| e.to_string())?;
@@ -284,7 +285,7 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
             let name = format!("node{i}");
             obs.reports.insert(
                 name,
-                crate::core::Observation::Report(crate::report::Verdict::builtin_ok()),
+                crate::core::Observation::Report(crate::verdict::Verdict::builtin_ok()),
             );
         }
         for i in 0..n.min(nodes) {

@@ -23,8 +23,9 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::config::{CollectorConfig, Config};
 use crate::exec::{self, ExecError, RunSpec};
 use crate::http::{ApiError, SignedAuth, parse_json, require_signed};
-use crate::report::{Envelope, Key, KeyError, Verdict, canonical_json, now_ns};
+use crate::report::{Envelope, Key, KeyError, now_ns};
 use crate::sync::{LockExt, RwLockExt};
+use crate::verdict::{Verdict, canonical_json};
 
 /// Output of a repair kept for the daemon.
 const REPAIR_TAIL_CHARS: usize = 4096;
@@ -535,7 +536,7 @@ mod tests {
         script(d.path(), "huge", "head -c 1000 /dev/zero | tr '\\0' 'a'");
         let ok = diagnose(&cfg(d.path(), "good")).await;
         assert!(ok.error.is_none());
-        assert_eq!(ok.verdict.status, crate::report::Status::Evacuate);
+        assert_eq!(ok.verdict.status, crate::verdict::Status::Evacuate);
         for (name, expect) in [
             ("badjson", "invalid output"),
             ("badstatus", "unknown status"),
@@ -552,12 +553,12 @@ mod tests {
             let r = diagnose(&c).await;
             let err = r.error.unwrap_or_default();
             assert!(err.contains(expect), "{name}: {err}");
-            assert_eq!(r.verdict.status, crate::report::Status::Ok);
+            assert_eq!(r.verdict.status, crate::verdict::Status::Ok);
             assert_eq!(r.verdict.original["details"]["diagnose-error"], err);
         }
         let builtin = diagnose(&cfg(d.path(), "")).await;
         assert!(builtin.error.is_none());
-        assert_eq!(builtin.verdict.status, crate::report::Status::Ok);
+        assert_eq!(builtin.verdict.status, crate::verdict::Status::Ok);
     }
 
     #[tokio::test]

@@ -2,7 +2,8 @@
 //! the path of data and where each side effect lives.
 //!
 //! Module map:
-//! - `report`: diagnose verdicts, the signed report envelope, keys and request signatures.
+//! - `verdict`: the domain's verdict types (`Status`, `Verdict`, canonical JSON).
+//! - `report`: the wire protocol: the signed report envelope, keys and request signatures.
 //! - `clock`: the clock seam of the shells (the core is handed `now`).
 //! - `config`: the one validated configuration (defaults, TOML file, flags).
 //! - `exec`: whitelisted command lookup and bounded subprocess runs.
@@ -33,3 +34,4 @@ pub mod jobrunner;
 pub mod report;
 pub mod store;
 pub mod sync;
+pub mod verdict;

@@ -1,4 +1,5 @@
-//! Diagnose verdicts, the signed report envelope, HMAC keys, and signing of reports and API requests.
+//! The wire protocol: the signed report envelope, HMAC keys, and signing of reports and API
+//! requests. The domain's verdict types live in `verdict`; this module carries them.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -9,6 +10,8 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::Sha256;
+
+use crate::verdict::{Verdict, VerdictError, canonical_json};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -24,18 +27,9 @@ pub const SIGNATURE_HEADER: &str = "x-maintd-signature";
 pub enum ReportError {
     #[error("not valid JSON: {0}")]
     Json(#[source] serde_json::Error),
-    #[error("diagnose output must be a JSON object")]
-    NotAnObject,
-    #[error("missing field `{0}`")]
-    Missing(&'static str),
-    #[error("unknown field `{0}`")]
-    UnknownField(String),
-    #[error("unknown status {0} (expected Ok, live-repair, evacuate or evacuate-failover)")]
-    UnknownStatus(String),
-    #[error("`command` must be a string naming a repair command")]
-    BadCommand,
-    #[error("`command` is only allowed with status live-repair")]
-    CommandNotAllowed,
+    /// The signed data is not a valid verdict.
+    #[error(transparent)]
+    Verdict(#[from] VerdictError),
     #[error("report is {size} bytes, over the {cap}-byte cap")]
     TooLarge { size: usize, cap: usize },
     #[error("envelope field `{0}` is missing or has the wrong value")]
@@ -50,149 +44,6 @@ pub enum ReportError {
     SeqRange { seq: u64 },
     #[error("sequence {seq} is not above the last accepted {last} (replay?)")]
     Replay { seq: u64, last: u64 },
-}
-
-/// The verdict of a self-diagnose, ordered by invasiveness (Ok < live-repair < evacuate < evacuate-failover).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum Status {
-    #[serde(rename = "Ok")]
-    Ok,
-    #[serde(rename = "live-repair")]
-    LiveRepair,
-    #[serde(rename = "evacuate")]
-    Evacuate,
-    #[serde(rename = "evacuate-failover")]
-    EvacuateFailover,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Ok => "Ok",
-            Status::LiveRepair => "live-repair",
-            Status::Evacuate => "evacuate",
-            Status::EvacuateFailover => "evacuate-failover",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Status> {
-        Some(match s {
-            "Ok" => Status::Ok,
-            "live-repair" => Status::LiveRepair,
-            "evacuate" => Status::Evacuate,
-            "evacuate-failover" => Status::EvacuateFailover,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A validated diagnose verdict. `original` is the object as the script printed it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    pub status: Status,
-    pub command: Option<String>,
-    pub original: Value,
-}
-
-impl Verdict {
-    /// The verdict a broken or missing diagnose turns into: it never triggers an action.
-    pub fn ok_with_error(reason: &str) -> Verdict {
-        Verdict {
-            status: Status::Ok,
-            command: None,
-            original: serde_json::json!({"status": "Ok", "details": {"diagnose-error": reason}}),
-        }
-    }
-
-    pub fn builtin_ok() -> Verdict {
-        Verdict {
-            status: Status::Ok,
-            command: None,
-            original: serde_json::json!({"status": "Ok", "details": null}),
-        }
-    }
-
-    pub fn parse_bytes(bytes: &[u8]) -> Result<Verdict, ReportError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(ReportError::Json)?;
-        Verdict::from_value(value)
-    }
-
-    pub fn from_value(value: Value) -> Result<Verdict, ReportError> {
-        let obj = value.as_object().ok_or(ReportError::NotAnObject)?;
-        if let Some(k) = obj
-            .keys()
-            .find(|k| !matches!(k.as_str(), "status" | "command" | "details"))
-        {
-            return Err(ReportError::UnknownField(k.clone()));
-        }
-        let status = match obj.get("status") {
-            None => return Err(ReportError::Missing("status")),
-            Some(Value::String(s)) => {
-                Status::parse(s).ok_or_else(|| ReportError::UnknownStatus(format!("{s:?}")))?
-            }
-            Some(other) => return Err(ReportError::UnknownStatus(other.to_string())),
-        };
-        let command = match obj.get("command") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if status == Status::LiveRepair => Some(s.clone()),
-            Some(Value::String(_)) => return Err(ReportError::CommandNotAllowed),
-            Some(_) => return Err(ReportError::BadCommand),
-        };
-        Ok(Verdict {
-            status,
-            command,
-            original: value,
-        })
-    }
-
-    /// The identity of an event: the same canonical JSON is the same event.
-    pub fn canonical(&self) -> String {
-        canonical_json(&self.original)
-    }
-}
-
-/// Serializes JSON with object keys sorted and no whitespace, so equal values give equal bytes
-/// whatever order a script printed them in (and whatever map type serde_json was built with).
-pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(value, &mut out);
-    out
-}
-
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String((*k).clone()).to_string());
-                out.push(':');
-                write_canonical(&map[k.as_str()], out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(v, out);
-            }
-            out.push(']');
-        }
-        scalar => out.push_str(&scalar.to_string()),
-    }
 }
 
 /// The cluster HMAC key.
@@ -559,6 +410,7 @@ pub fn now_ns() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verdict::Status;
 
     fn key() -> Key {
         Key::from_bytes(vec![7; 32])
@@ -571,31 +423,6 @@ mod tests {
     fn signed(node: &str, seq: u64, ts: i64) -> Vec<u8> {
         let v = Verdict::parse_bytes(br#"{"status":"evacuate","details":{"disk":"sda"}}"#).unwrap();
         serde_json::to_vec(&Envelope::new(node, seq, ts, ts, &v, None).sign(&key())).unwrap()
-    }
-
-    #[test]
-    fn canonical_json_sorts_keys_recursively() {
-        let a: Value =
-            serde_json::from_str(r#"{"b":1,"a":{"z":[1,{"y":2,"x":1}],"c":null}}"#).unwrap();
-        assert_eq!(
-            canonical_json(&a),
-            r#"{"a":{"c":null,"z":[1,{"x":1,"y":2}]},"b":1}"#
-        );
-    }
-
-    #[test]
-    fn verdict_validation_names_the_problem() {
-        let e = |s: &str| Verdict::parse_bytes(s.as_bytes()).unwrap_err().to_string();
-        assert!(e("[1]").contains("object"));
-        assert!(e(r#"{"details":1}"#).contains("status"));
-        assert!(e(r#"{"status":"broken"}"#).contains("unknown status"));
-        assert!(e(r#"{"status":"evacuate","command":"x"}"#).contains("only allowed"));
-        assert!(e(r#"{"status":"live-repair","command":3}"#).contains("command"));
-        assert!(e(r#"{"status":"Ok","extra":1}"#).contains("extra"));
-        assert!(e("not json").contains("JSON"));
-        let v = Verdict::parse_bytes(br#"{"status":"live-repair","command":"fix"}"#).unwrap();
-        assert_eq!(v.command.as_deref(), Some("fix"));
-        assert!(Status::Ok < Status::LiveRepair && Status::Evacuate < Status::EvacuateFailover);
     }
 
     #[test]

@@ -7,7 +7,8 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use maintd::report::{Envelope, Key, Verdict, now_ns};
+use maintd::report::{Envelope, Key, now_ns};
+use maintd::verdict::Verdict;
 
 fn promtool() -> Option<&'static str> {
     let ok = Command::new("promtool")

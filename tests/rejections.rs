@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::routing::get;
 use common::*;
-use maintd::report::{Envelope, Key, Verdict, now_ns};
+use maintd::report::{Envelope, Key, now_ns};
+use maintd::verdict::Verdict;
 
 /// How a fake collector misbehaves.
 #[derive(Clone, Copy)]

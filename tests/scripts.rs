@@ -282,7 +282,7 @@ fn diagnose_once_prints_a_signed_envelope() {
         rules,
     )
     .unwrap();
-    assert_eq!(v.verdict.status, maintd::report::Status::Evacuate);
+    assert_eq!(v.verdict.status, maintd::verdict::Status::Evacuate);
     assert_eq!(v.envelope.name, "diagnose");
     assert_eq!(v.envelope.version, "B");
 

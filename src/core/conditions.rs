@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::{CONDITION_SOURCE, Nanos};
-use crate::report::{Status, Verdict};
+use crate::verdict::{Status, Verdict};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RuleAction {

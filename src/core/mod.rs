@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::report::{Status, Verdict};
+use crate::verdict::{Status, Verdict};
 
 pub mod capacity;
 pub mod conditions;

@@ -11,8 +11,9 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::core::{Observation, Observations};
 use crate::http::{BodyError, read_capped};
-use crate::report::{Envelope, Key, ReportError, VerifyRules, canonical_json};
+use crate::report::{Envelope, Key, ReportError, VerifyRules};
 use crate::store::{NodeUpdate, Store, StoreError};
+use crate::verdict::canonical_json;
 
 use super::metrics::{Metrics, RejectLabel};
 use super::nodes::Members;

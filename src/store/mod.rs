@@ -17,8 +17,8 @@ use crate::core::{
     Action, Event, Job, JobKind, JobSpec, JobStatus, Nanos, Policy, RepairStatus, State,
     reason_trail,
 };
-use crate::report::Status;
 use crate::sync::LockExt;
+use crate::verdict::Status;
 
 mod checkpoint;
 mod events;

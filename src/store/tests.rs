@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::core::{Observation, Observations, decide};
-use crate::report::Verdict;
+use crate::verdict::Verdict;
 
 fn obs(node: &str, json: &str) -> Observations {
     let mut o = Observations::new();
