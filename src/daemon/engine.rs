@@ -41,6 +41,33 @@ pub struct Engine<C: Cluster> {
     pub clock: Arc<dyn crate::clock::Clock>,
 }
 
+/// Why the executor could not carry out an action; the next tick decides again from the store.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("tagging {node} with {tag}: {source}")]
+    Tag {
+        node: String,
+        tag: String,
+        #[source]
+        source: crate::cluster::ClusterError,
+    },
+    #[error(transparent)]
+    Checkpoint(#[from] super::leader::CheckpointError),
+}
+
+impl ActionError {
+    /// A stable label for `maintd_engine_action_failures_total` and the log.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ActionError::Store(_) => "store",
+            ActionError::Tag { .. } => "tag",
+            ActionError::Checkpoint(_) => "checkpoint",
+        }
+    }
+}
+
 /// Whether the engine is still deciding: a daemon whose every tick fails (an unreadable
 /// database, an unreachable backend) must not look healthy.
 #[derive(Default)]
@@ -195,7 +222,8 @@ impl<C: Cluster> Engine<C> {
         for action in actions {
             if let Err(e) = self.execute(&action, now).await {
                 // The next tick rebuilds from the store and decides again.
-                error!(error = %e, ?action, "action failed");
+                self.metrics.action_failed(e.metric_label());
+                error!(error = %e, reason = e.metric_label(), ?action, "action failed");
             }
         }
         if let Err(e) = self.leadership.checkpoint().await {
@@ -203,10 +231,10 @@ impl<C: Cluster> Engine<C> {
         }
     }
 
-    async fn execute(self: &Arc<Self>, action: &Action, now: i64) -> Result<(), String> {
+    async fn execute(self: &Arc<Self>, action: &Action, now: i64) -> Result<(), ActionError> {
         match action {
             Action::CreateEvent(e) => {
-                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                self.store.apply(action, now)?;
                 self.metrics.events_created.inc();
                 info!(event = %e.id, node = %e.node, action = %e.action, "event noted");
                 self.cluster
@@ -222,22 +250,22 @@ impl<C: Cluster> Engine<C> {
                 event,
                 superseded_by,
             } => {
-                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                self.store.apply(action, now)?;
                 info!(event = %event, by = %superseded_by, "event superseded");
             }
             Action::Acknowledge { event } => {
-                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                self.store.apply(action, now)?;
                 info!(event = %event, "event acknowledged");
             }
             Action::Clear { event, why } => {
-                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                self.store.apply(action, now)?;
                 info!(event = %event, why = %why, "event forgotten");
             }
             Action::Forget { event, node, why } => {
-                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                self.store.apply(action, now)?;
                 warn!(event = %event, node = %node, why = %why, "event and its running jobs dropped");
             }
-            Action::Note { .. } => self.store.apply(action, now).map_err(|e| e.to_string())?,
+            Action::Note { .. } => self.store.apply(action, now)?,
             Action::Finalize {
                 event,
                 node,
@@ -245,7 +273,7 @@ impl<C: Cluster> Engine<C> {
                 tag,
                 ..
             } => {
-                self.store.apply(action, now).map_err(|e| e.to_string())?;
+                self.store.apply(action, now)?;
                 info!(event = %event, node = %node, status = status.as_str(), tag = %tag, "event finalized");
                 let failed = *status == crate::core::RepairStatus::Failed;
                 self.cluster
@@ -264,16 +292,13 @@ impl<C: Cluster> Engine<C> {
             }
             Action::ApplyTag { event, node, tag } => self.tag(event, node, tag, now).await?,
             Action::StartRound { round, jobs } => {
-                let jobs = self
-                    .store
-                    .start_round(*round, jobs, now)
-                    .map_err(|e| e.to_string())?;
+                let jobs = self.store.start_round(*round, jobs, now)?;
                 // Share the round before any job starts, so a successor resumes it rather than
                 // starting another; without that, stop acting.
                 if let Err(e) = self.leadership.checkpoint().await {
                     self.leadership
                         .abdicate(format!("round {round} not shared: {e}"));
-                    return Err(e);
+                    return Err(e.into());
                 }
                 info!(round, jobs = jobs.len(), "round started");
                 for j in jobs {
@@ -285,14 +310,22 @@ impl<C: Cluster> Engine<C> {
         Ok(())
     }
 
-    async fn tag(&self, event: &uuid::Uuid, node: &str, tag: &str, now: i64) -> Result<(), String> {
+    async fn tag(
+        &self,
+        event: &uuid::Uuid,
+        node: &str,
+        tag: &str,
+        now: i64,
+    ) -> Result<(), ActionError> {
         self.cluster
             .add_tag(node, tag)
             .await
-            .map_err(|e| format!("tagging {node} with {tag}: {e}"))?;
-        self.store
-            .mark_tagged(event, now)
-            .map_err(|e| e.to_string())
+            .map_err(|source| ActionError::Tag {
+                node: node.into(),
+                tag: tag.into(),
+                source,
+            })?;
+        Ok(self.store.mark_tagged(event, now)?)
     }
 
     fn spawn_job(self: Arc<Self>, job: Job) {

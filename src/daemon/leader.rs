@@ -58,6 +58,37 @@ pub fn lease_step(
     }
 }
 
+/// Why the shared checkpoint of the decision state could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("not the leader")]
+    NotLeader,
+    #[error("another replica wrote the state checkpoint")]
+    Conflict,
+    #[error("cannot export the decision state: {0}")]
+    Export(#[source] crate::store::StoreError),
+    #[error("cannot write the state checkpoint: {0}")]
+    Write(#[source] crate::cluster::ClusterError),
+    #[error("cannot read the state checkpoint: {0}")]
+    Read(#[source] crate::cluster::ClusterError),
+    #[error("cannot import the state checkpoint: {0}")]
+    Import(#[source] crate::store::StoreError),
+}
+
+impl CheckpointError {
+    /// A stable label for metrics and logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            CheckpointError::NotLeader => "not-leader",
+            CheckpointError::Conflict => "conflict",
+            CheckpointError::Export(_) => "export",
+            CheckpointError::Write(_) => "write",
+            CheckpointError::Read(_) => "read",
+            CheckpointError::Import(_) => "import",
+        }
+    }
+}
+
 pub struct Leadership {
     identity: String,
     election: Option<(Arc<dyn Coordination>, LeaderElectionConfig)>,
@@ -184,16 +215,19 @@ impl Leadership {
 
     /// Writes the decision state to the shared checkpoint if it changed. Called before every side
     /// effect: an effect whose intent is not shared never starts. A no-op without election.
-    pub async fn checkpoint(&self) -> Result<(), String> {
+    pub async fn checkpoint(&self) -> Result<(), CheckpointError> {
         let Some((coord, _)) = &self.election else {
             return Ok(());
         };
         if !self.is_leader() {
-            return Err("not the leader".into());
+            return Err(CheckpointError::NotLeader);
         }
         // One writer at a time keeps the resourceVersion chain in order.
         let mut last = self.last_written.lock().await;
-        let data = self.store.export_checkpoint().map_err(|e| e.to_string())?;
+        let data = self
+            .store
+            .export_checkpoint()
+            .map_err(CheckpointError::Export)?;
         if *last == data {
             return Ok(());
         }
@@ -205,19 +239,26 @@ impl Leadership {
                 Ok(())
             }
             Ok(None) => {
-                let why = "another replica wrote the state checkpoint".to_string();
-                self.lose(why.clone());
-                Err(why)
+                self.lose(CheckpointError::Conflict.to_string());
+                Err(CheckpointError::Conflict)
             }
-            Err(e) => Err(format!("cannot write the state checkpoint: {e}")),
+            Err(e) => Err(CheckpointError::Write(e)),
         }
     }
 
     /// Imports the shared checkpoint if it changed since the last import or write. A standby
     /// reads its watch cache; a new leader reads the API (`fresh`), so it never acts on a
     /// checkpoint older than the last one written.
-    async fn import(&self, coord: &Arc<dyn Coordination>, fresh: bool) -> Result<bool, String> {
-        let Some((version, data)) = coord.get_state(fresh).await.map_err(|e| e.to_string())? else {
+    async fn import(
+        &self,
+        coord: &Arc<dyn Coordination>,
+        fresh: bool,
+    ) -> Result<bool, CheckpointError> {
+        let Some((version, data)) = coord
+            .get_state(fresh)
+            .await
+            .map_err(CheckpointError::Read)?
+        else {
             return Ok(false);
         };
         let known = self.state_version.lock_unpoisoned().clone();
@@ -227,7 +268,7 @@ impl Leadership {
         if !data.is_empty() {
             self.store
                 .import_checkpoint(&data)
-                .map_err(|e| format!("cannot import the state checkpoint: {e}"))?;
+                .map_err(CheckpointError::Import)?;
         }
         *self.state_version.lock_unpoisoned() = Some(version);
         *self.last_written.lock().await = data;
@@ -380,7 +421,7 @@ impl Leadership {
         // The leader acts on the last shared state, never on what it computed as a standby.
         if let Err(e) = self.import(coord, true).await {
             error!(error = %e, "took the lease but cannot load the shared state; not acting");
-            self.lose(e);
+            self.lose(e.to_string());
             return;
         }
         *self.holder.lock_unpoisoned() = Some(self.identity.clone());

@@ -60,6 +60,8 @@ pub struct Metrics {
     pub tick_failures: Family<ReasonLabel, Counter>,
     /// Failed fence attempts, by step (isolation, power-management, recovery, release, reclaim).
     pub fence_failures: Family<StepLabel, Counter>,
+    /// Actions the engine could not carry out, by `ActionError::metric_label`.
+    pub action_failures: Family<ReasonLabel, Counter>,
 }
 
 impl Metrics {
@@ -79,6 +81,7 @@ impl Metrics {
             last_decision: Gauge::default(),
             tick_failures: Family::default(),
             fence_failures: Family::default(),
+            action_failures: Family::default(),
             fence_stage_seconds: Family::new_with_constructor(|| {
                 Histogram::new([
                     0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
@@ -160,6 +163,11 @@ impl Metrics {
             "Failed fence attempts, by step",
             m.fence_failures.clone(),
         );
+        reg.register(
+            "maintd_engine_action_failures",
+            "Actions the engine could not carry out (retried from the store next tick), by reason",
+            m.action_failures.clone(),
+        );
         m
     }
 
@@ -167,6 +175,14 @@ impl Metrics {
         self.fence_failures
             .get_or_create(&StepLabel {
                 stage: stage.into(),
+            })
+            .inc();
+    }
+
+    pub fn action_failed(&self, reason: &str) {
+        self.action_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
             })
             .inc();
     }
