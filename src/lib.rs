@@ -16,10 +16,8 @@
 //! - `cluster`: the backend traits, the inventory backend and the Kubernetes backend (`kube`).
 //! - `fencing`: fence-agent configuration, the agent runner and output redaction.
 //! - `daemon`: poller, engine, fencer, leadership, node membership and the HTTP API.
-//! - `cli`: argument parsing and the operator commands.
-//! - `bench`: `maintd bench poll|plan`.
+//! - `cli`: argument parsing, the operator commands, and `maintd bench poll|plan` (`cli::bench`).
 
-pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod cluster;

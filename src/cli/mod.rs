@@ -1,6 +1,8 @@
 //! Command-line interface: argument parsing, and the operator commands (status, cancel, tags,
 //! keygen, diagnose --once) that talk to the daemon's API or run locally.
 
+mod bench;
+
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -546,19 +548,17 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
         }
         Command::Bench { cmd } => match cmd {
             BenchCmd::Poll { nodes, cycles } => {
-                crate::bench::poll(nodes, *cycles)
-                    .await
-                    .map_err(CliError::Other)?;
+                bench::poll(nodes, *cycles).await.map_err(CliError::Other)?;
             }
             BenchCmd::Plan {
                 nodes,
                 pods_per_node,
                 candidates,
             } => {
-                crate::bench::plan(*nodes, *pods_per_node, candidates).map_err(CliError::Other)?;
+                bench::plan(*nodes, *pods_per_node, candidates).map_err(CliError::Other)?;
             }
             BenchCmd::SimCollectors { count } => {
-                crate::bench::sim_collectors(*count)
+                bench::sim_collectors(*count)
                     .await
                     .map_err(CliError::Other)?;
             }
