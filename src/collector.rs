@@ -71,7 +71,7 @@ impl Journal {
         self.dir.join(format!("{job}.json"))
     }
 
-    fn load(&self) -> Result<BTreeMap<String, RepairStatus>, CollectorError> {
+    fn load(&self) -> Result<BTreeMap<String, LiveRepairRecord>, CollectorError> {
         let err = |source| CollectorError::Journal {
             path: self.dir.display().to_string(),
             source,
@@ -84,7 +84,7 @@ impl Journal {
             }
             let parsed = std::fs::read(&path)
                 .ok()
-                .and_then(|b| serde_json::from_slice::<RepairStatus>(&b).ok());
+                .and_then(|b| serde_json::from_slice::<LiveRepairRecord>(&b).ok());
             let Some(mut r) = parsed else {
                 warn!(file = %path.display(), "unreadable repair journal entry left aside");
                 let _ = std::fs::rename(&path, path.with_extension("bad"));
@@ -107,7 +107,7 @@ impl Journal {
         Ok(out)
     }
 
-    fn save(&self, r: &RepairStatus) -> std::io::Result<()> {
+    fn save(&self, r: &LiveRepairRecord) -> std::io::Result<()> {
         use std::io::Write;
         let path = self.path(&r.job);
         let tmp = path.with_extension("tmp");
@@ -215,7 +215,7 @@ pub enum RepairState {
 
 /// What the daemon sees of a live repair.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RepairStatus {
+pub struct LiveRepairRecord {
     pub job: String,
     pub event: String,
     pub command: String,
@@ -245,7 +245,7 @@ pub struct Collector {
     cfg: CollectorConfig,
     latest: RwLock<Option<Diagnosis>>,
     seq: AtomicU64,
-    repairs: Mutex<BTreeMap<String, RepairStatus>>,
+    repairs: Mutex<BTreeMap<String, LiveRepairRecord>>,
     repair_seq: AtomicU64,
     /// One repair at a time per node.
     repair_slot: Semaphore,
@@ -374,7 +374,7 @@ impl Collector {
         info!(job = %req.job, ok = matches!(&result, Ok(o) if o.success()), "live repair finished");
     }
 
-    fn update(&self, job: &str, f: impl FnOnce(&mut RepairStatus)) {
+    fn update(&self, job: &str, f: impl FnOnce(&mut LiveRepairRecord)) {
         let mut repairs = self.repairs.lock_unpoisoned();
         if let Some(r) = repairs.get_mut(job) {
             f(r);
@@ -421,7 +421,7 @@ async fn start_repair(State(c): State<Arc<Collector>>, body: Bytes) -> Result<Re
         repairs.remove(&oldest);
         c.journal.remove(&oldest);
     }
-    let status = RepairStatus {
+    let status = LiveRepairRecord {
         job: req.job.clone(),
         event: req.event.clone(),
         command: req.command.clone(),
@@ -445,7 +445,7 @@ async fn start_repair(State(c): State<Arc<Collector>>, body: Bytes) -> Result<Re
 async fn repair_status(
     State(c): State<Arc<Collector>>,
     Path(job): Path<String>,
-) -> Result<Json<RepairStatus>, ApiError> {
+) -> Result<Json<LiveRepairRecord>, ApiError> {
     c.repairs
         .lock_unpoisoned()
         .get(&job)

@@ -28,7 +28,7 @@ struct FileSpec {
     timeout_ms: u64,
 }
 
-pub use crate::core::Outcome;
+use crate::core::Outcome;
 
 #[derive(Debug, Clone)]
 pub struct JobRunner {

@@ -13,9 +13,10 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::config::{ActionsConfig, Config, HooksConfig};
+use crate::core::Outcome;
 use crate::core::{Event, Job, JobKind};
 use crate::exec::{self, ExecError, RunSpec};
-use crate::jobrunner::{JobRunner, Outcome};
+use crate::jobrunner::JobRunner;
 use crate::report::now_ns;
 use crate::store::{Store, StoreError};
 

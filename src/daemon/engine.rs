@@ -8,8 +8,8 @@ use tokio::sync::Notify;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::cluster::{Cluster, event_json};
+use crate::core::Outcome;
 use crate::core::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
-use crate::jobrunner::Outcome;
 use crate::store::Store;
 
 use super::live_repair::LiveRepairs;
@@ -30,7 +30,7 @@ pub struct Engine<C: Cluster> {
     pub metrics: Metrics,
     pub leadership: Arc<super::leader::Leadership>,
     /// Node conditions and membership (Kubernetes).
-    pub watch: Option<Arc<super::nodes::NodeWatch>>,
+    pub watch: Option<Arc<super::nodes::NodeView>>,
     /// Cap on drains per round, when the backend supplies capacity facts.
     pub max_disruptions: usize,
     /// The leadership term whose running jobs this replica has resumed.

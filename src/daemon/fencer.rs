@@ -81,7 +81,7 @@ pub struct Fencer<C: Cluster> {
     /// The nodes whose collectors are probed.
     members: Arc<super::nodes::Members>,
     /// Node-condition rules that hand nodes to the fencer (Kubernetes).
-    pub watch: Option<Arc<super::nodes::NodeWatch>>,
+    pub watch: Option<Arc<super::nodes::NodeView>>,
     pub leadership: Arc<super::leader::Leadership>,
     /// What the probe saw: reachable, and since when not.
     seen: Mutex<BTreeMap<String, (bool, Option<Nanos>)>>,

@@ -6,11 +6,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::collector::{RepairRequest, RepairState, RepairStatus};
+use crate::collector::{LiveRepairRecord, RepairRequest, RepairState};
 use crate::config::Config;
+use crate::core::Outcome;
 use crate::core::{Event, Job};
 use crate::http::{error_message, read_capped, send_signed};
-use crate::jobrunner::Outcome;
 use crate::report::Key;
 
 const POLL: Duration = Duration::from_millis(250);
@@ -24,8 +24,8 @@ pub struct LiveRepairs {
     timeout: Duration,
 }
 
-enum Step {
-    Status(RepairStatus),
+enum Progress {
+    Status(LiveRepairRecord),
     Missing,
     Refused(String),
     Retry(String),
@@ -55,31 +55,31 @@ impl LiveRepairs {
         method: reqwest::Method,
         path: &str,
         body: Option<Vec<u8>>,
-    ) -> Step {
+    ) -> Progress {
         let resp = match send_signed(&self.client, &self.key, node, method, base, path, body).await
         {
             Ok(r) => r,
-            Err(e) => return Step::Retry(format!("collector unreachable: {e}")),
+            Err(e) => return Progress::Retry(format!("collector unreachable: {e}")),
         };
         let status = resp.status();
         let bytes = match read_capped(resp, 1 << 20).await {
             Ok(b) => b,
-            Err(e) => return Step::Retry(e.to_string()),
+            Err(e) => return Progress::Retry(e.to_string()),
         };
         if status == reqwest::StatusCode::NOT_FOUND {
-            return Step::Missing;
+            return Progress::Missing;
         }
         if status.is_client_error() {
             // The collector refused the request itself (bad command name, bad signature):
             // retrying cannot help.
-            return Step::Refused(error_message(status, &bytes));
+            return Progress::Refused(error_message(status, &bytes));
         }
         if !status.is_success() {
-            return Step::Retry(error_message(status, &bytes));
+            return Progress::Retry(error_message(status, &bytes));
         }
         match serde_json::from_slice(&bytes) {
-            Ok(s) => Step::Status(s),
-            Err(e) => Step::Retry(format!("collector sent an unreadable repair status: {e}")),
+            Ok(s) => Progress::Status(s),
+            Err(e) => Progress::Retry(format!("collector sent an unreadable repair status: {e}")),
         }
     }
 
@@ -123,7 +123,7 @@ impl LiveRepairs {
                 .await
             };
             match step {
-                Step::Status(s) if s.state == RepairState::Done => {
+                Progress::Status(s) if s.state == RepairState::Done => {
                     let ok = s.exit_code == Some(0) && s.error.is_none();
                     let what = match (&s.error, s.exit_code) {
                         (Some(e), _) => e.clone(),
@@ -140,21 +140,21 @@ impl LiveRepairs {
                         ),
                     };
                 }
-                Step::Status(_) => accepted = true,
-                Step::Missing if accepted => {
+                Progress::Status(_) => accepted = true,
+                Progress::Missing if accepted => {
                     return Outcome::failed(format!(
                         "collector on {} lost repair {key} (restarted?)",
                         job.node
                     ));
                 }
-                Step::Missing => last_err = "collector has no repair endpoint".into(),
-                Step::Refused(e) => {
+                Progress::Missing => last_err = "collector has no repair endpoint".into(),
+                Progress::Refused(e) => {
                     return Outcome::failed(format!(
                         "collector on {} refused the repair: {e}",
                         job.node
                     ));
                 }
-                Step::Retry(e) => {
+                Progress::Retry(e) => {
                     debug!(error = %e, "live repair: will retry");
                     last_err = e;
                 }

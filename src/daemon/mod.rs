@@ -85,7 +85,7 @@ pub async fn run(
             .map(|r| r.rule())
             .collect::<Result<Vec<_>, _>>()
             .map_err(DaemonError::Rules)?;
-        let watch = Arc::new(nodes::NodeWatch::new(rules, cfg.kubernetes.node_interval));
+        let watch = Arc::new(nodes::NodeView::new(rules, cfg.kubernetes.node_interval));
         let le = cfg.kubernetes.leader_election.clone();
         let leadership = if le.enabled {
             leader::Leadership::elected(k.clone(), le, store.clone())
@@ -129,7 +129,7 @@ async fn run_with<C: Cluster>(
     cluster: Arc<C>,
     _lock: lock::MasterLock,
     mut leadership: leader::Leadership,
-    watch: Option<Arc<nodes::NodeWatch>>,
+    watch: Option<Arc<nodes::NodeView>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let key = Key::load(&cfg.cluster.key_file)?;

@@ -36,16 +36,18 @@ impl Members {
     }
 }
 
-pub struct NodeWatch {
+/// What the cluster says of the managed nodes now: membership and the condition rules'
+/// verdicts, re-read from the backend's node cache (a watch on Kubernetes) every interval.
+pub struct NodeView {
     rules: Vec<Rule>,
     /// Facts older than this are not used: the conditions count as unknown.
     max_age: Duration,
     facts: Mutex<Option<(Instant, Arc<NodeFacts>)>>,
 }
 
-impl NodeWatch {
-    pub fn new(rules: Vec<Rule>, interval: Duration) -> NodeWatch {
-        NodeWatch {
+impl NodeView {
+    pub fn new(rules: Vec<Rule>, interval: Duration) -> NodeView {
+        NodeView {
             rules,
             max_age: interval * 3 + Duration::from_secs(5),
             facts: Mutex::new(None),

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::core::Nanos;
-use crate::core::fence::{Call, Outcome, Step};
+use crate::core::Outcome;
+use crate::core::fence::{Call, Step};
 use crate::exec::{self, ExecError, RunSpec};
 use crate::report::now_ns;
 

@@ -12,7 +12,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::core::fence::{Call, FenceStatus, Flow, Outcome};
+use crate::core::Outcome;
+use crate::core::fence::{Call, FenceStatus, Flow};
 use crate::core::{
     Action, Event, Job, JobKind, JobSpec, JobStatus, Nanos, Policy, RepairStatus, State,
     reason_trail,
