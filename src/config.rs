@@ -25,6 +25,8 @@ pub enum ConfigError {
     Parse { path: String, message: String },
     #[error("config: {0}")]
     Invalid(String),
+    #[error("config: {0}")]
+    Fencing(#[from] crate::fencing::config::FencingConfigError),
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]

@@ -12,6 +12,7 @@
 //! - `collector`: the node agent (`maintd collector`).
 //! - `core`: the pure decision core, `decide(state, observations, now) -> actions`, with the fence
 //!   state machine, evacuation admission (`capacity`) and node-condition rules (`conditions`).
+//! - `secret`: reading owner-only secret files (the cluster key, agent passwords).
 //! - `store`: SQLite persistence, one file per table group, and the leader's checkpoint.
 //! - `cluster`: the backend traits, the inventory backend and the Kubernetes backend (`kube`).
 //! - `fencing`: fence-agent configuration, the agent runner and output redaction.
@@ -30,6 +31,7 @@ pub mod fencing;
 pub mod http;
 pub mod jobrunner;
 pub mod report;
+pub mod secret;
 pub mod store;
 pub mod sync;
 pub mod verdict;

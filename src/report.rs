@@ -3,7 +3,6 @@
 
 use std::cmp::Ordering;
 use std::fmt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use hmac::{Hmac, Mac};
@@ -88,17 +87,15 @@ impl Key {
     /// Loads a key file, refusing one that group or others can read or write.
     pub fn load(path: &Path) -> Result<Key, KeyError> {
         let p = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|source| KeyError::Read {
-            path: p.clone(),
-            source,
-        })?;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(KeyError::Permissions { path: p, mode });
-        }
-        let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read {
-            path: p.clone(),
-            source,
+        let text = crate::secret::read(path).map_err(|e| match e {
+            crate::secret::SecretFileError::Read { source } => KeyError::Read {
+                path: p.clone(),
+                source,
+            },
+            crate::secret::SecretFileError::Permissions { mode } => KeyError::Permissions {
+                path: p.clone(),
+                mode,
+            },
         })?;
         let bytes = hex::decode(text.trim()).map_err(|_| KeyError::Format { path: p.clone() })?;
         if bytes.len() < 16 {
@@ -411,6 +408,7 @@ pub fn now_ns() -> i64 {
 mod tests {
     use super::*;
     use crate::verdict::Status;
+    use std::os::unix::fs::PermissionsExt;
 
     fn key() -> Key {
         Key::from_bytes(vec![7; 32])

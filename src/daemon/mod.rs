@@ -134,7 +134,10 @@ async fn run_with<C: Cluster>(
 ) -> Result<(), DaemonError> {
     let key = Key::load(&cfg.cluster.key_file)?;
     let node_names: Vec<String> = cfg.nodes.iter().map(|n| n.name.clone()).collect();
-    let plans = cfg.fencing.plans(&node_names)?;
+    let plans = cfg
+        .fencing
+        .plans(&node_names)
+        .map_err(crate::config::ConfigError::from)?;
     let listener = crate::http::bind(cfg.daemon.listen)
         .await
         .map_err(DaemonError::Listen)?;

@@ -2,14 +2,17 @@
 //! secrets loaded from files. Validated once at start-up into a `FencePlan` per node.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::ConfigError;
 use crate::core::fence::Step;
+
+/// A fencing section that cannot work; the text names the node, stage, method or file.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FencingConfigError(pub String);
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
@@ -192,18 +195,14 @@ impl FencePlan {
     }
 }
 
-fn read_secret(path: &std::path::Path) -> Result<String, ConfigError> {
+fn read_secret(path: &std::path::Path) -> Result<String, FencingConfigError> {
     let shown = path.display();
-    let meta = std::fs::metadata(path)
-        .map_err(|e| ConfigError::Invalid(format!("secret file {shown}: {e}")))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(ConfigError::Invalid(format!(
+    let text = crate::secret::read(path).map_err(|e| match e {
+        crate::secret::SecretFileError::Permissions { mode } => FencingConfigError(format!(
             "secret file {shown} is accessible by group or others (mode {mode:o}); run chmod 600 {shown}"
-        )));
-    }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::Invalid(format!("secret file {shown}: {e}")))?;
+        )),
+        e => FencingConfigError(format!("secret file {shown}: {e}")),
+    })?;
     Ok(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
@@ -214,29 +213,29 @@ fn is_secret(k: &str) -> bool {
 }
 
 /// Parameter names and values go one per line as `key=value` on the agent's stdin.
-fn check_param(where_: &str, k: &str, v: &str) -> Result<(), ConfigError> {
+fn check_param(where_: &str, k: &str, v: &str) -> Result<(), FencingConfigError> {
     let key_ok = !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     if !key_ok {
-        return Err(ConfigError::Invalid(format!(
+        return Err(FencingConfigError(format!(
             "{where_}: parameter name {k:?} must be [A-Za-z0-9_]"
         )));
     }
     if v.contains(['\n', '\r']) {
-        return Err(ConfigError::Invalid(format!(
+        return Err(FencingConfigError(format!(
             "{where_}: parameter {k} contains a line break"
         )));
     }
     if k == "action" {
-        return Err(ConfigError::Invalid(format!(
+        return Err(FencingConfigError(format!(
             "{where_}: set the action with `action = ...` on the method, not as a parameter"
         )));
     }
     Ok(())
 }
 
-fn check_inline(where_: &str, k: &str) -> Result<(), ConfigError> {
+fn check_inline(where_: &str, k: &str) -> Result<(), FencingConfigError> {
     if is_secret(k) {
-        return Err(ConfigError::Invalid(format!(
+        return Err(FencingConfigError(format!(
             "{where_}: {k} must not be inline; put it in a file (mode 0600) and use secrets = {{ {k} = \"/path\" }}"
         )));
     }
@@ -248,8 +247,8 @@ impl FencingConfig {
     pub fn plans(
         &self,
         known_nodes: &[String],
-    ) -> Result<BTreeMap<String, FencePlan>, ConfigError> {
-        let bad = |m: String| Err(ConfigError::Invalid(m));
+    ) -> Result<BTreeMap<String, FencePlan>, FencingConfigError> {
+        let bad = |m: String| Err(FencingConfigError(m));
         if self.storm_percent > 100 {
             return bad("fencing.storm-percent must be 0-100".into());
         }
@@ -283,31 +282,31 @@ impl FencingConfig {
             if !known_nodes.contains(node) {
                 return bad(format!("fencing.nodes.{node}: no such node in [[nodes]]"));
             }
-            let stage = |step: Step, sc: &StageConfig| -> Result<Stage, ConfigError> {
+            let stage = |step: Step, sc: &StageConfig| -> Result<Stage, FencingConfigError> {
                 let where_ = format!("fencing.nodes.{node}.{}", step.as_str());
                 if sc.methods.is_empty() {
-                    return Err(ConfigError::Invalid(format!("{where_}: no methods")));
+                    return Err(FencingConfigError(format!("{where_}: no methods")));
                 }
                 if sc.timeout.is_zero() {
-                    return Err(ConfigError::Invalid(format!(
+                    return Err(FencingConfigError(format!(
                         "{where_}: timeout must be greater than zero"
                     )));
                 }
                 let mut methods = Vec::new();
                 for (i, m) in sc.methods.iter().enumerate() {
                     let t = self.templates.get(&m.template).ok_or_else(|| {
-                        ConfigError::Invalid(format!("{where_}: unknown template {:?}", m.template))
+                        FencingConfigError(format!("{where_}: unknown template {:?}", m.template))
                     })?;
                     let action = m.action.clone().unwrap_or_else(|| {
                         if step == Step::Recovery { "on" } else { "off" }.to_string()
                     });
                     if step == Step::PowerManagement && action != "off" {
-                        return Err(ConfigError::Invalid(format!(
+                        return Err(FencingConfigError(format!(
                             "{where_}: action must be \"off\" (a reboot never proves a node is off)"
                         )));
                     }
                     if !matches!(action.as_str(), "on" | "off") {
-                        return Err(ConfigError::Invalid(format!(
+                        return Err(FencingConfigError(format!(
                             "{where_}: action {action:?} must be on or off"
                         )));
                     }
@@ -370,6 +369,7 @@ impl FencingConfig {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use std::os::unix::fs::PermissionsExt;
 
     fn secret(dir: &std::path::Path, mode: u32) -> PathBuf {
         let p = dir.join(format!("pw{mode:o}"));
