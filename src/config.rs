@@ -8,10 +8,10 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::http::listener::ListenerLimits;
+pub use crate::node::{COLLECTOR_PORT, NodeConfig, collector_address};
 
 pub const DEFAULT_CONFIG: &str = "/etc/maintd/maintd.toml";
 pub const DAEMON_PORT: u16 = 1816;
-pub const COLLECTOR_PORT: u16 = 1815;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -35,7 +35,7 @@ pub struct Config {
     pub cluster: ClusterConfig,
     pub daemon: DaemonConfig,
     pub collector: CollectorConfig,
-    pub actions: ActionsConfig,
+    pub actions: crate::core::Policy,
     pub inventory: InventoryConfig,
     pub nodes: Vec<NodeConfig>,
     pub fencing: crate::fencing::config::FencingConfig,
@@ -115,51 +115,10 @@ pub struct CollectorConfig {
     pub limits: ListenerLimits,
 }
 
-/// Which actions the daemon may take. A disabled action is still noted, never executed.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-pub struct ActionsConfig {
-    pub live_repair: bool,
-    pub evacuate: bool,
-    pub evacuate_failover: bool,
-}
-
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct InventoryConfig {
-    pub hooks: HooksConfig,
-}
-
-/// Names of the inventory hooks in the daemon's `repair-dir`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-pub struct HooksConfig {
-    pub evacuate: String,
-    pub evacuate_failover: String,
-    pub offline: String,
-    pub online: String,
-    /// Fencing: release a powered-off node's workloads, and clear that after recovery.
-    pub release: String,
-    pub reclaim: String,
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct NodeConfig {
-    pub name: String,
-    /// `host:port` of the node's collector; the port defaults to 1815.
-    pub collector: String,
-}
-
-impl NodeConfig {
-    /// `http://host:port<path>` of the node's collector (the address is validated on load and on
-    /// discovery).
-    pub fn collector_url(&self, path: &str) -> String {
-        format!(
-            "http://{}{path}",
-            collector_address(&self.collector).unwrap_or_default()
-        )
-    }
+    pub hooks: crate::cluster::HooksConfig,
 }
 
 impl Default for ClusterConfig {
@@ -213,29 +172,6 @@ impl Default for CollectorConfig {
             request_window: Duration::from_secs(60),
             state_dir: "/var/lib/maintd-collector".into(),
             limits: ListenerLimits::default(),
-        }
-    }
-}
-
-impl Default for ActionsConfig {
-    fn default() -> Self {
-        ActionsConfig {
-            live_repair: true,
-            evacuate: true,
-            evacuate_failover: true,
-        }
-    }
-}
-
-impl Default for HooksConfig {
-    fn default() -> Self {
-        HooksConfig {
-            evacuate: "evacuate".into(),
-            evacuate_failover: "evacuate-failover".into(),
-            offline: "offline".into(),
-            online: "online".into(),
-            release: "release".into(),
-            reclaim: "reclaim".into(),
         }
     }
 }
@@ -347,6 +283,25 @@ impl Config {
         Ok(())
     }
 
+    /// The inventory backend's settings.
+    pub fn inventory_settings(&self) -> crate::cluster::InventorySettings {
+        crate::cluster::InventorySettings {
+            nodes: self.nodes.iter().map(|n| n.name.clone()).collect(),
+            repair_dir: self.daemon.repair_dir.clone(),
+            hooks: self.inventory.hooks.clone(),
+            hook_timeout: self.daemon.hook_timeout,
+            hook_env: self
+                .daemon
+                .hook_env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            jobs_dir: self.daemon.state_dir.join("jobs"),
+            actions: self.actions,
+            fencing: !self.fencing.nodes.is_empty(),
+        }
+    }
+
     pub fn db_path(&self) -> PathBuf {
         self.daemon
             .db
@@ -361,24 +316,6 @@ impl Config {
                 .and_then(|h| h.into_string().ok())
                 .unwrap_or_else(|| "localhost".into())
         })
-    }
-}
-
-/// Normalizes a collector address to `host:port` (port 1815 when omitted).
-pub fn collector_address(addr: &str) -> Result<String, String> {
-    let addr = addr.trim();
-    if addr.is_empty() || addr.contains('/') || addr.contains(char::is_whitespace) {
-        return Err(format!(
-            "collector address {addr:?} must be host or host:port"
-        ));
-    }
-    match addr.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && !host.ends_with(':') => {
-            port.parse::<u16>()
-                .map_err(|_| format!("collector address {addr:?} has a bad port"))?;
-            Ok(addr.to_string())
-        }
-        _ => Ok(format!("{addr}:{COLLECTOR_PORT}")),
     }
 }
 

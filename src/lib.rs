@@ -6,6 +6,7 @@
 //! - `report`: the wire protocol: the signed report envelope, keys and request signatures.
 //! - `clock`: the clock seam of the shells (the core is handed `now`).
 //! - `config`: the one validated configuration (defaults, TOML file, flags).
+//! - `node`: a managed node and its collector address.
 //! - `exec`: whitelisted command lookup and bounded subprocess runs.
 //! - `jobrunner`: detached hook jobs, each with a directory, resumable after a restart.
 //! - `http`: JSON errors, signed-request middleware, and the bounded listener.
@@ -30,6 +31,7 @@ pub mod exec;
 pub mod fencing;
 pub mod http;
 pub mod jobrunner;
+pub mod node;
 pub mod report;
 pub mod secret;
 pub mod store;

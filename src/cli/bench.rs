@@ -11,11 +11,11 @@ use prometheus_client::registry::Registry;
 
 use crate::collector::{Collector, diagnose};
 use crate::config::CollectorConfig;
-use crate::config::NodeConfig;
 use crate::core::{Observation, Policy, decide};
 use crate::daemon::metrics::Metrics;
 use crate::daemon::nodes::Members;
 use crate::daemon::poller::Poller;
+use crate::node::NodeConfig;
 use crate::report::{Key, VerifyRules};
 use crate::store::Store;
 use crate::verdict::Verdict;

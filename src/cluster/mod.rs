@@ -12,13 +12,14 @@ use std::time::Duration;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::config::{ActionsConfig, Config, HooksConfig};
 use crate::core::Outcome;
+use crate::core::Policy;
 use crate::core::{Event, Job, JobKind};
 use crate::exec::{self, ExecError, RunSpec};
 use crate::jobrunner::JobRunner;
 use crate::report::now_ns;
 use crate::store::{Store, StoreError};
+use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -48,7 +49,7 @@ pub enum ClusterError {
 /// What the node list says now (Kubernetes): the managed nodes and their conditions.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeFacts {
-    pub members: Vec<crate::config::NodeConfig>,
+    pub members: Vec<crate::node::NodeConfig>,
     pub conditions: BTreeMap<String, Vec<crate::core::conditions::NodeCondition>>,
 }
 
@@ -115,6 +116,49 @@ pub trait Cluster: Send + Sync + 'static {
     }
 }
 
+/// Names of the inventory hooks in the daemon's `repair-dir`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct HooksConfig {
+    pub evacuate: String,
+    pub evacuate_failover: String,
+    pub offline: String,
+    pub online: String,
+    /// Fencing: release a powered-off node's workloads, and clear that after recovery.
+    pub release: String,
+    pub reclaim: String,
+}
+
+impl Default for HooksConfig {
+    fn default() -> Self {
+        HooksConfig {
+            evacuate: "evacuate".into(),
+            evacuate_failover: "evacuate-failover".into(),
+            offline: "offline".into(),
+            online: "online".into(),
+            release: "release".into(),
+            reclaim: "reclaim".into(),
+        }
+    }
+}
+
+/// What the inventory backend takes from the configuration, resolved once at start-up.
+#[derive(Debug, Clone)]
+pub struct InventorySettings {
+    pub nodes: BTreeSet<String>,
+    /// Where the hooks are (the daemon's `repair-dir`).
+    pub repair_dir: PathBuf,
+    pub hooks: HooksConfig,
+    pub hook_timeout: Duration,
+    pub hook_env: Vec<(String, String)>,
+    /// Each hook job's directory goes under here.
+    pub jobs_dir: PathBuf,
+    /// The enabled actions, whose hooks must exist.
+    pub actions: Policy,
+    /// Whether fencing is configured, which needs the release and reclaim hooks.
+    pub fencing: bool,
+}
+
 /// The embedded default backend.
 pub struct Inventory {
     store: Arc<Store>,
@@ -128,27 +172,21 @@ pub struct Inventory {
 
 impl Inventory {
     /// Builds the backend and checks that every hook an enabled action needs is whitelisted.
-    pub fn new(cfg: &Config, store: Arc<Store>) -> Result<Inventory, ClusterError> {
+    pub fn new(s: InventorySettings, store: Arc<Store>) -> Result<Inventory, ClusterError> {
         let inv = Inventory {
             store,
-            nodes: cfg.nodes.iter().map(|n| n.name.clone()).collect(),
-            repair_dir: cfg.daemon.repair_dir.clone(),
-            hooks: cfg.inventory.hooks.clone(),
-            timeout: cfg.daemon.hook_timeout,
-            env: cfg
-                .daemon
-                .hook_env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            runner: JobRunner::new(cfg.daemon.state_dir.join("jobs"))
-                .map_err(ClusterError::Jobs)?,
+            nodes: s.nodes,
+            repair_dir: s.repair_dir,
+            hooks: s.hooks,
+            timeout: s.hook_timeout,
+            env: s.hook_env,
+            runner: JobRunner::new(s.jobs_dir).map_err(ClusterError::Jobs)?,
         };
-        inv.check_hooks(&cfg.actions, !cfg.fencing.nodes.is_empty())?;
+        inv.check_hooks(&s.actions, s.fencing)?;
         Ok(inv)
     }
 
-    fn check_hooks(&self, actions: &ActionsConfig, fencing: bool) -> Result<(), ClusterError> {
+    fn check_hooks(&self, actions: &Policy, fencing: bool) -> Result<(), ClusterError> {
         let mut needed = Vec::new();
         if fencing {
             needed.push(("fencing", &self.hooks.release));

@@ -219,8 +219,10 @@ pub struct Job {
     pub finished: Option<Nanos>,
 }
 
-/// Which actions may be executed; a disabled one is noted and waits.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Which actions may be executed; a disabled one is noted and waits. The `[actions]` section of
+/// the config file.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Policy {
     pub live_repair: bool,
     pub evacuate: bool,

@@ -22,8 +22,7 @@ use tracing::{Instrument, info, info_span};
 use crate::cluster::kube::KubeCluster;
 use crate::cluster::{Cluster, ClusterError, Inventory};
 use crate::config::Config;
-use crate::config::NodeConfig;
-use crate::core::Policy;
+use crate::node::NodeConfig;
 use crate::report::{Key, KeyError};
 use crate::store::{Store, StoreError};
 
@@ -94,7 +93,7 @@ pub async fn run(
         };
         run_with(cfg, store, k, lock, leadership, Some(watch), shutdown).await
     } else {
-        let inv = Inventory::new(&cfg, store.clone())?;
+        let inv = Inventory::new(cfg.inventory_settings(), store.clone())?;
         let me = nix::unistd::gethostname()
             .ok()
             .and_then(|h| h.into_string().ok())
@@ -160,11 +159,7 @@ async fn run_with<C: Cluster>(
             metrics.clone(),
         )?,
         repairs: live_repair::LiveRepairs::new(key.clone(), &cfg, members.clone()),
-        policy: Policy {
-            live_repair: cfg.actions.live_repair,
-            evacuate: cfg.actions.evacuate,
-            evacuate_failover: cfg.actions.evacuate_failover,
-        },
+        policy: cfg.actions,
         poll_interval: cfg.daemon.poll_interval,
         wake: wake.clone(),
         metrics,

@@ -10,9 +10,9 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::cluster::{Cluster, NodeFacts};
-use crate::config::NodeConfig;
 use crate::core::Nanos;
 use crate::core::conditions::{Evaluation, Rule, evaluate};
+use crate::node::NodeConfig;
 use crate::sync::{LockExt, RwLockExt};
 
 /// The managed nodes, replaced as a whole when discovery sees a change.

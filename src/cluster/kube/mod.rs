@@ -32,9 +32,9 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::{Cluster, ClusterError, NodeFacts};
-use crate::config::NodeConfig;
 use crate::core::conditions::NodeCondition;
 use crate::core::{Job, JobKind, Outcome, capacity};
+use crate::node::NodeConfig;
 use cache::Watched;
 
 fn api_code(e: &kube::Error) -> Option<u16> {
@@ -184,12 +184,12 @@ impl KubeCluster {
                 .iter()
                 .flatten()
                 .find(|a| a.type_ == "InternalIP")
-                .map(|a| format!("{}:{}", a.address, crate::config::COLLECTOR_PORT))
+                .map(|a| format!("{}:{}", a.address, crate::node::COLLECTOR_PORT))
         });
         let collector = annotated.or(ip)?;
         // An annotation is operator input: a bad one leaves the node unmanaged, said loudly,
         // rather than polled at an empty address.
-        if let Err(e) = crate::config::collector_address(&collector) {
+        if let Err(e) = crate::node::collector_address(&collector) {
             tracing::warn!(node = %name, error = %e, "node skipped: bad collector address");
             return None;
         }
