@@ -27,36 +27,42 @@ pub enum VerdictError {
 }
 
 /// The verdict of a self-diagnose, ordered by invasiveness (Ok < live-repair < evacuate < evacuate-failover).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 pub enum Status {
     #[serde(rename = "Ok")]
+    #[strum(serialize = "Ok")]
     Ok,
     #[serde(rename = "live-repair")]
+    #[strum(serialize = "live-repair")]
     LiveRepair,
     #[serde(rename = "evacuate")]
+    #[strum(serialize = "evacuate")]
     Evacuate,
     #[serde(rename = "evacuate-failover")]
+    #[strum(serialize = "evacuate-failover")]
     EvacuateFailover,
 }
 
 impl Status {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Ok => "Ok",
-            Status::LiveRepair => "live-repair",
-            Status::Evacuate => "evacuate",
-            Status::EvacuateFailover => "evacuate-failover",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<Status> {
-        Some(match s {
-            "Ok" => Status::Ok,
-            "live-repair" => Status::LiveRepair,
-            "evacuate" => Status::Evacuate,
-            "evacuate-failover" => Status::EvacuateFailover,
-            _ => return None,
-        })
+        s.parse().ok()
     }
 }
 

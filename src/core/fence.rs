@@ -16,8 +16,21 @@ pub fn fence_failed_tag(id: &Uuid) -> String {
     format!("maintd:fencefailed:{id}")
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum Step {
     Isolation,
     PowerManagement,
@@ -26,16 +39,23 @@ pub enum Step {
 
 impl Step {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Step::Isolation => "isolation",
-            Step::PowerManagement => "power-management",
-            Step::Recovery => "recovery",
-        }
+        self.into()
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum FenceStatus {
     /// The step is due (possibly waiting for its retry time or a gate).
     New,
@@ -51,13 +71,7 @@ pub enum FenceStatus {
 
 impl FenceStatus {
     pub fn as_str(self) -> &'static str {
-        match self {
-            FenceStatus::New => "new",
-            FenceStatus::Running => "running",
-            FenceStatus::Done => "done",
-            FenceStatus::Error => "error",
-            FenceStatus::Final => "final",
-        }
+        self.into()
     }
 }
 

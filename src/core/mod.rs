@@ -54,8 +54,19 @@ impl Outcome {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum RepairStatus {
     Noted,
     Pending,
@@ -74,24 +85,11 @@ impl RepairStatus {
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            RepairStatus::Noted => "noted",
-            RepairStatus::Pending => "pending",
-            RepairStatus::Canceled => "canceled",
-            RepairStatus::Failed => "failed",
-            RepairStatus::Completed => "completed",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<RepairStatus> {
-        Some(match s {
-            "noted" => RepairStatus::Noted,
-            "pending" => RepairStatus::Pending,
-            "canceled" => RepairStatus::Canceled,
-            "failed" => RepairStatus::Failed,
-            "completed" => RepairStatus::Completed,
-            _ => return None,
-        })
+        s.parse().ok()
     }
 }
 
@@ -144,8 +142,20 @@ impl Event {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum JobKind {
     LiveRepair,
     Evacuate,
@@ -156,29 +166,27 @@ pub enum JobKind {
 
 impl JobKind {
     pub fn as_str(self) -> &'static str {
-        match self {
-            JobKind::LiveRepair => "live-repair",
-            JobKind::Evacuate => "evacuate",
-            JobKind::EvacuateFailover => "evacuate-failover",
-            JobKind::Offline => "offline",
-            JobKind::Online => "online",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<JobKind> {
-        Some(match s {
-            "live-repair" => JobKind::LiveRepair,
-            "evacuate" => JobKind::Evacuate,
-            "evacuate-failover" => JobKind::EvacuateFailover,
-            "offline" => JobKind::Offline,
-            "online" => JobKind::Online,
-            _ => return None,
-        })
+        s.parse().ok()
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum JobStatus {
     Running,
     Succeeded,
@@ -187,20 +195,11 @@ pub enum JobStatus {
 
 impl JobStatus {
     pub fn as_str(self) -> &'static str {
-        match self {
-            JobStatus::Running => "running",
-            JobStatus::Succeeded => "succeeded",
-            JobStatus::Failed => "failed",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<JobStatus> {
-        Some(match s {
-            "running" => JobStatus::Running,
-            "succeeded" => JobStatus::Succeeded,
-            "failed" => JobStatus::Failed,
-            _ => return None,
-        })
+        s.parse().ok()
     }
 }
 

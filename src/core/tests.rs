@@ -698,3 +698,59 @@ fn events_of_a_node_that_left_the_inventory_are_forgotten_and_nothing_more_runs_
     let a = decide(&s, &obs(&[("n1", report(evac("sdb")))]), NOW);
     assert!(!a.iter().any(|x| matches!(x, Action::Forget { .. })));
 }
+
+#[test]
+fn derived_enum_strings_match_their_serde_names_and_parse_back() {
+    use crate::core::fence::{FenceStatus, Step};
+    use crate::verdict::Status;
+    fn same<T: serde::Serialize>(v: T, s: &str) {
+        assert_eq!(serde_json::to_value(v).unwrap(), s);
+    }
+    for v in [
+        RepairStatus::Noted,
+        RepairStatus::Pending,
+        RepairStatus::Canceled,
+        RepairStatus::Failed,
+        RepairStatus::Completed,
+    ] {
+        same(v, v.as_str());
+        assert_eq!(RepairStatus::parse(v.as_str()), Some(v));
+    }
+    for v in [
+        JobKind::LiveRepair,
+        JobKind::Evacuate,
+        JobKind::EvacuateFailover,
+        JobKind::Offline,
+        JobKind::Online,
+    ] {
+        same(v, v.as_str());
+        assert_eq!(JobKind::parse(v.as_str()), Some(v));
+    }
+    for v in [JobStatus::Running, JobStatus::Succeeded, JobStatus::Failed] {
+        same(v, v.as_str());
+        assert_eq!(JobStatus::parse(v.as_str()), Some(v));
+    }
+    for v in [Step::Isolation, Step::PowerManagement, Step::Recovery] {
+        same(v, v.as_str());
+    }
+    for v in [
+        FenceStatus::New,
+        FenceStatus::Running,
+        FenceStatus::Done,
+        FenceStatus::Error,
+        FenceStatus::Final,
+    ] {
+        same(v, v.as_str());
+    }
+    for v in [
+        Status::Ok,
+        Status::LiveRepair,
+        Status::Evacuate,
+        Status::EvacuateFailover,
+    ] {
+        same(v, v.as_str());
+        assert_eq!(Status::parse(v.as_str()), Some(v));
+    }
+    assert_eq!(Status::parse("ok"), None);
+    assert_eq!(JobKind::parse("Evacuate"), None);
+}
