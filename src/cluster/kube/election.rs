@@ -21,6 +21,36 @@ impl KubeCluster {
     {
         Api::namespaced(self.client.clone(), &self.cfg.leader_election.namespace())
     }
+
+    /// Creates `obj` (no version read: it did not exist) or replaces the version its metadata
+    /// carries. `None` on 409: someone else wrote first (a replace over a newer version, or a
+    /// create of an object that appeared meanwhile).
+    pub(super) async fn create_or_replace<K>(
+        &self,
+        name: &str,
+        exists: bool,
+        obj: &K,
+    ) -> Result<Option<K>, ClusterError>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let api = self.election_api::<K>();
+        let r = if exists {
+            api.replace(name, &PostParams::default(), obj).await
+        } else {
+            api.create(&PostParams::default(), obj).await
+        };
+        match r {
+            Ok(o) => Ok(Some(o)),
+            Err(e) if api_code(&e) == Some(409) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -56,24 +86,10 @@ impl Coordination for KubeCluster {
                 ..Default::default()
             }),
         };
-        let r = match &lease.version {
-            None => {
-                self.election_api::<Lease>()
-                    .create(&PostParams::default(), &l)
-                    .await
-            }
-            Some(_) => {
-                self.election_api::<Lease>()
-                    .replace(name, &PostParams::default(), &l)
-                    .await
-            }
-        };
-        match r {
-            Ok(l) => Ok(Some(lease_record(l))),
-            // 409: someone else wrote it first (a replace over a newer version, or a create).
-            Err(e) if api_code(&e) == Some(409) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        Ok(self
+            .create_or_replace(name, lease.version.is_some(), &l)
+            .await?
+            .map(lease_record))
     }
 
     async fn get_state(&self, fresh: bool) -> Result<Option<(String, String)>, ClusterError> {
@@ -115,23 +131,10 @@ impl Coordination for KubeCluster {
             data: Some(BTreeMap::from([(STATE_KEY.to_string(), data.to_string())])),
             ..Default::default()
         };
-        let r = match version {
-            None => {
-                self.election_api::<ConfigMap>()
-                    .create(&PostParams::default(), &cm)
-                    .await
-            }
-            Some(_) => {
-                self.election_api::<ConfigMap>()
-                    .replace(name, &PostParams::default(), &cm)
-                    .await
-            }
-        };
-        match r {
-            Ok(cm) => Ok(Some(cm.metadata.resource_version.unwrap_or_default())),
-            Err(e) if api_code(&e) == Some(409) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        Ok(self
+            .create_or_replace(name, version.is_some(), &cm)
+            .await?
+            .map(|cm| cm.metadata.resource_version.unwrap_or_default()))
     }
 }
 
