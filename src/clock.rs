@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::core::Nanos;
+use crate::verdict::Nanos;
 
 pub trait Clock: Send + Sync + 'static {
     /// Unix time in nanoseconds.

@@ -23,6 +23,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::config::{CollectorConfig, Config};
 use crate::exec::{self, ExecError, RunSpec};
 use crate::http::{ApiError, SignedAuth, parse_json, require_signed};
+use crate::repair::hooks::HookCall;
 use crate::report::{Envelope, Key, KeyError, now_ns};
 use crate::sync::{LockExt, RwLockExt};
 use crate::verdict::{Verdict, canonical_json};
@@ -337,15 +338,19 @@ impl Collector {
         let result = match exec::resolve(&self.cfg.repair_dir, &req.command) {
             Err(e) => Err(format!("repair command refused: {e}")),
             Ok(program) => {
-                let mut env: Vec<(String, String)> = self
+                let extra: Vec<(String, String)> = self
                     .cfg
                     .env
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
-                env.push(("MAINTD_NODE".into(), self.node.clone()));
-                env.push(("MAINTD_EVENT".into(), req.event.clone()));
-                env.push(("MAINTD_REASON".into(), format!("maintd:{}", req.event)));
+                let env = HookCall {
+                    node: &self.node,
+                    event: &req.event,
+                    job: None,
+                    action: None,
+                }
+                .env(&extra);
                 exec::run(&RunSpec {
                     program,
                     args: vec![],

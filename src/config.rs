@@ -35,7 +35,7 @@ pub struct Config {
     pub cluster: ClusterConfig,
     pub daemon: DaemonConfig,
     pub collector: CollectorConfig,
-    pub actions: crate::core::Policy,
+    pub actions: crate::repair::Policy,
     pub inventory: InventoryConfig,
     pub nodes: Vec<NodeConfig>,
     pub fencing: crate::fencing::config::FencingConfig,

@@ -1,6 +1,6 @@
-//! The domain's verdict types: a node's self-diagnose `Status` (ordered by invasiveness) and the
-//! validated `Verdict`, with the canonical JSON that is an event's identity. The core decides on
-//! these; how they travel (envelopes, signatures) is `report`'s business.
+//! The domain's shared vocabulary: a node's self-diagnose `Status` (ordered by invasiveness), the
+//! validated `Verdict` with the canonical JSON that is an event's identity, an effect's `Outcome` and
+//! `Nanos`. The pure decisions work on these; how they travel (envelopes, signatures) is `report`'s business.
 
 use std::fmt;
 
@@ -172,6 +172,25 @@ fn write_canonical(value: &Value, out: &mut String) {
             out.push(']');
         }
         scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// Wall-clock instants in ns since the epoch, always passed in.
+pub type Nanos = i64;
+
+/// How an effect (a job, a fence step attempt, a release) ended, as its executor recorded it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl Outcome {
+    pub fn failed(detail: impl Into<String>) -> Outcome {
+        Outcome {
+            ok: false,
+            detail: detail.into(),
+        }
     }
 }
 

@@ -11,11 +11,11 @@ use prometheus_client::registry::Registry;
 
 use crate::collector::{Collector, diagnose};
 use crate::config::CollectorConfig;
-use crate::core::{Observation, Policy, decide};
-use crate::daemon::metrics::Metrics;
-use crate::daemon::nodes::Members;
-use crate::daemon::poller::Poller;
+use crate::members::Members;
+use crate::metrics::Metrics;
 use crate::node::NodeConfig;
+use crate::repair::poller::Poller;
+use crate::repair::{Observation, Policy, decide};
 use crate::report::{Key, VerifyRules};
 use crate::store::Store;
 use crate::verdict::Verdict;
@@ -204,7 +204,7 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
 
 /// `maintd bench plan`: admission of evacuation candidates over a synthetic cluster.
 pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<(), String> {
-    use crate::core::capacity::{NodeCap, Pdb, PodReq, Snapshot, Taint, Toleration};
+    use crate::repair::capacity::{NodeCap, Pdb, PodReq, Snapshot, Taint, Toleration};
     use std::collections::BTreeMap;
     const GI: i64 = 1 << 30;
     let mut s = Snapshot::default();
@@ -275,7 +275,7 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
     for &n in candidates {
         // A whole decision, as the engine makes it: every node reports, `n` of them want a
         // drain, and the round planner admits what fits.
-        let mut obs = crate::core::Observations::new();
+        let mut obs = crate::repair::Observations::new();
         let mut events = Vec::new();
         let evac = crate::verdict::Verdict::from_value(
             serde_json::json!({"status": "evacuate", "details": {"bench": true}}),
@@ -285,23 +285,25 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
             let name = format!("node{i}");
             obs.reports.insert(
                 name,
-                crate::core::Observation::Report(crate::verdict::Verdict::builtin_ok()),
+                crate::repair::Observation::Report(crate::verdict::Verdict::builtin_ok()),
             );
         }
         for i in 0..n.min(nodes) {
             let name = format!("node{}", (i * 37) % nodes);
-            obs.reports
-                .insert(name.clone(), crate::core::Observation::Report(evac.clone()));
+            obs.reports.insert(
+                name.clone(),
+                crate::repair::Observation::Report(evac.clone()),
+            );
             let id = uuid::Uuid::from_u128(i as u128 + 1);
-            events.push(crate::core::Event {
+            events.push(crate::repair::Event {
                 id,
                 node: name,
                 original: evac.original.clone(),
                 canonical: evac.canonical(),
                 action: evac.status,
                 command: None,
-                status: crate::core::RepairStatus::Noted,
-                tag: crate::core::ready_tag(&id),
+                status: crate::repair::RepairStatus::Noted,
+                tag: crate::repair::ready_tag(&id),
                 tagged: false,
                 acknowledged: false,
                 superseded_by: None,
@@ -310,9 +312,9 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
                 updated: i as i64,
             });
         }
-        let state = crate::core::State {
+        let state = crate::repair::State {
             events,
-            capacity: Some(crate::core::Capacity {
+            capacity: Some(crate::repair::Capacity {
                 snapshot: s.clone(),
                 max_disruptions: n,
             }),
@@ -322,7 +324,7 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
         let mut last = None;
         for _ in 0..5 {
             let t = std::time::Instant::now();
-            let a = crate::core::decide(&state, &obs, 1_000_000);
+            let a = crate::repair::decide(&state, &obs, 1_000_000);
             best = best.min(t.elapsed().as_secs_f64() * 1e3);
             last = Some(a);
         }
@@ -330,14 +332,14 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
         let admitted = actions
             .iter()
             .find_map(|a| match a {
-                crate::core::Action::StartRound { jobs, .. } => Some(jobs.len()),
+                crate::repair::Action::StartRound { jobs, .. } => Some(jobs.len()),
                 _ => None,
             })
             .unwrap_or(0);
         let waiting = actions
             .iter()
             .filter(|a| {
-                matches!(a, crate::core::Action::Note { note: Some(w), .. } if w.starts_with("waiting to drain"))
+                matches!(a, crate::repair::Action::Note { note: Some(w), .. } if w.starts_with("waiting to drain"))
             })
             .count();
         println!("{n:>10}  {best:>10.1}  {admitted:>9}  {waiting:>8}");

@@ -564,7 +564,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             }
         },
         Command::RunJob { dir } => {
-            crate::jobrunner::run_job_main(dir)
+            crate::repair::jobs::run_job_main(dir)
                 .await
                 .map_err(|e| CliError::Other(format!("job {}: {e}", dir.display())))?;
         }

@@ -12,13 +12,14 @@ use std::time::Duration;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::core::Outcome;
-use crate::core::Policy;
-use crate::core::{Event, Job, JobKind};
-use crate::exec::{self, ExecError, RunSpec};
-use crate::jobrunner::JobRunner;
+use crate::exec::{self, ExecError};
+use crate::repair::Policy;
+use crate::repair::hooks::HookCall;
+use crate::repair::jobs::JobRunner;
+use crate::repair::{Event, Job, JobKind};
 use crate::report::now_ns;
 use crate::store::{Store, StoreError};
+use crate::verdict::Outcome;
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +51,7 @@ pub enum ClusterError {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeFacts {
     pub members: Vec<crate::node::NodeConfig>,
-    pub conditions: BTreeMap<String, Vec<crate::core::conditions::NodeCondition>>,
+    pub conditions: BTreeMap<String, Vec<crate::repair::conditions::NodeCondition>>,
 }
 
 /// A Lease as leader election reads and writes it. `version` is the resourceVersion it was read
@@ -111,7 +112,7 @@ pub trait Cluster: Send + Sync + 'static {
         Ok(None)
     }
     /// Capacity facts for admitting drains, for backends that know the workloads.
-    async fn capacity(&self) -> Result<Option<crate::core::capacity::Snapshot>, ClusterError> {
+    async fn capacity(&self) -> Result<Option<crate::repair::capacity::Snapshot>, ClusterError> {
         Ok(None)
     }
 }
@@ -247,7 +248,7 @@ impl Cluster for Inventory {
         Ok(self.store.inventory_remove_tag(node, tag)?)
     }
 
-    async fn run_job(&self, job: &Job, event: &Value) -> Outcome {
+    async fn run_job(&self, job: &Job, event_json: &Value) -> Outcome {
         let Some(hook) = self.hook(job.kind) else {
             return Outcome::failed(format!("{} is not an inventory job", job.kind.as_str()));
         };
@@ -255,24 +256,16 @@ impl Cluster for Inventory {
             Ok(p) => p,
             Err(e) => return Outcome::failed(format!("hook refused: {e}")),
         };
-        let event_id = job.event.to_string();
-        let mut env = self.env.clone();
-        env.extend([
-            ("MAINTD_NODE".into(), job.node.clone()),
-            ("MAINTD_EVENT".into(), event_id.clone()),
-            ("MAINTD_JOB".into(), job.id.to_string()),
-            ("MAINTD_ACTION".into(), job.kind.as_str().into()),
-            ("MAINTD_REASON".into(), job.reason.clone()),
-        ]);
-        let spec = RunSpec {
-            program,
-            args: vec![job.node.clone(), event_id],
-            stdin: serde_json::to_vec(event).unwrap_or_default(),
-            env,
-            timeout: self.timeout,
-            output_cap: 4096,
+        let (event, id) = (job.event.to_string(), job.id.to_string());
+        let call = HookCall {
+            node: &job.node,
+            event: &event,
+            job: Some(&id),
+            action: Some(job.kind.as_str()),
         };
-        let outcome = self.runner.run(&job.id.to_string(), &spec).await;
+        let stdin = serde_json::to_vec(event_json).unwrap_or_default();
+        let spec = call.spec(program, stdin, &self.env, self.timeout);
+        let outcome = self.runner.run(&id, &spec).await;
         if outcome.ok {
             let flag = match job.kind {
                 JobKind::Offline => Some(true),
@@ -335,21 +328,14 @@ impl Inventory {
             Ok(p) => p,
             Err(e) => return Outcome::failed(format!("hook refused: {e}")),
         };
-        let mut env = self.env.clone();
-        env.extend([
-            ("MAINTD_NODE".into(), node.to_string()),
-            ("MAINTD_EVENT".into(), flow.to_string()),
-            ("MAINTD_ACTION".into(), action.to_string()),
-            ("MAINTD_REASON".into(), format!("maintd:{flow}")),
-        ]);
-        let spec = RunSpec {
-            program,
-            args: vec![node.to_string(), flow.to_string()],
-            stdin: Vec::new(),
-            env,
-            timeout: self.timeout,
-            output_cap: 4096,
+        let flow = flow.to_string();
+        let call = HookCall {
+            node,
+            event: &flow,
+            job: None,
+            action: Some(action),
         };
+        let spec = call.spec(program, Vec::new(), &self.env, self.timeout);
         self.runner.run(key, &spec).await
     }
 }

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::cluster::{Cluster, ClusterError, event_json};
 use crate::config::{Config, collector_address};
-use crate::core::fence::{FenceStatus, Flow, fence_failed_tag};
+use crate::fencing::machine::{FenceStatus, Flow, fence_failed_tag};
 use crate::http::{ApiError, ReplayCache, SignedAuth, require_signed};
 use crate::report::{DAEMON_TARGET, Key, now_ns};
 use crate::store::{CancelOutcome, FenceCancel, Store};
@@ -25,13 +25,13 @@ use crate::store::{CancelOutcome, FenceCancel, Store};
 pub struct ApiState<C: Cluster> {
     pub store: Arc<Store>,
     pub cluster: Arc<C>,
-    pub leadership: Arc<super::leader::Leadership>,
+    pub leadership: Arc<crate::leader::Leadership>,
     pub key: Key,
     pub cfg: Arc<Config>,
     pub wake: Arc<Notify>,
     pub registry: Arc<Registry>,
-    pub seqs: Arc<super::poller::Seqs>,
-    pub health: Arc<super::engine::Health>,
+    pub seqs: Arc<crate::repair::poller::Seqs>,
+    pub health: Arc<crate::repair::engine::Health>,
 }
 
 type S<C> = State<Arc<ApiState<C>>>;
@@ -358,7 +358,7 @@ async fn metrics<C: Cluster>(
                 header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )],
-            super::metrics::openmetrics_to_text(&text),
+            crate::metrics::openmetrics_to_text(&text),
         )
     })
 }

@@ -2,15 +2,7 @@
 //! the HTTP API, wired together and shut down together.
 
 pub mod api;
-pub mod engine;
-pub mod fencer;
-pub mod leader;
-pub mod live_repair;
 pub mod lock;
-pub mod metrics;
-pub mod nodes;
-pub mod poller;
-pub mod ticker;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -45,7 +37,7 @@ pub enum DaemonError {
     #[error("{0}")]
     Rules(String),
     #[error(transparent)]
-    Leader(#[from] leader::LeaderError),
+    Leader(#[from] crate::leader::LeaderError),
 }
 
 impl DaemonError {
@@ -53,7 +45,7 @@ impl DaemonError {
     pub fn exit_code(&self) -> i32 {
         match self {
             DaemonError::Lock(lock::LockError::Held { .. }) => lock::EXIT_NOT_MASTER,
-            DaemonError::Leader(_) => leader::EXIT_LOST_LEADERSHIP,
+            DaemonError::Leader(_) => crate::leader::EXIT_LOST_LEADERSHIP,
             _ => 1,
         }
     }
@@ -84,12 +76,15 @@ pub async fn run(
             .map(|r| r.rule())
             .collect::<Result<Vec<_>, _>>()
             .map_err(DaemonError::Rules)?;
-        let watch = Arc::new(nodes::NodeView::new(rules, cfg.kubernetes.node_interval));
+        let watch = Arc::new(crate::members::NodeView::new(
+            rules,
+            cfg.kubernetes.node_interval,
+        ));
         let le = cfg.kubernetes.leader_election.clone();
         let leadership = if le.enabled {
-            leader::Leadership::elected(k.clone(), le, store.clone())
+            crate::leader::Leadership::elected(k.clone(), le, store.clone())
         } else {
-            leader::Leadership::single(le.identity(), store.clone())
+            crate::leader::Leadership::single(le.identity(), store.clone())
         };
         run_with(cfg, store, k, lock, leadership, Some(watch), shutdown).await
     } else {
@@ -98,7 +93,7 @@ pub async fn run(
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_default();
-        let leadership = leader::Leadership::single(me, store.clone());
+        let leadership = crate::leader::Leadership::single(me, store.clone());
         run_with(cfg, store, Arc::new(inv), lock, leadership, None, shutdown).await
     }
 }
@@ -127,8 +122,8 @@ async fn run_with<C: Cluster>(
     store: Arc<Store>,
     cluster: Arc<C>,
     _lock: lock::MasterLock,
-    mut leadership: leader::Leadership,
-    watch: Option<Arc<nodes::NodeView>>,
+    mut leadership: crate::leader::Leadership,
+    watch: Option<Arc<crate::members::NodeView>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let key = Key::load(&cfg.cluster.key_file)?;
@@ -141,24 +136,24 @@ async fn run_with<C: Cluster>(
         .await
         .map_err(DaemonError::Listen)?;
     let mut registry = Registry::default();
-    let metrics = metrics::Metrics::register(&mut registry);
+    let metrics = crate::metrics::Metrics::register(&mut registry);
     let wake = Arc::new(Notify::new());
     let fence_wake = Arc::new(Notify::new());
     leadership.wake = vec![wake.clone(), fence_wake.clone()];
     let leadership = Arc::new(leadership);
-    let members = Arc::new(nodes::Members::new(cfg.nodes.clone()));
+    let members = Arc::new(crate::members::Members::new(cfg.nodes.clone()));
     let cfg = Arc::new(cfg);
-    let engine = Arc::new(engine::Engine {
+    let engine = Arc::new(crate::repair::engine::Engine {
         store: store.clone(),
         cluster: cluster.clone(),
-        poller: poller::Poller::new(
+        poller: crate::repair::poller::Poller::new(
             &cfg,
             members.clone(),
             key.clone(),
             store.clone(),
             metrics.clone(),
         )?,
-        repairs: live_repair::LiveRepairs::new(key.clone(), &cfg, members.clone()),
+        repairs: crate::repair::live::LiveRepairs::new(key.clone(), &cfg, members.clone()),
         policy: cfg.actions,
         poll_interval: cfg.daemon.poll_interval,
         wake: wake.clone(),
@@ -167,13 +162,13 @@ async fn run_with<C: Cluster>(
         watch: watch.clone(),
         max_disruptions: cfg.kubernetes.max_disruptions,
         resumed_term: std::sync::atomic::AtomicU64::new(0),
-        health: Arc::new(engine::Health::new(crate::report::now_ns())),
+        health: Arc::new(crate::repair::engine::Health::new(crate::report::now_ns())),
         clock: Arc::new(crate::clock::SystemClock),
     });
     let redact =
         crate::fencing::redact::Redactor::new(plans.values().flat_map(|p| p.secrets()).cloned());
     let fencer = (!plans.is_empty()).then(|| {
-        let mut f = fencer::Fencer::new(
+        let mut f = crate::fencing::executor::Fencer::new(
             &cfg,
             plans,
             store.clone(),
@@ -191,7 +186,7 @@ async fn run_with<C: Cluster>(
         Arc::new(f)
     });
     let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
-    registry.register_collector(Box::new(metrics::StateGauges {
+    registry.register_collector(Box::new(crate::metrics::StateGauges {
         store: store.clone(),
     }));
     if let Err(e) =
@@ -270,7 +265,7 @@ async fn run_with<C: Cluster>(
         r = &mut engine_task => Some(Err(DaemonError::Serve(std::io::Error::other(format!(
             "engine stopped unexpectedly: {r:?}"
         ))))),
-        why = leadership.lost() => Some(Err(leader::LeaderError::Lost(why).into())),
+        why = leadership.lost() => Some(Err(crate::leader::LeaderError::Lost(why).into())),
     };
     info!("shutting down");
     let _ = stop_tx.send(true);

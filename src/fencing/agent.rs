@@ -5,11 +5,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::core::Nanos;
-use crate::core::Outcome;
-use crate::core::fence::{Call, Step};
 use crate::exec::{self, ExecError, RunSpec};
+use crate::fencing::machine::{Call, Step};
 use crate::report::now_ns;
+use crate::verdict::Nanos;
+use crate::verdict::Outcome;
 
 use super::config::{ExecPolicy, Method, Stage};
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::core::fence::Step;
+use crate::fencing::machine::Step;
 
 /// A fencing section that cannot work; the text names the node, stage, method or file.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,11 @@
-//! Node fencing: configuration, fence-agent execution with verified power-off, and the fencer
-//! that drives the pure state machine in `core::fence`.
+//! Fencing: what happens when a node stops answering. The pure part is `machine` (the staged
+//! fence state machine: isolation, power-management, recovery, storm protection); the shell is
+//! `executor` (the liveness probe and the executor of the machine's calls), `agent` (running a
+//! ClusterLabs fence agent with a verified power-off), `config` (devices and stages) and `redact`
+//! (keeping secrets out of agent output).
 
 pub mod agent;
 pub mod config;
+pub mod executor;
+pub mod machine;
 pub mod redact;

@@ -126,7 +126,7 @@ impl Store {
             } else {
                 f.canceled = true;
                 f.updated = now;
-                f.history.push(crate::core::fence::Transition {
+                f.history.push(crate::fencing::machine::Transition {
                     at: now,
                     step: f.step,
                     status: f.status,

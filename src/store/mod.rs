@@ -12,13 +12,13 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::core::Outcome;
-use crate::core::fence::{Call, FenceStatus, Flow};
-use crate::core::{
-    Action, Event, Job, JobKind, JobSpec, JobStatus, Nanos, Policy, RepairStatus, State,
-    reason_trail,
+use crate::fencing::machine::{Call, FenceStatus, Flow};
+use crate::repair::{
+    Action, Event, Job, JobKind, JobSpec, JobStatus, Policy, RepairStatus, State, reason_trail,
 };
 use crate::sync::LockExt;
+use crate::verdict::Nanos;
+use crate::verdict::Outcome;
 use crate::verdict::Status;
 
 mod checkpoint;

@@ -1,7 +1,7 @@
 //! The store's conformance suite: what every table group promises, through the public API.
 
 use super::*;
-use crate::core::{Observation, Observations, decide};
+use crate::repair::{Observation, Observations, decide};
 use crate::verdict::Verdict;
 
 fn obs(node: &str, json: &str) -> Observations {

@@ -11,7 +11,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use super::KubeCluster;
 use super::api_code;
 use crate::cluster::ClusterError;
-use crate::core::Outcome;
+use crate::verdict::Outcome;
 
 pub(super) const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 

@@ -5,7 +5,7 @@
 //! the reads a write is conditional on go to the API. This module holds the client and the
 //! `Cluster` trait's implementation; `config` its settings, `nodes` the writes to Nodes (tags,
 //! cordon, taints), `drain` moving pods off a node, `election` the Lease and checkpoint, and
-//! `snapshot` the pure translation to the core's capacity snapshot.
+//! `snapshot` the pure translation to the capacity snapshot `repair::capacity` decides on.
 
 pub mod cache;
 mod config;
@@ -32,9 +32,10 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::{Cluster, ClusterError, NodeFacts};
-use crate::core::conditions::NodeCondition;
-use crate::core::{Job, JobKind, Outcome, capacity};
 use crate::node::NodeConfig;
+use crate::repair::conditions::NodeCondition;
+use crate::repair::{Job, JobKind, capacity};
+use crate::verdict::Outcome;
 use cache::Watched;
 
 fn api_code(e: &kube::Error) -> Option<u16> {

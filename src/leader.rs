@@ -292,7 +292,7 @@ impl Leadership {
         // retry period is its renewal. A conflict means someone else wrote: read it afresh.
         let mut own: Option<LeaseRecord> = None;
         let mut fresh = false;
-        let mut ticker = super::ticker::Ticker::new(cfg.retry_period, None);
+        let mut ticker = crate::ticker::Ticker::new(cfg.retry_period, None);
         tokio::pin!(shutdown);
         info!(identity = %me, lease = %cfg.lease_name, namespace = %cfg.namespace(), "leader election started");
         while ticker.next(shutdown.as_mut()).await.is_some() {

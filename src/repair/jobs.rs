@@ -28,7 +28,7 @@ struct FileSpec {
     timeout_ms: u64,
 }
 
-use crate::core::Outcome;
+use crate::verdict::Outcome;
 
 #[derive(Debug, Clone)]
 pub struct JobRunner {

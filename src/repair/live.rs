@@ -8,10 +8,10 @@ use tracing::debug;
 
 use crate::collector::{LiveRepairRecord, RepairRequest, RepairState};
 use crate::config::Config;
-use crate::core::Outcome;
-use crate::core::{Event, Job};
 use crate::http::{error_message, read_capped, send_signed};
+use crate::repair::{Event, Job};
 use crate::report::Key;
+use crate::verdict::Outcome;
 
 const POLL: Duration = Duration::from_millis(250);
 /// Extra time beyond the collector's own repair timeout before the daemon gives up.
@@ -20,7 +20,7 @@ const MARGIN: Duration = Duration::from_secs(30);
 pub struct LiveRepairs {
     client: reqwest::Client,
     key: Key,
-    members: std::sync::Arc<super::nodes::Members>,
+    members: std::sync::Arc<crate::members::Members>,
     timeout: Duration,
 }
 
@@ -35,7 +35,7 @@ impl LiveRepairs {
     pub fn new(
         key: Key,
         cfg: &Config,
-        members: std::sync::Arc<super::nodes::Members>,
+        members: std::sync::Arc<crate::members::Members>,
     ) -> LiveRepairs {
         LiveRepairs {
             client: reqwest::Client::builder()

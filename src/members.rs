@@ -10,10 +10,10 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::cluster::{Cluster, NodeFacts};
-use crate::core::Nanos;
-use crate::core::conditions::{Evaluation, Rule, evaluate};
 use crate::node::NodeConfig;
+use crate::repair::conditions::{Evaluation, Rule, evaluate};
 use crate::sync::{LockExt, RwLockExt};
+use crate::verdict::Nanos;
 
 /// The managed nodes, replaced as a whole when discovery sees a change.
 pub struct Members(RwLock<Arc<Vec<NodeConfig>>>);
@@ -82,7 +82,7 @@ impl NodeView {
         members: Arc<Members>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let mut ticker = super::ticker::Ticker::new(interval, None);
+        let mut ticker = crate::ticker::Ticker::new(interval, None);
         tokio::pin!(shutdown);
         while ticker.next(shutdown.as_mut()).await.is_some() {
             match cluster.node_facts().await {

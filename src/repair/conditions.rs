@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::{CONDITION_SOURCE, Nanos};
+use super::model::CONDITION_SOURCE;
+use crate::verdict::Nanos;
 use crate::verdict::{Status, Verdict};
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -8,15 +8,15 @@ use tokio::sync::Notify;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::cluster::{Cluster, event_json};
-use crate::core::Outcome;
-use crate::core::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
+use crate::repair::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
 use crate::store::Store;
+use crate::verdict::Outcome;
 
-use super::live_repair::LiveRepairs;
-use super::metrics::{JobLabel, Metrics};
+use super::live::LiveRepairs;
 use super::poller::Poller;
-use super::ticker::{Ticker, Wake};
+use crate::metrics::{JobLabel, Metrics};
 use crate::sync::LockExt;
+use crate::ticker::{Ticker, Wake};
 
 pub struct Engine<C: Cluster> {
     pub store: Arc<Store>,
@@ -28,9 +28,9 @@ pub struct Engine<C: Cluster> {
     /// Wakes the loop for a decision without polling (a job ended, an operator acted).
     pub wake: Arc<Notify>,
     pub metrics: Metrics,
-    pub leadership: Arc<super::leader::Leadership>,
+    pub leadership: Arc<crate::leader::Leadership>,
     /// Node conditions and membership (Kubernetes).
-    pub watch: Option<Arc<super::nodes::NodeView>>,
+    pub watch: Option<Arc<crate::members::NodeView>>,
     /// Cap on drains per round, when the backend supplies capacity facts.
     pub max_disruptions: usize,
     /// The leadership term whose running jobs this replica has resumed.
@@ -54,7 +54,7 @@ pub enum ActionError {
         source: crate::cluster::ClusterError,
     },
     #[error(transparent)]
-    Checkpoint(#[from] super::leader::CheckpointError),
+    Checkpoint(#[from] crate::leader::CheckpointError),
 }
 
 impl ActionError {
@@ -275,7 +275,7 @@ impl<C: Cluster> Engine<C> {
             } => {
                 self.store.apply(action, now)?;
                 info!(event = %event, node = %node, status = status.as_str(), tag = %tag, "event finalized");
-                let failed = *status == crate::core::RepairStatus::Failed;
+                let failed = *status == crate::repair::RepairStatus::Failed;
                 self.cluster
                     .record(
                         node,

@@ -1,7 +1,13 @@
 //! Unit tests of the pure core: fixed `now`, hand-built state, assertions on the returned actions.
 
-use super::*;
-use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::model::*;
+use super::{capacity, decide};
+use crate::verdict::{Nanos, Verdict};
 
 const NOW: Nanos = 1_700_000_000_000_000_000;
 
@@ -701,7 +707,7 @@ fn events_of_a_node_that_left_the_inventory_are_forgotten_and_nothing_more_runs_
 
 #[test]
 fn derived_enum_strings_match_their_serde_names_and_parse_back() {
-    use crate::core::fence::{FenceStatus, Step};
+    use crate::fencing::machine::{FenceStatus, Step};
     use crate::verdict::Status;
     fn same<T: serde::Serialize>(v: T, s: &str) {
         assert_eq!(serde_json::to_value(v).unwrap(), s);

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::Nanos;
-use super::Outcome;
+use crate::verdict::Nanos;
+use crate::verdict::Outcome;
 
 const FLOW_NAMESPACE: Uuid = Uuid::from_u128(0x6d61_696e_7464_4665_6e63_6500_0000_0001);
 

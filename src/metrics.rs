@@ -7,7 +7,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::core::fence::{FenceStatus, Step};
+use crate::fencing::machine::{FenceStatus, Step};
 use crate::store::Store;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

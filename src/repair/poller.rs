@@ -9,14 +9,14 @@ use futures::StreamExt;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::core::{Observation, Observations};
 use crate::http::{BodyError, read_capped};
+use crate::repair::{Observation, Observations};
 use crate::report::{Envelope, Key, ReportError, VerifyRules};
 use crate::store::{NodeUpdate, Store, StoreError};
 use crate::verdict::canonical_json;
 
-use super::metrics::{Metrics, RejectLabel};
-use super::nodes::Members;
+use crate::members::Members;
+use crate::metrics::{Metrics, RejectLabel};
 use crate::sync::LockExt;
 
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
 //! The fencer: a fast liveness probe of every collector, and the executor of the pure fence
-//! state machine (`core::fence`). Steps, releases and reclaims run as tasks whose outcomes are
+//! state machine (`fencing::machine`). Steps, releases and reclaims run as tasks whose outcomes are
 //! written back to the store; every decision is made again from the store on the next tick.
 
 use std::collections::{BTreeMap, HashSet};
@@ -13,17 +13,17 @@ use uuid::Uuid;
 
 use crate::cluster::Cluster;
 use crate::config::Config;
-use crate::core::fence::{
-    FenceAction, FencePolicy, FenceState, Liveness, PlanSummary, StageLimits, Step, decide_fencing,
-};
-use crate::core::{Nanos, Outcome};
 use crate::fencing::agent::{AgentRunner, run_stage};
 use crate::fencing::config::{FencePlan, Stage};
+use crate::fencing::machine::{
+    FenceAction, FencePolicy, FenceState, Liveness, PlanSummary, StageLimits, Step, decide_fencing,
+};
 use crate::store::{FlowOutcome, Store};
+use crate::verdict::{Nanos, Outcome};
 
-use super::metrics::{Metrics, StepLabel};
-use super::ticker::{Ticker, Wake};
+use crate::metrics::{Metrics, StepLabel};
 use crate::sync::LockExt;
+use crate::ticker::{Ticker, Wake};
 
 fn ns(d: Duration) -> Nanos {
     d.as_nanos() as Nanos
@@ -79,10 +79,10 @@ pub struct Fencer<C: Cluster> {
     interval: Duration,
     client: reqwest::Client,
     /// The nodes whose collectors are probed.
-    members: Arc<super::nodes::Members>,
+    members: Arc<crate::members::Members>,
     /// Node-condition rules that hand nodes to the fencer (Kubernetes).
-    pub watch: Option<Arc<super::nodes::NodeView>>,
-    pub leadership: Arc<super::leader::Leadership>,
+    pub watch: Option<Arc<crate::members::NodeView>>,
+    pub leadership: Arc<crate::leader::Leadership>,
     /// What the probe saw: reachable, and since when not.
     seen: Mutex<BTreeMap<String, (bool, Option<Nanos>)>>,
     /// Effects in progress (transient: a restart simply issues them again, idempotently).
@@ -103,8 +103,8 @@ impl<C: Cluster> Fencer<C> {
         cluster: Arc<C>,
         runner: Arc<dyn AgentRunner>,
         metrics: Metrics,
-        leadership: Arc<super::leader::Leadership>,
-        members: Arc<super::nodes::Members>,
+        leadership: Arc<crate::leader::Leadership>,
+        members: Arc<crate::members::Members>,
     ) -> Fencer<C> {
         let f = &cfg.fencing;
         Fencer {
@@ -170,7 +170,7 @@ impl<C: Cluster> Fencer<C> {
             .map(|i| async move {
                 let (node, url) = &targets[i];
                 let ok = matches!(
-                    super::poller::get_with_retry(&self.client, url).await,
+                    crate::repair::poller::get_with_retry(&self.client, url).await,
                     Ok(r) if r.status().is_success()
                 );
                 (node.clone(), ok)
@@ -275,7 +275,7 @@ impl<C: Cluster> Fencer<C> {
         // A flow running without an executor lost it (a restart, or the previous leader died):
         // run it again; agent actions are idempotent (off when off is still off).
         for f in &state.flows {
-            if f.status == crate::core::fence::FenceStatus::Running && f.result.is_none() {
+            if f.status == crate::fencing::machine::FenceStatus::Running && f.result.is_none() {
                 self.clone().spawn_step(f.id, f.node.clone(), f.step);
             }
         }
@@ -347,7 +347,7 @@ impl<C: Cluster> Fencer<C> {
                     Ok(true) => {
                         self.observe_stages(&f);
                         if let Some(t) = f.history.last() {
-                            let warning = t.status == crate::core::fence::FenceStatus::Error;
+                            let warning = t.status == crate::fencing::machine::FenceStatus::Error;
                             let msg = format!(
                                 "maintd:{} {} {}: {}",
                                 f.id,
@@ -403,7 +403,7 @@ impl<C: Cluster> Fencer<C> {
 
     /// Per-stage latencies, each observed once, as soon as its stage is over (a flow that
     /// never releases still shows its detection, isolation and power-off times).
-    fn observe_stages(&self, f: &crate::core::fence::Flow) {
+    fn observe_stages(&self, f: &crate::fencing::machine::Flow) {
         let secs = |a: Nanos, b: Nanos| b.saturating_sub(a).max(0) as f64 / 1e9;
         let isolated = f.isolated_at;
         let start_of_power = isolated.unwrap_or(f.created);
@@ -430,7 +430,7 @@ impl<C: Cluster> Fencer<C> {
                 })
                 .observe(v);
         }
-        if f.status == crate::core::fence::FenceStatus::Final {
+        if f.status == crate::fencing::machine::FenceStatus::Final {
             seen.retain(|(id, _)| *id != f.id);
         }
     }
@@ -476,8 +476,9 @@ impl<C: Cluster> Fencer<C> {
         self: Arc<Self>,
         flow: Uuid,
         what: &'static str,
-        fut: impl std::future::Future<Output = (FlowOutcome, Outcome, Vec<crate::core::fence::Call>)>
-        + Send
+        fut: impl std::future::Future<
+            Output = (FlowOutcome, Outcome, Vec<crate::fencing::machine::Call>),
+        > + Send
         + 'static,
     ) {
         tokio::spawn(

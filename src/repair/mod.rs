@@ -1,0 +1,22 @@
+//! Repairs: what happens when a collector reports a problem. The pure part is `model` (events,
+//! jobs, rounds, actions), `decide` (what to do now), `capacity` (may this node be evacuated) and
+//! `conditions` (node-condition rules); the shell is `poller` (verified reports become
+//! observations), `engine` (the tick loop and executor of the actions), `live` (live repairs on
+//! the collector), `jobs` (detached hook jobs, resumable after a restart) and `hooks` (the
+//! arguments and environment every `repair.d/` script runs under).
+
+pub mod capacity;
+pub mod conditions;
+pub mod decide;
+pub mod engine;
+pub mod hooks;
+pub mod jobs;
+pub mod live;
+pub mod model;
+pub mod poller;
+
+#[cfg(test)]
+mod tests;
+
+pub use decide::decide;
+pub use model::*;
