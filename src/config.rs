@@ -283,6 +283,18 @@ impl Config {
         Ok(())
     }
 
+    /// The poller's settings.
+    pub fn poll_settings(&self) -> crate::repair::poller::PollSettings {
+        crate::repair::poller::PollSettings {
+            rules: crate::report::VerifyRules {
+                window_s: self.daemon.report_window.as_secs(),
+                max_bytes: self.daemon.max_report_bytes,
+            },
+            concurrency: self.daemon.poll_concurrency,
+            timeout: self.daemon.poll_timeout,
+        }
+    }
+
     /// The inventory backend's settings.
     pub fn inventory_settings(&self) -> crate::cluster::InventorySettings {
         crate::cluster::InventorySettings {

@@ -14,7 +14,7 @@ use crate::config::CollectorConfig;
 use crate::members::Members;
 use crate::metrics::Metrics;
 use crate::node::NodeConfig;
-use crate::repair::poller::Poller;
+use crate::repair::poller::{PollSettings, Poller};
 use crate::repair::{Observation, Policy, decide};
 use crate::report::{Key, VerifyRules};
 use crate::store::Store;
@@ -138,19 +138,16 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
             Store::open(&dir.path().join(format!("bench-{n}.db"))).map_err(|e| e.to_string())?,
         );
         let metrics = Metrics::register(&mut Registry::default());
-        let poller = Poller::with_members(
-            members,
-            key.clone(),
-            VerifyRules {
+        let settings = PollSettings {
+            rules: VerifyRules {
                 window_s: 30,
                 max_bytes: 256 * 1024,
             },
-            512,
-            Duration::from_secs(10),
-            store.clone(),
-            metrics,
-        )
-        .map_err(|e| e.to_string())?;
+            concurrency: 512,
+            timeout: Duration::from_secs(10),
+        };
+        let poller = Poller::new(settings, members, key.clone(), store.clone(), metrics)
+            .map_err(|e| e.to_string())?;
 
         let t = Instant::now();
         poller.poll_all().await;

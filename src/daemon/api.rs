@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::cluster::{Cluster, ClusterError, event_json};
-use crate::config::{Config, collector_address};
+use crate::config::collector_address;
 use crate::fencing::machine::{FenceStatus, Flow, fence_failed_tag};
 use crate::http::{ApiError, ReplayCache, SignedAuth, require_signed};
 use crate::report::{DAEMON_TARGET, Key, now_ns};
@@ -27,11 +27,22 @@ pub struct ApiState<C: Cluster> {
     pub cluster: Arc<C>,
     pub leadership: Arc<crate::leader::Leadership>,
     pub key: Key,
-    pub cfg: Arc<Config>,
+    pub settings: ApiSettings,
+    pub members: Arc<crate::members::Members>,
     pub wake: Arc<Notify>,
     pub registry: Arc<Registry>,
     pub seqs: Arc<crate::repair::poller::Seqs>,
     pub health: Arc<crate::repair::engine::Health>,
+}
+
+/// What the API needs of the configuration, resolved once at start-up.
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    /// How far a signed request's timestamp may be from the daemon's clock.
+    pub request_window: std::time::Duration,
+    pub body_timeout: std::time::Duration,
+    /// `/1/health` fails when no decision completed for this long.
+    pub stall_after: std::time::Duration,
 }
 
 type S<C> = State<Arc<ApiState<C>>>;
@@ -50,9 +61,9 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
     let auth = SignedAuth {
         key: state.key.clone(),
         target: DAEMON_TARGET.into(),
-        window_s: state.cfg.daemon.request_window.as_secs(),
+        window_s: state.settings.request_window.as_secs(),
         max_body: 0,
-        body_timeout: state.cfg.daemon.limits.body_timeout,
+        body_timeout: state.settings.body_timeout,
         replay: Arc::new(ReplayCache::default()),
     };
     let signed = Router::new()
@@ -188,8 +199,8 @@ async fn nodes<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError>
     let offline = s.cluster.offline_nodes().await.map_err(internal)?;
     let tags = s.cluster.tags().await.map_err(internal)?;
     let out = s
-        .cfg
-        .nodes
+        .members
+        .get()
         .iter()
         .map(|n| {
             let row = rows.iter().find(|r| r.name == n.name);
@@ -268,7 +279,7 @@ async fn tags<C: Cluster>(
     Query(q): Query<TagQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let mut all = s.cluster.tags().await.map_err(internal)?;
-    for n in &s.cfg.nodes {
+    for n in s.members.get().iter() {
         all.entry(n.name.clone()).or_default();
     }
     if let Some(node) = q.node {
@@ -304,7 +315,7 @@ async fn remove_tag<C: Cluster>(
 /// 200 while the engine decides, 503 naming the cause when it has stalled: for a liveness probe
 /// and for alerting.
 async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<Value>, ApiError> {
-    let stale_ns = i64::try_from(s.cfg.daemon.stall_after.as_nanos()).unwrap_or(i64::MAX);
+    let stale_ns = i64::try_from(s.settings.stall_after.as_nanos()).unwrap_or(i64::MAX);
     match s.health.check(now_ns(), stale_ns) {
         Ok(age) => Ok(Json(json!({
             "status": "ok",
@@ -320,7 +331,7 @@ async fn reset_seq<C: Cluster>(
     Path(node): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     require_leader(&s)?;
-    if !s.cfg.nodes.iter().any(|n| n.name == node) {
+    if !s.members.get().iter().any(|n| n.name == node) {
         return Err(ApiError::not_found(format!("unknown node {node:?}")));
     }
     let prev = s

@@ -34,6 +34,9 @@ pub enum DaemonError {
     Listen(#[source] std::io::Error),
     #[error("API server failed: {0}")]
     Serve(#[source] std::io::Error),
+    /// A task that runs for the daemon's lifetime ended before shutdown was asked for.
+    #[error("{task} stopped unexpectedly: {detail}")]
+    TaskEnded { task: &'static str, detail: String },
     #[error("{0}")]
     Rules(String),
     #[error(transparent)]
@@ -52,7 +55,7 @@ impl DaemonError {
 }
 
 pub async fn run(
-    mut cfg: Config,
+    cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let lock = lock::acquire(&cfg.daemon.state_dir)?;
@@ -60,14 +63,15 @@ pub async fn run(
     let store = Arc::new(Store::open(&cfg.db_path())?);
     if cfg.cluster.backend == "kubernetes" {
         let k = KubeCluster::connect(cfg.kubernetes.clone()).await?;
-        // The managed nodes and their collectors come from the API (read at start-up).
-        cfg.nodes = k
+        // The managed nodes and their collectors come from the API (read at start-up; the node
+        // watch keeps them current).
+        let nodes: Vec<NodeConfig> = k
             .nodes()
             .await?
             .into_iter()
             .map(|(name, collector)| NodeConfig { name, collector })
             .collect();
-        info!(nodes = cfg.nodes.len(), selector = %cfg.kubernetes.label_selector, "nodes discovered from the Kubernetes API");
+        info!(nodes = nodes.len(), selector = %cfg.kubernetes.label_selector, "nodes discovered from the Kubernetes API");
         let k = Arc::new(k);
         let rules = cfg
             .kubernetes
@@ -86,7 +90,17 @@ pub async fn run(
         } else {
             crate::leader::Leadership::single(le.identity(), store.clone())
         };
-        run_with(cfg, store, k, lock, leadership, Some(watch), shutdown).await
+        run_with(
+            &cfg,
+            nodes,
+            store,
+            k,
+            lock,
+            leadership,
+            Some(watch),
+            shutdown,
+        )
+        .await
     } else {
         let inv = Inventory::new(cfg.inventory_settings(), store.clone())?;
         let me = nix::unistd::gethostname()
@@ -94,7 +108,9 @@ pub async fn run(
             .and_then(|h| h.into_string().ok())
             .unwrap_or_default();
         let leadership = crate::leader::Leadership::single(me, store.clone());
-        run_with(cfg, store, Arc::new(inv), lock, leadership, None, shutdown).await
+        let nodes = cfg.nodes.clone();
+        let inv = Arc::new(inv);
+        run_with(&cfg, nodes, store, inv, lock, leadership, None, shutdown).await
     }
 }
 
@@ -117,8 +133,10 @@ fn warn_lost_database(cfg: &Config) {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_with<C: Cluster>(
-    cfg: Config,
+    cfg: &Config,
+    nodes: Vec<NodeConfig>,
     store: Arc<Store>,
     cluster: Arc<C>,
     _lock: lock::MasterLock,
@@ -127,7 +145,7 @@ async fn run_with<C: Cluster>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let key = Key::load(&cfg.cluster.key_file)?;
-    let node_names: Vec<String> = cfg.nodes.iter().map(|n| n.name.clone()).collect();
+    let node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     let plans = cfg
         .fencing
         .plans(&node_names)
@@ -141,19 +159,23 @@ async fn run_with<C: Cluster>(
     let fence_wake = Arc::new(Notify::new());
     leadership.wake = vec![wake.clone(), fence_wake.clone()];
     let leadership = Arc::new(leadership);
-    let members = Arc::new(crate::members::Members::new(cfg.nodes.clone()));
-    let cfg = Arc::new(cfg);
+    let node_count = nodes.len();
+    let members = Arc::new(crate::members::Members::new(nodes));
     let engine = Arc::new(crate::repair::engine::Engine {
         store: store.clone(),
         cluster: cluster.clone(),
         poller: crate::repair::poller::Poller::new(
-            &cfg,
+            cfg.poll_settings(),
             members.clone(),
             key.clone(),
             store.clone(),
             metrics.clone(),
         )?,
-        repairs: crate::repair::live::LiveRepairs::new(key.clone(), &cfg, members.clone()),
+        repairs: crate::repair::live::LiveRepairs::new(
+            key.clone(),
+            cfg.daemon.live_repair_timeout,
+            members.clone(),
+        ),
         policy: cfg.actions,
         poll_interval: cfg.daemon.poll_interval,
         wake: wake.clone(),
@@ -169,7 +191,7 @@ async fn run_with<C: Cluster>(
         crate::fencing::redact::Redactor::new(plans.values().flat_map(|p| p.secrets()).cloned());
     let fencer = (!plans.is_empty()).then(|| {
         let mut f = crate::fencing::executor::Fencer::new(
-            &cfg,
+            &cfg.fencing,
             plans,
             store.clone(),
             cluster.clone(),
@@ -200,13 +222,18 @@ async fn run_with<C: Cluster>(
         cluster: cluster.clone(),
         leadership: leadership.clone(),
         key,
-        cfg: cfg.clone(),
+        settings: api::ApiSettings {
+            request_window: cfg.daemon.request_window,
+            body_timeout: cfg.daemon.limits.body_timeout,
+            stall_after: cfg.daemon.stall_after,
+        },
+        members: members.clone(),
         wake,
         registry: Arc::new(registry),
         seqs,
         health: engine.health.clone(),
     }));
-    info!(listen = %cfg.daemon.listen, nodes = cfg.nodes.len(), db = %cfg.db_path().display(), "daemon started");
+    info!(listen = %cfg.daemon.listen, nodes = node_count, db = %cfg.db_path().display(), "daemon started");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -262,9 +289,13 @@ async fn run_with<C: Cluster>(
             Ok(Err(e)) => Err(DaemonError::Serve(e)),
             Err(e) => Err(DaemonError::Serve(std::io::Error::other(e))),
         }),
-        r = &mut engine_task => Some(Err(DaemonError::Serve(std::io::Error::other(format!(
-            "engine stopped unexpectedly: {r:?}"
-        ))))),
+        r = &mut engine_task => Some(Err(DaemonError::TaskEnded {
+            task: "engine",
+            detail: match r {
+                Ok(()) => "returned".into(),
+                Err(e) => e.to_string(),
+            },
+        })),
         why = leadership.lost() => Some(Err(crate::leader::LeaderError::Lost(why).into())),
     };
     info!("shutting down");

@@ -12,9 +12,8 @@ use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
 use crate::cluster::Cluster;
-use crate::config::Config;
 use crate::fencing::agent::{AgentRunner, run_stage};
-use crate::fencing::config::{FencePlan, Stage};
+use crate::fencing::config::{FencePlan, FencingConfig, Stage};
 use crate::fencing::machine::{
     FenceAction, FencePolicy, FenceState, Liveness, PlanSummary, StageLimits, Step, decide_fencing,
 };
@@ -97,7 +96,7 @@ pub struct Fencer<C: Cluster> {
 impl<C: Cluster> Fencer<C> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        cfg: &Config,
+        f: &FencingConfig,
         plans: BTreeMap<String, FencePlan>,
         store: Arc<Store>,
         cluster: Arc<C>,
@@ -106,7 +105,6 @@ impl<C: Cluster> Fencer<C> {
         leadership: Arc<crate::leader::Leadership>,
         members: Arc<crate::members::Members>,
     ) -> Fencer<C> {
-        let f = &cfg.fencing;
         Fencer {
             store,
             cluster,

@@ -7,7 +7,6 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use crate::collector::{LiveRepairRecord, RepairRequest, RepairState};
-use crate::config::Config;
 use crate::http::{error_message, read_capped, send_signed};
 use crate::repair::{Event, Job};
 use crate::report::Key;
@@ -34,7 +33,7 @@ enum Progress {
 impl LiveRepairs {
     pub fn new(
         key: Key,
-        cfg: &Config,
+        repair_timeout: Duration,
         members: std::sync::Arc<crate::members::Members>,
     ) -> LiveRepairs {
         LiveRepairs {
@@ -44,7 +43,7 @@ impl LiveRepairs {
                 .expect("a plain HTTP client always builds"),
             key,
             members,
-            timeout: cfg.daemon.live_repair_timeout + MARGIN,
+            timeout: repair_timeout + MARGIN,
         }
     }
 

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
-use crate::config::Config;
 use crate::http::{BodyError, read_capped};
 use crate::repair::{Observation, Observations};
 use crate::report::{Envelope, Key, ReportError, VerifyRules};
@@ -18,6 +17,17 @@ use crate::verdict::canonical_json;
 use crate::members::Members;
 use crate::metrics::{Metrics, RejectLabel};
 use crate::sync::LockExt;
+
+/// What the poller needs of the configuration, resolved once at start-up.
+#[derive(Debug, Clone)]
+pub struct PollSettings {
+    /// Size cap and freshness window every report is checked against.
+    pub rules: VerifyRules,
+    /// Collectors asked at the same time.
+    pub concurrency: usize,
+    /// Per-request deadline, connect included.
+    pub timeout: Duration,
+}
 
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -105,35 +115,17 @@ fn rejection_label(e: &ReportError) -> &'static str {
 
 impl Poller {
     pub fn new(
-        cfg: &Config,
+        settings: PollSettings,
         members: Arc<Members>,
         key: Key,
         store: Arc<Store>,
         metrics: Metrics,
     ) -> Result<Poller, StoreError> {
-        Poller::with_members(
-            members,
-            key,
-            VerifyRules {
-                window_s: cfg.daemon.report_window.as_secs(),
-                max_bytes: cfg.daemon.max_report_bytes,
-            },
-            cfg.daemon.poll_concurrency,
-            cfg.daemon.poll_timeout,
-            store,
-            metrics,
-        )
-    }
-
-    pub fn with_members(
-        members: Arc<Members>,
-        key: Key,
-        rules: VerifyRules,
-        concurrency: usize,
-        timeout: Duration,
-        store: Arc<Store>,
-        metrics: Metrics,
-    ) -> Result<Poller, StoreError> {
+        let PollSettings {
+            rules,
+            concurrency,
+            timeout,
+        } = settings;
         let seqs = store.last_seqs()?;
         let client = reqwest::Client::builder()
             .timeout(timeout)
