@@ -46,9 +46,41 @@ impl Clock for ManualClock {
     }
 }
 
+/// The async runtime's clock, anchored at a Unix time. Under tokio's paused time it moves only
+/// as the runtime's timers do, so the simulated-time harness runs minutes in milliseconds.
+#[derive(Debug)]
+pub struct RuntimeClock {
+    base: Nanos,
+    start: tokio::time::Instant,
+}
+
+impl RuntimeClock {
+    pub fn starting_at(base: Nanos) -> RuntimeClock {
+        RuntimeClock {
+            base,
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for RuntimeClock {
+    fn now(&self) -> Nanos {
+        let since = i64::try_from(self.start.elapsed().as_nanos()).unwrap_or(i64::MAX);
+        self.base.saturating_add(since)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_runtime_clock_moves_with_paused_time() {
+        let c = RuntimeClock::starting_at(5_000_000_000);
+        assert_eq!(c.now(), 5_000_000_000);
+        tokio::time::sleep(std::time::Duration::from_secs(90)).await;
+        assert_eq!(c.now(), 95_000_000_000);
+    }
 
     #[test]
     fn a_manual_clock_moves_only_when_told() {

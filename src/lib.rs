@@ -35,12 +35,15 @@ pub mod exec;
 pub mod fencing;
 pub mod http;
 pub mod leader;
+pub mod link;
 pub mod members;
 pub mod metrics;
 pub mod node;
 pub mod repair;
 pub mod report;
 pub mod secret;
+#[cfg(test)]
+mod sim;
 pub mod store;
 pub mod sync;
 pub mod ticker;

@@ -47,15 +47,6 @@ fn ipmi_stage(stage: &str, ipmi: &Ipmi, extra: &str) -> String {
     )
 }
 
-async fn flows(c: &Cluster) -> Vec<Value> {
-    c.get("/1/fences")
-        .await
-        .1
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// Waits for node1's flow to satisfy `pred`.
 async fn wait_flow(c: &Cluster, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     c.wait_flow(what, |f| f["node"] == "node1" && pred(f)).await
@@ -312,33 +303,6 @@ async fn a_hung_redfish_server_is_killed_at_the_deadline_and_releases_nothing() 
         ps.stdout.is_empty(),
         "a fence_redfish survived its deadline"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_storm_starts_no_fence_at_all() {
-    if !sims::available() {
-        return;
-    }
-    let mut c = Cluster::new(5);
-    let ipmi = Ipmi::start(c.dir.path(), "node1");
-    let body = ipmi_stage("power-management", &ipmi, "");
-    c.extra_daemon_toml = fencing_toml(&c, 30, &body);
-    c.start().await;
-    // 2 of 5 (40 %) unreachable: over the 30 % threshold.
-    c.kill_collector(0);
-    c.kill_collector(1);
-    wait_for("the storm to be reported", || async {
-        let m = c.metrics().await;
-        m.contains("maintd_fencing_storm 1").then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        flows(&c).await.is_empty(),
-        "no fence may start during a storm"
-    );
-    assert!(ipmi.powered_on());
-    assert!(c.daemon_log().contains("fencing storm"));
 }
 
 /// node1 with a switch isolation that the agent's own `delay` keeps running for `delay` seconds,

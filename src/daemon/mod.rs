@@ -199,6 +199,10 @@ async fn run_with<C: Cluster>(
                 dir: cfg.fencing.agents_dir.clone(),
                 redact,
             }),
+            Arc::new(crate::link::HttpLink::new(
+                key.clone(),
+                cfg.fencing.liveness_timeout,
+            )),
             engine.metrics.clone(),
             leadership.clone(),
             members.clone(),

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::clock::Clock;
 use crate::exec::{self, ExecError, RunSpec};
 use crate::fencing::machine::{Call, Step};
-use crate::report::now_ns;
 use crate::verdict::Nanos;
 use crate::verdict::Outcome;
 
@@ -87,6 +87,7 @@ impl AgentRunner for Agents {
 /// Runs one stage's methods under its policy and returns the outcome with every call made.
 pub async fn run_stage(
     runner: &dyn AgentRunner,
+    clock: &dyn Clock,
     step: Step,
     stage: Option<&Stage>,
 ) -> (Outcome, Vec<Call>) {
@@ -103,7 +104,7 @@ pub async fn run_stage(
     let mut failures = Vec::new();
     let mut successes = Vec::new();
     for m in &stage.methods {
-        let ok = run_method(runner, step, m, stage.timeout, &mut calls).await;
+        let ok = run_method(runner, clock, step, m, stage.timeout, &mut calls).await;
         match ok {
             Ok(()) => {
                 successes.push(m.name.clone());
@@ -133,13 +134,14 @@ pub async fn run_stage(
 
 async fn call(
     runner: &dyn AgentRunner,
+    clock: &dyn Clock,
     step: Step,
     m: &Method,
     action: &str,
     deadline: Duration,
     calls: &mut Vec<Call>,
 ) -> Option<i32> {
-    let at: Nanos = now_ns();
+    let at: Nanos = clock.now();
     let t = std::time::Instant::now();
     let (code, output) = runner.call(m, action, deadline).await;
     let ok = match action {
@@ -163,12 +165,13 @@ async fn call(
 /// One method: the action, and for a power-off the `status` that proves it.
 async fn run_method(
     runner: &dyn AgentRunner,
+    clock: &dyn Clock,
     step: Step,
     m: &Method,
     deadline: Duration,
     calls: &mut Vec<Call>,
 ) -> Result<(), String> {
-    let code = call(runner, step, m, &m.action, deadline, calls).await;
+    let code = call(runner, clock, step, m, &m.action, deadline, calls).await;
     if code != Some(EXIT_OK) {
         let out = calls.last().map(|c| c.output.clone()).unwrap_or_default();
         return Err(format!(
@@ -182,7 +185,7 @@ async fn run_method(
         return Ok(());
     }
     // The action's own success is not proof: only a status answering OFF is.
-    match call(runner, step, m, "status", deadline, calls).await {
+    match call(runner, clock, step, m, "status", deadline, calls).await {
         Some(EXIT_OFF) => Ok(()),
         Some(EXIT_OK) => Err(format!(
             "{} accepted off but status still reports ON",
@@ -199,6 +202,7 @@ async fn run_method(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::SystemClock;
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
@@ -254,6 +258,7 @@ mod tests {
         let s = stage(ExecPolicy::All, 1, "off");
         let (o, calls) = run_stage(
             &fake(&[("off", Some(0)), ("status", Some(2))]),
+            &SystemClock,
             Step::PowerManagement,
             Some(&s),
         )
@@ -262,12 +267,19 @@ mod tests {
         assert_eq!(calls.len(), 2);
         let (o, _) = run_stage(
             &fake(&[("off", Some(0)), ("status", Some(0))]),
+            &SystemClock,
             Step::PowerManagement,
             Some(&s),
         )
         .await;
         assert!(!o.ok && o.detail.contains("still reports ON"), "{o:?}");
-        let (o, _) = run_stage(&fake(&[("off", None)]), Step::PowerManagement, Some(&s)).await;
+        let (o, _) = run_stage(
+            &fake(&[("off", None)]),
+            &SystemClock,
+            Step::PowerManagement,
+            Some(&s),
+        )
+        .await;
         assert!(!o.ok && o.detail.contains("killed"), "{o:?}");
     }
 
@@ -275,15 +287,15 @@ mod tests {
     async fn all_stops_at_the_first_failure_and_any_at_the_first_success() {
         let s = stage(ExecPolicy::All, 2, "off");
         let f = fake(&[("off", Some(1)), ("off", Some(0))]);
-        let (o, _) = run_stage(&f, Step::Isolation, Some(&s)).await;
+        let (o, _) = run_stage(&f, &SystemClock, Step::Isolation, Some(&s)).await;
         assert!(!o.ok);
         assert_eq!(f.seen.lock().unwrap().len(), 1);
         let s = stage(ExecPolicy::Any, 3, "on");
         let f = fake(&[("on", Some(1)), ("on", Some(0)), ("on", Some(0))]);
-        let (o, _) = run_stage(&f, Step::Recovery, Some(&s)).await;
+        let (o, _) = run_stage(&f, &SystemClock, Step::Recovery, Some(&s)).await;
         assert!(o.ok);
         assert_eq!(f.seen.lock().unwrap().len(), 2);
-        let (o, calls) = run_stage(&f, Step::Recovery, None).await;
+        let (o, calls) = run_stage(&f, &SystemClock, Step::Recovery, None).await;
         assert!(o.ok && calls.is_empty());
     }
 

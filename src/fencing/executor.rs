@@ -20,8 +20,12 @@ use crate::fencing::machine::{
 use crate::store::{FlowOutcome, Store};
 use crate::verdict::{Nanos, Outcome};
 
+use crate::link::CollectorLink;
 use crate::metrics::{Metrics, StepLabel};
 use crate::sync::LockExt;
+
+/// The liveness probe reads only the status; a collector's index is a few bytes.
+const PROBE_BODY_CAP: usize = 4096;
 use crate::ticker::{Ticker, Wake};
 
 fn ns(d: Duration) -> Nanos {
@@ -76,7 +80,7 @@ pub struct Fencer<C: Cluster> {
     pub wake: Arc<Notify>,
     pub metrics: Metrics,
     interval: Duration,
-    client: reqwest::Client,
+    link: Arc<dyn CollectorLink>,
     /// The nodes whose collectors are probed.
     members: Arc<crate::members::Members>,
     /// Node-condition rules that hand nodes to the fencer (Kubernetes).
@@ -101,6 +105,7 @@ impl<C: Cluster> Fencer<C> {
         store: Arc<Store>,
         cluster: Arc<C>,
         runner: Arc<dyn AgentRunner>,
+        link: Arc<dyn CollectorLink>,
         metrics: Metrics,
         leadership: Arc<crate::leader::Leadership>,
         members: Arc<crate::members::Members>,
@@ -122,11 +127,7 @@ impl<C: Cluster> Fencer<C> {
             wake: Arc::new(Notify::new()),
             metrics,
             interval: f.liveness_interval,
-            client: reqwest::Client::builder()
-                .timeout(f.liveness_timeout)
-                .connect_timeout(f.liveness_timeout)
-                .build()
-                .expect("a plain HTTP client always builds"),
+            link,
             members,
             watch: None,
             leadership,
@@ -157,21 +158,16 @@ impl<C: Cluster> Fencer<C> {
 
     async fn probe(&self) {
         let now = self.clock.now();
-        let targets: Vec<(String, String)> = self
-            .members
-            .get()
-            .iter()
-            .map(|n| (n.name.clone(), n.collector_url("/")))
-            .collect();
+        let targets = self.members.get();
         let targets = &targets;
         let answers: Vec<(String, bool)> = futures::stream::iter(0..targets.len())
             .map(|i| async move {
-                let (node, url) = &targets[i];
+                let node = &targets[i];
                 let ok = matches!(
-                    crate::repair::poller::get_with_retry(&self.client, url).await,
-                    Ok(r) if r.status().is_success()
+                    self.link.get(node, "/", PROBE_BODY_CAP).await,
+                    Ok(a) if a.status.is_success()
                 );
-                (node.clone(), ok)
+                (node.name.clone(), ok)
             })
             .buffer_unordered(256)
             .collect()
@@ -444,7 +440,7 @@ impl<C: Cluster> Fencer<C> {
         let me = self.clone();
         self.spawn_effect_claimed(flow, "step", async move {
             let stage = me.plans.get(&node).and_then(|p| p.stage(step));
-            let (o, calls) = run_stage(me.runner.as_ref(), step, stage).await;
+            let (o, calls) = run_stage(me.runner.as_ref(), me.clock.as_ref(), step, stage).await;
             if !o.ok {
                 me.metrics.fence_failed(step.as_str());
             }

@@ -1,13 +1,17 @@
 //! Live-repair jobs: a signed, idempotent request to the node's collector, then polling for the
 //! result. A restarted daemon sends the same request again and gets the existing run back.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::debug;
 
 use crate::collector::{LiveRepairRecord, RepairRequest, RepairState};
-use crate::http::{error_message, read_capped, send_signed};
+use crate::http::error_message;
+use crate::link::{Answer, CollectorLink, HttpLink, LinkError};
+use crate::members::Members;
+use crate::node::NodeConfig;
 use crate::repair::{Event, Job};
 use crate::report::Key;
 use crate::verdict::Outcome;
@@ -17,8 +21,7 @@ const POLL: Duration = Duration::from_millis(250);
 const MARGIN: Duration = Duration::from_secs(30);
 
 pub struct LiveRepairs {
-    client: reqwest::Client,
-    key: Key,
+    link: Arc<dyn CollectorLink>,
     members: std::sync::Arc<crate::members::Members>,
     timeout: Duration,
 }
@@ -31,17 +34,19 @@ enum Progress {
 }
 
 impl LiveRepairs {
-    pub fn new(
-        key: Key,
+    /// Live repairs over HTTP, signed with the cluster key.
+    pub fn new(key: Key, repair_timeout: Duration, members: Arc<Members>) -> LiveRepairs {
+        let link = Arc::new(HttpLink::new(key, Duration::from_secs(10)));
+        LiveRepairs::with_link(link, repair_timeout, members)
+    }
+
+    pub fn with_link(
+        link: Arc<dyn CollectorLink>,
         repair_timeout: Duration,
-        members: std::sync::Arc<crate::members::Members>,
+        members: Arc<Members>,
     ) -> LiveRepairs {
         LiveRepairs {
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .expect("a plain HTTP client always builds"),
-            key,
+            link,
             members,
             timeout: repair_timeout + MARGIN,
         }
@@ -49,20 +54,19 @@ impl LiveRepairs {
 
     async fn call(
         &self,
-        node: &str,
-        base: &str,
+        node: &NodeConfig,
         method: reqwest::Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Progress {
-        let resp = match send_signed(&self.client, &self.key, node, method, base, path, body).await
-        {
-            Ok(r) => r,
-            Err(e) => return Progress::Retry(format!("collector unreachable: {e}")),
-        };
-        let status = resp.status();
-        let bytes = match read_capped(resp, 1 << 20).await {
-            Ok(b) => b,
+        let Answer {
+            status,
+            body: bytes,
+        } = match self.link.signed(node, method, path, body, 1 << 20).await {
+            Ok(a) => a,
+            Err(e @ LinkError::Down(_)) => {
+                return Progress::Retry(format!("collector unreachable: {e}"));
+            }
             Err(e) => return Progress::Retry(e.to_string()),
         };
         if status == reqwest::StatusCode::NOT_FOUND {
@@ -83,10 +87,10 @@ impl LiveRepairs {
     }
 
     pub async fn run(&self, job: &Job, event: &Event) -> Outcome {
-        let Some(base) = self.members.find(&job.node).map(|n| n.collector_url("")) else {
+        let Some(node) = self.members.find(&job.node) else {
             return Outcome::failed(format!("node {} has no collector address", job.node));
         };
-        let base = &base;
+        let node = &node;
         let Some(command) = job.command.clone() else {
             return Outcome::failed("live-repair job without a command");
         };
@@ -104,22 +108,15 @@ impl LiveRepairs {
         while Instant::now() < deadline {
             let step = if accepted {
                 self.call(
-                    &job.node,
-                    base,
+                    node,
                     reqwest::Method::GET,
                     &format!("/1/repair/{key}"),
                     None,
                 )
                 .await
             } else {
-                self.call(
-                    &job.node,
-                    base,
-                    reqwest::Method::POST,
-                    "/1/repair",
-                    Some(body.clone()),
-                )
-                .await
+                self.call(node, reqwest::Method::POST, "/1/repair", Some(body.clone()))
+                    .await
             };
             match step {
                 Progress::Status(s) if s.state == RepairState::Done => {

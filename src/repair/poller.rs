@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
-use crate::http::{BodyError, read_capped};
+use crate::link::{Answer, CollectorLink, HttpLink, LinkError};
+use crate::node::NodeConfig;
 use crate::repair::{Observation, Observations};
 use crate::report::{Envelope, Key, ReportError, VerifyRules};
 use crate::store::{NodeUpdate, Store, StoreError};
@@ -29,14 +30,11 @@ pub struct PollSettings {
     pub timeout: Duration,
 }
 
-#[derive(Debug, Clone)]
-pub struct Target {
-    pub name: String,
-    pub url: String,
-}
+/// Where the report is served on a collector.
+pub const REPORT_PATH: &str = "/1/report/diagnose";
 
 pub struct Poller {
-    client: reqwest::Client,
+    link: Arc<dyn CollectorLink>,
     key: Key,
     members: Arc<Members>,
     rules: VerifyRules,
@@ -52,25 +50,6 @@ pub struct Poller {
 
 /// Reachability changes of one node are logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(10);
-
-/// A GET that is tried again, twice, when the connection failed without a timeout: a
-/// collector under a connection flood may close a pooled or fresh connection to make room,
-/// and that must not read as a silent node. Timeouts are not retried (the poll's deadline).
-pub async fn get_with_retry(
-    client: &reqwest::Client,
-    url: &str,
-) -> Result<reqwest::Response, reqwest::Error> {
-    let mut attempt = 0;
-    loop {
-        match client.get(url).send().await {
-            Err(e) if attempt < 2 && !e.is_timeout() => {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(25 * attempt)).await;
-            }
-            r => return r,
-        }
-    }
-}
 
 /// The last accepted report sequence per node, shared with the API's reset.
 pub struct Seqs(Mutex<HashMap<String, u64>>);
@@ -114,6 +93,7 @@ fn rejection_label(e: &ReportError) -> &'static str {
 }
 
 impl Poller {
+    /// A poller that reaches the collectors over HTTP.
     pub fn new(
         settings: PollSettings,
         members: Arc<Members>,
@@ -121,20 +101,24 @@ impl Poller {
         store: Arc<Store>,
         metrics: Metrics,
     ) -> Result<Poller, StoreError> {
+        let link = Arc::new(HttpLink::new(key.clone(), settings.timeout));
+        Poller::with_link(settings, link, members, key, store, metrics)
+    }
+
+    pub fn with_link(
+        settings: PollSettings,
+        link: Arc<dyn CollectorLink>,
+        members: Arc<Members>,
+        key: Key,
+        store: Arc<Store>,
+        metrics: Metrics,
+    ) -> Result<Poller, StoreError> {
         let PollSettings {
-            rules,
-            concurrency,
-            timeout,
+            rules, concurrency, ..
         } = settings;
         let seqs = store.last_seqs()?;
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .pool_max_idle_per_host(1)
-            .build()
-            .expect("a plain HTTP client always builds");
         Ok(Poller {
-            client,
+            link,
             key,
             members,
             rules,
@@ -159,15 +143,7 @@ impl Poller {
     /// Polls every node once, records what it learned, and returns the observations.
     pub async fn poll_all(&self) -> Observations {
         let start = Instant::now();
-        let targets: Vec<Target> = self
-            .members
-            .get()
-            .iter()
-            .map(|n| Target {
-                name: n.name.clone(),
-                url: n.collector_url("/1/report/diagnose"),
-            })
-            .collect();
+        let targets = self.members.get();
         let targets = &targets;
         // Indices, not references, keep the stream's futures free of higher-ranked lifetimes.
         let results: Vec<(String, Polled)> = futures::stream::iter(0..targets.len())
@@ -230,22 +206,18 @@ impl Poller {
         obs
     }
 
-    async fn poll_one(&self, t: &Target) -> Polled {
-        let resp = match get_with_retry(&self.client, &t.url).await {
-            Ok(r) => r,
-            Err(e) => {
-                debug!(node = %t.name, error = %e, "collector did not answer");
-                return Polled::Down(format!("no answer: {}", crate::http::error_chain(&e)));
-            }
-        };
-        let status = resp.status();
-        let body = match read_capped(resp, self.rules.max_bytes).await {
-            Ok(b) => b,
-            Err(BodyError::TooLarge { cap }) => {
-                return self.reject(t, ReportError::TooLarge { size: cap + 1, cap });
-            }
-            Err(BodyError::Transport(e)) => return Polled::Down(format!("broken answer: {e}")),
-        };
+    async fn poll_one(&self, t: &NodeConfig) -> Polled {
+        let Answer { status, body } =
+            match self.link.get(t, REPORT_PATH, self.rules.max_bytes).await {
+                Ok(a) => a,
+                Err(LinkError::TooLarge { cap }) => {
+                    return self.reject(t, ReportError::TooLarge { size: cap + 1, cap });
+                }
+                Err(e) => {
+                    debug!(node = %t.name, error = %e, "collector did not answer");
+                    return Polled::Down(e.to_string());
+                }
+            };
         if !status.is_success() {
             return Polled::NoReport(crate::http::error_message(status, &body));
         }
@@ -290,7 +262,7 @@ impl Poller {
         }
     }
 
-    fn reject(&self, t: &Target, e: ReportError) -> Polled {
+    fn reject(&self, t: &NodeConfig, e: ReportError) -> Polled {
         warn!(node = %t.name, reason = %e, "report rejected");
         self.metrics
             .reports_rejected

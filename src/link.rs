@@ -1,0 +1,120 @@
+//! How the daemon reaches a collector: one narrow trait for its three conversations (the signed
+//! report, the liveness probe, live repairs). Production speaks HTTP (`HttpLink`); the
+//! simulated-time harness answers in memory, so the poller, the fencer and the engine run there
+//! without a socket.
+
+use std::time::Duration;
+
+use crate::http::{BodyError, error_chain, read_capped, send_signed};
+use crate::node::NodeConfig;
+use crate::report::Key;
+
+/// A collector's answer: the HTTP status and the body, read up to the caller's cap.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: reqwest::StatusCode,
+    pub body: Vec<u8>,
+}
+
+/// Why no usable answer came back.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// Nothing answered (refused, timed out, unreachable).
+    #[error("no answer: {0}")]
+    Down(String),
+    /// An answer started but broke off.
+    #[error("broken answer: {0}")]
+    Broken(String),
+    #[error("body is over the {cap}-byte cap")]
+    TooLarge { cap: usize },
+}
+
+#[async_trait::async_trait]
+pub trait CollectorLink: Send + Sync + 'static {
+    /// An unsigned GET of `path` (the report, the liveness probe).
+    async fn get(&self, node: &NodeConfig, path: &str, cap: usize) -> Result<Answer, LinkError>;
+
+    /// A request signed with the cluster key for the node (live repairs).
+    async fn signed(
+        &self,
+        node: &NodeConfig,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        cap: usize,
+    ) -> Result<Answer, LinkError>;
+}
+
+/// Collectors over HTTP, one client per component so each keeps its own deadline.
+pub struct HttpLink {
+    client: reqwest::Client,
+    key: Key,
+}
+
+impl HttpLink {
+    /// `timeout` bounds each request, connect included.
+    pub fn new(key: Key, timeout: Duration) -> HttpLink {
+        HttpLink {
+            client: reqwest::Client::builder()
+                .timeout(timeout)
+                .connect_timeout(timeout)
+                .pool_max_idle_per_host(1)
+                .build()
+                .expect("a plain HTTP client always builds"),
+            key,
+        }
+    }
+
+    async fn read(resp: reqwest::Response, cap: usize) -> Result<Answer, LinkError> {
+        let status = resp.status();
+        match read_capped(resp, cap).await {
+            Ok(body) => Ok(Answer { status, body }),
+            Err(BodyError::TooLarge { cap }) => Err(LinkError::TooLarge { cap }),
+            Err(BodyError::Transport(e)) => Err(LinkError::Broken(e.to_string())),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl CollectorLink for HttpLink {
+    /// Tried again, twice, when the connection failed without a timeout: a collector under a
+    /// connection flood may close a pooled or fresh connection to make room, and that must not
+    /// read as a silent node. Timeouts are not retried (they are the caller's deadline).
+    async fn get(&self, node: &NodeConfig, path: &str, cap: usize) -> Result<Answer, LinkError> {
+        let url = node.collector_url(path);
+        let mut attempt = 0;
+        loop {
+            match self.client.get(&url).send().await {
+                Err(e) if attempt < 2 && !e.is_timeout() => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(25 * attempt)).await;
+                }
+                Err(e) => return Err(LinkError::Down(error_chain(&e))),
+                Ok(resp) => return HttpLink::read(resp, cap).await,
+            }
+        }
+    }
+
+    async fn signed(
+        &self,
+        node: &NodeConfig,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        cap: usize,
+    ) -> Result<Answer, LinkError> {
+        let base = node.collector_url("");
+        let resp = send_signed(
+            &self.client,
+            &self.key,
+            &node.name,
+            method,
+            &base,
+            path,
+            body,
+        )
+        .await
+        .map_err(|e| LinkError::Down(error_chain(&e)))?;
+        HttpLink::read(resp, cap).await
+    }
+}
