@@ -27,6 +27,10 @@ pub enum ConfigError {
     Invalid(String),
     #[error("config: {0}")]
     Fencing(#[from] crate::fencing::config::FencingConfigError),
+    #[error("config: {0}")]
+    Kubernetes(#[from] crate::cluster::kube::KubeConfigError),
+    #[error("config: {0}")]
+    Limits(#[from] crate::http::listener::LimitsError),
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -251,16 +255,12 @@ impl Config {
                 return bad(format!("{name} must be greater than zero"));
             }
         }
-        if let Err(e) = self.kubernetes.validate() {
-            return bad(e);
-        }
+        self.kubernetes.validate()?;
         for (what, l) in [
             ("daemon.limits", &d.limits),
             ("collector.limits", &self.collector.limits),
         ] {
-            if let Err(e) = l.validate(what) {
-                return bad(e);
-            }
+            l.validate(what)?;
         }
         if d.stall_after < d.poll_interval * 2 {
             return bad(format!(

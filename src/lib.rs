@@ -48,3 +48,4 @@ pub mod store;
 pub mod sync;
 pub mod ticker;
 pub mod verdict;
+pub mod views;

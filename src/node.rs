@@ -25,18 +25,25 @@ impl NodeConfig {
     }
 }
 
+/// Why a collector address is unusable.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AddressError {
+    #[error("collector address {0:?} must be host or host:port")]
+    Shape(String),
+    #[error("collector address {0:?} has a bad port")]
+    Port(String),
+}
+
 /// Normalizes a collector address to `host:port` (port 1815 when omitted).
-pub fn collector_address(addr: &str) -> Result<String, String> {
+pub fn collector_address(addr: &str) -> Result<String, AddressError> {
     let addr = addr.trim();
     if addr.is_empty() || addr.contains('/') || addr.contains(char::is_whitespace) {
-        return Err(format!(
-            "collector address {addr:?} must be host or host:port"
-        ));
+        return Err(AddressError::Shape(addr.into()));
     }
     match addr.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && !host.ends_with(':') => {
             port.parse::<u16>()
-                .map_err(|_| format!("collector address {addr:?} has a bad port"))?;
+                .map_err(|_| AddressError::Port(addr.into()))?;
             Ok(addr.to_string())
         }
         _ => Ok(format!("{addr}:{COLLECTOR_PORT}")),

@@ -204,6 +204,21 @@ pub struct SignedRequest<'a> {
     pub body: &'a [u8],
 }
 
+/// Why a signed request is refused; the message is what the client is told.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    #[error("request must be signed: send {TIMESTAMP_HEADER} and {SIGNATURE_HEADER} headers")]
+    Unsigned,
+    #[error("{SIGNATURE_HEADER} must be 64 hex digits (HMAC-SHA256)")]
+    SignatureFormat,
+    #[error("{TIMESTAMP_HEADER} must be an integer of nanoseconds")]
+    TimestampFormat,
+    #[error("request timestamp is {:.1} s away from now (window {window_s} s)", *age_ns as f64 / 1e9)]
+    Stale { age_ns: u64, window_s: u64 },
+    #[error("request signature does not verify under the cluster key for {target:?}")]
+    Forged { target: String },
+}
+
 /// Checks what can be checked of a signed request before its body is read: both headers are
 /// there, the signature is 64 hex digits, and the timestamp is within the window. Returns the
 /// timestamp.
@@ -212,44 +227,34 @@ pub fn check_request_headers(
     signature: Option<&str>,
     now_ns: i64,
     window_s: u64,
-) -> Result<i64, String> {
+) -> Result<i64, RequestError> {
     let (Some(ts), Some(sig)) = (timestamp, signature) else {
-        return Err(format!(
-            "request must be signed: send {TIMESTAMP_HEADER} and {SIGNATURE_HEADER} headers"
-        ));
+        return Err(RequestError::Unsigned);
     };
     if sig.len() != 64 || !sig.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!(
-            "{SIGNATURE_HEADER} must be 64 hex digits (HMAC-SHA256)"
-        ));
+        return Err(RequestError::SignatureFormat);
     }
-    let ts: i64 = ts
-        .parse()
-        .map_err(|_| format!("{TIMESTAMP_HEADER} must be an integer of nanoseconds"))?;
-    let age = age_ns(now_ns, ts);
-    if age > window_s.saturating_mul(1_000_000_000) {
-        return Err(format!(
-            "request timestamp is {:.1} s away from now (window {window_s} s)",
-            age as f64 / 1e9
-        ));
+    let ts: i64 = ts.parse().map_err(|_| RequestError::TimestampFormat)?;
+    let age_ns = age_ns(now_ns, ts);
+    if age_ns > window_s.saturating_mul(1_000_000_000) {
+        return Err(RequestError::Stale { age_ns, window_s });
     }
     Ok(ts)
 }
 
-/// Checks a signed request's headers and signature; returns a message naming what was wrong.
+/// Checks a signed request's headers and signature.
 pub fn check_signed_request(
     key: &Key,
     req: &SignedRequest,
     now_ns: i64,
     window_s: u64,
-) -> Result<(), String> {
+) -> Result<(), RequestError> {
     let ts = check_request_headers(req.timestamp, req.signature, now_ns, window_s)?;
     let sig = req.signature.unwrap_or_default();
     if !key.verify_request(req.target, req.method, req.path, ts, req.body, sig) {
-        return Err(format!(
-            "request signature does not verify under the cluster key for {:?}",
-            req.target
-        ));
+        return Err(RequestError::Forged {
+            target: req.target.into(),
+        });
     }
     Ok(())
 }
@@ -489,17 +494,20 @@ mod tests {
         assert!(
             check_signed_request(&k, &req(Some("10"), Some(&good)), now, 1)
                 .unwrap_err()
+                .to_string()
                 .contains("away from now")
         );
         assert!(
             check_signed_request(&k, &req(Some("10"), Some("00")), now, 30)
                 .unwrap_err()
+                .to_string()
                 .contains("64 hex digits")
         );
         let zeros = "0".repeat(64);
         assert!(
             check_signed_request(&k, &req(Some("10"), Some(&zeros)), now, 30)
                 .unwrap_err()
+                .to_string()
                 .contains("does not verify")
         );
     }
@@ -515,7 +523,9 @@ mod tests {
             (i64::MAX, 1),
         ] {
             let t = ts.to_string();
-            let e = check_request_headers(Some(&t), Some(&zeros), now, 60).unwrap_err();
+            let e = check_request_headers(Some(&t), Some(&zeros), now, 60)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("away from now"), "{e}");
             let v = Verdict::builtin_ok();
             let body =

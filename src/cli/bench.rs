@@ -20,6 +20,33 @@ use crate::report::{Key, VerifyRules};
 use crate::store::Store;
 use crate::verdict::Verdict;
 
+/// Why a benchmark could not produce valid figures.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("MAINTD_KEY_FILE is not set")]
+    NoKeyFile,
+    #[error(transparent)]
+    Key(#[from] crate::report::KeyError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Collector(#[from] crate::collector::CollectorError),
+    #[error("bad verdict: {0}")]
+    Verdict(#[from] crate::verdict::VerdictError),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("a bench task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("cannot start the simulated collectors: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("simulated collectors did not start: {0}")]
+    Collectors(String),
+    #[error("only {verified} of {of} reports verified; the figures are not valid")]
+    Unverified { verified: usize, of: usize },
+}
+
 fn raise_fd_limit() {
     let _ = crate::http::listener::raise_fd_limit();
 }
@@ -42,39 +69,33 @@ fn peak_rss_mib() -> f64 {
 
 /// Serves `count` collectors on ephemeral loopback ports, prints the ports as one JSON line, and
 /// serves until stdin closes. Every tenth node reports an evacuation, the rest Ok.
-pub async fn sim_collectors(count: usize) -> Result<(), String> {
+pub async fn sim_collectors(count: usize) -> Result<(), BenchError> {
     raise_fd_limit();
-    let key_file = std::env::var("MAINTD_KEY_FILE").map_err(|_| "MAINTD_KEY_FILE is not set")?;
-    let key = Key::load(std::path::Path::new(&key_file)).map_err(|e| e.to_string())?;
+    let key_file = std::env::var("MAINTD_KEY_FILE").map_err(|_| BenchError::NoKeyFile)?;
+    let key = Key::load(std::path::Path::new(&key_file))?;
     let ok = diagnose(&CollectorConfig::default()).await;
     let mut ports = Vec::with_capacity(count);
-    let state = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let state = tempfile::tempdir()?;
     for i in 0..count {
         let cfg = CollectorConfig {
             state_dir: state.path().join(format!("sim{i}")),
             ..CollectorConfig::default()
         };
-        let c = Collector::new(format!("sim{i}"), key.clone(), cfg).map_err(|e| e.to_string())?;
+        let c = Collector::new(format!("sim{i}"), key.clone(), cfg)?;
         let mut d = ok.clone();
         if i % 10 == 0 {
             d.verdict = Verdict::parse_bytes(
                 format!(r#"{{"status":"evacuate","details":{{"disk":"sd{i}"}}}}"#).as_bytes(),
-            )
-            .map_err(|e| e.to_string())?;
+            )?;
         }
         c.set_diagnosis(d);
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| format!("bind: {e}"))?;
-        ports.push(l.local_addr().map_err(|e| e.to_string())?.port());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        ports.push(l.local_addr()?.port());
         let app = c.router();
         tokio::spawn(async move { axum::serve(l, app).await });
     }
-    println!(
-        "{}",
-        serde_json::to_string(&ports).map_err(|e| e.to_string())?
-    );
-    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    println!("{}", serde_json::to_string(&ports)?);
+    std::io::stdout().flush()?;
     // Serve until the parent closes our stdin.
     tokio::task::spawn_blocking(|| {
         let mut s = String::new();
@@ -85,18 +106,17 @@ pub async fn sim_collectors(count: usize) -> Result<(), String> {
             .unwrap_or(false)
         {}
     })
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     Ok(())
 }
 
-pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
+pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), BenchError> {
     raise_fd_limit();
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let dir = tempfile::tempdir()?;
     let key_file = dir.path().join("cluster.key");
-    Key::generate(&key_file).map_err(|e| e.to_string())?;
-    let key = Key::load(&key_file).map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    Key::generate(&key_file)?;
+    let key = Key::load(&key_file)?;
+    let exe = std::env::current_exe()?;
     println!(
         "poll-and-verify cycle: {} cores, {} warm cycles per size (first cycle, which opens the connections, shown apart)",
         std::thread::available_parallelism()
@@ -116,14 +136,12 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot start the simulated collectors: {e}"))?;
+            .map_err(BenchError::Spawn)?;
         let mut out = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
         let mut line = String::new();
-        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
-            .await
-            .map_err(|e| e.to_string())?;
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line).await?;
         let ports: Vec<u16> = serde_json::from_str(&line)
-            .map_err(|e| format!("simulated collectors did not start: {e}: {line:?}"))?;
+            .map_err(|e| BenchError::Collectors(format!("{e}: {line:?}")))?;
         let members = Arc::new(Members::new(
             ports
                 .iter()
@@ -134,9 +152,7 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
                 })
                 .collect(),
         ));
-        let store = Arc::new(
-            Store::open(&dir.path().join(format!("bench-{n}.db"))).map_err(|e| e.to_string())?,
-        );
+        let store = Arc::new(Store::open(&dir.path().join(format!("bench-{n}.db")))?);
         let metrics = Metrics::register(&mut Registry::default());
         let settings = PollSettings {
             rules: VerifyRules {
@@ -146,8 +162,7 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
             concurrency: 512,
             timeout: Duration::from_secs(10),
         };
-        let poller = Poller::new(settings, members, key.clone(), store.clone(), metrics)
-            .map_err(|e| e.to_string())?;
+        let poller = Poller::new(settings, members, key.clone(), store.clone(), metrics)?;
 
         let t = Instant::now();
         poller.poll_all().await;
@@ -165,9 +180,7 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
                 .values()
                 .filter(|o| matches!(o, Observation::Report(_)))
                 .count();
-            let state = store
-                .load_state(Policy::default(), Default::default())
-                .map_err(|e| e.to_string())?;
+            let state = store.load_state(Policy::default(), Default::default())?;
             let t = Instant::now();
             let actions = decide(&state, &obs, crate::report::now_ns());
             decide_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -189,9 +202,7 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
             peak_rss_mib()
         );
         if verified != n {
-            return Err(format!(
-                "only {verified} of {n} reports verified; the figures are not valid"
-            ));
+            return Err(BenchError::Unverified { verified, of: n });
         }
         drop(child.stdin.take());
         let _ = child.wait().await;
@@ -200,7 +211,7 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), String> {
 }
 
 /// `maintd bench plan`: admission of evacuation candidates over a synthetic cluster.
-pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<(), String> {
+pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<(), BenchError> {
     use crate::repair::capacity::{NodeCap, Pdb, PodReq, Snapshot, Taint, Toleration};
     use std::collections::BTreeMap;
     const GI: i64 = 1 << 30;
@@ -276,8 +287,7 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
         let mut events = Vec::new();
         let evac = crate::verdict::Verdict::from_value(
             serde_json::json!({"status": "evacuate", "details": {"bench": true}}),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         for i in 0..nodes {
             let name = format!("node{i}");
             obs.reports.insert(

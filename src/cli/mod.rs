@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::config::{Config, ConfigError};
 use crate::http::{error_message, send_signed};
 use crate::report::{Envelope, Key, KeyError, now_ns};
+use crate::views;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -194,8 +195,14 @@ pub enum CliError {
     Daemon(#[from] crate::daemon::DaemonError),
     #[error(transparent)]
     Collector(#[from] crate::collector::CollectorError),
-    #[error("{0}")]
-    Other(String),
+    #[error(transparent)]
+    Bench(#[from] bench::BenchError),
+    #[error("job {dir}: {source}")]
+    RunJob {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl CliError {
@@ -339,39 +346,28 @@ fn short(s: &str, n: usize) -> String {
 }
 
 /// The readable table of `maintd status`.
-pub fn status_table(events: &[Value]) -> String {
+pub fn status_table(events: &[views::Event]) -> String {
     if events.is_empty() {
         return "no repair events\n".into();
     }
     let rows: Vec<[String; 6]> = events
         .iter()
         .map(|e| {
-            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
-            let jobs = e["jobs"]
-                .as_array()
-                .map(|js| {
-                    js.iter()
-                        .map(|j| {
-                            format!(
-                                "{}:{}:{}",
-                                j["id"],
-                                j["kind"].as_str().unwrap_or(""),
-                                j["status"].as_str().unwrap_or("")
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default();
-            let tag_or_note = match e["note"].as_str() {
-                Some(n) => format!("{} ({})", s("tag"), short(n, 60)),
-                None => s("tag"),
+            let jobs = e
+                .jobs
+                .iter()
+                .map(|j| format!("{}:{}:{}", j.id, j.kind.as_str(), j.status.as_str()))
+                .collect::<Vec<_>>()
+                .join(",");
+            let tag_or_note = match &e.note {
+                Some(n) => format!("{} ({})", e.tag, short(n, 60)),
+                None => e.tag.clone(),
             };
             [
-                s("id"),
-                s("node"),
-                s("action"),
-                s("repair-status"),
+                e.id.to_string(),
+                e.node.clone(),
+                e.action.as_str().into(),
+                e.repair_status.as_str().into(),
                 jobs,
                 tag_or_note,
             ]
@@ -402,6 +398,11 @@ pub fn status_table(events: &[Value]) -> String {
     out
 }
 
+/// The daemon's answer as the view it promises; a daemon that answers otherwise is named.
+fn view<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, CliError> {
+    serde_json::from_value(v).map_err(|e| CliError::Decode(e.to_string()))
+}
+
 fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -424,10 +425,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             if *json {
                 print_json(&v);
             } else {
-                print!(
-                    "{}",
-                    status_table(v.as_array().map(Vec::as_slice).unwrap_or(&[]))
-                );
+                print!("{}", status_table(&view::<Vec<views::Event>>(v)?));
             }
         }
         Command::Nodes { json, api } => {
@@ -435,60 +433,48 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             if *json {
                 print_json(&v);
             } else {
-                for n in v.as_array().into_iter().flatten() {
-                    let state = if n["reachable"].as_bool() == Some(true) {
-                        "up"
-                    } else {
-                        "DOWN"
-                    };
-                    let diag = n["diagnose-error"]
-                        .as_str()
+                for n in view::<Vec<views::Node>>(v)? {
+                    let state = if n.reachable { "up" } else { "DOWN" };
+                    let diag = n
+                        .diagnose_error
                         .map(|e| format!(" diagnose-error: {e}"))
                         .unwrap_or_default();
-                    let rej = n["rejected-reports"].as_u64().unwrap_or(0);
-                    let off = if n["offline"].as_bool() == Some(true) {
-                        " offline"
-                    } else {
-                        ""
-                    };
+                    let off = if n.offline { " offline" } else { "" };
                     println!(
-                        "{:<20} {:<5}{off} rejected={rej}{diag}",
-                        n["name"].as_str().unwrap_or(""),
-                        state
+                        "{:<20} {state:<5}{off} rejected={}{diag}",
+                        n.name, n.rejected_reports
                     );
                 }
             }
         }
         Command::ResetSeq { node, api } => {
             let cfg = cli.load_config()?;
-            let v = api_signed(
-                &cfg,
-                &api.url,
-                reqwest::Method::POST,
-                &format!("/1/nodes/{}/reset-seq", segment(node)),
-            )
-            .await?;
+            let v: views::SeqReset = view(
+                api_signed(
+                    &cfg,
+                    &api.url,
+                    reqwest::Method::POST,
+                    &format!("/1/nodes/{}/reset-seq", segment(node)),
+                )
+                .await?,
+            )?;
             println!(
                 "node {node}: sequence state reset (was {})",
-                v["previous-seq"]
-                    .as_u64()
-                    .map_or("none".to_string(), |s| s.to_string())
+                v.previous_seq.map_or("none".to_string(), |s| s.to_string())
             );
         }
         Command::Cancel { id, api } => {
             let cfg = cli.load_config()?;
-            let v = api_signed(
-                &cfg,
-                &api.url,
-                reqwest::Method::POST,
-                &format!("/1/events/{}/cancel", segment(id)),
-            )
-            .await?;
-            println!(
-                "event {} is now {}",
-                v["id"].as_str().unwrap_or(id),
-                v["repair-status"].as_str().unwrap_or("?")
-            );
+            let e: views::Event = view(
+                api_signed(
+                    &cfg,
+                    &api.url,
+                    reqwest::Method::POST,
+                    &format!("/1/events/{}/cancel", segment(id)),
+                )
+                .await?,
+            )?;
+            println!("event {} is now {}", e.id, e.repair_status.as_str());
         }
         Command::Tags { cmd } => match cmd {
             TagsCmd::List { node, api } => {
@@ -496,14 +482,9 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                     Some(n) => format!("/1/tags?node={}", segment(n)),
                     None => "/1/tags".into(),
                 };
-                let v = api_get(&api.url, &path).await?;
-                for (node, tags) in v.as_object().into_iter().flatten() {
-                    let list: Vec<&str> = tags
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_str)
-                        .collect();
+                let tags: views::Tags = view(api_get(&api.url, &path).await?)?;
+                for (node, tags) in tags {
+                    let list: Vec<String> = tags.into_iter().collect();
                     println!("{node}: {}", list.join(" "));
                 }
             }
@@ -548,25 +529,26 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
         }
         Command::Bench { cmd } => match cmd {
             BenchCmd::Poll { nodes, cycles } => {
-                bench::poll(nodes, *cycles).await.map_err(CliError::Other)?;
+                bench::poll(nodes, *cycles).await?;
             }
             BenchCmd::Plan {
                 nodes,
                 pods_per_node,
                 candidates,
             } => {
-                bench::plan(*nodes, *pods_per_node, candidates).map_err(CliError::Other)?;
+                bench::plan(*nodes, *pods_per_node, candidates)?;
             }
             BenchCmd::SimCollectors { count } => {
-                bench::sim_collectors(*count)
-                    .await
-                    .map_err(CliError::Other)?;
+                bench::sim_collectors(*count).await?;
             }
         },
         Command::RunJob { dir } => {
             crate::repair::jobs::run_job_main(dir)
                 .await
-                .map_err(|e| CliError::Other(format!("job {}: {e}", dir.display())))?;
+                .map_err(|source| CliError::RunJob {
+                    dir: dir.display().to_string(),
+                    source,
+                })?;
         }
     }
     Ok(0)
@@ -576,18 +558,42 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use uuid::Uuid;
 
     #[test]
     fn the_status_table_is_aligned_and_shows_notes() {
+        let event = |id: u128, node: &str, action: &str, status: &str, jobs, note| {
+            serde_json::from_value::<views::Event>(json!({
+                "id": Uuid::from_u128(id), "node": node, "original": {}, "action": action,
+                "repair-status": status, "jobs": jobs, "tag": "maintd:repairready:a",
+                "tagged": false, "acknowledged": false, "superseded-by": null, "note": note,
+                "created": 1, "updated": 1,
+            }))
+            .unwrap()
+        };
+        let job = json!([{"id":1,"kind":"evacuate","round":1,"status":"running","reason":"r",
+            "detail":null,"created":1,"finished":null}]);
         let t = status_table(&[
-            json!({"id":"a","node":"n1","action":"evacuate","repair-status":"pending","jobs":[{"id":1,"kind":"evacuate","status":"running"}],"tag":"maintd:repairready:a","note":null}),
-            json!({"id":"bb","node":"node-2","action":"live-repair","repair-status":"noted","jobs":[],"tag":"t","note":"waiting for round 3 to finish"}),
+            event(10, "n1", "evacuate", "pending", job, Value::Null),
+            event(
+                11,
+                "node-2",
+                "live-repair",
+                "noted",
+                json!([]),
+                json!("waiting for round 3 to finish"),
+            ),
+            event(12, "node-3", "fence", "pending", json!([]), Value::Null),
         ]);
         let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].starts_with("ID  NODE"));
+        assert!(
+            lines[0].starts_with("ID  ") && lines[0].contains("  NODE  "),
+            "{t}"
+        );
         assert!(lines[1].contains("1:evacuate:running"));
         assert!(lines[2].contains("(waiting for round 3 to finish)"));
         assert_eq!(lines[1].find("n1"), lines[2].find("node-2"));
+        assert!(lines[3].contains("fence"), "{t}");
         assert_eq!(status_table(&[]), "no repair events\n");
     }
 

@@ -16,7 +16,7 @@ use crate::exec::{self, ExecError};
 use crate::repair::Policy;
 use crate::repair::hooks::HookCall;
 use crate::repair::jobs::JobRunner;
-use crate::repair::{Event, Job, JobKind};
+use crate::repair::{Job, JobKind};
 use crate::report::now_ns;
 use crate::store::{Store, StoreError};
 use crate::verdict::Outcome;
@@ -41,6 +41,11 @@ pub enum ClusterError {
     Kube(#[from] ::kube::Error),
     #[error("Kubernetes client configuration: {0}")]
     KubeConfig(String),
+    #[error("kubernetes.label-selector: {0}")]
+    Selector(#[from] kube::cache::SelectorError),
+    /// maintd's tags are node labels on Kubernetes; this one has no label form.
+    #[error("tag {0:?} cannot be a node label")]
+    TagNotLabel(String),
     #[error("the {what} cache has no list yet: {detail}")]
     NotSynced { what: &'static str, detail: String },
     #[error("the {what} watch is broken: {detail}")]
@@ -338,32 +343,4 @@ impl Inventory {
         let spec = call.spec(program, Vec::new(), &self.env, self.timeout);
         self.runner.run(key, &spec).await
     }
-}
-
-/// The JSON an event is shown as (API, hooks' stdin).
-pub fn event_json(e: &Event, jobs: &[Job]) -> Value {
-    serde_json::json!({
-        "id": e.id,
-        "node": e.node,
-        "original": e.original,
-        "action": e.action.as_str(),
-        "repair-status": e.status.as_str(),
-        "jobs": jobs.iter().map(|j| serde_json::json!({
-            "id": j.id,
-            "kind": j.kind.as_str(),
-            "round": j.round,
-            "status": j.status.as_str(),
-            "reason": j.reason,
-            "detail": j.detail,
-            "created": j.created,
-            "finished": j.finished,
-        })).collect::<Vec<_>>(),
-        "tag": e.tag,
-        "tagged": e.tagged,
-        "acknowledged": e.acknowledged,
-        "superseded-by": e.superseded_by,
-        "note": e.note,
-        "created": e.created,
-        "updated": e.updated,
-    })
 }

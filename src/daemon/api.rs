@@ -11,16 +11,16 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::cluster::{Cluster, ClusterError, event_json};
+use crate::cluster::{Cluster, ClusterError};
 use crate::config::collector_address;
-use crate::fencing::machine::{FenceStatus, Flow, fence_failed_tag};
 use crate::http::{ApiError, ReplayCache, SignedAuth, require_signed};
 use crate::report::{DAEMON_TARGET, Key, now_ns};
 use crate::store::{CancelOutcome, FenceCancel, Store};
+use crate::views;
 
 pub struct ApiState<C: Cluster> {
     pub store: Arc<Store>,
@@ -100,15 +100,15 @@ fn require_leader<C: Cluster>(s: &ApiState<C>) -> Result<(), ApiError> {
     )))
 }
 
-async fn leader<C: Cluster>(State(s): S<C>) -> Json<Value> {
+async fn leader<C: Cluster>(State(s): S<C>) -> Json<views::Leader> {
     let l = &s.leadership;
-    Json(json!({
-        "identity": l.identity(),
-        "leader": l.is_leader(),
-        "holder": l.holder(),
-        "elected": l.elected_mode(),
-        "term": l.term(),
-    }))
+    Json(views::Leader {
+        identity: l.identity().to_string(),
+        leader: l.is_leader(),
+        holder: l.holder(),
+        elected: l.elected_mode(),
+        term: l.term(),
+    })
 }
 
 fn parse_id(id: &str) -> Result<Uuid, ApiError> {
@@ -116,77 +116,39 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("{id:?} is not an event id (a uuid)")))
 }
 
-async fn status<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError> {
+async fn status<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Event>>, ApiError> {
     let events = s
         .store
         .events_with_jobs()
         .map_err(|e| db_error(&s.store, e))?;
-    let mut out: Vec<Value> = events.iter().map(|(e, j)| event_json(e, j)).collect();
+    let mut out: Vec<views::Event> = events
+        .iter()
+        .map(|(e, j)| views::Event::of_repair(e, j))
+        .collect();
     // Fence flows are events too, until they are final.
     let flows = s
         .store
         .fence_flows(i64::MAX)
         .map_err(|e| db_error(&s.store, e))?;
-    out.extend(flows.iter().map(fence_event_json));
+    out.extend(flows.iter().map(views::Event::of_flow));
     Ok(Json(out))
 }
 
-async fn fences<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError> {
+async fn fences<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Fence>>, ApiError> {
     let flows = s.store.all_flows(1000).map_err(|e| db_error(&s.store, e))?;
-    Ok(Json(flows.iter().map(fence_json).collect()))
-}
-
-/// A fence flow as `/1/fences` shows it: everything, with its step history and agent calls.
-pub fn fence_json(f: &Flow) -> Value {
-    let mut v = serde_json::to_value(f).unwrap_or(Value::Null);
-    v["tag"] = json!(fence_failed_tag(&f.id));
-    v
-}
-
-/// A fence flow as an event of `/1/status`.
-pub fn fence_event_json(f: &Flow) -> Value {
-    let status = match f.status {
-        _ if f.canceled && !f.fenced => "canceled",
-        FenceStatus::Error if f.tagged => "failed",
-        FenceStatus::Final => "completed",
-        FenceStatus::New if f.history.len() <= 1 => "noted",
-        _ => "pending",
-    };
-    json!({
-        "id": f.id,
-        "node": f.node,
-        "original": null,
-        "action": "fence",
-        "repair-status": status,
-        "jobs": [],
-        "tag": fence_failed_tag(&f.id),
-        "tagged": f.tagged,
-        "acknowledged": false,
-        "superseded-by": null,
-        "note": f.history.last().map(|t| format!("{} {}: {}", t.step.as_str(), t.status.as_str(), t.note)),
-        "created": f.created,
-        "updated": f.updated,
-        "fence": {
-            "step": f.step,
-            "status": f.status,
-            "fenced": f.fenced,
-            "released": f.released,
-            "retries": f.retries,
-            "restarts": f.restarts,
-        },
-    })
+    Ok(Json(flows.iter().map(views::Fence::of).collect()))
 }
 
 async fn one_status<C: Cluster>(
     State(s): S<C>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<views::Event>, ApiError> {
     let id = parse_id(&id)?;
     if let Some(f) = s.store.flow(&id).map_err(|e| db_error(&s.store, e))? {
-        return Ok(Json(fence_event_json(&f)));
+        return Ok(Json(views::Event::of_flow(&f)));
     }
     match s.store.event(&id).map_err(|e| db_error(&s.store, e))? {
-        Some((e, jobs, None)) => Ok(Json(event_json(&e, &jobs))),
+        Some((e, jobs, None)) => Ok(Json(views::Event::of_repair(&e, &jobs))),
         Some((_, _, Some(why))) => Err(ApiError::not_found(format!(
             "event {id} was cleared: {why}"
         ))),
@@ -194,27 +156,22 @@ async fn one_status<C: Cluster>(
     }
 }
 
-async fn nodes<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError> {
+async fn nodes<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Node>>, ApiError> {
     let rows = s.store.nodes().map_err(|e| db_error(&s.store, e))?;
     let offline = s.cluster.offline_nodes().await.map_err(internal)?;
-    let tags = s.cluster.tags().await.map_err(internal)?;
+    let mut tags = s.cluster.tags().await.map_err(internal)?;
     let out = s
         .members
         .get()
         .iter()
         .map(|n| {
-            let row = rows.iter().find(|r| r.name == n.name);
-            let mut v = match row {
-                Some(r) => serde_json::to_value(r).unwrap_or(Value::Null),
-                None => json!({"name": n.name, "reachable": false, "rejected-reports": 0}),
-            };
-            v["collector"] = json!(collector_address(&n.collector).unwrap_or_default());
-            v["offline"] = json!(offline.contains(&n.name));
-            v["tags"] = json!(tags.get(&n.name).cloned().unwrap_or_default());
-            if row.is_none() {
-                v["last-error"] = json!("not polled yet");
-            }
-            v
+            views::Node::new(
+                &n.name,
+                collector_address(&n.collector).unwrap_or_default(),
+                rows.iter().find(|r| r.name == n.name),
+                offline.contains(&n.name),
+                tags.remove(&n.name).unwrap_or_default(),
+            )
         })
         .collect();
     Ok(Json(out))
@@ -223,7 +180,7 @@ async fn nodes<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<Value>>, ApiError>
 async fn cancel<C: Cluster>(
     State(s): S<C>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<views::Event>, ApiError> {
     let id = parse_id(&id)?;
     require_leader(&s)?;
     match s
@@ -249,7 +206,7 @@ async fn cancel<C: Cluster>(
             FenceCancel::Canceled(f) => {
                 tracing::info!(flow = %id, "fence flow canceled by operator");
                 s.wake.notify_one();
-                Ok(Json(fence_event_json(&f)))
+                Ok(Json(views::Event::of_flow(&f)))
             }
         },
         CancelOutcome::AlreadyFinal(st) => Err(ApiError::conflict(format!(
@@ -264,7 +221,7 @@ async fn cancel<C: Cluster>(
                 .event(&id)
                 .map_err(|e| db_error(&s.store, e))?
                 .ok_or_else(|| ApiError::internal("event vanished"))?;
-            Ok(Json(event_json(&e, &jobs)))
+            Ok(Json(views::Event::of_repair(&e, &jobs)))
         }
     }
 }
@@ -277,7 +234,7 @@ struct TagQuery {
 async fn tags<C: Cluster>(
     State(s): S<C>,
     Query(q): Query<TagQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<views::Tags>, ApiError> {
     let mut all = s.cluster.tags().await.map_err(internal)?;
     for n in s.members.get().iter() {
         all.entry(n.name.clone()).or_default();
@@ -286,21 +243,21 @@ async fn tags<C: Cluster>(
         let t = all
             .remove(&node)
             .ok_or_else(|| ApiError::not_found(format!("unknown node {node:?}")))?;
-        return Ok(Json(json!({ node: t })));
+        return Ok(Json(views::Tags::from([(node, t)])));
     }
-    Ok(Json(json!(all)))
+    Ok(Json(all))
 }
 
 async fn remove_tag<C: Cluster>(
     State(s): S<C>,
     Path((node, tag)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<views::TagRemoved>, ApiError> {
     require_leader(&s)?;
     match s.cluster.remove_tag(&node, &tag).await {
         Ok(true) => {
             tracing::info!(node = %node, tag = %tag, "tag removed by operator");
             s.wake.notify_one();
-            Ok(Json(json!({"node": node, "removed": tag})))
+            Ok(Json(views::TagRemoved { node, removed: tag }))
         }
         Ok(false) => Err(ApiError::not_found(format!(
             "node {node} has no tag {tag:?}"
@@ -314,14 +271,14 @@ async fn remove_tag<C: Cluster>(
 
 /// 200 while the engine decides, 503 naming the cause when it has stalled: for a liveness probe
 /// and for alerting.
-async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<Value>, ApiError> {
+async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<views::Health>, ApiError> {
     let stale_ns = i64::try_from(s.settings.stall_after.as_nanos()).unwrap_or(i64::MAX);
     match s.health.check(now_ns(), stale_ns) {
-        Ok(age) => Ok(Json(json!({
-            "status": "ok",
-            "last-decision-age-seconds": age.map(|a| a as f64 / 1e9),
-            "db": s.store.path(),
-        }))),
+        Ok(age) => Ok(Json(views::Health {
+            status: "ok".into(),
+            last_decision_age_seconds: age.map(|a| a as f64 / 1e9),
+            db: s.store.path().to_string(),
+        })),
         Err(why) => Err(ApiError::unavailable(why)),
     }
 }
@@ -329,7 +286,7 @@ async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<Value>, ApiError> {
 async fn reset_seq<C: Cluster>(
     State(s): S<C>,
     Path(node): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<views::SeqReset>, ApiError> {
     require_leader(&s)?;
     if !s.members.get().iter().any(|n| n.name == node) {
         return Err(ApiError::not_found(format!("unknown node {node:?}")));
@@ -339,7 +296,10 @@ async fn reset_seq<C: Cluster>(
         .reset(&s.store, &node)
         .map_err(|e| db_error(&s.store, e))?;
     tracing::warn!(node = %node, previous_seq = ?prev, "report sequence state reset by operator");
-    Ok(Json(json!({"node": node, "previous-seq": prev})))
+    Ok(Json(views::SeqReset {
+        node,
+        previous_seq: prev,
+    }))
 }
 
 /// OpenMetrics for a scraper that asks for it (Prometheus does), else the classic text format,

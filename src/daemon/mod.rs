@@ -37,8 +37,8 @@ pub enum DaemonError {
     /// A task that runs for the daemon's lifetime ended before shutdown was asked for.
     #[error("{task} stopped unexpectedly: {detail}")]
     TaskEnded { task: &'static str, detail: String },
-    #[error("{0}")]
-    Rules(String),
+    #[error(transparent)]
+    Rules(#[from] crate::repair::conditions::RuleError),
     #[error(transparent)]
     Leader(#[from] crate::leader::LeaderError),
 }
@@ -78,8 +78,7 @@ pub async fn run(
             .conditions
             .iter()
             .map(|r| r.rule())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(DaemonError::Rules)?;
+            .collect::<Result<Vec<_>, _>>()?;
         let watch = Arc::new(crate::members::NodeView::new(
             rules,
             cfg.kubernetes.node_interval,

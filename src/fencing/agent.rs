@@ -162,6 +162,29 @@ async fn call(
     code
 }
 
+/// How an agent call ended, for a message: an exit code, or killed at the deadline.
+fn ended(code: Option<i32>) -> String {
+    code.map_or("killed".into(), |c| format!("exit {c}"))
+}
+
+/// Why a method did not do its part.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MethodError {
+    #[error("{agent} {action} failed ({}): {output}", ended(*code))]
+    Action {
+        agent: String,
+        action: String,
+        code: Option<i32>,
+        output: String,
+    },
+    /// The device took the off but still reports power: the one failure a release must never
+    /// follow.
+    #[error("{agent} accepted off but status still reports ON")]
+    StillOn { agent: String },
+    #[error("{agent} status could not confirm power-off ({})", ended(*code))]
+    Unconfirmed { agent: String, code: Option<i32> },
+}
+
 /// One method: the action, and for a power-off the `status` that proves it.
 async fn run_method(
     runner: &dyn AgentRunner,
@@ -170,16 +193,15 @@ async fn run_method(
     m: &Method,
     deadline: Duration,
     calls: &mut Vec<Call>,
-) -> Result<(), String> {
+) -> Result<(), MethodError> {
     let code = call(runner, clock, step, m, &m.action, deadline, calls).await;
     if code != Some(EXIT_OK) {
-        let out = calls.last().map(|c| c.output.clone()).unwrap_or_default();
-        return Err(format!(
-            "{} {} failed ({}): {out}",
-            m.agent,
-            m.action,
-            code.map_or("killed".into(), |c| format!("exit {c}"))
-        ));
+        return Err(MethodError::Action {
+            agent: m.agent.clone(),
+            action: m.action.clone(),
+            code,
+            output: calls.last().map(|c| c.output.clone()).unwrap_or_default(),
+        });
     }
     if step != Step::PowerManagement {
         return Ok(());
@@ -187,15 +209,13 @@ async fn run_method(
     // The action's own success is not proof: only a status answering OFF is.
     match call(runner, clock, step, m, "status", deadline, calls).await {
         Some(EXIT_OFF) => Ok(()),
-        Some(EXIT_OK) => Err(format!(
-            "{} accepted off but status still reports ON",
-            m.agent
-        )),
-        other => Err(format!(
-            "{} status could not confirm power-off ({})",
-            m.agent,
-            other.map_or("killed".into(), |c| format!("exit {c}"))
-        )),
+        Some(EXIT_OK) => Err(MethodError::StillOn {
+            agent: m.agent.clone(),
+        }),
+        code => Err(MethodError::Unconfirmed {
+            agent: m.agent.clone(),
+            code,
+        }),
     }
 }
 

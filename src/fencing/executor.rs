@@ -188,11 +188,7 @@ impl<C: Cluster> Fencer<C> {
         let healthy: BTreeMap<String, Nanos> = match self.store.nodes() {
             Ok(rows) => rows
                 .into_iter()
-                .filter(|r| {
-                    r.diagnose_error.is_none()
-                        && r.last_report.as_ref().is_some_and(|v| v["status"] == "Ok")
-                })
-                .filter_map(|r| r.diagnosed_ns.map(|t| (r.name, t)))
+                .filter_map(|r| r.healthy_at().map(|t| (r.name, t)))
                 .collect(),
             Err(e) => {
                 warn!(error = %e, "cannot read node reports");

@@ -62,16 +62,33 @@ impl Default for ListenerLimits {
     }
 }
 
+/// Listener limits that cannot work; each names its config section.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LimitsError {
+    #[error("{section}: connection caps must be at least 1")]
+    NoConnections { section: String },
+    #[error("{section}: max-connections-per-ip ({per_ip}) is above max-connections ({total})")]
+    PerIpAboveTotal {
+        section: String,
+        per_ip: usize,
+        total: usize,
+    },
+    #[error("{section}: {name} must be above zero")]
+    ZeroTimeout { section: String, name: &'static str },
+}
+
 impl ListenerLimits {
-    pub fn validate(&self, what: &str) -> Result<(), String> {
+    pub fn validate(&self, section: &str) -> Result<(), LimitsError> {
+        let section = section.to_string();
         if self.max_connections == 0 || self.max_connections_per_ip == 0 {
-            return Err(format!("{what}: connection caps must be at least 1"));
+            return Err(LimitsError::NoConnections { section });
         }
         if self.max_connections_per_ip > self.max_connections {
-            return Err(format!(
-                "{what}: max-connections-per-ip ({}) is above max-connections ({})",
-                self.max_connections_per_ip, self.max_connections
-            ));
+            return Err(LimitsError::PerIpAboveTotal {
+                section,
+                per_ip: self.max_connections_per_ip,
+                total: self.max_connections,
+            });
         }
         for (name, d) in [
             ("header-timeout", self.header_timeout),
@@ -80,7 +97,7 @@ impl ListenerLimits {
             ("request-timeout", self.request_timeout),
         ] {
             if d.is_zero() {
-                return Err(format!("{what}: {name} must be above zero"));
+                return Err(LimitsError::ZeroTimeout { section, name });
             }
         }
         Ok(())
@@ -518,11 +535,21 @@ mod tests {
             max_connections_per_ip: 300,
             ..ListenerLimits::default()
         };
-        assert!(bad.validate("x").unwrap_err().contains("per-ip"));
+        assert!(
+            bad.validate("x")
+                .unwrap_err()
+                .to_string()
+                .contains("per-ip")
+        );
         let zero = ListenerLimits {
             idle_timeout: Duration::ZERO,
             ..ListenerLimits::default()
         };
-        assert!(zero.validate("x").unwrap_err().contains("idle-timeout"));
+        assert!(
+            zero.validate("x")
+                .unwrap_err()
+                .to_string()
+                .contains("idle-timeout")
+        );
     }
 }

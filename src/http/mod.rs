@@ -141,7 +141,7 @@ pub async fn require_signed(
         now_ns(),
         auth.window_s,
     )
-    .map_err(ApiError::unauthorized)?;
+    .map_err(|e| ApiError::unauthorized(e.to_string()))?;
     let declared = match parts.headers.get(axum::http::header::CONTENT_LENGTH) {
         None => None,
         Some(v) => Some(

@@ -38,50 +38,61 @@ pub struct Rule {
     pub escalate_after: Nanos,
 }
 
+/// Why a condition rule from the configuration is refused; each names the rule.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RuleError {
+    #[error("a condition rule needs a condition type")]
+    NoCondition,
+    #[error("{rule}: status must be True, False or Unknown, not {status:?}")]
+    Status { rule: String, status: String },
+    #[error("{rule}: needs at least one action")]
+    NoAction { rule: String },
+    #[error("{rule}: unknown action {action:?} (expected evacuate, evacuate-failover or fence)")]
+    UnknownAction { rule: String, action: String },
+    #[error("{rule}: fence can only be the last step (nothing escalates past a power-off)")]
+    FenceNotLast { rule: String },
+    #[error("{rule}: several actions need a non-zero escalate-after")]
+    NoEscalation { rule: String },
+}
+
 impl Rule {
-    /// Checks a rule from the configuration; the message names what is wrong.
+    /// Checks a rule from the configuration; the error names what is wrong.
     pub fn new(
         condition: &str,
         status: &str,
         after: Nanos,
         steps: &[String],
         escalate_after: Option<Nanos>,
-    ) -> Result<Rule, String> {
-        let name = format!("rule {condition}={status}");
+    ) -> Result<Rule, RuleError> {
+        let rule = format!("rule {condition}={status}");
         if condition.is_empty() {
-            return Err("a condition rule needs a condition type".into());
+            return Err(RuleError::NoCondition);
         }
         if !matches!(status, "True" | "False" | "Unknown") {
-            return Err(format!(
-                "{name}: status must be True, False or Unknown, not {status:?}"
-            ));
+            return Err(RuleError::Status {
+                rule,
+                status: status.into(),
+            });
         }
         if steps.is_empty() {
-            return Err(format!("{name}: needs at least one action"));
+            return Err(RuleError::NoAction { rule });
         }
         let parsed = steps
             .iter()
             .map(|s| {
-                RuleAction::parse(s).ok_or_else(|| {
-                    format!(
-                        "{name}: unknown action {s:?} (expected evacuate, evacuate-failover or fence)"
-                    )
+                RuleAction::parse(s).ok_or_else(|| RuleError::UnknownAction {
+                    rule: rule.clone(),
+                    action: s.clone(),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
         if parsed[..parsed.len() - 1].contains(&RuleAction::Fence) {
-            return Err(format!(
-                "{name}: fence can only be the last step (nothing escalates past a power-off)"
-            ));
+            return Err(RuleError::FenceNotLast { rule });
         }
         let escalate_after = match (parsed.len(), escalate_after) {
             (1, e) => e.unwrap_or(0),
             (_, Some(e)) if e > 0 => e,
-            _ => {
-                return Err(format!(
-                    "{name}: several actions need a non-zero escalate-after"
-                ));
-            }
+            _ => return Err(RuleError::NoEscalation { rule }),
         };
         Ok(Rule {
             condition: condition.into(),
@@ -255,7 +266,7 @@ mod tests {
     fn bad_rules_are_refused_with_the_reason() {
         let err = |c: &str, s: &str, steps: &[&str], esc: Option<Nanos>| {
             let steps: Vec<String> = steps.iter().map(|s| s.to_string()).collect();
-            Rule::new(c, s, 0, &steps, esc).unwrap_err()
+            Rule::new(c, s, 0, &steps, esc).unwrap_err().to_string()
         };
         assert!(err("Ready", "Maybe", &["fence"], None).contains("True, False or Unknown"));
         assert!(err("Ready", "Unknown", &["reboot"], None).contains("unknown action \"reboot\""));

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::cluster::{Cluster, event_json};
+use crate::cluster::Cluster;
 use crate::repair::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
 use crate::store::Store;
 use crate::verdict::Outcome;
@@ -355,7 +355,10 @@ impl<C: Cluster> Engine<C> {
 
     async fn run_job(&self, job: &Job) -> Outcome {
         let event = match self.store.event(&job.event) {
-            Ok(Some((e, jobs, _))) => (e.clone(), event_json(&e, &jobs)),
+            Ok(Some((e, jobs, _))) => {
+                let view = crate::views::Event::of_repair(&e, &jobs);
+                (e.clone(), serde_json::to_value(view).unwrap_or_default())
+            }
             Ok(None) => return Outcome::failed("the job's event is gone"),
             Err(e) => return Outcome::failed(format!("cannot load the job's event: {e}")),
         };

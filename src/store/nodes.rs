@@ -39,6 +39,20 @@ pub struct NodeRow {
     pub last_rejection: Option<String>,
 }
 
+impl NodeRow {
+    /// When the node last diagnosed itself healthy: its last verified report says `Ok` and its
+    /// diagnose did not fail.
+    pub fn healthy_at(&self) -> Option<Nanos> {
+        if self.diagnose_error.is_some() {
+            return None;
+        }
+        let verdict = crate::verdict::Verdict::from_value(self.last_report.clone()?).ok()?;
+        (verdict.status == crate::verdict::Status::Ok)
+            .then_some(self.diagnosed_ns)
+            .flatten()
+    }
+}
+
 impl Store {
     /// Records one poll cycle for every node in a single transaction.
     pub fn record_polls(&self, updates: &[NodeUpdate], now: Nanos) -> Result<()> {

@@ -202,3 +202,33 @@ fn poll_records_keep_the_first_unreachable_time_and_count_rejections() {
     assert_eq!(s.last_seqs().unwrap()["n1"], 42);
     assert_eq!(s.nodes().unwrap()[0].rejected, 2);
 }
+
+#[test]
+fn a_node_is_healthy_only_after_a_verified_ok_report_without_a_diagnose_error() {
+    let s = Store::open_in_memory().unwrap();
+    let report = |json: &str, error: Option<&str>, at: i64| NodeUpdate {
+        name: "n1".into(),
+        answered: true,
+        seq: Some(at as u64),
+        report: Some(json.into()),
+        diagnosed_ns: Some(at),
+        diagnose_error: error.map(Into::into),
+        ..Default::default()
+    };
+    assert_eq!(
+        s.nodes().unwrap().first().and_then(|n| n.healthy_at()),
+        None
+    );
+    s.record_polls(&[report(r#"{"status":"Ok"}"#, None, 5)], 6)
+        .unwrap();
+    assert_eq!(s.nodes().unwrap()[0].healthy_at(), Some(5));
+    s.record_polls(&[report(r#"{"status":"evacuate"}"#, None, 7)], 8)
+        .unwrap();
+    assert_eq!(s.nodes().unwrap()[0].healthy_at(), None);
+    s.record_polls(
+        &[report(r#"{"status":"Ok"}"#, Some("diagnose timed out"), 9)],
+        10,
+    )
+    .unwrap();
+    assert_eq!(s.nodes().unwrap()[0].healthy_at(), None);
+}

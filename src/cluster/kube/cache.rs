@@ -237,15 +237,24 @@ fn expired(e: &watcher::Error) -> bool {
 /// A label selector in the apiserver's string syntax (`a=b,c!=d,e,!f,g in (h,i),j notin (k)`),
 /// parsed once so the node cache can apply it: the one Node watch also serves capacity, which
 /// counts every node.
-pub fn parse_selector(s: &str) -> Result<Selector, String> {
+/// A label selector term maintd cannot read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SelectorError {
+    #[error("bad label selector term {0:?}")]
+    Term(String),
+    #[error("bad label key in selector term {0:?}")]
+    Key(String),
+}
+
+pub fn parse_selector(s: &str) -> Result<Selector, SelectorError> {
     let mut exprs = Vec::new();
     for term in split_terms(s) {
         let term = term.trim();
         if term.is_empty() {
             continue;
         }
-        let bad = || format!("bad label selector term {term:?}");
-        let set = |rest: &str| -> Result<std::collections::BTreeSet<String>, String> {
+        let bad = || SelectorError::Term(term.into());
+        let set = |rest: &str| -> Result<std::collections::BTreeSet<String>, SelectorError> {
             let inner = rest
                 .trim()
                 .strip_prefix('(')
@@ -275,7 +284,7 @@ pub fn parse_selector(s: &str) -> Result<Selector, String> {
     Ok(exprs.into_iter().collect())
 }
 
-fn key(k: &str, term: &str) -> Result<String, String> {
+fn key(k: &str, term: &str) -> Result<String, SelectorError> {
     let k = k.trim();
     let ok = !k.is_empty()
         && k.chars()
@@ -283,7 +292,7 @@ fn key(k: &str, term: &str) -> Result<String, String> {
     if ok {
         Ok(k.to_string())
     } else {
-        Err(format!("bad label key in selector term {term:?}"))
+        Err(SelectorError::Key(term.into()))
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::cache;
-use crate::repair::conditions::Rule;
+use crate::repair::conditions::{Rule, RuleError};
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
@@ -51,7 +51,7 @@ pub struct ConditionRuleConfig {
 }
 
 impl ConditionRuleConfig {
-    pub fn rule(&self) -> Result<Rule, String> {
+    pub fn rule(&self) -> Result<Rule, RuleError> {
         Rule::new(
             &self.condition,
             &self.status,
@@ -124,33 +124,47 @@ impl LeaderElectionConfig {
     }
 }
 
+/// What is wrong with the `[kubernetes]` section.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KubeConfigError {
+    #[error("kubernetes.conditions: {0}")]
+    Rule(#[from] RuleError),
+    #[error("kubernetes.label-selector: {0}")]
+    Selector(#[from] cache::SelectorError),
+    #[error("kubernetes.node-interval must be greater than zero")]
+    NodeInterval,
+    #[error("kubernetes.max-disruptions must be at least 1")]
+    MaxDisruptions,
+    #[error(
+        "kubernetes.events-namespace {0:?}: Events about Nodes (cluster-scoped objects) are accepted only in \"default\" (or \"kube-system\"); the apiserver refuses any other namespace with 422"
+    )]
+    EventsNamespace(String),
+    #[error("kubernetes.leader-election needs retry-period < renew-deadline < lease-duration")]
+    LeaseTimings,
+}
+
 impl KubeConfig {
     /// Checks what serde cannot: rules, and timings that only work in one order.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), KubeConfigError> {
         for r in &self.conditions {
             r.rule()?;
         }
-        cache::parse_selector(&self.label_selector)
-            .map_err(|e| format!("kubernetes.label-selector: {e}"))?;
+        cache::parse_selector(&self.label_selector)?;
         if self.node_interval.is_zero() {
-            return Err("kubernetes.node-interval must be greater than zero".into());
+            return Err(KubeConfigError::NodeInterval);
         }
         if self.max_disruptions == 0 {
-            return Err("kubernetes.max-disruptions must be at least 1".into());
+            return Err(KubeConfigError::MaxDisruptions);
         }
         if !matches!(self.events_namespace.as_str(), "default" | "kube-system") {
-            return Err(format!(
-                "kubernetes.events-namespace {:?}: Events about Nodes (cluster-scoped objects) are accepted only in \"default\" (or \"kube-system\"); the apiserver refuses any other namespace with 422",
-                self.events_namespace
+            return Err(KubeConfigError::EventsNamespace(
+                self.events_namespace.clone(),
             ));
         }
         let l = &self.leader_election;
         if l.enabled && !(l.retry_period < l.renew_deadline && l.renew_deadline < l.lease_duration)
         {
-            return Err(
-                "kubernetes.leader-election needs retry-period < renew-deadline < lease-duration"
-                    .into(),
-            );
+            return Err(KubeConfigError::LeaseTimings);
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ mod election;
 mod nodes;
 mod snapshot;
 
-pub use config::{ConditionRuleConfig, KubeConfig, LeaderElectionConfig};
+pub use config::{ConditionRuleConfig, KubeConfig, KubeConfigError, LeaderElectionConfig};
 pub use nodes::{OFFLINE_TAINT, OUT_OF_SERVICE, label_to_tag, tag_to_label};
 pub use snapshot::{quantity, snapshot};
 
@@ -81,8 +81,7 @@ impl KubeCluster {
         config.default_retry = false;
         let client =
             Client::try_from(config).map_err(|e| ClusterError::KubeConfig(e.to_string()))?;
-        let selector =
-            cache::parse_selector(&cfg.label_selector).map_err(ClusterError::KubeConfig)?;
+        let selector = cache::parse_selector(&cfg.label_selector)?;
         // Lists from the apiserver's watch cache (resourceVersion 0), as informers do: the
         // first list after a break costs the apiserver no etcd read.
         let any = || watcher::Config::default().any_semantic();
@@ -229,8 +228,7 @@ impl Cluster for KubeCluster {
     }
 
     async fn add_tag(&self, node: &str, tag: &str) -> Result<(), ClusterError> {
-        let key = tag_to_label(tag)
-            .ok_or_else(|| ClusterError::KubeConfig(format!("tag {tag:?} cannot be a label")))?;
+        let key = tag_to_label(tag).ok_or_else(|| ClusterError::TagNotLabel(tag.to_string()))?;
         self.strategic_patch(node, json!({"metadata": {"labels": {key: "true"}}}))
             .await
     }

@@ -1,0 +1,328 @@
+//! The JSON the daemon's API serves and the CLI reads, as types both sides share: a field renamed
+//! on one side is renamed on the other, and no reader indexes a `Value` by a misspelt name.
+//! `api-spec/openapi.yaml` describes the same shapes; `tests/api_spec.rs` checks them against it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::fencing::machine::{FenceStatus, Flow, Step, fence_failed_tag};
+use crate::repair::{JobKind, JobStatus, RepairStatus};
+use crate::store::NodeRow;
+use crate::verdict::{Nanos, Status};
+
+/// What an event of `/1/status` is about: a repair verdict, or a fence flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EventAction {
+    Repair(Status),
+    Fence(FenceWord),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FenceWord {
+    #[serde(rename = "fence")]
+    Fence,
+}
+
+impl EventAction {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            EventAction::Repair(s) => s.as_str(),
+            EventAction::Fence(_) => "fence",
+        }
+    }
+}
+
+/// A repair event (or a fence flow until it is final) as `/1/status` shows it, and as hooks get
+/// it on stdin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Event {
+    pub id: Uuid,
+    pub node: String,
+    /// The diagnose JSON the event stands for; null for a fence flow.
+    pub original: Value,
+    pub action: EventAction,
+    pub repair_status: RepairStatus,
+    pub jobs: Vec<Job>,
+    pub tag: String,
+    pub tagged: bool,
+    pub acknowledged: bool,
+    pub superseded_by: Option<Uuid>,
+    pub note: Option<String>,
+    pub created: Nanos,
+    pub updated: Nanos,
+    /// Where a fence flow stands; absent for repair events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<FenceProgress>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Job {
+    pub id: i64,
+    pub kind: JobKind,
+    pub round: i64,
+    pub status: JobStatus,
+    pub reason: String,
+    pub detail: Option<String>,
+    pub created: Nanos,
+    pub finished: Option<Nanos>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct FenceProgress {
+    pub step: Step,
+    pub status: FenceStatus,
+    pub fenced: bool,
+    pub released: bool,
+    pub retries: u32,
+    pub restarts: u32,
+}
+
+impl Event {
+    pub fn of_repair(e: &crate::repair::Event, jobs: &[crate::repair::Job]) -> Event {
+        Event {
+            id: e.id,
+            node: e.node.clone(),
+            original: e.original.clone(),
+            action: EventAction::Repair(e.action),
+            repair_status: e.status,
+            jobs: jobs
+                .iter()
+                .map(|j| Job {
+                    id: j.id,
+                    kind: j.kind,
+                    round: j.round,
+                    status: j.status,
+                    reason: j.reason.clone(),
+                    detail: j.detail.clone(),
+                    created: j.created,
+                    finished: j.finished,
+                })
+                .collect(),
+            tag: e.tag.clone(),
+            tagged: e.tagged,
+            acknowledged: e.acknowledged,
+            superseded_by: e.superseded_by,
+            note: e.note.clone(),
+            created: e.created,
+            updated: e.updated,
+            fence: None,
+        }
+    }
+
+    /// A fence flow as an event: canceled, failed (tagged), completed, noted (just detected) or
+    /// pending.
+    pub fn of_flow(f: &Flow) -> Event {
+        let repair_status = match f.status {
+            _ if f.canceled && !f.fenced => RepairStatus::Canceled,
+            FenceStatus::Error if f.tagged => RepairStatus::Failed,
+            FenceStatus::Final => RepairStatus::Completed,
+            FenceStatus::New if f.history.len() <= 1 => RepairStatus::Noted,
+            _ => RepairStatus::Pending,
+        };
+        Event {
+            id: f.id,
+            node: f.node.clone(),
+            original: Value::Null,
+            action: EventAction::Fence(FenceWord::Fence),
+            repair_status,
+            jobs: vec![],
+            tag: fence_failed_tag(&f.id),
+            tagged: f.tagged,
+            acknowledged: false,
+            superseded_by: None,
+            note: f
+                .history
+                .last()
+                .map(|t| format!("{} {}: {}", t.step.as_str(), t.status.as_str(), t.note)),
+            created: f.created,
+            updated: f.updated,
+            fence: Some(FenceProgress {
+                step: f.step,
+                status: f.status,
+                fenced: f.fenced,
+                released: f.released,
+                retries: f.retries,
+                restarts: f.restarts,
+            }),
+        }
+    }
+}
+
+/// A fence flow as `/1/fences` shows it: everything, with its step history and agent calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fence {
+    #[serde(flatten)]
+    pub flow: Flow,
+    /// The tag a failed flow puts on the node.
+    pub tag: String,
+}
+
+impl Fence {
+    pub fn of(f: &Flow) -> Fence {
+        Fence {
+            flow: f.clone(),
+            tag: fence_failed_tag(&f.id),
+        }
+    }
+}
+
+/// A managed node as `/1/nodes` shows it: its poll state and what the backend says of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Node {
+    pub name: String,
+    pub reachable: bool,
+    pub collector: String,
+    pub offline: bool,
+    pub tags: BTreeSet<String>,
+    #[serde(rename = "last-answer")]
+    pub last_answer: Option<Nanos>,
+    pub unreachable_since: Option<Nanos>,
+    pub last_error: Option<String>,
+    pub last_seq: Option<u64>,
+    pub last_report: Option<Value>,
+    #[serde(rename = "diagnosed-at")]
+    pub diagnosed_at: Option<Nanos>,
+    pub diagnose_error: Option<String>,
+    pub rejected_reports: u64,
+    pub last_rejection: Option<String>,
+}
+
+impl Node {
+    /// `row` is `None` for a node not polled yet.
+    pub fn new(
+        name: &str,
+        collector: String,
+        row: Option<&NodeRow>,
+        offline: bool,
+        tags: BTreeSet<String>,
+    ) -> Node {
+        let Some(r) = row else {
+            return Node {
+                name: name.into(),
+                reachable: false,
+                collector,
+                offline,
+                tags,
+                last_answer: None,
+                unreachable_since: None,
+                last_error: Some("not polled yet".into()),
+                last_seq: None,
+                last_report: None,
+                diagnosed_at: None,
+                diagnose_error: None,
+                rejected_reports: 0,
+                last_rejection: None,
+            };
+        };
+        Node {
+            name: name.into(),
+            reachable: r.reachable,
+            collector,
+            offline,
+            tags,
+            last_answer: r.last_answer_ns,
+            unreachable_since: r.unreachable_since_ns,
+            last_error: r.last_error.clone(),
+            last_seq: r.last_seq,
+            last_report: r.last_report.clone(),
+            diagnosed_at: r.diagnosed_ns,
+            diagnose_error: r.diagnose_error.clone(),
+            rejected_reports: r.rejected,
+            last_rejection: r.last_rejection.clone(),
+        }
+    }
+}
+
+/// `/1/leader`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Leader {
+    pub identity: String,
+    pub leader: bool,
+    pub holder: Option<String>,
+    pub elected: bool,
+    pub term: u64,
+}
+
+/// `/1/health` while the engine decides.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Health {
+    pub status: String,
+    pub last_decision_age_seconds: Option<f64>,
+    pub db: String,
+}
+
+/// The answer to `POST /1/nodes/{node}/reset-seq`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SeqReset {
+    pub node: String,
+    pub previous_seq: Option<u64>,
+}
+
+/// `/1/tags`: every managed node's tags (maintd's and others').
+pub type Tags = BTreeMap<String, BTreeSet<String>>;
+
+/// The answer to `DELETE /1/nodes/{node}/tags/{tag}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TagRemoved {
+    pub node: String,
+    pub removed: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_event_action_reads_back_as_a_verdict_status_or_fence() {
+        for (a, text) in [
+            (
+                EventAction::Repair(Status::EvacuateFailover),
+                "evacuate-failover",
+            ),
+            (EventAction::Fence(FenceWord::Fence), "fence"),
+        ] {
+            assert_eq!(serde_json::to_value(a).unwrap(), json!(text));
+            assert_eq!(
+                serde_json::from_value::<EventAction>(json!(text)).unwrap(),
+                a
+            );
+            assert_eq!(a.as_str(), text);
+        }
+        assert!(serde_json::from_value::<EventAction>(json!("reboot")).is_err());
+    }
+
+    #[test]
+    fn a_repair_event_has_no_fence_field_and_round_trips() {
+        let e = Event {
+            id: Uuid::from_u128(1),
+            node: "n1".into(),
+            original: json!({"status": "evacuate"}),
+            action: EventAction::Repair(Status::Evacuate),
+            repair_status: RepairStatus::Pending,
+            jobs: vec![],
+            tag: "maintd:repairready:x".into(),
+            tagged: false,
+            acknowledged: false,
+            superseded_by: None,
+            note: None,
+            created: 1,
+            updated: 2,
+            fence: None,
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert!(v.get("fence").is_none(), "{v}");
+        assert_eq!(v["repair-status"], "pending");
+        assert_eq!(serde_json::from_value::<Event>(v).unwrap(), e);
+    }
+}
