@@ -1,7 +1,9 @@
 //! The clock seam of the daemon's shells: the engine, the fencer and the poller read the time
-//! through a `Clock`, once per decision, so that a decision sees one `now` and a test can set it.
-//! The pure core never reads a clock; it is handed `now`.
+//! through a `Clock`, once per decision, so that a decision sees one `now` and a test can set it
+//! (`ManualClock`) or let it run on tokio's paused time (`RuntimeClock`, the simulated-time
+//! harness). Pure decisions never read a clock; they are handed `now`.
 
+#[cfg(test)]
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use crate::verdict::Nanos;
@@ -22,9 +24,11 @@ impl Clock for SystemClock {
 }
 
 /// A clock that moves only when told to.
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub struct ManualClock(AtomicI64);
 
+#[cfg(test)]
 impl ManualClock {
     pub fn new(at: Nanos) -> ManualClock {
         ManualClock(AtomicI64::new(at))
@@ -40,6 +44,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(test)]
 impl Clock for ManualClock {
     fn now(&self) -> Nanos {
         self.0.load(Ordering::SeqCst)
@@ -48,12 +53,14 @@ impl Clock for ManualClock {
 
 /// The async runtime's clock, anchored at a Unix time. Under tokio's paused time it moves only
 /// as the runtime's timers do, so the simulated-time harness runs minutes in milliseconds.
+#[cfg(test)]
 #[derive(Debug)]
 pub struct RuntimeClock {
     base: Nanos,
     start: tokio::time::Instant,
 }
 
+#[cfg(test)]
 impl RuntimeClock {
     pub fn starting_at(base: Nanos) -> RuntimeClock {
         RuntimeClock {
@@ -63,6 +70,7 @@ impl RuntimeClock {
     }
 }
 
+#[cfg(test)]
 impl Clock for RuntimeClock {
     fn now(&self) -> Nanos {
         let since = i64::try_from(self.start.elapsed().as_nanos()).unwrap_or(i64::MAX);

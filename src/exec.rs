@@ -4,7 +4,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::sync::LockExt;
 use nix::sys::signal::{Signal, killpg};
@@ -134,7 +134,6 @@ pub struct RunOutput {
     /// Total stdout bytes written, which may exceed what was kept.
     pub stdout_len: usize,
     pub stderr_tail: Vec<u8>,
-    pub elapsed: Duration,
 }
 
 impl RunOutput {
@@ -225,7 +224,6 @@ fn kill_group(pid: u32) {
 /// the future is dropped), so a hung command and its children never outlive their budget.
 pub async fn run(spec: &RunSpec) -> Result<RunOutput, ExecError> {
     let shown = spec.program.display().to_string();
-    let start = Instant::now();
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .env_clear()
@@ -297,7 +295,6 @@ pub async fn run(spec: &RunSpec) -> Result<RunOutput, ExecError> {
         stdout,
         stdout_len,
         stderr_tail,
-        elapsed: start.elapsed(),
     })
 }
 

@@ -24,28 +24,35 @@
 //! - `daemon`: the master process: lock, wiring, the HTTP API, shutdown.
 //! - `cli`: argument parsing, the operator commands, and `maintd bench poll|plan` (`cli::bench`).
 //! - `sync`: lock access that survives a poisoned lock.
+//! - `link`: how the daemon reaches a collector (`CollectorLink`; HTTP in production).
+//! - `views`: the JSON shapes the API serves and the CLI reads.
+//! - `sim` (tests only): the simulated-time harness.
+//!
+//! Public are the modules the binary, the integration tests, the benchmarks and the fuzz
+//! targets use (`cli`, `cluster`, `config`, `http`, `repair`, `report`, `verdict`); everything
+//! else is internal.
 
 pub mod cli;
-pub mod clock;
+mod clock;
 pub mod cluster;
-pub mod collector;
+mod collector;
 pub mod config;
-pub mod daemon;
-pub mod exec;
-pub mod fencing;
+mod daemon;
+mod exec;
+mod fencing;
 pub mod http;
-pub mod leader;
-pub mod link;
-pub mod members;
-pub mod metrics;
-pub mod node;
+mod leader;
+mod link;
+mod members;
+mod metrics;
+mod node;
 pub mod repair;
 pub mod report;
-pub mod secret;
+mod secret;
 #[cfg(test)]
 mod sim;
-pub mod store;
-pub mod sync;
-pub mod ticker;
+mod store;
+mod sync;
+mod ticker;
 pub mod verdict;
-pub mod views;
+mod views;

@@ -420,7 +420,6 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
 }
 
 mod transitions;
-pub use transitions::Phase;
 use transitions::advance;
 
 #[cfg(test)]

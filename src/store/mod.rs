@@ -29,7 +29,7 @@ mod nodes;
 #[cfg(test)]
 mod tests;
 
-pub use events::{CancelOutcome, EventRecord};
+pub use events::CancelOutcome;
 pub use flows::{FenceCancel, FlowOutcome};
 pub use nodes::{NodeRow, NodeUpdate};
 

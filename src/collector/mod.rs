@@ -21,12 +21,18 @@ use tokio::sync::Semaphore;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::{CollectorConfig, Config};
-use crate::exec::{self, ExecError, RunSpec};
+use crate::exec::{self, RunSpec};
 use crate::http::{ApiError, SignedAuth, parse_json, require_signed};
 use crate::repair::hooks::HookCall;
 use crate::report::{Envelope, Key, KeyError, now_ns};
 use crate::sync::{LockExt, RwLockExt};
-use crate::verdict::{Verdict, canonical_json};
+use crate::verdict::canonical_json;
+
+mod diagnose;
+mod journal;
+
+pub use diagnose::{Diagnosis, diagnose};
+use journal::Journal;
 
 /// Output of a repair kept for the daemon.
 const REPAIR_TAIL_CHARS: usize = 4096;
@@ -47,184 +53,6 @@ pub enum CollectorError {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// The collector's record of live repairs on disk: one JSON file per job under
-/// `<state-dir>/repairs`, written before a repair runs and at each change of its state.
-struct Journal {
-    dir: std::path::PathBuf,
-}
-
-impl Journal {
-    fn open(state_dir: &std::path::Path) -> Result<Journal, CollectorError> {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = state_dir.join("repairs");
-        let err = |source| CollectorError::Journal {
-            path: dir.display().to_string(),
-            source,
-        };
-        std::fs::create_dir_all(&dir).map_err(err)?;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
-        Ok(Journal { dir })
-    }
-
-    fn path(&self, job: &str) -> std::path::PathBuf {
-        self.dir.join(format!("{job}.json"))
-    }
-
-    fn load(&self) -> Result<BTreeMap<String, LiveRepairRecord>, CollectorError> {
-        let err = |source| CollectorError::Journal {
-            path: self.dir.display().to_string(),
-            source,
-        };
-        let mut out = BTreeMap::new();
-        for entry in std::fs::read_dir(&self.dir).map_err(err)? {
-            let path = entry.map_err(err)?.path();
-            if path.extension().is_none_or(|e| e != "json") {
-                continue;
-            }
-            let parsed = std::fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<LiveRepairRecord>(&b).ok());
-            let Some(mut r) = parsed else {
-                warn!(file = %path.display(), "unreadable repair journal entry left aside");
-                let _ = std::fs::rename(&path, path.with_extension("bad"));
-                continue;
-            };
-            if r.state != RepairState::Done {
-                // It may have run in part: never run it again, and say why it did not finish.
-                r.error = Some(format!(
-                    "the collector restarted while this repair was {}; it was not run again",
-                    match r.state {
-                        RepairState::Queued => "queued",
-                        _ => "running",
-                    }
-                ));
-                r.state = RepairState::Done;
-                self.save(&r).map_err(err)?;
-            }
-            out.insert(r.job.clone(), r);
-        }
-        Ok(out)
-    }
-
-    fn save(&self, r: &LiveRepairRecord) -> std::io::Result<()> {
-        use std::io::Write;
-        let path = self.path(&r.job);
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec(r).map_err(std::io::Error::other)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    }
-
-    fn remove(&self, job: &str) {
-        let _ = std::fs::remove_file(self.path(job));
-    }
-}
-
-/// The result of one diagnose run.
-#[derive(Debug, Clone)]
-pub struct Diagnosis {
-    pub verdict: Verdict,
-    /// Why the diagnose failed, if it did; the verdict is then Ok and never triggers an action.
-    pub error: Option<String>,
-    pub at: i64,
-}
-
-/// Runs the configured diagnose once. Any failure becomes an Ok verdict flagged with the reason.
-pub async fn diagnose(cfg: &CollectorConfig) -> Diagnosis {
-    let (verdict, error) = match diagnose_inner(cfg).await {
-        Ok(v) => (v, None),
-        Err(e) => {
-            let reason = e.to_string();
-            (Verdict::ok_with_error(&reason), Some(reason))
-        }
-    };
-    Diagnosis {
-        verdict,
-        error,
-        at: now_ns(),
-    }
-}
-
-/// Why a diagnose run gave no verdict; the report then says Ok and carries this as its
-/// `diagnose-error`.
-#[derive(Debug, thiserror::Error)]
-pub enum DiagnoseError {
-    #[error("diagnose command refused: {0}")]
-    Refused(#[source] ExecError),
-    #[error("diagnose timed out after {0:?}")]
-    Timeout(std::time::Duration),
-    #[error("diagnose failed: {0}")]
-    Run(#[source] ExecError),
-    #[error("diagnose printed {printed} bytes, over the {cap}-byte cap")]
-    TooMuch { printed: usize, cap: usize },
-    #[error("diagnose exited with {status}: {stderr}")]
-    Exit { status: String, stderr: String },
-    #[error("diagnose printed invalid output: {0}")]
-    Output(#[from] crate::verdict::VerdictError),
-    /// The collector checks its own report as the daemon would, so the two never disagree.
-    #[error("the daemon would refuse this diagnose output: {0}")]
-    Unacceptable(#[source] crate::report::ReportError),
-}
-
-async fn diagnose_inner(cfg: &CollectorConfig) -> Result<Verdict, DiagnoseError> {
-    if cfg.diagnose.is_empty() {
-        return Ok(Verdict::builtin_ok());
-    }
-    let program =
-        exec::resolve(&cfg.diagnose_dir, &cfg.diagnose).map_err(DiagnoseError::Refused)?;
-    let out = exec::run(&RunSpec {
-        program,
-        args: vec![],
-        stdin: vec![],
-        env: cfg
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        timeout: cfg.diagnose_timeout,
-        output_cap: cfg.diagnose_output_cap,
-    })
-    .await
-    .map_err(|e| match e {
-        ExecError::Timeout { timeout, .. } => DiagnoseError::Timeout(timeout),
-        other => DiagnoseError::Run(other),
-    })?;
-    if out.stdout_len > cfg.diagnose_output_cap {
-        return Err(DiagnoseError::TooMuch {
-            printed: out.stdout_len,
-            cap: cfg.diagnose_output_cap,
-        });
-    }
-    if !out.success() {
-        return Err(DiagnoseError::Exit {
-            status: out
-                .code
-                .map_or("a signal".to_string(), |c| format!("code {c}")),
-            stderr: exec::tail_chars(String::from_utf8_lossy(&out.stderr_tail).trim(), 512),
-        });
-    }
-    let verdict = Verdict::parse_bytes(&out.stdout)?;
-    daemon_would_accept(&verdict).map_err(DiagnoseError::Unacceptable)?;
-    Ok(verdict)
-}
-
-/// Refuses, as a diagnose error, a verdict the daemon would refuse: the collector runs the
-/// daemon's own verification on a report carrying it, so the two can never disagree on limits
-/// (nesting depth, size, numbers) and a genuine report is never rejected as forged.
-fn daemon_would_accept(verdict: &Verdict) -> Result<(), crate::report::ReportError> {
-    let key = Key::from_bytes(vec![0; 32]);
-    let now = now_ns();
-    let env = Envelope::new("self-check", 1, now, now, verdict, None).sign(&key);
-    // An envelope of valid JSON values always serializes.
-    let body = serde_json::to_vec(&env).unwrap_or_default();
-    let rules = crate::report::VerifyRules {
-        window_s: 60,
-        max_bytes: crate::config::DaemonConfig::default().max_report_bytes,
-    };
-    Envelope::verify(&body, &key, "self-check", None, now, rules).map(|_| ())
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

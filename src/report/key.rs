@@ -1,0 +1,111 @@
+//! The cluster HMAC key: loading it from an owner-only file, generating one, and the
+//! domain-separated MACs the report and request signatures are made of.
+
+use std::fmt;
+use std::path::Path;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The cluster HMAC key.
+#[derive(Clone)]
+pub struct Key(Vec<u8>);
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Key(<redacted>)")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("cannot read key file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "key file {path} is accessible by group or others (mode {mode:o}); run chmod 600 {path}"
+    )]
+    Permissions { path: String, mode: u32 },
+    #[error("key file {path} must hold at least 32 hex digits (16 bytes)")]
+    Format { path: String },
+    #[error("cannot write key file {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no random bytes: {0}")]
+    Random(String),
+}
+
+impl Key {
+    pub fn from_bytes(bytes: Vec<u8>) -> Key {
+        Key(bytes)
+    }
+
+    /// Loads a key file, refusing one that group or others can read or write.
+    pub fn load(path: &Path) -> Result<Key, KeyError> {
+        let p = path.display().to_string();
+        let text = crate::secret::read(path).map_err(|e| match e {
+            crate::secret::SecretFileError::Read { source } => KeyError::Read {
+                path: p.clone(),
+                source,
+            },
+            crate::secret::SecretFileError::Permissions { mode } => KeyError::Permissions {
+                path: p.clone(),
+                mode,
+            },
+        })?;
+        let bytes = hex::decode(text.trim()).map_err(|_| KeyError::Format { path: p.clone() })?;
+        if bytes.len() < 16 {
+            return Err(KeyError::Format { path: p });
+        }
+        Ok(Key(bytes))
+    }
+
+    /// Writes a fresh 256-bit key with mode 0600; refuses to overwrite an existing file.
+    pub fn generate(path: &Path) -> Result<(), KeyError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| KeyError::Random(e.to_string()))?;
+        let write_err = |source| KeyError::Write {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(write_err)?;
+        writeln!(f, "{}", hex::encode(bytes)).map_err(write_err)?;
+        f.sync_all().map_err(write_err)
+    }
+
+    fn mac(&self, domain: &[u8], parts: &[&[u8]]) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(domain);
+        for p in parts {
+            mac.update(p);
+        }
+        mac
+    }
+
+    pub(super) fn sign(&self, domain: &[u8], parts: &[&[u8]]) -> String {
+        hex::encode(self.mac(domain, parts).finalize().into_bytes())
+    }
+
+    /// Constant-time comparison (hmac's `verify_slice`).
+    pub(super) fn verify(&self, domain: &[u8], parts: &[&[u8]], sig_hex: &str) -> bool {
+        match hex::decode(sig_hex) {
+            Ok(sig) => self.mac(domain, parts).verify_slice(&sig).is_ok(),
+            Err(_) => false,
+        }
+    }
+}

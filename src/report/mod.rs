@@ -1,0 +1,203 @@
+//! The wire protocol: the signed report envelope and its verification (here), the cluster key
+//! (`key`) and signed API requests (`request`). The domain's verdict types live in `verdict`;
+//! this module carries them.
+
+mod key;
+mod request;
+
+pub use key::{Key, KeyError};
+pub use request::{
+    DAEMON_TARGET, RequestError, SIGNATURE_HEADER, SignedRequest, TIMESTAMP_HEADER,
+    check_request_headers, check_signed_request,
+};
+
+use std::cmp::Ordering;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::verdict::{Verdict, VerdictError, canonical_json};
+
+/// Domain separators keep a signature made for one purpose from being valid for another.
+const REPORT_DOMAIN: &[u8] = b"maintd-report-v1\n";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("not valid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    /// The signed data is not a valid verdict.
+    #[error(transparent)]
+    Verdict(#[from] VerdictError),
+    #[error("report is {size} bytes, over the {cap}-byte cap")]
+    TooLarge { size: usize, cap: usize },
+    #[error("envelope field `{0}` is missing or has the wrong value")]
+    Envelope(&'static str),
+    #[error("signature does not verify under the cluster key")]
+    BadSignature,
+    #[error("report is signed for node {signed:?}, but was fetched from node {expected:?}")]
+    WrongNode { signed: String, expected: String },
+    #[error("report timestamp is {age_s:.1} s away from now (window {window_s} s)")]
+    Stale { age_s: f64, window_s: u64 },
+    #[error("sequence {seq} is outside 1..=2^63-1")]
+    SeqRange { seq: u64 },
+    #[error("sequence {seq} is not above the last accepted {last} (replay?)")]
+    Replay { seq: u64, last: u64 },
+}
+
+/// Distance between two timestamps in ns, without overflow whatever a client sent.
+pub fn age_ns(now_ns: i64, ts: i64) -> u64 {
+    now_ns.abs_diff(ts)
+}
+
+/// Ganeti mond's report envelope, extended with what makes it verifiable: the node it is for, a
+/// per-collector sequence number and an HMAC over everything else.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Envelope {
+    pub name: String,
+    pub version: String,
+    pub format_version: u32,
+    /// When the report was signed and served, in ns since the epoch.
+    pub timestamp: i64,
+    pub category: String,
+    pub kind: u32,
+    pub node: String,
+    pub seq: u64,
+    /// When the diagnose that produced `data` finished, in ns since the epoch.
+    #[serde(rename = "diagnosed-at")]
+    pub diagnosed_at: i64,
+    /// Set when the diagnose failed; `data` is then an Ok verdict with the reason in details.
+    #[serde(rename = "diagnose-error")]
+    pub diagnose_error: Option<String>,
+    pub data: Value,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub signature: String,
+}
+
+/// Largest sequence number a report may carry: the store keeps sequences as SQLite integers.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
+
+/// Freshness and size rules the daemon applies to every report.
+#[derive(Debug, Clone, Copy)]
+pub struct VerifyRules {
+    pub window_s: u64,
+    pub max_bytes: usize,
+}
+
+/// A report that passed every check.
+#[derive(Debug, Clone)]
+pub struct VerifiedReport {
+    pub envelope: Envelope,
+    pub verdict: Verdict,
+}
+
+impl Envelope {
+    pub fn new(
+        node: &str,
+        seq: u64,
+        timestamp: i64,
+        diagnosed_at: i64,
+        verdict: &Verdict,
+        error: Option<String>,
+    ) -> Envelope {
+        Envelope {
+            name: "diagnose".into(),
+            version: "B".into(),
+            format_version: 1,
+            timestamp,
+            category: "node".into(),
+            kind: 1,
+            node: node.into(),
+            seq,
+            diagnosed_at,
+            diagnose_error: error,
+            data: verdict.original.clone(),
+            signature: String::new(),
+        }
+    }
+
+    fn signing_bytes(&self) -> String {
+        let mut v = serde_json::to_value(self).expect("envelope serializes");
+        if let Value::Object(m) = &mut v {
+            m.remove("signature");
+        }
+        canonical_json(&v)
+    }
+
+    pub fn sign(mut self, key: &Key) -> Envelope {
+        self.signature.clear();
+        self.signature = key.sign(REPORT_DOMAIN, &[self.signing_bytes().as_bytes()]);
+        self
+    }
+
+    /// Verifies a raw report body fetched from `expected_node`. `last_seq` is the highest sequence
+    /// accepted so far from that node.
+    pub fn verify(
+        body: &[u8],
+        key: &Key,
+        expected_node: &str,
+        last_seq: Option<u64>,
+        now_ns: i64,
+        rules: VerifyRules,
+    ) -> Result<VerifiedReport, ReportError> {
+        if body.len() > rules.max_bytes {
+            return Err(ReportError::TooLarge {
+                size: body.len(),
+                cap: rules.max_bytes,
+            });
+        }
+        let env: Envelope = serde_json::from_slice(body).map_err(ReportError::Json)?;
+        if env.name != "diagnose" {
+            return Err(ReportError::Envelope("name"));
+        }
+        if env.format_version != 1 {
+            return Err(ReportError::Envelope("format_version"));
+        }
+        if env.signature.is_empty() {
+            return Err(ReportError::Envelope("signature"));
+        }
+        if !key.verify(
+            REPORT_DOMAIN,
+            &[env.signing_bytes().as_bytes()],
+            &env.signature,
+        ) {
+            return Err(ReportError::BadSignature);
+        }
+        if env.node != expected_node {
+            return Err(ReportError::WrongNode {
+                signed: env.node,
+                expected: expected_node.into(),
+            });
+        }
+        let age = age_ns(now_ns, env.timestamp);
+        if age > rules.window_s.saturating_mul(1_000_000_000) {
+            return Err(ReportError::Stale {
+                age_s: age as f64 / 1e9,
+                window_s: rules.window_s,
+            });
+        }
+        if env.seq == 0 || env.seq > MAX_SEQ {
+            return Err(ReportError::SeqRange { seq: env.seq });
+        }
+        if let Some(last) = last_seq
+            && env.seq.cmp(&last) != Ordering::Greater
+        {
+            return Err(ReportError::Replay { seq: env.seq, last });
+        }
+        let verdict = Verdict::from_value(env.data.clone())?;
+        Ok(VerifiedReport {
+            envelope: env,
+            verdict,
+        })
+    }
+}
+
+/// Wall-clock time in ns since the epoch. Only executors and servers call this; the core gets `now`.
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,315 @@
+//! The in-memory world of the harness: collectors that sign what they diagnose, a cluster that
+//! keeps tags and runs jobs in simulated time, and fence agents that switch simulated power.
+
+use super::*;
+
+pub(super) struct SimNode {
+    pub(super) powered: bool,
+    /// The collector process answers (a powered node may still be silent: a hung kernel).
+    pub(super) answering: bool,
+    pub(super) verdict: Verdict,
+    pub(super) seq: u64,
+    pub(super) repairs: BTreeMap<String, LiveRepairRecord>,
+}
+
+/// In-memory collectors: each report is diagnosed when asked and signed with the cluster key,
+/// so the poller verifies it exactly as it verifies one from the network.
+pub struct SimCollectors {
+    pub(super) key: Key,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) nodes: Mutex<BTreeMap<String, SimNode>>,
+}
+
+impl SimCollectors {
+    fn with<T>(&self, node: &str, f: impl FnOnce(&mut SimNode) -> T) -> T {
+        let mut nodes = self.nodes.lock_unpoisoned();
+        f(nodes.get_mut(node).expect("a simulated node"))
+    }
+
+    pub fn set_verdict(&self, node: &str, json: &str) {
+        let v = verdict(json);
+        self.with(node, |n| n.verdict = v);
+    }
+
+    /// The collector stops answering; the node stays powered.
+    pub fn silence(&self, node: &str) {
+        self.with(node, |n| n.answering = false);
+    }
+
+    pub fn answer_again(&self, node: &str) {
+        self.with(node, |n| n.answering = true);
+    }
+
+    pub fn powered(&self, node: &str) -> bool {
+        self.with(node, |n| n.powered)
+    }
+
+    pub(super) fn set_power(&self, node: &str, on: bool) {
+        self.with(node, |n| n.powered = on);
+    }
+
+    /// The live-repair commands the node ran, once each.
+    pub fn repairs(&self, node: &str) -> Vec<String> {
+        self.with(node, |n| {
+            n.repairs.values().map(|r| r.command.clone()).collect()
+        })
+    }
+
+    fn up(&self, node: &str) -> Result<(), LinkError> {
+        if self.with(node, |n| n.powered && n.answering) {
+            Ok(())
+        } else {
+            Err(LinkError::Down(
+                "simulated: the collector does not answer".into(),
+            ))
+        }
+    }
+}
+
+fn answer(status: u16, body: Vec<u8>, cap: usize) -> Result<Answer, LinkError> {
+    if body.len() > cap {
+        return Err(LinkError::TooLarge { cap });
+    }
+    Ok(Answer {
+        status: reqwest::StatusCode::from_u16(status).expect("a valid status"),
+        body,
+    })
+}
+
+#[async_trait::async_trait]
+impl CollectorLink for SimCollectors {
+    async fn get(&self, node: &NodeConfig, path: &str, cap: usize) -> Result<Answer, LinkError> {
+        self.up(&node.name)?;
+        match path {
+            "/" => answer(200, b"[1]".to_vec(), cap),
+            REPORT_PATH => {
+                let now = self.clock.now();
+                let env = self.with(&node.name, |n| {
+                    n.seq += 1;
+                    Envelope::new(&node.name, n.seq, now, now, &n.verdict, None)
+                });
+                let body = serde_json::to_vec(&env.sign(&self.key)).expect("serializes");
+                answer(200, body, cap)
+            }
+            _ => answer(404, br#"{"error":"not-found"}"#.to_vec(), cap),
+        }
+    }
+
+    /// Live repairs finish at once with exit 0; a job key is run once, as on a real collector.
+    async fn signed(
+        &self,
+        node: &NodeConfig,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        cap: usize,
+    ) -> Result<Answer, LinkError> {
+        self.up(&node.name)?;
+        let record = if method == reqwest::Method::POST && path == "/1/repair" {
+            let req: RepairRequest = serde_json::from_slice(&body.unwrap_or_default())
+                .map_err(|e| LinkError::Broken(e.to_string()))?;
+            let r = self.with(&node.name, |n| {
+                n.repairs
+                    .entry(req.job.clone())
+                    .or_insert_with(|| LiveRepairRecord {
+                        job: req.job.clone(),
+                        event: req.event.clone(),
+                        command: req.command.clone(),
+                        state: RepairState::Done,
+                        exit_code: Some(0),
+                        error: None,
+                        output: "repaired".into(),
+                        seq: 1,
+                    })
+                    .clone()
+            });
+            Some(r)
+        } else if let Some(job) = path.strip_prefix("/1/repair/") {
+            self.with(&node.name, |n| n.repairs.get(job).cloned())
+        } else {
+            None
+        };
+        match record {
+            Some(r) => answer(200, serde_json::to_vec(&r).expect("serializes"), cap),
+            None => answer(404, br#"{"error":"not-found"}"#.to_vec(), cap),
+        }
+    }
+}
+
+/// An in-memory cluster: tags, offline marks, and jobs that take a scripted simulated time and
+/// succeed unless told to fail.
+pub struct SimCluster {
+    pub(super) nodes: BTreeSet<String>,
+    pub(super) tags: Mutex<BTreeMap<String, BTreeSet<String>>>,
+    pub(super) offline: Mutex<BTreeSet<String>>,
+    pub(super) job_time: Mutex<HashMap<JobKind, Duration>>,
+    pub(super) failing: Mutex<HashSet<JobKind>>,
+    /// Every job started, in order, as `<kind> <node>`.
+    pub jobs: Mutex<Vec<String>>,
+    pub releases: Mutex<Vec<(String, Uuid, u32)>>,
+    pub reclaims: Mutex<Vec<(String, Uuid)>>,
+}
+
+impl SimCluster {
+    pub fn job_takes(&self, kind: JobKind, d: Duration) {
+        self.job_time.lock_unpoisoned().insert(kind, d);
+    }
+
+    pub fn fail(&self, kind: JobKind) {
+        self.failing.lock_unpoisoned().insert(kind);
+    }
+
+    pub fn tags_of(&self, node: &str) -> BTreeSet<String> {
+        self.tags
+            .lock_unpoisoned()
+            .get(node)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn jobs(&self) -> Vec<String> {
+        self.jobs.lock_unpoisoned().clone()
+    }
+
+    pub fn releases(&self) -> usize {
+        self.releases.lock_unpoisoned().len()
+    }
+
+    fn known(&self, node: &str) -> Result<(), ClusterError> {
+        if self.nodes.contains(node) {
+            Ok(())
+        } else {
+            Err(ClusterError::UnknownNode(node.into()))
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Cluster for SimCluster {
+    async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError> {
+        Ok(self.tags.lock_unpoisoned().clone())
+    }
+
+    async fn add_tag(&self, node: &str, tag: &str) -> Result<(), ClusterError> {
+        self.known(node)?;
+        let mut tags = self.tags.lock_unpoisoned();
+        tags.entry(node.into()).or_default().insert(tag.into());
+        Ok(())
+    }
+
+    async fn remove_tag(&self, node: &str, tag: &str) -> Result<bool, ClusterError> {
+        self.known(node)?;
+        let mut tags = self.tags.lock_unpoisoned();
+        Ok(tags.get_mut(node).is_some_and(|t| t.remove(tag)))
+    }
+
+    async fn run_job(&self, job: &Job, _event: &Value) -> Outcome {
+        self.jobs
+            .lock_unpoisoned()
+            .push(format!("{} {}", job.kind.as_str(), job.node));
+        let d = self.job_time.lock_unpoisoned().get(&job.kind).copied();
+        if let Some(d) = d {
+            tokio::time::sleep(d).await;
+        }
+        if self.failing.lock_unpoisoned().contains(&job.kind) {
+            return Outcome::failed(format!("simulated {} failure", job.kind.as_str()));
+        }
+        match job.kind {
+            JobKind::Offline => {
+                self.offline.lock_unpoisoned().insert(job.node.clone());
+            }
+            JobKind::Online => {
+                self.offline.lock_unpoisoned().remove(&job.node);
+            }
+            _ => {}
+        }
+        Outcome {
+            ok: true,
+            detail: format!("simulated {} done", job.kind.as_str()),
+        }
+    }
+
+    async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
+        Ok(self.offline.lock_unpoisoned().clone())
+    }
+
+    async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome {
+        self.releases
+            .lock_unpoisoned()
+            .push((node.into(), *flow, attempt));
+        self.offline.lock_unpoisoned().insert(node.into());
+        Outcome {
+            ok: true,
+            detail: "simulated release".into(),
+        }
+    }
+
+    async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
+        self.reclaims.lock_unpoisoned().push((node.into(), *flow));
+        self.offline.lock_unpoisoned().remove(node);
+        Outcome {
+            ok: true,
+            detail: "simulated reclaim".into(),
+        }
+    }
+}
+
+/// Fence agents that switch the simulated node's power: `off` powers it off, `status` answers
+/// as the power is, `on` powers it on. Failures and hangs are scripted.
+pub struct SimAgents {
+    pub(super) collectors: Arc<SimCollectors>,
+    /// Every call, in order, as `<action> <node>`.
+    pub calls: Mutex<Vec<String>>,
+    /// Calls of an action that fail (exit 1) before it works again.
+    pub(super) failures: Mutex<BTreeMap<String, u32>>,
+    /// Every call hangs until the stage's deadline kills it (a dead BMC).
+    pub hang: AtomicBool,
+}
+
+impl SimAgents {
+    pub fn fail_next(&self, action: &str, times: u32) {
+        self.failures.lock_unpoisoned().insert(action.into(), times);
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock_unpoisoned().clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl AgentRunner for SimAgents {
+    async fn call(
+        &self,
+        method: &Method,
+        action: &str,
+        deadline: Duration,
+    ) -> (Option<i32>, String) {
+        let node = method.params.get("node").cloned().unwrap_or_default();
+        self.calls
+            .lock_unpoisoned()
+            .push(format!("{action} {node}"));
+        if self.hang.load(Ordering::SeqCst) {
+            tokio::time::sleep(deadline).await;
+            return (None, "killed at the deadline".into());
+        }
+        if let Some(left) = self.failures.lock_unpoisoned().get_mut(action)
+            && *left > 0
+        {
+            *left -= 1;
+            return (Some(1), "simulated agent failure".into());
+        }
+        match action {
+            "off" => {
+                self.collectors.set_power(&node, false);
+                (Some(EXIT_OK), "Success: Powered OFF".into())
+            }
+            "on" => {
+                self.collectors.set_power(&node, true);
+                (Some(EXIT_OK), "Success: Powered ON".into())
+            }
+            "status" if self.collectors.powered(&node) => (Some(EXIT_OK), "Status: ON".into()),
+            "status" => (Some(EXIT_OFF), "Status: OFF".into()),
+            _ => (Some(1), format!("unknown action {action}")),
+        }
+    }
+}
