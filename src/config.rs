@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::http::listener::ListenerLimits;
-pub use crate::node::{COLLECTOR_PORT, NodeConfig, collector_address};
+use crate::node::{COLLECTOR_PORT, NodeConfig, collector_address};
 
 pub const DEFAULT_CONFIG: &str = "/etc/maintd/maintd.toml";
 pub const DAEMON_PORT: u16 = 1816;

@@ -16,8 +16,8 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::cluster::{Cluster, ClusterError};
-use crate::config::collector_address;
 use crate::http::{ApiError, ReplayCache, SignedAuth, require_signed};
+use crate::node::collector_address;
 use crate::report::{DAEMON_TARGET, Key, now_ns};
 use crate::store::{CancelOutcome, FenceCancel, Store};
 use crate::views;
