@@ -8,6 +8,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::fencing::machine::{FenceStatus, Step};
+use crate::repair::RepairStatus;
 use crate::store::Store;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -230,10 +231,17 @@ impl Collector for StateGauges {
                 None,
                 MetricType::Gauge,
             )?;
-            for st in ["noted", "pending", "canceled", "failed", "completed"] {
-                let n = counts.get(st).copied().unwrap_or(0);
+            for st in [
+                RepairStatus::Noted,
+                RepairStatus::Pending,
+                RepairStatus::Canceled,
+                RepairStatus::Failed,
+                RepairStatus::Completed,
+            ] {
+                let repair_status = st.as_str();
+                let n = counts.get(repair_status).copied().unwrap_or(0);
                 ConstGauge::new(n)
-                    .encode(family.encode_family(&RepairStatusLabel { repair_status: st })?)?;
+                    .encode(family.encode_family(&RepairStatusLabel { repair_status })?)?;
             }
         }
         if let Ok(oldest) = self.store.oldest_running_job_ns() {

@@ -41,6 +41,33 @@ pub struct Engine<C: Cluster> {
     pub clock: Arc<dyn crate::clock::Clock>,
 }
 
+/// Why a decision was skipped; the next tick tries again.
+#[derive(Debug, thiserror::Error)]
+pub enum TickError {
+    #[error("cannot read tags: {0}")]
+    Tags(#[source] crate::cluster::ClusterError),
+    #[error("cannot load state from {db}: {source}")]
+    Store {
+        db: String,
+        #[source]
+        source: crate::store::StoreError,
+    },
+    /// No drain starts without the facts that admit it.
+    #[error("cannot read capacity facts: {0}")]
+    Capacity(#[source] crate::cluster::ClusterError),
+}
+
+impl TickError {
+    /// The `reason` label of `maintd_engine_skipped_decisions_total`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            TickError::Tags(_) => "tags",
+            TickError::Store { .. } => "store",
+            TickError::Capacity(_) => "capacity",
+        }
+    }
+}
+
 /// Why the executor could not carry out an action; the next tick decides again from the store.
 #[derive(Debug, thiserror::Error)]
 pub enum ActionError {
@@ -160,6 +187,17 @@ impl<C: Cluster> Engine<C> {
         }
     }
 
+    /// A decision that could not be made: logged, counted under its label, and reported by
+    /// `/1/health` until a later one succeeds.
+    fn skip(&self, e: TickError) {
+        match &e {
+            TickError::Store { .. } => error!(error = %e, "skipping this decision"),
+            _ => warn!(error = %e, "skipping this decision"),
+        }
+        self.metrics.tick_failed(e.metric_label());
+        self.health.failed(e.to_string());
+    }
+
     /// One decision: rebuild the state, decide, execute (the leader) or count (a standby).
     /// The reports come from the last poll; the conditions are evaluated now, in place, since
     /// escalation depends on the time.
@@ -168,21 +206,13 @@ impl<C: Cluster> Engine<C> {
         self.resume();
         let tags = match self.cluster.tags().await {
             Ok(t) => t,
-            Err(e) => {
-                warn!(error = %e, "cannot read tags; skipping this decision");
-                self.metrics.tick_failed("tags");
-                self.health.failed(format!("cannot read tags: {e}"));
-                return;
-            }
+            Err(e) => return self.skip(TickError::Tags(e)),
         };
         let mut state = match self.store.load_state(self.policy, tags) {
             Ok(s) => s,
-            Err(e) => {
-                error!(error = %e, db = %self.store.path(), "cannot load state; skipping this decision");
-                self.metrics.tick_failed("store");
-                self.health
-                    .failed(format!("cannot load state from {}: {e}", self.store.path()));
-                return;
+            Err(source) => {
+                let db = self.store.path().to_string();
+                return self.skip(TickError::Store { db, source });
             }
         };
         state.members = Some(self.poller.member_names());
@@ -203,13 +233,7 @@ impl<C: Cluster> Engine<C> {
                     actions = decide(&state, obs, now);
                 }
                 Ok(None) => {}
-                Err(e) => {
-                    warn!(error = %e, "cannot read capacity facts; no drain starts this tick");
-                    self.metrics.tick_failed("capacity");
-                    self.health
-                        .failed(format!("cannot read capacity facts: {e}"));
-                    return;
-                }
+                Err(e) => return self.skip(TickError::Capacity(e)),
             }
         }
         self.health.ok(now);
