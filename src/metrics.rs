@@ -34,6 +34,11 @@ pub struct JobLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StepLabel {
     pub stage: String,
 }
@@ -63,6 +68,8 @@ pub struct Metrics {
     pub fence_failures: Family<StepLabel, Counter>,
     /// Actions the engine could not carry out, by `ActionError::metric_label`.
     pub action_failures: Family<ReasonLabel, Counter>,
+    /// 1 while a node's power-management devices pass their status check, 0 when not.
+    pub fencing_ready: Family<NodeLabel, Gauge>,
 }
 
 impl Metrics {
@@ -83,6 +90,7 @@ impl Metrics {
             tick_failures: Family::default(),
             fence_failures: Family::default(),
             action_failures: Family::default(),
+            fencing_ready: Family::default(),
             fence_stage_seconds: Family::new_with_constructor(|| {
                 Histogram::new([
                     0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
@@ -160,6 +168,11 @@ impl Metrics {
             m.tick_failures.clone(),
         );
         reg.register(
+            "maintd_fencing_ready",
+            "1 while the node's power-management devices pass their status check, 0 when fencing is inactive",
+            m.fencing_ready.clone(),
+        );
+        reg.register(
             "maintd_fence_failures",
             "Failed fence attempts, by step",
             m.fence_failures.clone(),
@@ -170,6 +183,12 @@ impl Metrics {
             m.action_failures.clone(),
         );
         m
+    }
+
+    pub fn fencing_ready(&self, node: &str, ready: bool) {
+        self.fencing_ready
+            .get_or_create(&NodeLabel { node: node.into() })
+            .set(ready as i64);
     }
 
     pub fn fence_failed(&self, stage: &str) {

@@ -9,6 +9,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::fencing::machine::{FenceStatus, Flow, Step, fence_failed_tag};
+use crate::fencing::readiness::DeviceCheck;
 use crate::repair::{JobKind, JobStatus, RepairStatus};
 use crate::store::NodeRow;
 use crate::verdict::{Nanos, Status};
@@ -193,6 +194,9 @@ pub struct Node {
     pub diagnose_error: Option<String>,
     pub rejected_reports: u64,
     pub last_rejection: Option<String>,
+    /// The last fence readiness check; null for a node without a fence plan, or not checked
+    /// yet.
+    pub fencing: Option<DeviceCheck>,
 }
 
 impl Node {
@@ -203,6 +207,7 @@ impl Node {
         row: Option<&NodeRow>,
         offline: bool,
         tags: BTreeSet<String>,
+        fencing: Option<DeviceCheck>,
     ) -> Node {
         let Some(r) = row else {
             return Node {
@@ -220,6 +225,7 @@ impl Node {
                 diagnose_error: None,
                 rejected_reports: 0,
                 last_rejection: None,
+                fencing,
             };
         };
         Node {
@@ -237,9 +243,13 @@ impl Node {
             diagnose_error: r.diagnose_error.clone(),
             rejected_reports: r.rejected,
             last_rejection: r.last_rejection.clone(),
+            fencing,
         }
     }
 }
+
+/// `/1/fences/readiness`: the last readiness check of every node with a fence plan.
+pub type Readiness = BTreeMap<String, DeviceCheck>;
 
 /// `/1/leader`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

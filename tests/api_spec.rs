@@ -291,6 +291,9 @@ async fn real_responses_match_the_openapi_spec() {
         json!([]),
         "no fencing configured here; tests/fencing.rs checks real flows"
     );
+    let r = "/1/fences/readiness";
+    let (_, ready) = api.call(false, &base, "GET", r, r, None).await;
+    assert_eq!(ready, json!({}), "no fence plans, no readiness checks");
 
     // The collector's endpoints.
     let col = format!("http://127.0.0.1:{}", c.ports[0]);

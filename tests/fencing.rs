@@ -10,11 +10,14 @@ use common::sims::{self, Ipmi, Redfish, Snmp};
 use common::*;
 use serde_json::Value;
 
-/// Common fencing settings: fast detection for tests (the benchmark uses the defaults).
+/// Common fencing settings: fast detection for tests (the benchmark uses the defaults). The
+/// readiness checks are off, so every agent call a test sees is its flow's; one test turns them
+/// on.
 fn fencing_toml(c: &Cluster, storm_percent: u32, body: &str) -> String {
     format!(
         r#"
 [fencing]
+check-interval = "0s"
 grace = "1s"
 liveness-interval = "200ms"
 liveness-timeout = "500ms"
@@ -416,4 +419,69 @@ async fn kill_9_between_power_off_and_release_releases_exactly_once() {
         .filter(|x| x["action"] == "off")
         .count();
     assert_eq!(offs, 1, "{f}");
+}
+
+/// Readiness: a wrong BMC password makes node1's fencing inactive at the start-up check, while
+/// node2's device answers; nothing has failed yet and nothing is fenced. (Going back to active
+/// is a decision of the checker, covered on the simulated-time harness.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_reported_as_fencing_inactive_before_any_failure() {
+    if !sims::available() {
+        return;
+    }
+    let mut c = Cluster::new(3);
+    let ipmi1 = Ipmi::start(c.dir.path(), "node1");
+    let ipmi2 = Ipmi::start(c.dir.path(), "node2");
+    let wrong = c.secret("node1.pw", "nope");
+    let node1 = ipmi_stage("power-management", &ipmi1, "").replace(
+        "template = \"ipmi\", params",
+        &format!(
+            "template = \"ipmi\", secrets = {{ password = \"{}\" }}, params",
+            wrong.display()
+        ),
+    );
+    let node2 = ipmi_stage("power-management", &ipmi2, "").replace("node1", "node2");
+    c.extra_daemon_toml = fencing_toml(&c, 50, &format!("{node1}{node2}")).replace(
+        "check-interval = \"0s\"",
+        "check-interval = \"4s\"\ncheck-timeout = \"10s\"",
+    );
+    c.start().await;
+    let fencing = |n: &Value| n["fencing"]["state"].as_str().map(String::from);
+    let nodes = wait_for("both nodes to be checked", || async {
+        let (_, v) = c.get("/1/nodes").await;
+        let all = v.as_array().cloned().unwrap_or_default();
+        let checked = all.iter().filter(|n| fencing(n).is_some()).count();
+        (checked == 2).then_some(all)
+    })
+    .await;
+    let by_name = |name: &str| nodes.iter().find(|n| n["name"] == name).unwrap().clone();
+    let (n1, n2) = (by_name("node1"), by_name("node2"));
+    assert_eq!(fencing(&n1).as_deref(), Some("inactive"), "{n1}");
+    assert!(
+        n1["fencing"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("fence_ipmilan status failed"),
+        "{n1}"
+    );
+    assert_eq!(fencing(&n2).as_deref(), Some("active"), "{n2}");
+    assert!(n1["fencing"]["methods"][0]["ok"] == false);
+    assert!(by_name("node3")["fencing"].is_null());
+    let (_, all) = c.get("/1/fences/readiness").await;
+    assert_eq!(all["node1"]["state"], "inactive", "{all}");
+    assert_eq!(all["node2"]["state"], "active", "{all}");
+    let m = c.metrics().await;
+    assert!(m.contains(r#"maintd_fencing_ready{node="node1"} 0"#), "{m}");
+    assert!(m.contains(r#"maintd_fencing_ready{node="node2"} 1"#), "{m}");
+    assert!(c.daemon_log().contains("fencing inactive"));
+    // Nothing failed and nothing was fenced: the check only asked for the status.
+    let (_, flows) = c.get("/1/fences").await;
+    assert_eq!(flows.as_array().map(Vec::len), Some(0));
+    assert!(ipmi1.powered_on() && ipmi2.powered_on());
+    // Later checks, one node per interval / nodes, keep the verdict and log no change.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (_, again) = c.get("/1/fences/readiness").await;
+    assert!(again["node1"]["checked-at"].as_i64() > all["node1"]["checked-at"].as_i64());
+    assert_eq!(again["node1"]["state"], "inactive");
+    assert_eq!(c.daemon_log().matches("fencing inactive").count(), 1);
 }

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 
 use crate::config::{Config, ConfigError};
+use crate::fencing::readiness::FencingState;
 use crate::http::{error_message, send_signed};
 use crate::report::{Envelope, Key, KeyError, now_ns};
 use crate::views;
@@ -440,8 +441,15 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                         .map(|e| format!(" diagnose-error: {e}"))
                         .unwrap_or_default();
                     let off = if n.offline { " offline" } else { "" };
+                    let fencing = match &n.fencing {
+                        Some(f) if f.state == FencingState::Inactive => {
+                            format!(" fencing=INACTIVE ({})", short(&f.detail, 80))
+                        }
+                        Some(_) => " fencing=active".into(),
+                        None => String::new(),
+                    };
                     println!(
-                        "{:<20} {state:<5}{off} rejected={}{diag}",
+                        "{:<20} {state:<5}{off} rejected={}{fencing}{diag}",
                         n.name, n.rejected_reports
                     );
                 }

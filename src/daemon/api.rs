@@ -33,6 +33,8 @@ pub struct ApiState<C: Cluster> {
     pub registry: Arc<Registry>,
     pub seqs: Arc<crate::repair::poller::Seqs>,
     pub health: Arc<crate::repair::engine::Health>,
+    /// The fence readiness checks, when fencing is configured.
+    pub readiness: Option<Arc<crate::fencing::readiness::Board>>,
 }
 
 /// What the API needs of the configuration, resolved once at start-up.
@@ -78,6 +80,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/nodes", get(nodes::<C>))
         .route("/1/tags", get(tags::<C>))
         .route("/1/fences", get(fences::<C>))
+        .route("/1/fences/readiness", get(readiness::<C>))
         .route("/1/leader", get(leader::<C>))
         .route("/1/health", get(health::<C>))
         .route("/metrics", get(metrics::<C>))
@@ -139,6 +142,10 @@ async fn fences<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Fence>>, A
     Ok(Json(flows.iter().map(views::Fence::of).collect()))
 }
 
+async fn readiness<C: Cluster>(State(s): S<C>) -> Json<views::Readiness> {
+    Json(s.readiness.as_ref().map(|b| b.all()).unwrap_or_default())
+}
+
 async fn one_status<C: Cluster>(
     State(s): S<C>,
     Path(id): Path<String>,
@@ -171,6 +178,7 @@ async fn nodes<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Node>>, Api
                 rows.iter().find(|r| r.name == n.name),
                 offline.contains(&n.name),
                 tags.remove(&n.name).unwrap_or_default(),
+                s.readiness.as_ref().and_then(|b| b.get(&n.name)),
             )
         })
         .collect();

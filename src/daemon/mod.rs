@@ -188,16 +188,33 @@ async fn run_with<C: Cluster>(
     });
     let redact =
         crate::fencing::redact::Redactor::new(plans.values().flat_map(|p| p.secrets()).cloned());
+    let agents: Arc<dyn crate::fencing::agent::AgentRunner> =
+        Arc::new(crate::fencing::agent::Agents {
+            dir: cfg.fencing.agents_dir.clone(),
+            redact,
+        });
+    let readiness = (!plans.is_empty()).then(|| {
+        let f = &cfg.fencing;
+        Arc::new(crate::fencing::readiness::Readiness::new(
+            crate::fencing::readiness::CheckSettings {
+                interval: f.check_interval,
+                timeout: f.check_timeout,
+                concurrency: f.check_concurrency,
+            },
+            plans.clone(),
+            agents.clone(),
+            cluster.clone(),
+            engine.metrics.clone(),
+            leadership.clone(),
+        ))
+    });
     let fencer = (!plans.is_empty()).then(|| {
         let mut f = crate::fencing::executor::Fencer::new(
             &cfg.fencing,
             plans,
             store.clone(),
             cluster.clone(),
-            Arc::new(crate::fencing::agent::Agents {
-                dir: cfg.fencing.agents_dir.clone(),
-                redact,
-            }),
+            agents,
             Arc::new(crate::link::HttpLink::new(
                 key.clone(),
                 cfg.fencing.liveness_timeout,
@@ -235,6 +252,7 @@ async fn run_with<C: Cluster>(
         registry: Arc::new(registry),
         seqs,
         health: engine.health.clone(),
+        readiness: readiness.as_ref().map(|r| r.board.clone()),
     }));
     info!(listen = %cfg.daemon.listen, nodes = node_count, db = %cfg.db_path().display(), "daemon started");
 
@@ -253,6 +271,12 @@ async fn run_with<C: Cluster>(
         tokio::spawn(
             f.run(stop(stop_rx.clone()))
                 .instrument(info_span!("fencer")),
+        )
+    });
+    let readiness_task = readiness.map(|r| {
+        tokio::spawn(
+            r.run(stop(stop_rx.clone()))
+                .instrument(info_span!("readiness")),
         )
     });
     let watch_task = watch.map(|w| {
@@ -313,6 +337,9 @@ async fn run_with<C: Cluster>(
         let _ = t.await;
     }
     if let Some(t) = watch_task {
+        let _ = t.await;
+    }
+    if let Some(t) = readiness_task {
         let _ = t.await;
     }
     let _ = elect_tx.send(true);

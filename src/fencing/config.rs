@@ -41,6 +41,14 @@ pub struct FencingConfig {
     pub paused: bool,
     /// How often a flow in error restarts from the beginning.
     pub max_restarts: u32,
+    /// Readiness: every node's power-management `status` is checked at start-up and then once
+    /// per interval (zero disables), each call within `check-timeout`, at most
+    /// `check-concurrency` nodes at once.
+    #[serde(with = "humantime_serde")]
+    pub check_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub check_timeout: Duration,
+    pub check_concurrency: usize,
     pub templates: BTreeMap<String, TemplateConfig>,
     pub nodes: BTreeMap<String, NodeFenceConfig>,
 }
@@ -58,6 +66,9 @@ impl Default for FencingConfig {
             cooldown: Duration::from_secs(600),
             paused: false,
             max_restarts: 1,
+            check_interval: Duration::from_secs(600),
+            check_timeout: Duration::from_secs(10),
+            check_concurrency: 4,
             templates: BTreeMap::new(),
             nodes: BTreeMap::new(),
         }
@@ -258,6 +269,12 @@ impl FencingConfig {
         if self.liveness_interval.is_zero() || self.liveness_timeout.is_zero() {
             return bad(
                 "fencing.liveness-interval and liveness-timeout must be greater than zero".into(),
+            );
+        }
+        if self.check_timeout.is_zero() || self.check_concurrency == 0 {
+            return bad(
+                "fencing.check-timeout must be greater than zero and check-concurrency at least 1"
+                    .into(),
             );
         }
         for (name, t) in &self.templates {

@@ -147,6 +147,8 @@ pub struct SimCluster {
     /// Every job started, in order, as `<kind> <node>`.
     pub jobs: Mutex<Vec<String>>,
     pub releases: Mutex<Vec<(String, Uuid, u32)>>,
+    /// Events recorded on nodes, as `<node> <reason>`.
+    pub(super) events: Mutex<Vec<String>>,
     pub reclaims: Mutex<Vec<(String, Uuid)>>,
 }
 
@@ -169,6 +171,10 @@ impl SimCluster {
 
     pub fn jobs(&self) -> Vec<String> {
         self.jobs.lock_unpoisoned().clone()
+    }
+
+    pub fn events(&self) -> Vec<String> {
+        self.events.lock_unpoisoned().clone()
     }
 
     pub fn releases(&self) -> usize {
@@ -229,6 +235,12 @@ impl Cluster for SimCluster {
         }
     }
 
+    async fn record(&self, node: &str, reason: &str, _message: &str, _warning: bool) {
+        self.events
+            .lock_unpoisoned()
+            .push(format!("{node} {reason}"));
+    }
+
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
         Ok(self.offline.lock_unpoisoned().clone())
     }
@@ -267,8 +279,9 @@ pub struct SimAgents {
 }
 
 impl SimAgents {
-    pub fn fail_next(&self, action: &str, times: u32) {
-        self.failures.lock_unpoisoned().insert(action.into(), times);
+    /// `what` is an action (`off`) or an action on one node (`status node2`).
+    pub fn fail_next(&self, what: &str, times: u32) {
+        self.failures.lock_unpoisoned().insert(what.into(), times);
     }
 
     pub fn calls(&self) -> Vec<String> {
@@ -292,11 +305,16 @@ impl AgentRunner for SimAgents {
             tokio::time::sleep(deadline).await;
             return (None, "killed at the deadline".into());
         }
-        if let Some(left) = self.failures.lock_unpoisoned().get_mut(action)
-            && *left > 0
         {
-            *left -= 1;
-            return (Some(1), "simulated agent failure".into());
+            let mut failures = self.failures.lock_unpoisoned();
+            for key in [format!("{action} {node}"), action.to_string()] {
+                if let Some(left) = failures.get_mut(&key)
+                    && *left > 0
+                {
+                    *left -= 1;
+                    return (Some(1), "simulated agent failure: bad credentials".into());
+                }
+            }
         }
         match action {
             "off" => {

@@ -29,6 +29,7 @@ use crate::fencing::agent::{AgentRunner, EXIT_OFF, EXIT_OK};
 use crate::fencing::config::{ExecPolicy, FencePlan, FencingConfig, Method, Stage};
 use crate::fencing::executor::Fencer;
 use crate::fencing::machine::Flow;
+use crate::fencing::readiness::{Board, CheckSettings, Readiness};
 use crate::leader::Leadership;
 use crate::link::{Answer, CollectorLink, LinkError};
 use crate::members::Members;
@@ -102,6 +103,8 @@ pub struct Sim {
     pub cluster: Arc<SimCluster>,
     pub collectors: Arc<SimCollectors>,
     pub agents: Arc<SimAgents>,
+    /// The fence readiness checks, with fencing.
+    pub readiness: Option<Arc<Board>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -150,6 +153,7 @@ impl Sim {
             jobs: Mutex::new(Vec::new()),
             releases: Mutex::new(Vec::new()),
             reclaims: Mutex::new(Vec::new()),
+            events: Mutex::new(Vec::new()),
         });
         let agents = Arc::new(SimAgents {
             collectors: collectors.clone(),
@@ -205,6 +209,7 @@ impl Sim {
             let _ = rx.wait_for(|v| *v).await;
         };
         let mut tasks = vec![tokio::spawn(engine.clone().run(stopped(stop_rx.clone())))];
+        let mut readiness = None;
         if let Some(f) = &o.fencing {
             let plans: BTreeMap<String, FencePlan> = names
                 .iter()
@@ -217,6 +222,21 @@ impl Sim {
                     (n.clone(), plan)
                 })
                 .collect();
+            let mut checks = Readiness::new(
+                CheckSettings {
+                    interval: f.check_interval,
+                    timeout: f.check_timeout,
+                    concurrency: f.check_concurrency,
+                },
+                plans.clone(),
+                agents.clone(),
+                cluster.clone(),
+                metrics.clone(),
+                leadership.clone(),
+            );
+            checks.clock = clock.clone();
+            readiness = Some(checks.board.clone());
+            tasks.push(tokio::spawn(Arc::new(checks).run(stopped(stop_rx.clone()))));
             let mut fencer = Fencer::new(
                 f,
                 plans,
@@ -238,6 +258,7 @@ impl Sim {
             cluster,
             collectors,
             agents,
+            readiness,
             stop,
             tasks,
             _dir: dir,

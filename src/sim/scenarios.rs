@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::fencing::machine::{FenceStatus, Step, fence_failed_tag};
+use crate::fencing::readiness::FencingState;
 use crate::repair::{JobStatus, RepairStatus, ready_tag};
 use crate::verdict::Status;
 
@@ -15,10 +16,12 @@ fn secs(ns: Nanos) -> f64 {
     ns as f64 / 1e9
 }
 
+/// Fencing with fast detection; readiness checks off, so the agents' calls are the flows' own.
 fn fencing(grace_s: u64) -> FencingConfig {
     FencingConfig {
         grace: Duration::from_secs(grace_s),
         liveness_interval: Duration::from_secs(1),
+        check_interval: Duration::ZERO,
         ..FencingConfig::default()
     }
 }
@@ -331,6 +334,67 @@ async fn fences_start_one_at_a_time_and_min_interval_apart() {
         .filter(|c| c.starts_with("off"))
         .collect();
     assert_eq!(offs.len(), 3);
+    sim.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_checks_every_device_at_start_then_one_node_per_step_and_reports_changes() {
+    let sim = Sim::start(SimOptions {
+        nodes: 4,
+        fencing: Some(FencingConfig {
+            check_interval: Duration::from_secs(600),
+            ..fencing(30)
+        }),
+        ..SimOptions::default()
+    });
+    // node2's BMC refuses the first two status calls (a wrong password, fixed later).
+    sim.agents.fail_next("status node2", 2);
+    let board = sim.readiness.clone().expect("fencing is on");
+    let all = sim
+        .until("the start-up pass", MIN, |_| {
+            let all = board.all();
+            (all.len() == 4).then_some(all)
+        })
+        .await;
+    assert_eq!(all["node2"].state, FencingState::Inactive);
+    assert!(
+        all["node2"].detail.contains("bad credentials"),
+        "{:?}",
+        all["node2"]
+    );
+    for n in ["node1", "node3", "node4"] {
+        assert_eq!(all[n].state, FencingState::Active, "{n}");
+    }
+    assert!(sim.elapsed_s() < 1.0, "the start-up pass runs at once");
+    assert_eq!(sim.cluster.events(), vec!["node2 FencingInactive"]);
+    // Then one node every 600 s / 4: node2's second check (t = 300 s) still fails, its third
+    // (t = 900 s) passes.
+    let back = sim
+        .until("node2 to be active again", 20 * MIN, |_| {
+            board
+                .get("node2")
+                .filter(|c| c.state == FencingState::Active)
+        })
+        .await;
+    let at = secs(back.checked_at - T0);
+    assert!(
+        (890.0..=910.0).contains(&at),
+        "node2 came back at {at:.0} s"
+    );
+    let node2_checks = sim
+        .agents
+        .calls()
+        .iter()
+        .filter(|c| *c == "status node2")
+        .count();
+    assert_eq!(node2_checks, 3, "one check per node per interval");
+    assert_eq!(
+        sim.cluster.events(),
+        vec!["node2 FencingInactive", "node2 FencingActive"]
+    );
+    // Checks ask for the status only: nothing was switched.
+    assert!(sim.agents.calls().iter().all(|c| c.starts_with("status")));
+    assert!(sim.flows().is_empty());
     sim.stop().await;
 }
 
