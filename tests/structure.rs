@@ -8,13 +8,14 @@ use std::path::Path;
 
 const ROOMS: [&str; 2] = ["repair", "fencing"];
 
-const PURE: [&str; 6] = [
+const PURE: [&str; 7] = [
     "verdict",
     "repair::model",
     "repair::decide",
     "repair::capacity",
     "repair::conditions",
     "fencing::machine",
+    "fencing::watchers",
 ];
 
 struct Unit {

@@ -1,7 +1,8 @@
 //! The wire protocol: the signed report envelope and its verification (here), the cluster key
-//! (`key`) and signed API requests (`request`). The domain's verdict types live in `verdict`;
-//! this module carries them.
+//! (`key`), signed API requests (`request`) and peer heartbeats (`heartbeat`). The domain's
+//! verdict types live in `verdict`; this module carries them.
 
+pub mod heartbeat;
 mod key;
 mod request;
 
