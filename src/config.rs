@@ -117,6 +117,8 @@ pub struct CollectorConfig {
     pub state_dir: PathBuf,
     /// Connection caps and deadlines of the collector's listener.
     pub limits: ListenerLimits,
+    /// Peer heartbeats over UDP on the `listen` port.
+    pub heartbeat: crate::collector::peers::HeartbeatConfig,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -176,6 +178,7 @@ impl Default for CollectorConfig {
             request_window: Duration::from_secs(60),
             state_dir: "/var/lib/maintd-collector".into(),
             limits: ListenerLimits::default(),
+            heartbeat: Default::default(),
         }
     }
 }
@@ -268,6 +271,13 @@ impl Config {
                 d.stall_after,
                 d.poll_interval * 2
             ));
+        }
+        let hb = &self.collector.heartbeat;
+        if hb.interval.is_zero() || hb.lost_after < hb.interval * 2 || hb.window.is_zero() {
+            return bad(
+                "collector.heartbeat: interval and window must be greater than zero, and lost-after at least two intervals"
+                    .into(),
+            );
         }
         if d.poll_concurrency == 0 {
             return bad("daemon.poll-concurrency must be at least 1".into());

@@ -359,6 +359,30 @@ async fn real_responses_match_the_openapi_spec() {
         .0,
         400
     );
+    let set = json!({"epoch": 1, "peers": {"node2": {"ip": "127.0.0.1", "port": 9}}});
+    assert_eq!(
+        api.call(true, &col, "PUT", "/1/peers", "/1/peers", Some(set.clone()))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        api.call(false, &col, "PUT", "/1/peers", "/1/peers", Some(set))
+            .await
+            .0,
+        401
+    );
+    let bad = json!({"epoch": 2, "peers": {"node1": {"ip": "127.0.0.1", "port": 9}}});
+    assert_eq!(
+        api.call(true, &col, "PUT", "/1/peers", "/1/peers", Some(bad))
+            .await
+            .0,
+        400
+    );
+    let (_, v) = api
+        .call(false, &col, "GET", "/1/peers", "/1/peers", None)
+        .await;
+    assert!(v["view"].as_str().unwrap().contains("\"epoch\":1"), "{v}");
     let r = "/1/repair/{job}";
     assert_eq!(
         api.call(true, &col, "GET", r, "/1/repair/spec-1", None)

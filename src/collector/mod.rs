@@ -30,6 +30,7 @@ use crate::verdict::canonical_json;
 
 mod diagnose;
 mod journal;
+pub mod peers;
 
 pub use diagnose::{Diagnosis, diagnose};
 use journal::Journal;
@@ -101,6 +102,8 @@ pub struct Collector {
     repair_slot: Semaphore,
     journal: Journal,
     replay: Arc<crate::http::ReplayCache>,
+    /// Peer heartbeats: the set the leader assigned, and what this node hears.
+    pub peers: Arc<peers::Peers>,
 }
 
 impl Collector {
@@ -117,7 +120,9 @@ impl Collector {
         let journal = Journal::open(&cfg.state_dir)?;
         let repairs = journal.load()?;
         let next = repairs.values().map(|r| r.seq + 1).max().unwrap_or(0);
+        let peers = Arc::new(peers::Peers::new(node.clone(), key.clone(), cfg.heartbeat));
         Ok(Arc::new(Collector {
+            peers,
             node,
             key,
             cfg,
@@ -169,10 +174,18 @@ impl Collector {
                 get(repair_status)
                     .route_layer(middleware::from_fn_with_state(auth(0), require_signed)),
             )
+            .route(
+                "/1/peers",
+                axum::routing::put(set_peers).route_layer(middleware::from_fn_with_state(
+                    auth(PEER_SET_CAP),
+                    require_signed,
+                )),
+            )
             .with_state(self.clone());
         Router::new()
             .route("/", get(|| async { Json(json!([1])) }))
             .route("/1/report/diagnose", get(report))
+            .route("/1/peers", get(peer_view))
             .fallback(crate::http::not_found_fallback)
             .method_not_allowed_fallback(crate::http::method_not_allowed)
             .with_state(self.clone())
@@ -244,6 +257,29 @@ async fn report(State(c): State<Arc<Collector>>) -> Response {
         Some(env) => Json(env).into_response(),
         None => ApiError::unavailable("no diagnose has finished yet").into_response(),
     }
+}
+
+/// A peer set of 64 peers with long names and addresses stays well under this.
+const PEER_SET_CAP: usize = 16 * 1024;
+
+async fn set_peers(
+    State(c): State<Arc<Collector>>,
+    body: Bytes,
+) -> Result<Json<peers::PeerSet>, ApiError> {
+    let set: peers::PeerSet = parse_json(&body)?;
+    c.peers
+        .install(set.clone())
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    info!(
+        epoch = set.epoch,
+        peers = set.peers.len(),
+        "peer set installed"
+    );
+    Ok(Json(set))
+}
+
+async fn peer_view(State(c): State<Arc<Collector>>) -> Json<crate::report::heartbeat::SignedView> {
+    Json(c.peers.view(now_ns()))
 }
 
 fn valid_job_key(s: &str) -> bool {
@@ -320,6 +356,16 @@ pub async fn run(
         .await
         .map_err(CollectorError::Listen)?;
     let collector = Collector::new(node.clone(), key, ccfg.clone())?;
+    let heartbeat_socket = peers::bind(ccfg.listen)
+        .await
+        .map_err(CollectorError::Listen)?;
+    let heartbeats = tokio::spawn(
+        collector
+            .peers
+            .clone()
+            .run(heartbeat_socket)
+            .instrument(info_span!("heartbeats")),
+    );
     info!(node = %node, listen = %ccfg.listen, diagnose = %ccfg.diagnose, state_dir = %ccfg.state_dir.display(), "collector started");
 
     let c = collector.clone();
@@ -348,6 +394,7 @@ pub async fn run(
     .await
     .map_err(CollectorError::Serve);
     diag_loop.abort();
+    heartbeats.abort();
     // Let a running repair reach its end rather than abandon it half-way.
     let _ = tokio::time::timeout(Duration::from_secs(30), collector.repair_slot.acquire()).await;
     info!("collector stopped");

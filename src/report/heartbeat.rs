@@ -1,6 +1,6 @@
 //! Peer heartbeats on the wire (issue 13): one small signed UDP datagram from a node to each of
-//! its watchers. It names sender and recipient, carries a per-sender counter and the send time,
-//! and lists the peers the sender hears (so contact can be judged two-way). A heartbeat is
+//! its peers. It names sender and recipient, carries a per-sender counter and the send time,
+//! and says whether the sender hears the recipient (so contact can be judged two-way). A heartbeat is
 //! checked like a report: size first, then signature, recipient, freshness and a strictly
 //! increasing counter, so a forged or replayed one neither keeps a dead node "alive" nor makes a
 //! live one "dead".
@@ -15,9 +15,8 @@ const HEARTBEAT_DOMAIN: &[u8] = b"maintd-heartbeat-v1\n";
 /// A datagram larger than this is dropped unread.
 pub const MAX_HEARTBEAT_BYTES: usize = 2048;
 
-/// Peers a heartbeat may list as heard; more are never needed (a node has at most this many
-/// watchers and watched nodes combined in any configuration we accept).
-pub const MAX_HEARD: usize = 64;
+/// Peers one node may have (the nodes that watch it and those it watches, together).
+pub const MAX_PEERS: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,8 +30,8 @@ pub struct Heartbeat {
     pub seq: u64,
     /// Send time, ns since the epoch.
     pub ts: i64,
-    /// The peers the sender has heard from recently.
-    pub hears: Vec<String>,
+    /// The sender has heard the recipient recently.
+    pub hears_you: bool,
     /// HMAC-SHA256 over everything else, hex.
     #[serde(default)]
     pub sig: String,
@@ -70,23 +69,21 @@ impl HeartbeatError {
 }
 
 impl Heartbeat {
-    pub fn new(from: &str, to: &str, seq: u64, ts: i64, hears: Vec<String>) -> Heartbeat {
-        let mut hears = hears;
-        hears.truncate(MAX_HEARD);
+    pub fn new(from: &str, to: &str, seq: u64, ts: i64, hears_you: bool) -> Heartbeat {
         Heartbeat {
             v: 1,
             from: from.into(),
             to: to.into(),
             seq,
             ts,
-            hears,
+            hears_you,
             sig: String::new(),
         }
     }
 
     /// Fields are length-prefixed, so no choice of names can shift bytes between fields.
     fn signing_bytes(&self) -> Vec<u8> {
-        let mut out = format!(
+        format!(
             "{}\n{}:{}\n{}:{}\n{}\n{}\n{}\n",
             self.v,
             self.from.len(),
@@ -95,12 +92,9 @@ impl Heartbeat {
             self.to,
             self.seq,
             self.ts,
-            self.hears.len()
-        );
-        for h in &self.hears {
-            out.push_str(&format!("{}:{h}\n", h.len()));
-        }
-        out.into_bytes()
+            self.hears_you
+        )
+        .into_bytes()
     }
 
     pub fn sign(mut self, key: &Key) -> Heartbeat {
@@ -128,10 +122,11 @@ impl Heartbeat {
         }
         let hb: Heartbeat =
             serde_json::from_slice(bytes).map_err(|e| HeartbeatError::Malformed(e.to_string()))?;
-        if hb.v != 1 || hb.hears.len() > MAX_HEARD {
-            return Err(HeartbeatError::Malformed(
-                "unknown version or too many peers".into(),
-            ));
+        if hb.v != 1 {
+            return Err(HeartbeatError::Malformed(format!(
+                "unknown version {}",
+                hb.v
+            )));
         }
         if !key.verify(HEARTBEAT_DOMAIN, &[&hb.signing_bytes()], &hb.sig) {
             return Err(HeartbeatError::BadSignature);
@@ -162,6 +157,80 @@ impl Heartbeat {
     }
 }
 
+/// Domain separator of a collector's signed peer view.
+const VIEW_DOMAIN: &[u8] = b"maintd-peer-view-v1\n";
+
+/// What one node hears of its peers, as it serves it to the leader.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PeerView {
+    pub node: String,
+    /// The peer set it holds (the leader pushes it again when this differs).
+    pub epoch: u64,
+    /// When the view was taken, ns since the epoch.
+    pub at: i64,
+    pub peers: Vec<PeerState>,
+    /// Refused heartbeats, by reason.
+    pub rejected: std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PeerState {
+    pub name: String,
+    pub heard_at: Option<i64>,
+    /// Heard within `lost-after`.
+    pub alive: bool,
+    /// Alive, and its last heartbeat said it hears this node: contact both ways.
+    pub hears_me: bool,
+}
+
+/// A view as served: the view's JSON text and its signature, so the bytes signed are the bytes
+/// verified.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignedView {
+    pub view: String,
+    pub sig: String,
+}
+
+/// Why a served view is not trusted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ViewError {
+    #[error("peer view signature does not verify")]
+    BadSignature,
+    #[error("peer view is not valid: {0}")]
+    Malformed(String),
+    #[error("peer view is of {signed:?}, expected {expected:?}")]
+    WrongNode { signed: String, expected: String },
+}
+
+impl PeerView {
+    pub fn sign(&self, key: &Key) -> SignedView {
+        // A view of strings and integers always serializes.
+        let view = serde_json::to_string(self).unwrap_or_default();
+        let sig = key.sign(VIEW_DOMAIN, &[view.as_bytes()]);
+        SignedView { view, sig }
+    }
+}
+
+impl SignedView {
+    pub fn verify(&self, key: &Key, node: &str) -> Result<PeerView, ViewError> {
+        if !key.verify(VIEW_DOMAIN, &[self.view.as_bytes()], &self.sig) {
+            return Err(ViewError::BadSignature);
+        }
+        let v: PeerView =
+            serde_json::from_str(&self.view).map_err(|e| ViewError::Malformed(e.to_string()))?;
+        if v.node != node {
+            return Err(ViewError::WrongNode {
+                signed: v.node,
+                expected: node.into(),
+            });
+        }
+        Ok(v)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,7 +243,7 @@ mod tests {
     }
 
     fn beat(seq: u64, ts: i64) -> Vec<u8> {
-        Heartbeat::new("n1", "n2", seq, ts, vec!["n3".into()])
+        Heartbeat::new("n1", "n2", seq, ts, true)
             .sign(&key())
             .to_bytes()
     }
@@ -187,7 +256,7 @@ mod tests {
     fn a_signed_heartbeat_verifies_once_per_counter() {
         let hb = check(&beat(7, NOW), Some(6)).unwrap();
         assert_eq!((hb.from.as_str(), hb.seq), ("n1", 7));
-        assert_eq!(hb.hears, vec!["n3"]);
+        assert!(hb.hears_you);
         let replay = check(&beat(7, NOW), Some(7)).unwrap_err();
         assert_eq!(replay.metric_label(), "replay");
         assert!(check(&beat(5, NOW), Some(7)).is_err());
@@ -195,22 +264,22 @@ mod tests {
 
     #[test]
     fn forged_misrouted_stale_and_oversized_heartbeats_are_refused_with_their_reason() {
-        let forged = Heartbeat::new("n1", "n2", 1, NOW, vec![])
+        let forged = Heartbeat::new("n1", "n2", 1, NOW, false)
             .sign(&Key::from_bytes(vec![1; 32]))
             .to_bytes();
         assert_eq!(
             check(&forged, None).unwrap_err().metric_label(),
             "signature"
         );
-        let mut tampered = Heartbeat::new("n1", "n2", 1, NOW, vec![]).sign(&key());
-        tampered.hears.push("n9".into());
+        let mut tampered = Heartbeat::new("n1", "n2", 1, NOW, false).sign(&key());
+        tampered.hears_you = true;
         assert_eq!(
             check(&tampered.to_bytes(), None)
                 .unwrap_err()
                 .metric_label(),
             "signature"
         );
-        let elsewhere = Heartbeat::new("n1", "n4", 1, NOW, vec![])
+        let elsewhere = Heartbeat::new("n1", "n4", 1, NOW, false)
             .sign(&key())
             .to_bytes();
         assert_eq!(
@@ -233,9 +302,34 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_view_verifies_for_its_node_only() {
+        let v = PeerView {
+            node: "n1".into(),
+            epoch: 3,
+            at: NOW,
+            peers: vec![PeerState {
+                name: "n2".into(),
+                heard_at: Some(NOW),
+                alive: true,
+                hears_me: true,
+            }],
+            rejected: Default::default(),
+        };
+        let s = v.sign(&key());
+        assert_eq!(s.verify(&key(), "n1").unwrap(), v);
+        assert!(matches!(
+            s.verify(&key(), "n2"),
+            Err(ViewError::WrongNode { .. })
+        ));
+        let mut forged = s.clone();
+        forged.view = forged.view.replace("true", "false");
+        assert_eq!(forged.verify(&key(), "n1"), Err(ViewError::BadSignature));
+    }
+
+    #[test]
     fn a_name_cannot_borrow_bytes_from_the_next_field() {
-        let a = Heartbeat::new("n1", "n2x", 1, NOW, vec![]);
-        let b = Heartbeat::new("n1n", "2x", 1, NOW, vec![]);
+        let a = Heartbeat::new("n1", "n2x", 1, NOW, false);
+        let b = Heartbeat::new("n1n", "2x", 1, NOW, false);
         assert_ne!(a.signing_bytes(), b.signing_bytes());
     }
 
@@ -255,8 +349,8 @@ mod tests {
             if let Ok(hb) = check(&bytes, None) {
                 let orig = check(&beat(seq, NOW), None).unwrap();
                 prop_assert_eq!(
-                    (hb.from, hb.to, hb.seq, hb.ts, hb.hears),
-                    (orig.from, orig.to, orig.seq, orig.ts, orig.hears)
+                    (hb.from, hb.to, hb.seq, hb.ts, hb.hears_you),
+                    (orig.from, orig.to, orig.seq, orig.ts, orig.hears_you)
                 );
             }
         }

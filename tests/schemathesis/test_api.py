@@ -26,7 +26,7 @@ with open(os.environ["MAINTD_KEY_FILE"]) as f:
     KEY = bytes.fromhex(f.read().strip())
 EXAMPLES = int(os.environ.get("MAINTD_SCHEMATHESIS_EXAMPLES", "40"))
 
-COLLECTOR_PATHS = ("/1/report/diagnose", "/1/repair")
+COLLECTOR_PATHS = ("/1/report/diagnose", "/1/repair", "/1/peers")
 PLACEHOLDER = "sign-on-send"
 
 schema = schemathesis.openapi.from_path(SPEC)

@@ -1,0 +1,331 @@
+//! Peer heartbeats, the node's side (issue 13 §1). The leader tells each collector its peers
+//! (signed `PUT /1/peers`: the nodes that watch it and the nodes it watches). The collector then
+//! sends every peer a signed heartbeat each `interval` over UDP, on its own port number but apart
+//! from the HTTP listener, so a flood of HTTP connections does not silence it. It accepts
+//! heartbeats only from its peers, refuses and counts forged, stale, replayed and misrouted ones,
+//! and serves what it hears as a signed view (`GET /1/peers`). Memory is bounded by the peer set:
+//! a stranger's datagram creates nothing.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::UdpSocket;
+use tracing::{debug, warn};
+
+use crate::report::heartbeat::{Heartbeat, MAX_HEARTBEAT_BYTES, MAX_PEERS, PeerView, SignedView};
+use crate::report::{Key, now_ns};
+use crate::sync::{LockExt, RwLockExt};
+use crate::verdict::Nanos;
+
+/// How the heartbeats run; `[collector.heartbeat]`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct HeartbeatConfig {
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// A peer not heard for this long is lost.
+    #[serde(with = "humantime_serde")]
+    pub lost_after: Duration,
+    /// How far a heartbeat's timestamp may be from this node's clock.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        HeartbeatConfig {
+            interval: Duration::from_millis(500),
+            lost_after: Duration::from_secs(2),
+            window: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where a peer's collector listens; heartbeats go to the same port over UDP. The leader sends
+/// addresses, not names, so a pushed set never makes a collector wait on DNS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerAddress {
+    pub ip: std::net::IpAddr,
+    #[serde(deserialize_with = "integral")]
+    pub port: u16,
+}
+
+/// JSON has one number type: `1815.0` is the integer 1815 (as JSON Schema counts it), while a
+/// fraction or a value out of range is refused.
+fn integral<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    let n = serde_json::Number::deserialize(d)?;
+    let whole = match (n.as_u64(), n.as_f64()) {
+        (Some(u), _) => Some(u),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => {
+            Some(f as u64)
+        }
+        _ => None,
+    };
+    whole
+        .and_then(|u| T::try_from(u).ok())
+        .ok_or_else(|| serde::de::Error::custom(format!("{n} is not an integer in range")))
+}
+
+/// The peer set the leader pushes, by node name; `epoch` lets it see which set a collector
+/// holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PeerSet {
+    #[serde(deserialize_with = "integral")]
+    pub epoch: u64,
+    pub peers: BTreeMap<String, PeerAddress>,
+}
+
+/// Why a pushed peer set is refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PeerSetError {
+    #[error("at most {MAX_PEERS} peers")]
+    TooMany,
+    #[error("peer {0:?} is this node")]
+    Myself(String),
+    #[error("peer name {0:?} must be [A-Za-z0-9._-]")]
+    Name(String),
+    #[error("peer {0}: port 0")]
+    Port(String),
+}
+
+struct Heard {
+    seq: u64,
+    at: Nanos,
+    hears_me: bool,
+}
+
+pub struct Peers {
+    me: String,
+    key: Key,
+    cfg: HeartbeatConfig,
+    set: std::sync::RwLock<(PeerSet, Vec<(String, SocketAddr)>)>,
+    heard: std::sync::Mutex<BTreeMap<String, Heard>>,
+    rejected: std::sync::Mutex<BTreeMap<&'static str, u64>>,
+    /// Seeded from the clock, so a restarted collector continues above what its peers accepted.
+    seq: AtomicU64,
+}
+
+impl Peers {
+    pub fn new(me: String, key: Key, cfg: HeartbeatConfig) -> Peers {
+        Peers {
+            me,
+            key,
+            cfg,
+            set: Default::default(),
+            heard: Default::default(),
+            rejected: Default::default(),
+            seq: AtomicU64::new(now_ns().max(0) as u64),
+        }
+    }
+
+    /// Checks and installs a pushed set; forgets what was heard from nodes no longer in it.
+    pub fn install(&self, set: PeerSet) -> Result<(), PeerSetError> {
+        if set.peers.len() > MAX_PEERS {
+            return Err(PeerSetError::TooMany);
+        }
+        let mut resolved = Vec::with_capacity(set.peers.len());
+        for (name, addr) in &set.peers {
+            if name == &self.me {
+                return Err(PeerSetError::Myself(name.clone()));
+            }
+            if crate::exec::validate_name(name).is_err() {
+                return Err(PeerSetError::Name(name.clone()));
+            }
+            if addr.port == 0 {
+                return Err(PeerSetError::Port(name.clone()));
+            }
+            resolved.push((name.clone(), SocketAddr::new(addr.ip, addr.port)));
+        }
+        self.heard
+            .lock_unpoisoned()
+            .retain(|name, _| set.peers.contains_key(name));
+        *self.set.write_unpoisoned() = (set, resolved);
+        Ok(())
+    }
+
+    fn alive(&self, h: &Heard, now: Nanos) -> bool {
+        now.saturating_sub(h.at) <= self.cfg.lost_after.as_nanos() as Nanos
+    }
+
+    /// What this node hears now, signed for the leader.
+    pub fn view(&self, now: Nanos) -> SignedView {
+        let (set, _) = self.set.read_unpoisoned().clone();
+        let heard = self.heard.lock_unpoisoned();
+        let peers = set
+            .peers
+            .keys()
+            .map(|name| {
+                let h = heard.get(name);
+                crate::report::heartbeat::PeerState {
+                    name: name.clone(),
+                    heard_at: h.map(|h| h.at),
+                    alive: h.is_some_and(|h| self.alive(h, now)),
+                    hears_me: h.is_some_and(|h| self.alive(h, now) && h.hears_me),
+                }
+            })
+            .collect();
+        let rejected = self
+            .rejected
+            .lock_unpoisoned()
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        PeerView {
+            node: self.me.clone(),
+            epoch: set.epoch,
+            at: now,
+            peers,
+            rejected,
+        }
+        .sign(&self.key)
+    }
+
+    fn reject(&self, label: &'static str) {
+        *self.rejected.lock_unpoisoned().entry(label).or_default() += 1;
+    }
+
+    /// One datagram from the network.
+    fn receive(&self, bytes: &[u8], now: Nanos) {
+        let window_s = self.cfg.window.as_secs().max(1);
+        let last = |from: &str| self.heard.lock_unpoisoned().get(from).map(|h| h.seq);
+        let hb = match Heartbeat::verify(bytes, &self.key, &self.me, last, now, window_s) {
+            Ok(hb) => hb,
+            Err(e) => {
+                debug!(error = %e, "heartbeat refused");
+                return self.reject(e.metric_label());
+            }
+        };
+        let known = self.set.read_unpoisoned().0.peers.contains_key(&hb.from);
+        if !known {
+            return self.reject("stranger");
+        }
+        let hears_me = hb.hears_you;
+        self.heard.lock_unpoisoned().insert(
+            hb.from,
+            Heard {
+                seq: hb.seq,
+                at: now,
+                hears_me,
+            },
+        );
+    }
+
+    /// Whether `peer` was heard within `lost-after`, told to it in the next heartbeat.
+    fn hears(&self, peer: &str, now: Nanos) -> bool {
+        self.heard
+            .lock_unpoisoned()
+            .get(peer)
+            .is_some_and(|h| self.alive(h, now))
+    }
+
+    /// Sends heartbeats every interval and receives them, until the task is dropped.
+    pub async fn run(self: Arc<Self>, socket: UdpSocket) {
+        let socket = Arc::new(socket);
+        let rx = {
+            let me = self.clone();
+            let socket = socket.clone();
+            async move {
+                // One byte more than the cap, so an oversized datagram is seen as such.
+                let mut buf = vec![0u8; MAX_HEARTBEAT_BYTES + 1];
+                loop {
+                    match socket.recv_from(&mut buf).await {
+                        Ok((n, _)) => me.receive(&buf[..n], now_ns()),
+                        Err(e) => {
+                            debug!(error = %e, "heartbeat socket");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            }
+        };
+        let tx = async move {
+            let mut tick = tokio::time::interval(self.cfg.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let now = now_ns();
+                let targets = self.set.read_unpoisoned().1.clone();
+                for (name, addr) in targets {
+                    let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+                    let hb = Heartbeat::new(&self.me, &name, seq, now, self.hears(&name, now))
+                        .sign(&self.key)
+                        .to_bytes();
+                    if let Err(e) = socket.send_to(&hb, addr).await {
+                        debug!(peer = %name, error = %e, "heartbeat not sent");
+                    }
+                }
+            }
+        };
+        tokio::join!(rx, tx);
+    }
+}
+
+/// Binds the heartbeat socket on the collector's own address (UDP).
+pub async fn bind(listen: SocketAddr) -> std::io::Result<UdpSocket> {
+    UdpSocket::bind(listen).await.inspect_err(|e| {
+        warn!(listen = %listen, error = %e, "cannot bind the heartbeat socket");
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integral_numbers_are_integers_and_fractions_are_not() {
+        let set = |epoch: &str, port: &str| {
+            serde_json::from_str::<PeerSet>(&format!(
+                r#"{{"epoch":{epoch},"peers":{{"n2":{{"ip":"10.0.0.2","port":{port}}}}}}}"#
+            ))
+        };
+        let s = set("471.0", "1815.0").unwrap();
+        assert_eq!((s.epoch, s.peers["n2"].port), (471, 1815));
+        assert!(set("1.5", "1815").is_err());
+        assert!(set("1", "70000").is_err());
+        assert!(set("-1", "1815").is_err());
+    }
+
+    #[test]
+    fn a_peer_set_naming_this_node_or_a_bad_name_or_port_0_is_refused() {
+        let p = Peers::new(
+            "n1".into(),
+            Key::from_bytes(vec![1; 32]),
+            HeartbeatConfig::default(),
+        );
+        let addr = PeerAddress {
+            ip: "10.0.0.2".parse().unwrap(),
+            port: 1815,
+        };
+        let set = |name: &str, port: u16| PeerSet {
+            epoch: 1,
+            peers: BTreeMap::from([(name.to_string(), PeerAddress { port, ..addr })]),
+        };
+        assert_eq!(
+            p.install(set("n1", 1815)),
+            Err(PeerSetError::Myself("n1".into()))
+        );
+        assert!(matches!(
+            p.install(set("../x", 1815)),
+            Err(PeerSetError::Name(_))
+        ));
+        assert_eq!(
+            p.install(set("n2", 0)),
+            Err(PeerSetError::Port("n2".into()))
+        );
+        assert_eq!(p.install(set("n2", 1815)), Ok(()));
+        let v = p.view(now_ns()).verify(&p.key, "n1").unwrap();
+        assert_eq!(v.epoch, 1);
+        assert_eq!(v.peers.len(), 1);
+        assert!(!v.peers[0].alive);
+    }
+}

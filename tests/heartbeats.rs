@@ -1,0 +1,142 @@
+//! Peer heartbeats between real collector processes on loopback (issue 13 §1): the leader's
+//! signed peer set, heartbeats both ways over UDP, a silent peer lost within `lost-after`, and
+//! forged, replayed, misrouted and strangers' datagrams refused and counted without effect.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use maintd::report::heartbeat::{Heartbeat, PeerView, SignedView};
+use maintd::report::{Key, now_ns};
+use serde_json::{Value, json};
+
+fn key(c: &Cluster) -> Key {
+    Key::load(&c.path("cluster.key")).unwrap()
+}
+
+/// Pushes to node `i` a peer set of every other node.
+async fn push_peers(c: &Cluster, i: usize, epoch: u64) -> (u16, Value) {
+    let peers: serde_json::Map<String, Value> = c
+        .nodes
+        .iter()
+        .zip(&c.ports)
+        .filter(|(n, _)| **n != c.nodes[i])
+        .map(|(n, p)| (n.clone(), json!({"ip": "127.0.0.1", "port": p})))
+        .collect();
+    let body = serde_json::to_vec(&json!({"epoch": epoch, "peers": peers})).unwrap();
+    let r = maintd::http::send_signed(
+        &c.client,
+        &key(c),
+        &c.nodes[i],
+        reqwest::Method::PUT,
+        &format!("http://127.0.0.1:{}", c.ports[i]),
+        "/1/peers",
+        Some(body),
+    )
+    .await
+    .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn view(c: &Cluster, i: usize) -> PeerView {
+    let s: SignedView = c
+        .client
+        .get(format!("http://127.0.0.1:{}/1/peers", c.ports[i]))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    s.verify(&key(c), &c.nodes[i])
+        .expect("a view signed by the node")
+}
+
+fn alive(v: &PeerView, peer: &str) -> bool {
+    v.peers
+        .iter()
+        .any(|p| p.name == peer && p.alive && p.hears_me)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_hear_each_other_lose_a_silent_one_and_refuse_forged_and_replayed_beats() {
+    let mut c = Cluster::new(3);
+    c.start_collectors();
+    c.wait_collectors_ready().await;
+    // Before the leader pushes a set, a collector hears and sends nothing.
+    assert!(view(&c, 0).await.peers.is_empty());
+    for i in 0..3 {
+        assert_eq!(push_peers(&c, i, 7).await.0, 200);
+    }
+    let v = wait_for("every node to hear the others both ways", || async {
+        let v = view(&c, 0).await;
+        (alive(&v, "node2") && alive(&v, "node3")).then_some(v)
+    })
+    .await;
+    assert_eq!(v.epoch, 7);
+
+    // A peer set must be signed, for this node, and sane.
+    let unsigned = c
+        .client
+        .put(format!("http://127.0.0.1:{}/1/peers", c.ports[0]))
+        .body(r#"{"epoch":1,"peers":{}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsigned.status().as_u16(), 401);
+
+    // Hostile datagrams at node1's heartbeat port: none creates state or changes a verdict.
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let to = format!("127.0.0.1:{}", c.ports[0]);
+    let now = now_ns();
+    let forged = Heartbeat::new("node3", "node1", u64::MAX - 1, now, false)
+        .sign(&Key::from_bytes(vec![1; 32]))
+        .to_bytes();
+    let old = Heartbeat::new("node2", "node1", 1, now, false)
+        .sign(&key(&c))
+        .to_bytes();
+    let misrouted = Heartbeat::new("node2", "node3", u64::MAX - 1, now, false)
+        .sign(&key(&c))
+        .to_bytes();
+    let stranger = Heartbeat::new("node9", "node1", 1, now, false)
+        .sign(&key(&c))
+        .to_bytes();
+    for d in [&forged, &old, &misrouted, &stranger] {
+        sock.send_to(d, &to).await.unwrap();
+    }
+    sock.send_to(&vec![b'x'; 4096], &to).await.unwrap();
+    let v = wait_for("the refusals to be counted", || async {
+        let v = view(&c, 0).await;
+        (v.rejected.values().sum::<u64>() >= 5).then_some(v)
+    })
+    .await;
+    for reason in ["signature", "replay", "recipient", "stranger", "size"] {
+        assert_eq!(
+            v.rejected.get(reason),
+            Some(&1),
+            "{reason}: {:?}",
+            v.rejected
+        );
+    }
+    assert!(!v.peers.iter().any(|p| p.name == "node9"));
+    assert!(alive(&v, "node2") && alive(&v, "node3"));
+
+    // node3's collector stops: its peers lose it within lost-after (2 s), and it no longer
+    // counts as hearing them.
+    c.kill_collector(2);
+    let lost = wait_for("node1 and node2 to lose node3", || async {
+        let (a, b) = (view(&c, 0).await, view(&c, 1).await);
+        let gone = |v: &PeerView| v.peers.iter().any(|p| p.name == "node3" && !p.alive);
+        (gone(&a) && gone(&b)).then_some(a)
+    })
+    .await;
+    let node3 = lost.peers.iter().find(|p| p.name == "node3").unwrap();
+    assert!(!node3.hears_me && node3.heard_at.is_some());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        alive(&view(&c, 0).await, "node2"),
+        "the others still hear each other"
+    );
+}
