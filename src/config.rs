@@ -118,7 +118,31 @@ pub struct CollectorConfig {
     /// Connection caps and deadlines of the collector's listener.
     pub limits: ListenerLimits,
     /// Peer heartbeats over UDP on the `listen` port.
-    pub heartbeat: crate::collector::peers::HeartbeatConfig,
+    pub heartbeat: HeartbeatConfig,
+}
+
+/// How the heartbeats run; `[collector.heartbeat]`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct HeartbeatConfig {
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// A peer not heard for this long is lost.
+    #[serde(with = "humantime_serde")]
+    pub lost_after: Duration,
+    /// How far a heartbeat's timestamp may be from this node's clock.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        HeartbeatConfig {
+            interval: Duration::from_millis(500),
+            lost_after: Duration::from_secs(2),
+            window: Duration::from_secs(10),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]

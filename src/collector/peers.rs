@@ -16,34 +16,11 @@ use serde::{Deserialize, Serialize};
 use tokio::net::UdpSocket;
 use tracing::{debug, warn};
 
+use crate::config::HeartbeatConfig;
 use crate::report::heartbeat::{Heartbeat, MAX_HEARTBEAT_BYTES, MAX_PEERS, PeerView, SignedView};
 use crate::report::{Key, now_ns};
 use crate::sync::{LockExt, RwLockExt};
 use crate::verdict::Nanos;
-
-/// How the heartbeats run; `[collector.heartbeat]`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-pub struct HeartbeatConfig {
-    #[serde(with = "humantime_serde")]
-    pub interval: Duration,
-    /// A peer not heard for this long is lost.
-    #[serde(with = "humantime_serde")]
-    pub lost_after: Duration,
-    /// How far a heartbeat's timestamp may be from this node's clock.
-    #[serde(with = "humantime_serde")]
-    pub window: Duration,
-}
-
-impl Default for HeartbeatConfig {
-    fn default() -> Self {
-        HeartbeatConfig {
-            interval: Duration::from_millis(500),
-            lost_after: Duration::from_secs(2),
-            window: Duration::from_secs(10),
-        }
-    }
-}
 
 /// Where a peer's collector listens; heartbeats go to the same port over UDP. The leader sends
 /// addresses, not names, so a pushed set never makes a collector wait on DNS.
