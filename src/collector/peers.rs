@@ -22,6 +22,8 @@ use crate::report::{Key, now_ns};
 use crate::sync::{LockExt, RwLockExt};
 use crate::verdict::Nanos;
 
+const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
 /// Where a peer's collector listens; heartbeats go to the same port over UDP. The leader sends
 /// addresses, not names, so a pushed set never makes a collector wait on DNS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +75,8 @@ pub enum PeerSetError {
     Name(String),
     #[error("peer {0}: port 0")]
     Port(String),
+    #[error("epoch {0} is above JSON's safe integers (2^53 - 1)")]
+    Epoch(u64),
 }
 
 struct Heard {
@@ -109,6 +113,10 @@ impl Peers {
     pub fn install(&self, set: PeerSet) -> Result<(), PeerSetError> {
         if set.peers.len() > MAX_PEERS {
             return Err(PeerSetError::TooMany);
+        }
+        // Every reader of the view, JavaScript included, must see the same epoch.
+        if set.epoch > MAX_SAFE_INTEGER {
+            return Err(PeerSetError::Epoch(set.epoch));
         }
         let mut resolved = Vec::with_capacity(set.peers.len());
         for (name, addr) in &set.peers {
@@ -298,6 +306,12 @@ mod tests {
         assert_eq!(
             p.install(set("n2", 0)),
             Err(PeerSetError::Port("n2".into()))
+        );
+        let mut huge = set("n2", 1815);
+        huge.epoch = MAX_SAFE_INTEGER + 1;
+        assert_eq!(
+            p.install(huge),
+            Err(PeerSetError::Epoch(MAX_SAFE_INTEGER + 1))
         );
         assert_eq!(p.install(set("n2", 1815)), Ok(()));
         let v = p.view(now_ns()).verify(&p.key, "n1").unwrap();
