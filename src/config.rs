@@ -329,6 +329,18 @@ impl Config {
         }
     }
 
+    /// How the fencer uses the peers: a view may be as far from the master's clock as a report,
+    /// and counts for three liveness intervals (at least the collectors' `lost-after`), so a
+    /// watcher missing one probe is still heard.
+    pub fn peering_settings(&self) -> crate::fencing::peering::PeeringSettings {
+        crate::fencing::peering::PeeringSettings {
+            watchers: self.fencing.watchers,
+            window: self.daemon.report_window,
+            fresh_for: (self.fencing.liveness_interval * 3)
+                .max(self.collector.heartbeat.lost_after),
+        }
+    }
+
     /// The inventory backend's settings.
     pub fn inventory_settings(&self) -> crate::cluster::InventorySettings {
         crate::cluster::InventorySettings {

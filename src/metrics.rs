@@ -70,6 +70,13 @@ pub struct Metrics {
     pub action_failures: Family<ReasonLabel, Counter>,
     /// 1 while a node's power-management devices pass their status check, 0 when not.
     pub fencing_ready: Family<NodeLabel, Gauge>,
+    /// 1 while the master has lost a node that a watcher still hears.
+    pub partitioned: Family<NodeLabel, Gauge>,
+    /// Peer views refused, by reason (signature, node, stale, replayed, malformed).
+    pub views_rejected: Family<ReasonLabel, Counter>,
+    /// Peer sets pushed to collectors, and pushes that failed.
+    pub peer_sets_pushed: Counter,
+    pub peer_set_push_failures: Counter,
 }
 
 impl Metrics {
@@ -91,6 +98,10 @@ impl Metrics {
             fence_failures: Family::default(),
             action_failures: Family::default(),
             fencing_ready: Family::default(),
+            partitioned: Family::default(),
+            views_rejected: Family::default(),
+            peer_sets_pushed: Counter::default(),
+            peer_set_push_failures: Counter::default(),
             fence_stage_seconds: Family::new_with_constructor(|| {
                 Histogram::new([
                     0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
@@ -171,6 +182,26 @@ impl Metrics {
             "maintd_fencing_ready",
             "1 while the node's power-management devices pass their status check, 0 when fencing is inactive",
             m.fencing_ready.clone(),
+        );
+        reg.register(
+            "maintd_node_partitioned",
+            "1 while the master cannot reach the node but one of its watchers still hears it",
+            m.partitioned.clone(),
+        );
+        reg.register(
+            "maintd_peer_views_rejected",
+            "Peer views from collectors refused, by reason",
+            m.views_rejected.clone(),
+        );
+        reg.register(
+            "maintd_peer_sets_pushed",
+            "Peer sets pushed to collectors",
+            m.peer_sets_pushed.clone(),
+        );
+        reg.register(
+            "maintd_peer_set_push_failures",
+            "Peer set pushes that a collector did not accept",
+            m.peer_set_push_failures.clone(),
         );
         reg.register(
             "maintd_fence_failures",

@@ -197,6 +197,25 @@ pub struct Node {
     /// The last fence readiness check; null for a node without a fence plan, or not checked
     /// yet.
     pub fencing: Option<DeviceCheck>,
+    /// What the node's watchers say of it; null without fencing.
+    #[serde(default)]
+    pub witnesses: Option<PeerWitnesses>,
+}
+
+/// A node's watchers as the master last heard them (issue 13).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PeerWitnesses {
+    /// Its watchers, best first.
+    pub watchers: Vec<String>,
+    /// Watchers that hear its heartbeats.
+    pub heard_by: Vec<String>,
+    /// Watchers that have lost it.
+    pub lost_by: Vec<String>,
+    /// Watchers the master holds no fresh view from.
+    pub unheard: Vec<String>,
+    /// The master cannot reach the node, but a watcher still hears it: nothing is fenced.
+    pub partitioned: bool,
 }
 
 impl Node {
@@ -226,6 +245,7 @@ impl Node {
                 rejected_reports: 0,
                 last_rejection: None,
                 fencing,
+                witnesses: None,
             };
         };
         Node {
@@ -244,6 +264,7 @@ impl Node {
             rejected_reports: r.rejected,
             last_rejection: r.last_rejection.clone(),
             fencing,
+            witnesses: None,
         }
     }
 }

@@ -140,3 +140,66 @@ async fn peers_hear_each_other_lose_a_silent_one_and_refuse_forged_and_replayed_
         "the others still hear each other"
     );
 }
+
+/// The daemon's side (issue 13 §2) with real processes: the leader pushes every collector its
+/// peer set, reads their views with its liveness probe, and fences a dead node only with its
+/// watchers as witnesses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_pushes_peer_sets_and_a_dead_nodes_watchers_are_its_witnesses() {
+    let mut c = Cluster::new(3);
+    let calls = c.path("agent-calls");
+    c.extra_daemon_toml = c.stub_fencing(
+        "fence_stub",
+        &format!(
+            "echo called >> {}; grep -q '^action=status' && exit 2; exit 0",
+            calls.display()
+        ),
+        "2s",
+        &["node1"],
+    );
+    c.start().await;
+    // Every node hears the two others, as the daemon sees it through their views.
+    let w = wait_for("node1's watchers to hear it", || async {
+        let w = c.node("node1").await["witnesses"].clone();
+        (w["heard-by"].as_array().map(Vec::len) == Some(2)).then_some(w)
+    })
+    .await;
+    assert_eq!(w["partitioned"], false);
+    assert_eq!(w["unheard"], json!([]));
+    let m = c.metrics().await;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("maintd_peer_sets_pushed_total 3")),
+        "one push per collector:\n{m}"
+    );
+    c.kill_collector(0);
+    let f = c
+        .wait_flow("node1's flow", |f| {
+            f["node"] == "node1" && f["released"] == true
+        })
+        .await;
+    let mut witnesses: Vec<&str> = f["witnesses"]["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["watcher"].as_str().unwrap())
+        .collect();
+    witnesses.sort();
+    assert_eq!(witnesses, ["node2", "node3"], "{f:#}");
+    let note = f["history"][0]["note"].as_str().unwrap();
+    assert!(note.contains("lost by its watchers"), "{note}");
+    // Both shapes as the spec documents them.
+    let mut spec = common::spec::Spec::load();
+    for path in ["/1/nodes", "/1/fences"] {
+        let r = c
+            .client
+            .get(format!("{}{path}", c.url()))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = r.bytes().await.unwrap();
+        spec.check("GET", path, status, "application/json", &body);
+    }
+    assert!(std::fs::read_to_string(&calls).unwrap().contains("called"));
+}

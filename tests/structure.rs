@@ -8,7 +8,7 @@ use std::path::Path;
 
 const ROOMS: [&str; 2] = ["repair", "fencing"];
 
-const PURE: [&str; 7] = [
+const PURE: [&str; 8] = [
     "verdict",
     "repair::model",
     "repair::decide",
@@ -16,6 +16,7 @@ const PURE: [&str; 7] = [
     "repair::conditions",
     "fencing::machine",
     "fencing::watchers",
+    "fencing::opinion",
 ];
 
 struct Unit {

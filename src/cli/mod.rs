@@ -448,8 +448,20 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                         Some(_) => " fencing=active".into(),
                         None => String::new(),
                     };
+                    let peers = match &n.witnesses {
+                        Some(w) if w.partitioned => format!(
+                            " PARTITIONED from the master (heard by {})",
+                            w.heard_by.join(", ")
+                        ),
+                        Some(w) => format!(
+                            " watchers={}/{} hear it",
+                            w.heard_by.len(),
+                            w.watchers.len()
+                        ),
+                        None => String::new(),
+                    };
                     println!(
-                        "{:<20} {state:<5}{off} rejected={}{fencing}{diag}",
+                        "{:<20} {state:<5}{off} rejected={}{fencing}{peers}{diag}",
                         n.name, n.rejected_reports
                     );
                 }

@@ -265,8 +265,8 @@ const PEER_SET_CAP: usize = 16 * 1024;
 async fn set_peers(
     State(c): State<Arc<Collector>>,
     body: Bytes,
-) -> Result<Json<peers::PeerSet>, ApiError> {
-    let set: peers::PeerSet = parse_json(&body)?;
+) -> Result<Json<crate::report::heartbeat::PeerSet>, ApiError> {
+    let set: crate::report::heartbeat::PeerSet = parse_json(&body)?;
     c.peers
         .install(set.clone())
         .map_err(|e| ApiError::bad_request(e.to_string()))?;

@@ -12,72 +12,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::net::UdpSocket;
 use tracing::{debug, warn};
 
 use crate::config::HeartbeatConfig;
-use crate::report::heartbeat::{Heartbeat, MAX_HEARTBEAT_BYTES, MAX_PEERS, PeerView, SignedView};
+use crate::report::heartbeat::{
+    Heartbeat, MAX_HEARTBEAT_BYTES, PeerSet, PeerSetError, PeerView, SignedView,
+};
 use crate::report::{Key, now_ns};
 use crate::sync::{LockExt, RwLockExt};
 use crate::verdict::Nanos;
-
-const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
-
-/// Where a peer's collector listens; heartbeats go to the same port over UDP. The leader sends
-/// addresses, not names, so a pushed set never makes a collector wait on DNS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PeerAddress {
-    pub ip: std::net::IpAddr,
-    #[serde(deserialize_with = "integral")]
-    pub port: u16,
-}
-
-/// JSON has one number type: `1815.0` is the integer 1815 (as JSON Schema counts it), while a
-/// fraction or a value out of range is refused.
-fn integral<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: TryFrom<u64>,
-{
-    let n = serde_json::Number::deserialize(d)?;
-    let whole = match (n.as_u64(), n.as_f64()) {
-        (Some(u), _) => Some(u),
-        (None, Some(f)) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => {
-            Some(f as u64)
-        }
-        _ => None,
-    };
-    whole
-        .and_then(|u| T::try_from(u).ok())
-        .ok_or_else(|| serde::de::Error::custom(format!("{n} is not an integer in range")))
-}
-
-/// The peer set the leader pushes, by node name; `epoch` lets it see which set a collector
-/// holds.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct PeerSet {
-    #[serde(deserialize_with = "integral")]
-    pub epoch: u64,
-    pub peers: BTreeMap<String, PeerAddress>,
-}
-
-/// Why a pushed peer set is refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum PeerSetError {
-    #[error("at most {MAX_PEERS} peers")]
-    TooMany,
-    #[error("peer {0:?} is this node")]
-    Myself(String),
-    #[error("peer name {0:?} must be [A-Za-z0-9._-]")]
-    Name(String),
-    #[error("peer {0}: port 0")]
-    Port(String),
-    #[error("epoch {0} is above JSON's safe integers (2^53 - 1)")]
-    Epoch(u64),
-}
 
 struct Heard {
     seq: u64,
@@ -111,26 +55,12 @@ impl Peers {
 
     /// Checks and installs a pushed set; forgets what was heard from nodes no longer in it.
     pub fn install(&self, set: PeerSet) -> Result<(), PeerSetError> {
-        if set.peers.len() > MAX_PEERS {
-            return Err(PeerSetError::TooMany);
-        }
-        // Every reader of the view, JavaScript included, must see the same epoch.
-        if set.epoch > MAX_SAFE_INTEGER {
-            return Err(PeerSetError::Epoch(set.epoch));
-        }
-        let mut resolved = Vec::with_capacity(set.peers.len());
-        for (name, addr) in &set.peers {
-            if name == &self.me {
-                return Err(PeerSetError::Myself(name.clone()));
-            }
-            if crate::exec::validate_name(name).is_err() {
-                return Err(PeerSetError::Name(name.clone()));
-            }
-            if addr.port == 0 {
-                return Err(PeerSetError::Port(name.clone()));
-            }
-            resolved.push((name.clone(), SocketAddr::new(addr.ip, addr.port)));
-        }
+        set.check(&self.me)?;
+        let resolved = set
+            .peers
+            .iter()
+            .map(|(name, a)| (name.clone(), SocketAddr::new(a.ip, a.port)))
+            .collect();
         self.heard
             .lock_unpoisoned()
             .retain(|name, _| set.peers.contains_key(name));
@@ -265,20 +195,7 @@ pub async fn bind(listen: SocketAddr) -> std::io::Result<UdpSocket> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn integral_numbers_are_integers_and_fractions_are_not() {
-        let set = |epoch: &str, port: &str| {
-            serde_json::from_str::<PeerSet>(&format!(
-                r#"{{"epoch":{epoch},"peers":{{"n2":{{"ip":"10.0.0.2","port":{port}}}}}}}"#
-            ))
-        };
-        let s = set("471.0", "1815.0").unwrap();
-        assert_eq!((s.epoch, s.peers["n2"].port), (471, 1815));
-        assert!(set("1.5", "1815").is_err());
-        assert!(set("1", "70000").is_err());
-        assert!(set("-1", "1815").is_err());
-    }
+    use crate::report::heartbeat::{MAX_SAFE_INTEGER, PeerAddress};
 
     #[test]
     fn a_peer_set_naming_this_node_or_a_bad_name_or_port_0_is_refused() {

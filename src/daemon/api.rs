@@ -35,6 +35,8 @@ pub struct ApiState<C: Cluster> {
     pub health: Arc<crate::repair::engine::Health>,
     /// The fence readiness checks, when fencing is configured.
     pub readiness: Option<Arc<crate::fencing::readiness::Board>>,
+    /// The fencer's peer views, when fencing is configured.
+    pub peering: Option<Arc<crate::fencing::peering::Peering>>,
 }
 
 /// What the API needs of the configuration, resolved once at start-up.
@@ -167,19 +169,22 @@ async fn nodes<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Node>>, Api
     let rows = s.store.nodes().map_err(|e| db_error(&s.store, e))?;
     let offline = s.cluster.offline_nodes().await.map_err(internal)?;
     let mut tags = s.cluster.tags().await.map_err(internal)?;
+    let now = crate::report::now_ns();
     let out = s
         .members
         .get()
         .iter()
         .map(|n| {
-            views::Node::new(
+            let mut v = views::Node::new(
                 &n.name,
                 collector_address(&n.collector).unwrap_or_default(),
                 rows.iter().find(|r| r.name == n.name),
                 offline.contains(&n.name),
                 tags.remove(&n.name).unwrap_or_default(),
                 s.readiness.as_ref().and_then(|b| b.get(&n.name)),
-            )
+            );
+            v.witnesses = s.peering.as_ref().map(|p| p.witnesses(&n.name, now));
+            v
         })
         .collect();
     Ok(Json(out))

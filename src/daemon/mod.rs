@@ -222,6 +222,8 @@ async fn run_with<C: Cluster>(
             engine.metrics.clone(),
             leadership.clone(),
             members.clone(),
+            cfg.peering_settings(),
+            key.clone(),
         );
         f.wake = fence_wake.clone();
         f.watch = watch.clone();
@@ -253,6 +255,7 @@ async fn run_with<C: Cluster>(
         seqs,
         health: engine.health.clone(),
         readiness: readiness.as_ref().map(|r| r.board.clone()),
+        peering: fencer.as_ref().map(|f| f.peering.clone()),
     }));
     info!(listen = %cfg.daemon.listen, nodes = node_count, db = %cfg.db_path().display(), "daemon started");
 

@@ -14,6 +14,10 @@ use crate::fencing::machine::Step;
 #[error("{0}")]
 pub struct FencingConfigError(pub String);
 
+/// A node's peer set holds its watchers and the nodes it watches (about as many again), within
+/// a collector's 64 peers.
+const MAX_WATCHERS: usize = 16;
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FencingConfig {
@@ -49,6 +53,11 @@ pub struct FencingConfig {
     #[serde(with = "humantime_serde")]
     pub check_timeout: Duration,
     pub check_concurrency: usize,
+    /// A silent collector alone starts no fence: the node's watchers must have lost it too
+    /// (issue 13). Off only for a cluster whose collectors cannot reach each other.
+    pub second_opinion: bool,
+    /// How many peers watch each node (all of them in a cluster of at most `watchers + 1`).
+    pub watchers: usize,
     pub templates: BTreeMap<String, TemplateConfig>,
     pub nodes: BTreeMap<String, NodeFenceConfig>,
 }
@@ -69,6 +78,8 @@ impl Default for FencingConfig {
             check_interval: Duration::from_secs(600),
             check_timeout: Duration::from_secs(10),
             check_concurrency: 4,
+            second_opinion: true,
+            watchers: crate::fencing::watchers::DEFAULT_WATCHERS,
             templates: BTreeMap::new(),
             nodes: BTreeMap::new(),
         }
@@ -276,6 +287,9 @@ impl FencingConfig {
                 "fencing.check-timeout must be greater than zero and check-concurrency at least 1"
                     .into(),
             );
+        }
+        if !(1..=MAX_WATCHERS).contains(&self.watchers) {
+            return bad(format!("fencing.watchers must be 1-{MAX_WATCHERS}"));
         }
         for (name, t) in &self.templates {
             let ok = t.agent.starts_with("fence_")

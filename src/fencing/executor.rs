@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::Notify;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 use uuid::Uuid;
 
 use crate::cluster::Cluster;
@@ -20,12 +20,13 @@ use crate::fencing::machine::{
 use crate::store::{FlowOutcome, Store};
 use crate::verdict::{Nanos, Outcome};
 
+use crate::fencing::opinion::PeerOpinion;
+use crate::fencing::peering::{Peering, PeeringSettings, VIEW_BODY_CAP};
 use crate::link::CollectorLink;
 use crate::metrics::{Metrics, StepLabel};
+use crate::metrics::{NodeLabel, ReasonLabel};
 use crate::sync::LockExt;
 
-/// The liveness probe reads only the status; a collector's index is a few bytes.
-const PROBE_BODY_CAP: usize = 4096;
 use crate::ticker::{Ticker, Wake};
 
 fn ns(d: Duration) -> Nanos {
@@ -95,6 +96,8 @@ pub struct Fencer<C: Cluster> {
     observed: Mutex<HashSet<(Uuid, &'static str)>>,
     /// Read once per probe and once per decision.
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// Peer sets and views: the second opinion.
+    pub peering: Arc<Peering>,
 }
 
 impl<C: Cluster> Fencer<C> {
@@ -109,6 +112,8 @@ impl<C: Cluster> Fencer<C> {
         metrics: Metrics,
         leadership: Arc<crate::leader::Leadership>,
         members: Arc<crate::members::Members>,
+        peering: PeeringSettings,
+        key: crate::report::Key,
     ) -> Fencer<C> {
         Fencer {
             store,
@@ -122,6 +127,7 @@ impl<C: Cluster> Fencer<C> {
                 cooldown: ns(f.cooldown),
                 paused: f.paused,
                 max_restarts: f.max_restarts,
+                second_opinion: f.second_opinion,
             },
             runner,
             wake: Arc::new(Notify::new()),
@@ -136,6 +142,7 @@ impl<C: Cluster> Fencer<C> {
             storm: Mutex::new(false),
             observed: Mutex::new(HashSet::new()),
             clock: Arc::new(crate::clock::SystemClock),
+            peering: Arc::new(Peering::new(key, peering)),
         }
     }
 
@@ -156,18 +163,38 @@ impl<C: Cluster> Fencer<C> {
         info!("fencer stopped");
     }
 
+    /// One liveness probe of every collector: `GET /1/peers`, whose answer proves the collector
+    /// answers and carries its signed view of its peers. A collector whose set is out of date
+    /// gets it pushed (by the leader).
     async fn probe(&self) {
         let now = self.clock.now();
         let targets = self.members.get();
+        self.peering.refresh(&targets).await;
         let targets = &targets;
+        let leader = self.leadership.is_leader();
         let answers: Vec<(String, bool)> = futures::stream::iter(0..targets.len())
             .map(|i| async move {
                 let node = &targets[i];
-                let ok = matches!(
-                    self.link.get(node, "/", PROBE_BODY_CAP).await,
-                    Ok(a) if a.status.is_success()
-                );
-                (node.name.clone(), ok)
+                let answer = match self.link.get(node, "/1/peers", VIEW_BODY_CAP).await {
+                    Ok(a) if a.status.is_success() => a,
+                    _ => return (node.name.clone(), false),
+                };
+                // A collector that answers is alive whatever its view says: a view that fails
+                // to verify (a wrong key, say) must not make a running node look dead.
+                match self.peering.accept(&node.name, &answer.body, now) {
+                    Ok(epoch) if leader => self.push_if_due(node, epoch, now).await,
+                    Ok(_) => {}
+                    Err(e) => {
+                        debug!(node = %node.name, error = %e, "peer view refused");
+                        self.metrics
+                            .views_rejected
+                            .get_or_create(&ReasonLabel {
+                                reason: e.metric_label().into(),
+                            })
+                            .inc();
+                    }
+                }
+                (node.name.clone(), true)
             })
             .buffer_unordered(256)
             .collect()
@@ -179,6 +206,37 @@ impl<C: Cluster> Fencer<C> {
                 (true, _) => *e = (true, None),
                 (false, None) => *e = (false, Some(now)),
                 (false, Some(_)) => e.0 = false,
+            }
+        }
+    }
+
+    /// Pushes a node the peer set it should hold, when it holds another.
+    async fn push_if_due(&self, node: &crate::node::NodeConfig, held: u64, now: Nanos) {
+        let retry = 5 * self.interval.as_nanos() as Nanos;
+        let Some(set) = self.peering.due_push(&node.name, held, now, retry) else {
+            return;
+        };
+        let body = serde_json::to_vec(&set).unwrap_or_default();
+        let r = self
+            .link
+            .signed(node, reqwest::Method::PUT, "/1/peers", Some(body), 4096)
+            .await;
+        match r {
+            Ok(a) if a.status.is_success() => {
+                self.metrics.peer_sets_pushed.inc();
+                debug!(node = %node.name, epoch = set.epoch, peers = set.peers.len(), "peer set pushed");
+            }
+            other => {
+                self.metrics.peer_set_push_failures.inc();
+                let why = match other {
+                    Ok(a) => format!(
+                        "{}: {}",
+                        a.status,
+                        String::from_utf8_lossy(&a.body[..a.body.len().min(200)])
+                    ),
+                    Err(e) => e.to_string(),
+                };
+                warn!(node = %node.name, error = %why, "collector did not take its peer set");
             }
         }
     }
@@ -221,6 +279,70 @@ impl<C: Cluster> Fencer<C> {
         (liveness, rules)
     }
 
+    /// The second opinion on every node whose collector is silent.
+    fn opinions(
+        &self,
+        liveness: &BTreeMap<String, Liveness>,
+        now: Nanos,
+    ) -> BTreeMap<String, PeerOpinion> {
+        liveness
+            .iter()
+            .filter(|(_, l)| l.probe_silent)
+            .map(|(n, _)| (n.clone(), self.peering.opinion(n, now)))
+            .collect()
+    }
+
+    /// Says so, once, when the master loses a node that its watchers still hear, and when that
+    /// ends: in the log, as a metric and as an Event on the node.
+    async fn report_partitions(&self, opinions: &BTreeMap<String, PeerOpinion>) {
+        let now: BTreeMap<&String, &Vec<String>> = opinions
+            .iter()
+            .filter_map(|(n, o)| match o {
+                PeerOpinion::Partitioned { hearers } => Some((n, hearers)),
+                _ => None,
+            })
+            .collect();
+        let (began, ended) = {
+            let mut was = self.peering.partitioned.lock_unpoisoned();
+            let began: Vec<(String, String)> = now
+                .iter()
+                .filter(|(n, _)| !was.contains(n.as_str()))
+                .map(|(n, h)| ((*n).clone(), h.join(", ")))
+                .collect();
+            let ended: Vec<String> = was
+                .iter()
+                .filter(|n| !now.contains_key(n))
+                .cloned()
+                .collect();
+            *was = now.keys().map(|n| (*n).clone()).collect();
+            (began, ended)
+        };
+        for (node, hearers) in began {
+            warn!(node = %node, hearers = %hearers, "node partitioned from the master: its watchers still hear it, so nothing is fenced");
+            self.metrics
+                .partitioned
+                .get_or_create(&NodeLabel { node: node.clone() })
+                .set(1);
+            let msg = format!(
+                "maintd cannot reach the collector, but its watchers {hearers} still hear the node: partitioned from the master, not fenced"
+            );
+            self.cluster
+                .record(&node, "MaintdPartitioned", &msg, true)
+                .await;
+        }
+        for node in ended {
+            info!(node = %node, "node no longer partitioned from the master");
+            self.metrics
+                .partitioned
+                .get_or_create(&NodeLabel { node: node.clone() })
+                .set(0);
+            let msg = "maintd reaches the collector again, or its watchers lost it too";
+            self.cluster
+                .record(&node, "MaintdPartitionEnded", msg, false)
+                .await;
+        }
+    }
+
     pub async fn tick(self: &Arc<Self>) {
         let now = self.clock.now();
         let flows = match self
@@ -241,10 +363,13 @@ impl<C: Cluster> Fencer<C> {
             }
         };
         let (liveness, rules) = self.liveness(now);
+        let opinions = self.opinions(&liveness, now);
+        self.report_partitions(&opinions).await;
         let state = FenceState {
             flows,
             liveness,
             rules,
+            opinions,
             plans: self
                 .plans
                 .iter()

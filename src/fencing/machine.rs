@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::fencing::opinion::{PeerOpinion, PeerWitness};
 use crate::verdict::Nanos;
 use crate::verdict::Outcome;
 
@@ -147,6 +148,9 @@ pub struct Witnesses {
     pub collector: bool,
     /// The node-condition fence rule that held, as `Ready=Unknown for 5s`.
     pub condition: Option<String>,
+    /// The watchers that had lost the node too (the second opinion), each with its view.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<PeerWitness>,
 }
 
 impl Witnesses {
@@ -155,6 +159,7 @@ impl Witnesses {
         Witnesses {
             collector: true,
             condition: None,
+            peers: Vec::new(),
         }
     }
 
@@ -249,6 +254,8 @@ pub struct FencePolicy {
     pub cooldown: Nanos,
     pub paused: bool,
     pub max_restarts: u32,
+    /// A silent collector alone starts nothing: its watchers must have lost the node too.
+    pub second_opinion: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -262,6 +269,8 @@ pub struct FenceState {
     pub policy: FencePolicy,
     /// The fence rule holding per node, as `Ready=Unknown for 5s` (Kubernetes).
     pub rules: BTreeMap<String, String>,
+    /// What each silent node's watchers say (absent: not asked).
+    pub opinions: BTreeMap<String, PeerOpinion>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -350,10 +359,19 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
         if last_start.is_some_and(|t| now.saturating_sub(t) < p.min_interval) {
             break;
         }
-        let plan = &s.plans[node];
-        let step = plan.first_step();
         let l = s.liveness.get(node).copied().unwrap_or_default();
         let rule = s.rules.get(node).filter(|_| l.condition_fence).cloned();
+        // An operator's node-condition rule decides on its own; a silent collector needs its
+        // watchers' agreement.
+        let opinion = s.opinions.get(node).cloned().unwrap_or_default();
+        let agreed = match (&rule, &opinion) {
+            (Some(_), _) => Vec::new(),
+            (None, PeerOpinion::Lost { agreed }) => agreed.clone(),
+            (None, _) if p.second_opinion => continue,
+            (None, _) => Vec::new(),
+        };
+        let plan = &s.plans[node];
+        let step = plan.first_step();
         let why = match &rule {
             Some(r) => format!(
                 "node condition rule {r} holds for {:.1} s (grace {:.1} s){}",
@@ -366,14 +384,16 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
                 }
             ),
             None => format!(
-                "collector silent for {:.1} s (grace {:.1} s)",
+                "collector silent for {:.1} s (grace {:.1} s){}",
                 now.saturating_sub(since) as f64 / 1e9,
-                p.grace as f64 / 1e9
+                p.grace as f64 / 1e9,
+                agreement(&agreed)
             ),
         };
         let witnesses = Witnesses {
             collector: l.probe_silent,
             condition: rule,
+            peers: agreed,
         };
         let mut f = Flow {
             id: Uuid::new_v5(&FLOW_NAMESPACE, format!("{node}\n{now}").as_bytes()),
@@ -417,6 +437,25 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
         in_flight += 1;
         last_start = Some(now);
     }
+}
+
+/// `; lost by its watchers n2 (last heard 4.1 s before), n3 (never heard)`, for the flow's note.
+fn agreement(agreed: &[PeerWitness]) -> String {
+    if agreed.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = agreed
+        .iter()
+        .map(|w| match w.last_heard {
+            Some(h) => format!(
+                "{} (last heard {:.1} s before its view)",
+                w.watcher,
+                w.view_at.saturating_sub(h) as f64 / 1e9
+            ),
+            None => format!("{} (never heard)", w.watcher),
+        })
+        .collect();
+    format!("; lost by its watchers {}", each.join(", "))
 }
 
 mod transitions;

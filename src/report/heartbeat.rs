@@ -5,6 +5,8 @@
 //! increasing counter, so a forged or replayed one neither keeps a dead node "alive" nor makes a
 //! live one "dead".
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::{Key, age_ns};
@@ -157,6 +159,89 @@ impl Heartbeat {
     }
 }
 
+/// The largest integer every JSON reader (JavaScript included) reads exactly.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// Where a peer's collector listens; heartbeats go to the same port over UDP. The leader sends
+/// addresses, not names, so a pushed set never makes a collector wait on DNS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerAddress {
+    pub ip: std::net::IpAddr,
+    #[serde(deserialize_with = "integral")]
+    pub port: u16,
+}
+
+/// JSON has one number type: `1815.0` is the integer 1815 (as JSON Schema counts it), while a
+/// fraction or a value out of range is refused.
+fn integral<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    let n = serde_json::Number::deserialize(d)?;
+    let whole = match (n.as_u64(), n.as_f64()) {
+        (Some(u), _) => Some(u),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(&f) => {
+            Some(f as u64)
+        }
+        _ => None,
+    };
+    whole
+        .and_then(|u| T::try_from(u).ok())
+        .ok_or_else(|| serde::de::Error::custom(format!("{n} is not an integer in range")))
+}
+
+/// The peer set the leader pushes, by node name; `epoch` lets it see which set a collector
+/// holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PeerSet {
+    #[serde(deserialize_with = "integral")]
+    pub epoch: u64,
+    pub peers: BTreeMap<String, PeerAddress>,
+}
+
+/// Why a pushed peer set is refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PeerSetError {
+    #[error("at most {MAX_PEERS} peers")]
+    TooMany,
+    #[error("peer {0:?} is this node")]
+    Myself(String),
+    #[error("peer name {0:?} must be [A-Za-z0-9._-]")]
+    Name(String),
+    #[error("peer {0}: port 0")]
+    Port(String),
+    #[error("epoch {0} is above JSON's safe integers (2^53 - 1)")]
+    Epoch(u64),
+}
+
+impl PeerSet {
+    /// Checks a set pushed to node `me`: at most `MAX_PEERS`, never `me`, names a collector
+    /// accepts, no port 0, an epoch every JSON reader reads exactly.
+    pub fn check(&self, me: &str) -> Result<(), PeerSetError> {
+        if self.peers.len() > MAX_PEERS {
+            return Err(PeerSetError::TooMany);
+        }
+        if self.epoch > MAX_SAFE_INTEGER {
+            return Err(PeerSetError::Epoch(self.epoch));
+        }
+        for (name, addr) in &self.peers {
+            if name == me {
+                return Err(PeerSetError::Myself(name.clone()));
+            }
+            if crate::exec::validate_name(name).is_err() {
+                return Err(PeerSetError::Name(name.clone()));
+            }
+            if addr.port == 0 {
+                return Err(PeerSetError::Port(name.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Domain separator of a collector's signed peer view.
 const VIEW_DOMAIN: &[u8] = b"maintd-peer-view-v1\n";
 
@@ -250,6 +335,20 @@ mod tests {
 
     fn check(bytes: &[u8], last: Option<u64>) -> Result<Heartbeat, HeartbeatError> {
         Heartbeat::verify(bytes, &key(), "n2", |_| last, NOW, 5)
+    }
+
+    #[test]
+    fn integral_numbers_are_integers_and_fractions_are_not() {
+        let set = |epoch: &str, port: &str| {
+            serde_json::from_str::<PeerSet>(&format!(
+                r#"{{"epoch":{epoch},"peers":{{"n2":{{"ip":"10.0.0.2","port":{port}}}}}}}"#
+            ))
+        };
+        let s = set("471.0", "1815.0").unwrap();
+        assert_eq!((s.epoch, s.peers["n2"].port), (471, 1815));
+        assert!(set("1.5", "1815").is_err());
+        assert!(set("1", "70000").is_err());
+        assert!(set("-1", "1815").is_err());
     }
 
     #[test]

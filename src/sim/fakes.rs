@@ -10,7 +10,16 @@ pub(super) struct SimNode {
     pub(super) verdict: Verdict,
     pub(super) seq: u64,
     pub(super) repairs: BTreeMap<String, LiveRepairRecord>,
+    /// The peer set the leader pushed.
+    pub(super) peers: PeerSet,
+    /// The master's requests do not reach the collector, but its peers' heartbeats flow.
+    pub(super) cut_from_master: bool,
+    /// When its heartbeats stopped (powered off or hung); `None` while it beats.
+    pub(super) silent_since: Option<Nanos>,
 }
+
+/// A collector's `lost-after`: a peer silent for longer is lost.
+const LOST_AFTER: Nanos = 2_000_000_000;
 
 /// In-memory collectors: each report is diagnosed when asked and signed with the cluster key,
 /// so the poller verifies it exactly as it verifies one from the network.
@@ -31,13 +40,28 @@ impl SimCollectors {
         self.with(node, |n| n.verdict = v);
     }
 
-    /// The collector stops answering; the node stays powered.
+    /// The collector hangs: it answers nothing and sends no heartbeat; the node stays powered.
     pub fn silence(&self, node: &str) {
-        self.with(node, |n| n.answering = false);
+        let now = self.clock.now();
+        self.with(node, |n| {
+            n.answering = false;
+            n.silent_since.get_or_insert(now);
+        });
     }
 
     pub fn answer_again(&self, node: &str) {
-        self.with(node, |n| n.answering = true);
+        self.with(node, |n| {
+            n.answering = true;
+            if n.powered {
+                n.silent_since = None;
+            }
+        });
+    }
+
+    /// The link between the master and the node breaks; the node and its peers hear each
+    /// other.
+    pub fn cut_from_master(&self, node: &str, cut: bool) {
+        self.with(node, |n| n.cut_from_master = cut);
     }
 
     pub fn powered(&self, node: &str) -> bool {
@@ -45,7 +69,46 @@ impl SimCollectors {
     }
 
     pub(super) fn set_power(&self, node: &str, on: bool) {
-        self.with(node, |n| n.powered = on);
+        let now = self.clock.now();
+        self.with(node, |n| {
+            n.powered = on;
+            if !on {
+                n.silent_since.get_or_insert(now);
+            } else if n.answering {
+                n.silent_since = None;
+            }
+        });
+    }
+
+    /// `node`'s signed view of its peers: a peer is alive until `LOST_AFTER` past its last
+    /// heartbeat, as on a real collector.
+    fn view(&self, node: &str) -> SignedView {
+        let now = self.clock.now();
+        let nodes = self.nodes.lock_unpoisoned();
+        let me = &nodes[node];
+        let peers = me
+            .peers
+            .peers
+            .keys()
+            .map(|p| {
+                let heard_at = nodes.get(p).map(|x| x.silent_since.unwrap_or(now));
+                let alive = heard_at.is_some_and(|h| now - h <= LOST_AFTER);
+                PeerState {
+                    name: p.clone(),
+                    heard_at,
+                    alive,
+                    hears_me: alive,
+                }
+            })
+            .collect();
+        PeerView {
+            node: node.into(),
+            epoch: me.peers.epoch,
+            at: now,
+            peers,
+            rejected: BTreeMap::new(),
+        }
+        .sign(&self.key)
     }
 
     /// The live-repair commands the node ran, once each.
@@ -56,7 +119,7 @@ impl SimCollectors {
     }
 
     fn up(&self, node: &str) -> Result<(), LinkError> {
-        if self.with(node, |n| n.powered && n.answering) {
+        if self.with(node, |n| n.powered && n.answering && !n.cut_from_master) {
             Ok(())
         } else {
             Err(LinkError::Down(
@@ -82,6 +145,10 @@ impl CollectorLink for SimCollectors {
         self.up(&node.name)?;
         match path {
             "/" => answer(200, b"[1]".to_vec(), cap),
+            "/1/peers" => {
+                let body = serde_json::to_vec(&self.view(&node.name)).expect("serializes");
+                answer(200, body, cap)
+            }
             REPORT_PATH => {
                 let now = self.clock.now();
                 let env = self.with(&node.name, |n| {
@@ -105,6 +172,15 @@ impl CollectorLink for SimCollectors {
         cap: usize,
     ) -> Result<Answer, LinkError> {
         self.up(&node.name)?;
+        if method == reqwest::Method::PUT && path == "/1/peers" {
+            let set: PeerSet = serde_json::from_slice(&body.unwrap_or_default())
+                .map_err(|e| LinkError::Broken(e.to_string()))?;
+            if let Err(e) = set.check(&node.name) {
+                return answer(400, e.to_string().into_bytes(), cap);
+            }
+            self.with(&node.name, |n| n.peers = set);
+            return answer(200, b"{}".to_vec(), cap);
+        }
         let record = if method == reqwest::Method::POST && path == "/1/repair" {
             let req: RepairRequest = serde_json::from_slice(&body.unwrap_or_default())
                 .map_err(|e| LinkError::Broken(e.to_string()))?;

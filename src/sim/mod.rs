@@ -7,6 +7,7 @@
 
 mod fakes;
 mod scenarios;
+mod witnesses;
 
 use fakes::SimNode;
 pub use fakes::{SimAgents, SimCluster, SimCollectors};
@@ -29,6 +30,7 @@ use crate::fencing::agent::{AgentRunner, EXIT_OFF, EXIT_OK};
 use crate::fencing::config::{ExecPolicy, FencePlan, FencingConfig, Method, Stage};
 use crate::fencing::executor::Fencer;
 use crate::fencing::machine::Flow;
+use crate::fencing::peering::PeeringSettings;
 use crate::fencing::readiness::{Board, CheckSettings, Readiness};
 use crate::leader::Leadership;
 use crate::link::{Answer, CollectorLink, LinkError};
@@ -39,6 +41,7 @@ use crate::repair::engine::{Engine, Health};
 use crate::repair::live::LiveRepairs;
 use crate::repair::poller::{PollSettings, Poller, REPORT_PATH};
 use crate::repair::{Event, Job, JobKind, Policy};
+use crate::report::heartbeat::{PeerSet, PeerState, PeerView, SignedView};
 use crate::report::{Envelope, Key, VerifyRules};
 use crate::store::Store;
 use crate::sync::LockExt;
@@ -105,6 +108,8 @@ pub struct Sim {
     pub agents: Arc<SimAgents>,
     /// The fence readiness checks, with fencing.
     pub readiness: Option<Arc<Board>>,
+    /// The fencer's peer sets and views, with fencing.
+    pub peering: Option<Arc<crate::fencing::peering::Peering>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -120,9 +125,11 @@ impl Sim {
         let names: Vec<String> = (0..o.nodes).map(node_name).collect();
         let nodes: Vec<NodeConfig> = names
             .iter()
-            .map(|n| NodeConfig {
+            .enumerate()
+            .map(|(i, n)| NodeConfig {
                 name: n.clone(),
-                collector: format!("{n}.sim:1815"),
+                // Addresses, not names: the fencer resolves names for the peer sets.
+                collector: format!("10.0.{}.{}:1815", i / 250, i % 250 + 1),
             })
             .collect();
         let collectors = Arc::new(SimCollectors {
@@ -138,6 +145,9 @@ impl Sim {
                             verdict: verdict(OK),
                             seq: 0,
                             repairs: BTreeMap::new(),
+                            peers: Default::default(),
+                            cut_from_master: false,
+                            silent_since: None,
                         };
                         (n.clone(), node)
                     })
@@ -182,7 +192,7 @@ impl Sim {
             settings,
             link.clone(),
             members.clone(),
-            key,
+            key.clone(),
             store.clone(),
             metrics.clone(),
         )
@@ -210,6 +220,7 @@ impl Sim {
         };
         let mut tasks = vec![tokio::spawn(engine.clone().run(stopped(stop_rx.clone())))];
         let mut readiness = None;
+        let mut peering = None;
         if let Some(f) = &o.fencing {
             let plans: BTreeMap<String, FencePlan> = names
                 .iter()
@@ -247,9 +258,16 @@ impl Sim {
                 metrics,
                 leadership,
                 members,
+                PeeringSettings {
+                    watchers: f.watchers,
+                    window: Duration::from_secs(30),
+                    fresh_for: f.liveness_interval * 3,
+                },
+                key.clone(),
             );
             fencer.wake = fence_wake;
             fencer.clock = clock.clone();
+            peering = Some(fencer.peering.clone());
             tasks.push(tokio::spawn(Arc::new(fencer).run(stopped(stop_rx))));
         }
         Sim {
@@ -259,6 +277,7 @@ impl Sim {
             collectors,
             agents,
             readiness,
+            peering,
             stop,
             tasks,
             _dir: dir,

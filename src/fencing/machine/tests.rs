@@ -30,6 +30,8 @@ fn policy() -> FencePolicy {
         cooldown: 60 * S,
         paused: false,
         max_restarts: 1,
+        // The gates below are the master's own; the second opinion has its tests at the end.
+        second_opinion: false,
     }
 }
 
@@ -70,6 +72,7 @@ fn state() -> FenceState {
         tags: BTreeMap::new(),
         policy: policy(),
         rules: BTreeMap::new(),
+        opinions: BTreeMap::new(),
     }
 }
 
@@ -423,7 +426,8 @@ fn a_condition_fence_recovers_only_once_the_condition_clears_and_says_which_rule
         f.witnesses,
         Witnesses {
             collector: false,
-            condition: Some("Ready=Unknown for 5s".into())
+            condition: Some("Ready=Unknown for 5s".into()),
+            peers: vec![],
         }
     );
     let note = &f.history[0].note;
@@ -476,4 +480,92 @@ fn a_collector_fence_never_recovers_on_a_report_diagnosed_before_the_power_off()
         },
     );
     assert_eq!(runs(&tick(&mut s, &f, T0 + 22 * S)), vec![Step::Recovery]);
+}
+
+mod second_opinion {
+    use super::*;
+    use crate::fencing::opinion::{PeerOpinion, PeerWitness};
+
+    fn with_opinion(o: Option<PeerOpinion>) -> FenceState {
+        let mut s = state();
+        s.policy.second_opinion = true;
+        s.liveness.insert("n2".into(), down(T0));
+        if let Some(o) = o {
+            s.opinions.insert("n2".into(), o);
+        }
+        s
+    }
+
+    #[test]
+    fn a_silent_collector_alone_starts_nothing() {
+        for o in [
+            None,
+            Some(PeerOpinion::Partitioned {
+                hearers: vec!["n5".into()],
+            }),
+            Some(PeerOpinion::TooFew {
+                heard: 1,
+                watchers: 8,
+            }),
+            Some(PeerOpinion::NotAsked),
+        ] {
+            let s = with_opinion(o.clone());
+            assert!(
+                started(&decide_fencing(&s, T0 + 60 * S)).is_empty(),
+                "{o:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn watchers_that_lost_it_too_start_the_flow_and_are_its_witnesses() {
+        let agreed = vec![
+            PeerWitness {
+                watcher: "n4".into(),
+                view_at: T0 + 4 * S,
+                last_heard: Some(T0 - S),
+            },
+            PeerWitness {
+                watcher: "n7".into(),
+                view_at: T0 + 5 * S,
+                last_heard: None,
+            },
+        ];
+        let s = with_opinion(Some(PeerOpinion::Lost {
+            agreed: agreed.clone(),
+        }));
+        // Not before the grace, whatever the peers say.
+        assert!(started(&decide_fencing(&s, T0 + 4 * S)).is_empty());
+        let a = decide_fencing(&s, T0 + 6 * S);
+        let f = &started(&a)[0];
+        assert_eq!(f.node, "n2");
+        assert_eq!(f.witnesses.peers, agreed);
+        assert!(f.witnesses.collector);
+        let note = &f.history[0].note;
+        assert!(
+            note.contains(
+                "lost by its watchers n4 (last heard 5.0 s before its view), n7 (never heard)"
+            ),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn a_node_condition_rule_needs_no_second_opinion() {
+        let mut s = with_opinion(Some(PeerOpinion::Partitioned {
+            hearers: vec!["n5".into()],
+        }));
+        s.liveness.insert(
+            "n2".into(),
+            Liveness {
+                reachable: false,
+                unreachable_since: Some(T0),
+                healthy_at: None,
+                probe_silent: false,
+                condition_fence: true,
+            },
+        );
+        s.rules.insert("n2".into(), "Ready=Unknown for 5s".into());
+        assert_eq!(started(&decide_fencing(&s, T0 + 6 * S)).len(), 1);
+    }
 }

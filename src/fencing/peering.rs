@@ -1,0 +1,437 @@
+//! The master's side of the peer heartbeats (issue 13 §1–2): which peer set each collector
+//! should hold (watchers by rendezvous hashing, addresses resolved once per membership), the
+//! signed views the liveness probe reads back (verified, fresh, never replayed), and each node's
+//! testimony from its watchers for the second opinion. The probe and the pushes themselves run
+//! in the executor, through the `CollectorLink`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tracing::{debug, warn};
+
+use crate::fencing::opinion::{PeerOpinion, Says, Testimony};
+use crate::fencing::watchers::{assignment, watched_by};
+use crate::node::NodeConfig;
+use crate::report::Key;
+use crate::report::heartbeat::{
+    MAX_PEERS, MAX_SAFE_INTEGER, PeerAddress, PeerSet, PeerView, SignedView,
+};
+use crate::sync::LockExt;
+use crate::verdict::Nanos;
+use crate::views::PeerWitnesses;
+
+/// A view lists at most `MAX_PEERS` peers of ~120 bytes each, then escaped into a string.
+pub const VIEW_BODY_CAP: usize = 32 * 1024;
+
+/// How the master uses the peers; from `[fencing]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PeeringSettings {
+    /// Watchers per node.
+    pub watchers: usize,
+    /// How far a view's timestamp may be from the master's clock (the report window).
+    pub window: Duration,
+    /// A view counts as what the watcher says now for this long after it was fetched.
+    pub fresh_for: Duration,
+}
+
+/// Why a collector's view was not taken.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ViewRejection {
+    #[error("{0}")]
+    View(#[from] crate::report::heartbeat::ViewError),
+    #[error("not a signed view: {0}")]
+    Shape(String),
+    #[error("view is {0} s away from this clock")]
+    Stale(i64),
+    #[error("view is not newer than the last one taken")]
+    Replayed,
+}
+
+impl ViewRejection {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ViewRejection::View(crate::report::heartbeat::ViewError::BadSignature) => "signature",
+            ViewRejection::View(crate::report::heartbeat::ViewError::WrongNode { .. }) => "node",
+            ViewRejection::View(crate::report::heartbeat::ViewError::Malformed(_))
+            | ViewRejection::Shape(_) => "malformed",
+            ViewRejection::Stale(_) => "stale",
+            ViewRejection::Replayed => "replayed",
+        }
+    }
+}
+
+struct Held {
+    view: PeerView,
+    fetched_at: Nanos,
+}
+
+/// The peer sets of one membership.
+#[derive(Default)]
+struct Sets {
+    members: Vec<NodeConfig>,
+    /// node -> its watchers, best first.
+    watchers: BTreeMap<String, Vec<String>>,
+    sets: BTreeMap<String, PeerSet>,
+}
+
+pub struct Peering {
+    key: Key,
+    pub settings: PeeringSettings,
+    held: Mutex<BTreeMap<String, Held>>,
+    sets: Mutex<Sets>,
+    /// When a set was last pushed to a node, so a collector that refuses it is not asked every
+    /// probe.
+    pushed: Mutex<BTreeMap<String, (u64, Nanos)>>,
+    /// Nodes the master has lost while a watcher hears them (kept by the fencer).
+    pub(crate) partitioned: Mutex<BTreeSet<String>>,
+}
+
+/// A set's epoch: a hash of its content, so every leader derives the same number and a
+/// collector holding it needs no push. Never 0 (a collector's empty set).
+fn epoch_of(peers: &BTreeMap<String, PeerAddress>) -> u64 {
+    let mut h = Sha256::new();
+    for (name, a) in peers {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(a.ip.to_string().as_bytes());
+        h.update(a.port.to_be_bytes());
+    }
+    let d = h.finalize();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    (u64::from_be_bytes(b) & MAX_SAFE_INTEGER).max(1)
+}
+
+/// A collector's address as an IP and port; a host name is looked up once per membership.
+async fn resolve(collector: &str) -> Option<SocketAddr> {
+    let addr = crate::node::collector_address(collector).ok()?;
+    if let Ok(sa) = addr.parse::<SocketAddr>() {
+        return Some(sa);
+    }
+    let lookup = tokio::net::lookup_host(addr.clone());
+    match tokio::time::timeout(Duration::from_secs(2), lookup).await {
+        Ok(Ok(mut it)) => it.next(),
+        _ => {
+            warn!(collector = %addr, "cannot resolve a collector's address; it gets no peers");
+            None
+        }
+    }
+}
+
+impl Peering {
+    pub fn new(key: Key, settings: PeeringSettings) -> Peering {
+        Peering {
+            key,
+            settings,
+            held: Mutex::default(),
+            sets: Mutex::default(),
+            pushed: Mutex::default(),
+            partitioned: Mutex::default(),
+        }
+    }
+
+    /// Recomputes the assignment and every node's set when membership changed.
+    pub async fn refresh(&self, members: &[NodeConfig]) {
+        if self.sets.lock_unpoisoned().members == members {
+            return;
+        }
+        let names: BTreeSet<String> = members.iter().map(|n| n.name.clone()).collect();
+        let watchers = assignment(&names, self.settings.watchers);
+        let mut addrs: BTreeMap<String, PeerAddress> = BTreeMap::new();
+        for n in members {
+            if let Some(sa) = resolve(&n.collector).await {
+                addrs.insert(
+                    n.name.clone(),
+                    PeerAddress {
+                        ip: sa.ip(),
+                        port: sa.port(),
+                    },
+                );
+            }
+        }
+        let mut sets = BTreeMap::new();
+        for n in &names {
+            // Its watchers first: if the set must be cut to MAX_PEERS, what the node is judged
+            // by is kept.
+            let mut peers = BTreeMap::new();
+            let mine = watchers.get(n).cloned().unwrap_or_default();
+            for p in mine.iter().chain(&watched_by(&watchers, n)) {
+                if peers.len() >= MAX_PEERS {
+                    warn!(node = %n, "peer set cut to {MAX_PEERS}");
+                    break;
+                }
+                if let Some(a) = addrs.get(p) {
+                    peers.insert(p.clone(), *a);
+                }
+            }
+            let epoch = epoch_of(&peers);
+            sets.insert(n.clone(), PeerSet { epoch, peers });
+        }
+        self.held.lock_unpoisoned().retain(|n, _| names.contains(n));
+        *self.sets.lock_unpoisoned() = Sets {
+            members: members.to_vec(),
+            watchers,
+            sets,
+        };
+    }
+
+    /// The set `node` should hold, when it differs from the epoch it reported and it was not
+    /// pushed in the last `retry`.
+    pub fn due_push(
+        &self,
+        node: &str,
+        held_epoch: u64,
+        now: Nanos,
+        retry: Nanos,
+    ) -> Option<PeerSet> {
+        let set = self.sets.lock_unpoisoned().sets.get(node).cloned()?;
+        if set.epoch == held_epoch {
+            return None;
+        }
+        let mut pushed = self.pushed.lock_unpoisoned();
+        if let Some((e, at)) = pushed.get(node)
+            && *e == set.epoch
+            && now.saturating_sub(*at) < retry
+        {
+            return None;
+        }
+        pushed.insert(node.to_string(), (set.epoch, now));
+        Some(set)
+    }
+
+    /// Verifies a collector's answer to `GET /1/peers` and keeps it; returns the epoch of the
+    /// set the collector holds.
+    pub fn accept(&self, node: &str, body: &[u8], now: Nanos) -> Result<u64, ViewRejection> {
+        let signed: SignedView =
+            serde_json::from_slice(body).map_err(|e| ViewRejection::Shape(e.to_string()))?;
+        let view = signed.verify(&self.key, node)?;
+        let skew = now.saturating_sub(view.at);
+        if skew.unsigned_abs() > self.settings.window.as_nanos() as u64 {
+            return Err(ViewRejection::Stale(skew / 1_000_000_000));
+        }
+        let mut held = self.held.lock_unpoisoned();
+        if held.get(node).is_some_and(|h| h.view.at >= view.at) {
+            return Err(ViewRejection::Replayed);
+        }
+        let epoch = view.epoch;
+        debug!(node, epoch, peers = view.peers.len(), "peer view taken");
+        held.insert(
+            node.to_string(),
+            Held {
+                view,
+                fetched_at: now,
+            },
+        );
+        Ok(epoch)
+    }
+
+    /// What each of `node`'s watchers says about it, from the views fetched within
+    /// `fresh_for`.
+    pub fn testimony(&self, node: &str, now: Nanos) -> Vec<Testimony> {
+        let watchers = self
+            .sets
+            .lock_unpoisoned()
+            .watchers
+            .get(node)
+            .cloned()
+            .unwrap_or_default();
+        let held = self.held.lock_unpoisoned();
+        let fresh = self.settings.fresh_for.as_nanos() as Nanos;
+        watchers
+            .into_iter()
+            .map(|w| {
+                let says = held
+                    .get(&w)
+                    .filter(|h| now.saturating_sub(h.fetched_at) <= fresh)
+                    .and_then(|h| {
+                        let p = h.view.peers.iter().find(|p| p.name == node)?;
+                        Some(if p.alive {
+                            Says::Hears { view_at: h.view.at }
+                        } else {
+                            Says::Lost {
+                                view_at: h.view.at,
+                                last_heard: p.heard_at,
+                            }
+                        })
+                    })
+                    .unwrap_or(Says::Unheard);
+                Testimony { watcher: w, says }
+            })
+            .collect()
+    }
+
+    /// The second opinion on `node`.
+    pub fn opinion(&self, node: &str, now: Nanos) -> PeerOpinion {
+        crate::fencing::opinion::second_opinion(&self.testimony(node, now))
+    }
+
+    /// What `node`'s watchers say, as `/1/nodes` shows it.
+    pub fn witnesses(&self, node: &str, now: Nanos) -> PeerWitnesses {
+        let mut w = PeerWitnesses::default();
+        for t in self.testimony(node, now) {
+            w.watchers.push(t.watcher.clone());
+            match t.says {
+                Says::Hears { .. } => w.heard_by.push(t.watcher),
+                Says::Lost { .. } => w.lost_by.push(t.watcher),
+                Says::Unheard => w.unheard.push(t.watcher),
+            }
+        }
+        w.partitioned = self.partitioned.lock_unpoisoned().contains(node);
+        w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::heartbeat::PeerState;
+
+    const NOW: Nanos = 1_800_000_000_000_000_000;
+    const S: Nanos = 1_000_000_000;
+
+    fn key() -> Key {
+        Key::from_bytes(vec![3; 32])
+    }
+
+    fn peering() -> Peering {
+        Peering::new(
+            key(),
+            PeeringSettings {
+                watchers: 2,
+                window: Duration::from_secs(30),
+                fresh_for: Duration::from_secs(3),
+            },
+        )
+    }
+
+    fn members(n: usize) -> Vec<NodeConfig> {
+        (1..=n)
+            .map(|i| NodeConfig {
+                name: format!("n{i}"),
+                collector: format!("10.0.0.{i}:1815"),
+            })
+            .collect()
+    }
+
+    fn view(node: &str, at: Nanos, alive: &[(&str, bool)], k: &Key) -> Vec<u8> {
+        let v = PeerView {
+            node: node.into(),
+            epoch: 1,
+            at,
+            peers: alive
+                .iter()
+                .map(|(p, a)| PeerState {
+                    name: p.to_string(),
+                    heard_at: Some(at - 3 * S),
+                    alive: *a,
+                    hears_me: *a,
+                })
+                .collect(),
+            rejected: BTreeMap::new(),
+        };
+        serde_json::to_vec(&v.sign(k)).unwrap()
+    }
+
+    #[test]
+    fn forged_misaddressed_stale_and_replayed_views_are_refused() {
+        let p = peering();
+        let label = |r: Result<u64, ViewRejection>| r.unwrap_err().metric_label();
+        let other = Key::from_bytes(vec![4; 32]);
+        assert_eq!(
+            label(p.accept("n1", &view("n1", NOW, &[], &other), NOW)),
+            "signature"
+        );
+        assert_eq!(
+            label(p.accept("n1", &view("n2", NOW, &[], &key()), NOW)),
+            "node"
+        );
+        assert_eq!(label(p.accept("n1", b"{\"view\":1}", NOW)), "malformed");
+        assert_eq!(
+            label(p.accept("n1", &view("n1", NOW - 40 * S, &[], &key()), NOW)),
+            "stale"
+        );
+        let v = view("n1", NOW, &[], &key());
+        assert_eq!(p.accept("n1", &v, NOW), Ok(1));
+        assert_eq!(label(p.accept("n1", &v, NOW + S)), "replayed");
+    }
+
+    #[tokio::test]
+    async fn testimony_comes_from_fresh_views_of_the_nodes_watchers() {
+        let p = peering();
+        p.refresh(&members(4)).await;
+        let watchers = p.sets.lock_unpoisoned().watchers["n1"].clone();
+        assert_eq!(watchers.len(), 2);
+        let (a, b) = (watchers[0].as_str(), watchers[1].as_str());
+        // Not asked yet: nobody is heard.
+        assert!(
+            p.testimony("n1", NOW)
+                .iter()
+                .all(|t| t.says == Says::Unheard)
+        );
+        p.accept(a, &view(a, NOW, &[("n1", false)], &key()), NOW)
+            .unwrap();
+        p.accept(b, &view(b, NOW, &[("n1", true)], &key()), NOW)
+            .unwrap();
+        let t = p.testimony("n1", NOW + S);
+        assert!(matches!(
+            t[0].says,
+            Says::Lost {
+                last_heard: Some(_),
+                ..
+            }
+        ));
+        assert!(matches!(t[1].says, Says::Hears { .. }));
+        assert!(matches!(
+            p.opinion("n1", NOW + S),
+            PeerOpinion::Partitioned { .. }
+        ));
+        // Views older than `fresh-for` say nothing.
+        assert!(
+            p.testimony("n1", NOW + 4 * S)
+                .iter()
+                .all(|t| t.says == Says::Unheard)
+        );
+    }
+
+    #[tokio::test]
+    async fn each_set_holds_the_nodes_watchers_and_the_nodes_it_watches_and_is_pushed_when_it_differs()
+     {
+        let p = peering();
+        p.refresh(&members(6)).await;
+        let (sets, watchers) = {
+            let s = p.sets.lock_unpoisoned();
+            (s.sets.clone(), s.watchers.clone())
+        };
+        for (n, set) in &sets {
+            assert!(!set.peers.contains_key(n));
+            for w in &watchers[n] {
+                assert!(set.peers.contains_key(w), "{n} is watched by {w}");
+                assert!(sets[w].peers.contains_key(n), "{w} watches {n}");
+            }
+            assert_eq!(set.peers[&watchers[n][0]].port, 1815);
+        }
+        // Same membership, same epochs: a new leader pushes nothing.
+        let again = peering();
+        again.refresh(&members(6)).await;
+        let epochs = |p: &Peering| -> Vec<u64> {
+            p.sets
+                .lock_unpoisoned()
+                .sets
+                .values()
+                .map(|s| s.epoch)
+                .collect()
+        };
+        assert_eq!(epochs(&p), epochs(&again));
+        let n1 = sets["n1"].epoch;
+        assert!(p.due_push("n1", n1, NOW, 5 * S).is_none(), "it holds it");
+        assert_eq!(p.due_push("n1", 0, NOW, 5 * S).map(|s| s.epoch), Some(n1));
+        assert!(
+            p.due_push("n1", 0, NOW + S, 5 * S).is_none(),
+            "not again at once"
+        );
+        assert!(p.due_push("n1", 0, NOW + 6 * S, 5 * S).is_some());
+    }
+}

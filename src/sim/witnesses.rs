@@ -1,0 +1,133 @@
+//! Scenarios of the second opinion (issue 13 §2) on the simulated-time harness: the master's
+//! probe against the peers' heartbeats, with links cut one at a time.
+
+use std::time::Duration;
+
+use super::*;
+use crate::fencing::opinion::PeerWitness;
+
+const MIN: Duration = Duration::from_secs(60);
+
+/// Fencing at the defaults (grace 5 s, liveness every 1 s, 8 watchers), readiness checks off.
+fn fencing(storm_percent: u32) -> FencingConfig {
+    FencingConfig {
+        check_interval: Duration::ZERO,
+        storm_percent,
+        ..FencingConfig::default()
+    }
+}
+
+fn events_of(sim: &Sim, node: &str) -> Vec<String> {
+    sim.cluster
+        .events()
+        .into_iter()
+        .filter_map(|e| e.strip_prefix(&format!("{node} ")).map(String::from))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_cut_from_the_master_but_heard_by_its_peers_is_partitioned_and_never_fenced() {
+    let sim = Sim::start(SimOptions {
+        nodes: 5,
+        fencing: Some(fencing(30)),
+        ..SimOptions::default()
+    });
+    let peering = sim.peering.clone().unwrap();
+    sim.run_for(Duration::from_secs(10)).await;
+    sim.collectors.cut_from_master("node2", true);
+    sim.run_for(10 * MIN).await;
+    assert!(sim.flows().is_empty(), "{:?}", sim.flows());
+    assert!(sim.agents.calls().is_empty());
+    let w = peering.witnesses("node2", sim.clock.now());
+    assert!(w.partitioned, "{w:?}");
+    assert_eq!(w.watchers.len(), 4, "every other node watches it");
+    assert_eq!(w.heard_by.len(), 4, "{w:?}");
+    assert_eq!(events_of(&sim, "node2"), vec!["MaintdPartitioned"]);
+    // Now the node dies while still cut off: its peers lose it too, and it is fenced, with
+    // them as witnesses.
+    sim.collectors.silence("node2");
+    let f = sim
+        .until("the release", MIN, |s| {
+            s.flows().into_iter().find(|f| f.released)
+        })
+        .await;
+    let watchers: Vec<&str> = f
+        .witnesses
+        .peers
+        .iter()
+        .map(|w: &PeerWitness| w.watcher.as_str())
+        .collect();
+    assert_eq!(watchers.len(), 4, "{:?}", f.witnesses);
+    assert!(
+        f.history[0].note.contains("lost by its watchers"),
+        "{}",
+        f.history[0].note
+    );
+    assert!(!peering.witnesses("node2", sim.clock.now()).partitioned);
+    let events = events_of(&sim, "node2");
+    assert_eq!(&events[..2], ["MaintdPartitioned", "MaintdPartitionEnded"]);
+    sim.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_second_opinion_is_ready_when_the_grace_ends() {
+    let sim = Sim::start(SimOptions {
+        nodes: 5,
+        fencing: Some(fencing(30)),
+        ..SimOptions::default()
+    });
+    sim.run_for(Duration::from_secs(10)).await;
+    let died = sim.clock.now();
+    sim.collectors.silence("node3");
+    let f = sim
+        .until("the flow", MIN, |s| s.flows().into_iter().next())
+        .await;
+    // The watchers lose the node 2 s after its last heartbeat and the master asks them every
+    // second: by the end of the 5 s grace they have long agreed, so the flow starts within one
+    // probe of it, as it would on the master's word alone.
+    let grace = 5_000_000_000;
+    let probe = 1_000_000_000;
+    assert!(
+        f.created - died <= grace + 2 * probe,
+        "started {:.1} s after the death",
+        (f.created - died) as f64 / 1e9
+    );
+    assert!(f.created - f.detected >= grace);
+    assert_eq!(f.witnesses.peers.len(), 4);
+    sim.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_too_few_watchers_heard_nothing_is_fenced_until_enough_are_heard_again() {
+    let sim = Sim::start(SimOptions {
+        nodes: 5,
+        // No storm gate here: the rule under test is the second opinion's own.
+        fencing: Some(fencing(100)),
+        ..SimOptions::default()
+    });
+    sim.run_for(Duration::from_secs(10)).await;
+    // The master loses three of node1's four watchers (they still hear each other), then node1
+    // dies: one watcher heard of four is too few to judge.
+    for n in ["node2", "node3", "node4"] {
+        sim.collectors.cut_from_master(n, true);
+    }
+    sim.collectors.silence("node1");
+    sim.run_for(5 * MIN).await;
+    assert!(sim.flows().is_empty(), "{:?}", sim.flows());
+    assert!(sim.collectors.powered("node1"));
+    // Two of four heard again: half is enough, and both lost node1.
+    sim.collectors.cut_from_master("node2", false);
+    let f = sim
+        .until("the flow", MIN, |s| s.flows().into_iter().next())
+        .await;
+    assert_eq!(f.node, "node1");
+    let mut watchers: Vec<String> = f
+        .witnesses
+        .peers
+        .iter()
+        .map(|w| w.watcher.clone())
+        .collect();
+    watchers.sort();
+    assert_eq!(watchers, ["node2", "node5"]);
+    sim.stop().await;
+}
