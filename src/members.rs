@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::cluster::{Cluster, NodeFacts};
+use crate::cluster::{Cluster, KubeletLease, NodeFacts};
 use crate::node::NodeConfig;
 use crate::repair::conditions::{Evaluation, Rule, evaluate};
 use crate::sync::{LockExt, RwLockExt};
@@ -40,6 +40,8 @@ impl Members {
 /// verdicts, re-read from the backend's node cache (a watch on Kubernetes) every interval.
 pub struct NodeView {
     rules: Vec<Rule>,
+    /// How often the node cache is read.
+    interval: Duration,
     /// Facts older than this are not used: the conditions count as unknown.
     max_age: Duration,
     facts: Mutex<Option<(Instant, Arc<NodeFacts>)>>,
@@ -49,6 +51,7 @@ impl NodeView {
     pub fn new(rules: Vec<Rule>, interval: Duration) -> NodeView {
         NodeView {
             rules,
+            interval,
             max_age: interval * 3 + Duration::from_secs(5),
             facts: Mutex::new(None),
         }
@@ -59,6 +62,19 @@ impl NodeView {
         let facts = self.facts.lock_unpoisoned().clone();
         let (at, facts) = facts?;
         (at.elapsed() <= self.max_age).then(|| evaluate(&self.rules, &facts.conditions, now))
+    }
+
+    /// How late a change to the cluster can be seen here: two reads of the cache and the
+    /// watch's own delay.
+    pub fn lag(&self) -> Duration {
+        self.interval * 2 + Duration::from_secs(1)
+    }
+
+    /// Each node's kubelet Lease, from a recent node list (Kubernetes).
+    pub fn kubelet_leases(&self) -> Option<std::collections::BTreeMap<String, KubeletLease>> {
+        let facts = self.facts.lock_unpoisoned().clone();
+        let (at, facts) = facts?;
+        (at.elapsed() <= self.max_age).then(|| facts.kubelet_leases.clone())
     }
 
     /// Records a fresh node list; returns the new membership if it changed.

@@ -99,6 +99,19 @@ fn rbac_grants_only_the_verbs_maintd_uses() {
         rules(events.rules.as_deref().unwrap()),
         ["/events:create[]".to_string()].into()
     );
+    // The kubelets' Leases are read, never written.
+    let leases = ns
+        .iter()
+        .find(|r| r.metadata.namespace.as_deref() == Some("kube-node-lease"))
+        .expect("a Role in kube-node-lease for the kubelet Leases");
+    assert_eq!(
+        rules(leases.rules.as_deref().unwrap()),
+        [
+            "coordination.k8s.io/leases:list[]".to_string(),
+            "coordination.k8s.io/leases:watch[]".to_string()
+        ]
+        .into()
+    );
     // The names the Role allows are the ones the shipped config uses.
     let cm: Vec<ConfigMap> = of_kind("configmap.yaml", "ConfigMap");
     let cfg = maintd::config::Config::parse(&cm[0].data.as_ref().unwrap()["maintd.toml"]).unwrap();

@@ -33,6 +33,7 @@ async fn against_a_real_control_plane() {
     events_show_in_kubectl_describe_node_under_the_deploy_rbac(&cp).await;
     a_fence_release_never_deletes_the_replacement_pod(&cp).await;
     a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
+    a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(&cp).await;
     a_stale_collector_answer_never_recovers_a_fenced_node(&cp).await;
     drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(&cp).await;
 }
@@ -99,6 +100,57 @@ fn remove_nodes(cp: &ControlPlane, c: &mut Cluster, nodes: &[String]) {
         cp.heartbeats.alive(n, false);
         cp.kubectl(&["delete", "node", n, "--wait=false"]);
     }
+}
+
+/// The collector dies but the kubelet keeps renewing its Lease: the node runs, so its silent
+/// collector and its peers (which lose the collector's heartbeats) are outvoted and nothing is
+/// fenced. Once the kubelet stops too and its Lease goes stale, the node is fenced, with the
+/// Lease among the witnesses.
+async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &ControlPlane) {
+    let (mut c, nodes) = managed_cluster(cp, "l").await;
+    let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    // A grace longer than the test kubelet's 2 s renewals plus the 2 s it takes to see one.
+    c.extra_daemon_toml = format!(
+        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
+        c.stub_fencing("fence_ok", OK_AGENT, "6s", &refs)
+    );
+    c.env
+        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+    c.start_collectors();
+    c.start_kube_daemon();
+    c.wait_api().await;
+    let victim = nodes[0].clone();
+    wait_for("the peers to hear the victim", || async {
+        let w = c.node(&victim).await["witnesses"].clone();
+        (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
+    })
+    .await;
+    c.kill_collector(0);
+    wait_for("the victim to show as partitioned", || async {
+        (c.node(&victim).await["witnesses"]["partitioned"] == true).then_some(())
+    })
+    .await;
+    // Three graces later, still nothing.
+    tokio::time::sleep(Duration::from_secs(18)).await;
+    let flows = c.get("/1/fences").await.1;
+    assert_eq!(flows, serde_json::json!([]), "{flows:#}");
+    assert_eq!(c.node(&victim).await["witnesses"]["partitioned"], true);
+    // The kubelet stops: within one renew interval (10 s for a 40 s Lease) the Lease is stale.
+    cp.heartbeats.alive(&victim, false);
+    let f = c
+        .wait_flow("the release", |f| {
+            f["node"] == victim.as_str() && f["released"] == true
+        })
+        .await;
+    let witnesses: Vec<&str> = f["witnesses"]["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["watcher"].as_str().unwrap())
+        .collect();
+    assert!(witnesses.contains(&"lease:kubelet"), "{f:#}");
+    assert_eq!(witnesses.len(), 4, "three peers and the Lease: {f:#}");
+    remove_nodes(cp, &mut c, &nodes);
 }
 
 /// The kubelet dies but the collector keeps answering: the `Ready=Unknown` rule fences the node.

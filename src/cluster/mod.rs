@@ -57,6 +57,18 @@ pub enum ClusterError {
 pub struct NodeFacts {
     pub members: Vec<crate::node::NodeConfig>,
     pub conditions: BTreeMap<String, Vec<crate::repair::conditions::NodeCondition>>,
+    /// Each node's kubelet Lease, by node name (Kubernetes; empty when unknown).
+    pub kubelet_leases: BTreeMap<String, KubeletLease>,
+}
+
+/// A kubelet's Lease as the fencer reads it: only whether it was renewed, never its time
+/// against the master's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletLease {
+    /// `renewTime` exactly as stored: a change is a renewal.
+    pub renew_marker: String,
+    /// `leaseDurationSeconds`; the kubelet renews every quarter of it.
+    pub duration_s: i32,
 }
 
 /// A Lease as leader election reads and writes it. `version` is the resourceVersion it was read

@@ -20,7 +20,7 @@ use crate::fencing::machine::{
 use crate::store::{FlowOutcome, Store};
 use crate::verdict::{Nanos, Outcome};
 
-use crate::fencing::opinion::PeerOpinion;
+use crate::fencing::opinion::{KubeletSays, PeerOpinion};
 use crate::fencing::peering::{Peering, PeeringSettings, VIEW_BODY_CAP};
 use crate::link::CollectorLink;
 use crate::metrics::{Metrics, StepLabel};
@@ -72,6 +72,16 @@ pub fn summarize(plan: &FencePlan) -> PlanSummary {
     }
 }
 
+/// A kubelet Lease as the fencer follows it.
+#[derive(Debug, Clone)]
+struct Renewal {
+    marker: String,
+    /// When this fencer saw it change (`None`: not since it first saw it).
+    at: Option<Nanos>,
+    /// The kubelet renews every quarter of the Lease's duration.
+    every: Nanos,
+}
+
 pub struct Fencer<C: Cluster> {
     pub store: Arc<Store>,
     pub cluster: Arc<C>,
@@ -98,6 +108,9 @@ pub struct Fencer<C: Cluster> {
     pub clock: Arc<dyn crate::clock::Clock>,
     /// Peer sets and views: the second opinion.
     pub peering: Arc<Peering>,
+    /// Each kubelet Lease's `renewTime` as last seen, when (by this clock) it last changed, and
+    /// the kubelet's renew interval.
+    renewals: Mutex<BTreeMap<String, Renewal>>,
 }
 
 impl<C: Cluster> Fencer<C> {
@@ -143,6 +156,7 @@ impl<C: Cluster> Fencer<C> {
             observed: Mutex::new(HashSet::new()),
             clock: Arc::new(crate::clock::SystemClock),
             peering: Arc::new(Peering::new(key, peering)),
+            renewals: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -279,16 +293,66 @@ impl<C: Cluster> Fencer<C> {
         (liveness, rules)
     }
 
-    /// The second opinion on every node whose collector is silent.
+    /// Notes every kubelet Lease renewal the node cache shows, by this fencer's clock: no clock
+    /// is ever compared with a node's.
+    fn observe_renewals(&self, now: Nanos) -> Option<Nanos> {
+        let watch = self.watch.as_ref()?;
+        let leases = watch.kubelet_leases()?;
+        let mut seen = self.renewals.lock_unpoisoned();
+        seen.retain(|n, _| leases.contains_key(n));
+        for (node, l) in leases {
+            let every = ns(Duration::from_secs(l.duration_s.max(4) as u64 / 4));
+            match seen.get_mut(&node) {
+                Some(r) if r.marker != l.renew_marker => {
+                    r.marker = l.renew_marker;
+                    r.at = Some(now);
+                    r.every = every;
+                }
+                Some(_) => {}
+                // First sight: when it was renewed is unknown.
+                None => {
+                    let r = Renewal {
+                        marker: l.renew_marker,
+                        at: None,
+                        every,
+                    };
+                    seen.insert(node, r);
+                }
+            }
+        }
+        Some(ns(watch.lag()))
+    }
+
+    /// The second opinion on every node whose collector is silent. On Kubernetes its kubelet's
+    /// Lease speaks too: a renewal seen after the collector went silent (later than a change
+    /// can take to be seen) and within one renew interval of now proves the node runs.
     fn opinions(
         &self,
         liveness: &BTreeMap<String, Liveness>,
         now: Nanos,
     ) -> BTreeMap<String, PeerOpinion> {
+        let lag = self.observe_renewals(now);
+        let renewals = self.renewals.lock_unpoisoned().clone();
         liveness
             .iter()
             .filter(|(_, l)| l.probe_silent)
-            .map(|(n, _)| (n.clone(), self.peering.opinion(n, now)))
+            .map(|(n, l)| {
+                let kubelet = lag.and_then(|lag| {
+                    let r = renewals.get(n)?;
+                    let since = l.unreachable_since.unwrap_or(now);
+                    let alive =
+                        r.at.is_some_and(|t| t > since + lag && now - t <= r.every + lag);
+                    Some(if alive {
+                        KubeletSays::RenewedSinceLoss
+                    } else {
+                        KubeletSays::NotSinceLoss {
+                            checked_at: now,
+                            last_renewal: r.at,
+                        }
+                    })
+                });
+                (n.clone(), self.peering.opinion(n, now, kubelet.as_ref()))
+            })
             .collect()
     }
 

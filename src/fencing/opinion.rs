@@ -53,20 +53,39 @@ pub enum PeerOpinion {
     TooFew { heard: usize, watchers: usize },
 }
 
-/// Judges a node from its watchers' testimony. A single watcher that still hears the node outweighs
-/// any number that lost it: a power-off kills a running node, waiting does not. A node without
-/// watchers (a one-node cluster) cannot be judged.
-pub fn second_opinion(testimony: &[Testimony]) -> PeerOpinion {
+/// The name the kubelet's Lease goes by among the witnesses (no node name has a colon).
+pub const KUBELET_WITNESS: &str = "lease:kubelet";
+
+/// What the node's kubelet Lease says (Kubernetes), judged by the master's own observations:
+/// a renewal it saw after it lost the collector proves the node runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeletSays {
+    RenewedSinceLoss,
+    /// No renewal seen since the loss; `last_renewal` is when the master last saw one.
+    NotSinceLoss {
+        checked_at: Nanos,
+        last_renewal: Option<Nanos>,
+    },
+}
+
+/// Judges a node from its watchers' testimony and, on Kubernetes, its kubelet's Lease. A single
+/// witness that still hears the node outweighs any number that lost it: a power-off kills a
+/// running node, waiting does not. A node without watchers (a one-node cluster) cannot be
+/// judged. The Lease never makes up for missing watchers: it can only veto or add its word.
+pub fn second_opinion(testimony: &[Testimony], kubelet: Option<&KubeletSays>) -> PeerOpinion {
     let watchers = testimony.len();
-    let hearers: Vec<String> = testimony
+    let mut hearers: Vec<String> = testimony
         .iter()
         .filter(|t| matches!(t.says, Says::Hears { .. }))
         .map(|t| t.watcher.clone())
         .collect();
+    if kubelet == Some(&KubeletSays::RenewedSinceLoss) {
+        hearers.push(KUBELET_WITNESS.into());
+    }
     if !hearers.is_empty() {
         return PeerOpinion::Partitioned { hearers };
     }
-    let agreed: Vec<PeerWitness> = testimony
+    let mut agreed: Vec<PeerWitness> = testimony
         .iter()
         .filter_map(|t| match t.says {
             Says::Lost {
@@ -83,6 +102,17 @@ pub fn second_opinion(testimony: &[Testimony]) -> PeerOpinion {
     let heard = agreed.len();
     if heard == 0 || heard * 2 < watchers {
         return PeerOpinion::TooFew { heard, watchers };
+    }
+    if let Some(KubeletSays::NotSinceLoss {
+        checked_at,
+        last_renewal,
+    }) = kubelet
+    {
+        agreed.push(PeerWitness {
+            watcher: KUBELET_WITNESS.into(),
+            view_at: *checked_at,
+            last_heard: *last_renewal,
+        });
     }
     PeerOpinion::Lost { agreed }
 }
@@ -108,7 +138,10 @@ mod tests {
 
     #[test]
     fn all_heard_watchers_lost_it_is_a_verdict_of_lost_with_each_witness() {
-        let o = second_opinion(&[t("a", lost(10)), t("b", lost(11)), t("c", Says::Unheard)]);
+        let o = second_opinion(
+            &[t("a", lost(10)), t("b", lost(11)), t("c", Says::Unheard)],
+            None,
+        );
         let PeerOpinion::Lost { agreed } = o else {
             panic!("{o:?}")
         };
@@ -124,11 +157,14 @@ mod tests {
 
     #[test]
     fn one_watcher_that_hears_the_node_makes_it_partitioned() {
-        let o = second_opinion(&[
-            t("a", lost(10)),
-            t("b", lost(10)),
-            t("c", Says::Hears { view_at: 10 }),
-        ]);
+        let o = second_opinion(
+            &[
+                t("a", lost(10)),
+                t("b", lost(10)),
+                t("c", Says::Hears { view_at: 10 }),
+            ],
+            None,
+        );
         assert_eq!(
             o,
             PeerOpinion::Partitioned {
@@ -139,11 +175,14 @@ mod tests {
 
     #[test]
     fn fewer_than_half_heard_or_no_watchers_is_no_judgement() {
-        let o = second_opinion(&[
-            t("a", lost(1)),
-            t("b", Says::Unheard),
-            t("c", Says::Unheard),
-        ]);
+        let o = second_opinion(
+            &[
+                t("a", lost(1)),
+                t("b", Says::Unheard),
+                t("c", Says::Unheard),
+            ],
+            None,
+        );
         assert_eq!(
             o,
             PeerOpinion::TooFew {
@@ -152,7 +191,7 @@ mod tests {
             }
         );
         assert_eq!(
-            second_opinion(&[]),
+            second_opinion(&[], None),
             PeerOpinion::TooFew {
                 heard: 0,
                 watchers: 0
@@ -161,8 +200,34 @@ mod tests {
         // Half is enough: in a three-node cluster one dead node leaves one of two watchers of
         // the next.
         assert!(matches!(
-            second_opinion(&[t("a", lost(1)), t("b", Says::Unheard)]),
+            second_opinion(&[t("a", lost(1)), t("b", Says::Unheard)], None),
             PeerOpinion::Lost { .. }
+        ));
+    }
+
+    #[test]
+    fn a_kubelet_lease_renewed_since_the_loss_vetoes_and_a_stale_one_adds_its_word() {
+        let peers = [t("a", lost(10)), t("b", lost(10))];
+        assert_eq!(
+            second_opinion(&peers, Some(&KubeletSays::RenewedSinceLoss)),
+            PeerOpinion::Partitioned {
+                hearers: vec![KUBELET_WITNESS.into()]
+            }
+        );
+        let stale = KubeletSays::NotSinceLoss {
+            checked_at: 20,
+            last_renewal: Some(4),
+        };
+        let PeerOpinion::Lost { agreed } = second_opinion(&peers, Some(&stale)) else {
+            panic!()
+        };
+        assert_eq!(agreed.len(), 3);
+        assert_eq!(agreed[2].watcher, KUBELET_WITNESS);
+        assert_eq!(agreed[2].last_heard, Some(4));
+        // It never stands in for the watchers.
+        assert!(matches!(
+            second_opinion(&[t("a", Says::Unheard)], Some(&stale)),
+            PeerOpinion::TooFew { .. }
         ));
     }
 
@@ -184,7 +249,7 @@ mod tests {
         fn lost_needs_half_and_nobody_hearing(v in prop::collection::vec(says(), 0..12)) {
             let ts: Vec<Testimony> = v.iter().enumerate()
                 .map(|(i, s)| t(&format!("w{i}"), s.clone())).collect();
-            let o = second_opinion(&ts);
+            let o = second_opinion(&ts, None);
             let hears = v.iter().any(|s| matches!(s, Says::Hears { .. }));
             let lost = v.iter().filter(|s| matches!(s, Says::Lost { .. })).count();
             if let PeerOpinion::Lost { agreed } = &o {
@@ -194,7 +259,7 @@ mod tests {
             }
             let mut rev = ts.clone();
             rev.reverse();
-            prop_assert_eq!(std::mem::discriminant(&o), std::mem::discriminant(&second_opinion(&rev)));
+            prop_assert_eq!(std::mem::discriminant(&o), std::mem::discriminant(&second_opinion(&rev, None)));
         }
     }
 }

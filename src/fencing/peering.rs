@@ -12,7 +12,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
-use crate::fencing::opinion::{PeerOpinion, Says, Testimony};
+use crate::fencing::opinion::{KubeletSays, PeerOpinion, Says, Testimony};
 use crate::fencing::watchers::{assignment, watched_by};
 use crate::node::NodeConfig;
 use crate::report::Key;
@@ -263,9 +263,9 @@ impl Peering {
             .collect()
     }
 
-    /// The second opinion on `node`.
-    pub fn opinion(&self, node: &str, now: Nanos) -> PeerOpinion {
-        crate::fencing::opinion::second_opinion(&self.testimony(node, now))
+    /// The second opinion on `node`, with its kubelet's Lease when there is one.
+    pub fn opinion(&self, node: &str, now: Nanos, kubelet: Option<&KubeletSays>) -> PeerOpinion {
+        crate::fencing::opinion::second_opinion(&self.testimony(node, now), kubelet)
     }
 
     /// What `node`'s watchers say, as `/1/nodes` shows it.
@@ -385,7 +385,7 @@ mod tests {
         ));
         assert!(matches!(t[1].says, Says::Hears { .. }));
         assert!(matches!(
-            p.opinion("n1", NOW + S),
+            p.opinion("n1", NOW + S, None),
             PeerOpinion::Partitioned { .. }
         ));
         // Views older than `fresh-for` say nothing.

@@ -1,7 +1,8 @@
 //! The watch caches of the Kubernetes backend: one reflector per resource maintd reads (Nodes,
-//! Pods, PodDisruptionBudgets, and the election Lease and state ConfigMap), fed by kube's
-//! watcher with bookmarks, relisting only when a watch breaks. Reads cost no API request, so an
-//! idle daemon sends only its Lease renewals and the watches' periodic reconnects.
+//! Pods, PodDisruptionBudgets, the kubelets' Leases, and the election Lease and state
+//! ConfigMap), fed by kube's watcher with bookmarks, relisting only when a watch breaks. Reads
+//! cost no API request, so an idle daemon sends only its Lease renewals and the watches'
+//! periodic reconnects.
 
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -215,6 +216,15 @@ where
     pub async fn get(&self, name: &str) -> Result<Option<Arc<K>>, ClusterError> {
         self.synced().await?;
         Ok(self.store.get(&reflector::ObjectRef::new(name)))
+    }
+
+    /// Every object, without waiting: `None` until the first list and while the watch is
+    /// broken. For an optional fact (a kubelet's Lease) that must neither hold up nor mislead a
+    /// decision.
+    pub fn if_current(&self) -> Option<Vec<Arc<K>>> {
+        use futures::FutureExt;
+        let ready = self.store.wait_until_ready().now_or_never();
+        (matches!(ready, Some(Ok(()))) && self.health.error().is_none()).then(|| self.sorted())
     }
 
     /// The one object of a single-object watch (`metadata.name=` field selector).

@@ -31,7 +31,10 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{Cluster, ClusterError, NodeFacts};
+use super::{Cluster, ClusterError, KubeletLease, NodeFacts};
+
+/// Where every kubelet keeps its heartbeat Lease, named after its node.
+const KUBELET_LEASE_NAMESPACE: &str = "kube-node-lease";
 use crate::node::NodeConfig;
 use crate::repair::conditions::NodeCondition;
 use crate::repair::{Job, JobKind, capacity};
@@ -56,6 +59,8 @@ pub struct KubeCluster {
     /// The election's Lease and state ConfigMap, watched only with leader election on.
     lease: Option<Watched<Lease>>,
     state: Option<Watched<ConfigMap>>,
+    /// The kubelets' Leases in `kube-node-lease`: a further witness of a node's life.
+    kubelet_leases: Watched<Lease>,
     /// Nodes as this replica last wrote them, until the watch catches up (as client-go's
     /// mutation cache): a tag applied one tick must not read as removed by an operator the
     /// next, only because its watch event is still on the way.
@@ -98,6 +103,12 @@ impl KubeCluster {
             any(),
             cache::trim_meta,
         );
+        let kubelet_leases = Watched::spawn(
+            "kubelet leases",
+            Api::namespaced(client.clone(), KUBELET_LEASE_NAMESPACE),
+            any(),
+            cache::trim_meta,
+        );
         let le = &cfg.leader_election;
         let one = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
         let (lease, state) = if le.enabled {
@@ -128,6 +139,7 @@ impl KubeCluster {
             pdbs,
             lease,
             state,
+            kubelet_leases,
             written: Default::default(),
         })
     }
@@ -365,6 +377,24 @@ impl Cluster for KubeCluster {
                 .collect();
             facts.conditions.insert(m.name.clone(), conditions);
             facts.members.push(m);
+        }
+        // Optional: without a current Lease cache (no permission, a broken watch) there is
+        // simply no kubelet witness.
+        if let Some(leases) = self.kubelet_leases.if_current() {
+            for l in leases {
+                let (Some(name), Some(spec)) = (l.metadata.name.as_ref(), l.spec.as_ref()) else {
+                    continue;
+                };
+                if let Some(t) = &spec.renew_time {
+                    facts.kubelet_leases.insert(
+                        name.clone(),
+                        KubeletLease {
+                            renew_marker: format!("{:?}", t.0),
+                            duration_s: spec.lease_duration_seconds.unwrap_or(40),
+                        },
+                    );
+                }
+            }
         }
         Ok(Some(facts))
     }
