@@ -8,7 +8,7 @@ use std::path::Path;
 
 const ROOMS: [&str; 2] = ["repair", "fencing"];
 
-const PURE: [&str; 8] = [
+const PURE: [&str; 9] = [
     "verdict",
     "repair::model",
     "repair::decide",
@@ -17,6 +17,7 @@ const PURE: [&str; 8] = [
     "fencing::machine",
     "fencing::watchers",
     "fencing::opinion",
+    "fencing::selffence",
 ];
 
 struct Unit {
