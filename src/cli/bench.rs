@@ -45,13 +45,15 @@ pub enum BenchError {
     Collectors(String),
     #[error("only {verified} of {of} reports verified; the figures are not valid")]
     Unverified { verified: usize, of: usize },
+    #[error("peer set refused: {0}")]
+    PeerSet(#[from] crate::report::heartbeat::PeerSetError),
 }
 
 fn raise_fd_limit() {
     let _ = crate::http::listener::raise_fd_limit();
 }
 
-fn cpu_seconds() -> f64 {
+pub(super) fn cpu_seconds() -> f64 {
     getrusage(UsageWho::RUSAGE_SELF)
         .map(|u| {
             let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;

@@ -2,6 +2,7 @@
 //! keygen, diagnose --once) that talk to the daemon's API or run locally.
 
 mod bench;
+mod bench_peers;
 
 use std::path::PathBuf;
 
@@ -141,6 +142,19 @@ pub enum BenchCmd {
         /// Comma-separated candidate counts.
         #[arg(long, value_delimiter = ',', default_value = "1,50,500,5000")]
         candidates: Vec<usize>,
+    },
+    /// What the peer heartbeats and the second opinion cost: assignment, bytes, node and leader
+    /// CPU.
+    Peers {
+        /// Cluster size for the assignment, the bytes and the leader's cost.
+        #[arg(long, default_value_t = 5000)]
+        nodes: usize,
+        /// Real heartbeat tasks run over loopback UDP to measure a node's CPU.
+        #[arg(long, default_value_t = 500)]
+        live: usize,
+        /// Seconds the live nodes are measured.
+        #[arg(long, default_value_t = 20)]
+        secs: u64,
     },
     /// Internal: serve N simulated collectors and print their ports.
     #[command(hide = true)]
@@ -557,6 +571,9 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 candidates,
             } => {
                 bench::plan(*nodes, *pods_per_node, candidates)?;
+            }
+            BenchCmd::Peers { nodes, live, secs } => {
+                bench_peers::peers(*nodes, *live, *secs).await?;
             }
             BenchCmd::SimCollectors { count } => {
                 bench::sim_collectors(*count).await?;
