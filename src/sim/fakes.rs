@@ -16,6 +16,8 @@ pub(super) struct SimNode {
     pub(super) cut_from_master: bool,
     /// When its heartbeats stopped (powered off or hung); `None` while it beats.
     pub(super) silent_since: Option<Nanos>,
+    /// It signs with another key: its peers refuse its heartbeats, the master its view.
+    pub(super) wrong_key: bool,
 }
 
 /// A collector's `lost-after`: a peer silent for longer is lost.
@@ -25,6 +27,8 @@ const LOST_AFTER: Nanos = 2_000_000_000;
 /// so the poller verifies it exactly as it verifies one from the network.
 pub struct SimCollectors {
     pub(super) key: Key,
+    /// The key a misconfigured node signs with.
+    pub(super) wrong: Key,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) nodes: Mutex<BTreeMap<String, SimNode>>,
 }
@@ -56,6 +60,11 @@ impl SimCollectors {
                 n.silent_since = None;
             }
         });
+    }
+
+    /// The node's collector is given another cluster key (a misconfiguration).
+    pub fn use_wrong_key(&self, node: &str) {
+        self.with(node, |n| n.wrong_key = true);
     }
 
     /// The link between the master and the node breaks; the node and its peers hear each
@@ -91,7 +100,11 @@ impl SimCollectors {
             .peers
             .keys()
             .map(|p| {
-                let heard_at = nodes.get(p).map(|x| x.silent_since.unwrap_or(now));
+                // A peer signing with another key is never heard: its beats are refused.
+                let heard_at = nodes
+                    .get(p)
+                    .filter(|x| x.wrong_key == me.wrong_key)
+                    .map(|x| x.silent_since.unwrap_or(now));
                 let alive = heard_at.is_some_and(|h| now - h <= LOST_AFTER);
                 PeerState {
                     name: p.clone(),
@@ -108,7 +121,7 @@ impl SimCollectors {
             peers,
             rejected: BTreeMap::new(),
         }
-        .sign(&self.key)
+        .sign(if me.wrong_key { &self.wrong } else { &self.key })
     }
 
     /// The live-repair commands the node ran, once each.

@@ -134,6 +134,7 @@ impl Sim {
             .collect();
         let collectors = Arc::new(SimCollectors {
             key: key.clone(),
+            wrong: Key::from_bytes(vec![8; 32]),
             clock: clock.clone(),
             nodes: Mutex::new(
                 names
@@ -148,6 +149,7 @@ impl Sim {
                             peers: Default::default(),
                             cut_from_master: false,
                             silent_since: None,
+                            wrong_key: false,
                         };
                         (n.clone(), node)
                     })

@@ -131,3 +131,27 @@ async fn with_too_few_watchers_heard_nothing_is_fenced_until_enough_are_heard_ag
     assert_eq!(watchers, ["node2", "node5"]);
     sim.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_node_with_the_wrong_key_is_never_fenced_for_it() {
+    let sim = Sim::start(SimOptions {
+        nodes: 4,
+        fencing: Some(fencing(30)),
+        ..SimOptions::default()
+    });
+    sim.run_for(Duration::from_secs(10)).await;
+    // Its peers refuse its heartbeats and the master its view: to every witness it looks
+    // lost. But its collector answers, and an answer is proof of life.
+    sim.collectors.use_wrong_key("node2");
+    sim.run_for(10 * MIN).await;
+    assert!(sim.flows().is_empty(), "{:?}", sim.flows());
+    assert!(sim.agents.calls().is_empty());
+    let w = sim
+        .peering
+        .clone()
+        .unwrap()
+        .witnesses("node2", sim.clock.now());
+    assert_eq!(w.lost_by.len(), 3, "its peers cannot hear it: {w:?}");
+    assert!(!w.partitioned);
+    sim.stop().await;
+}
