@@ -301,3 +301,54 @@ fn diagnose_once_prints_a_signed_envelope() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent"));
 }
+
+/// `diagnosed-at` is when the run started, not when it ended: a diagnose begun before a
+/// power-off must never count as a report from after it.
+#[test]
+fn a_slow_diagnose_is_dated_from_its_start() {
+    let d = tempfile::tempdir().unwrap();
+    let key = d.path().join("k");
+    assert!(
+        Command::new(common::BIN)
+            .args(["keygen", "--key-file"])
+            .arg(&key)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let dir = d.path().join("diagnose.d");
+    std::fs::create_dir(&dir).unwrap();
+    common::write_exec(&dir.join("slow"), "sleep 2; echo '{\"status\":\"Ok\"}'");
+    let cfg = d.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[collector]\nnode = \"n1\"\ndiagnose = \"slow\"\ndiagnose-dir = \"{}\"\ndiagnose-timeout = \"30s\"\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let before = maintd::report::now_ns();
+    let out = Command::new(common::BIN)
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--key-file",
+            key.to_str().unwrap(),
+            "diagnose",
+            "--once",
+        ])
+        .output()
+        .unwrap();
+    let after = maintd::report::now_ns();
+    assert!(out.status.success(), "{out:?}");
+    let env: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let at = env["diagnosed-at"].as_i64().unwrap();
+    assert!(env["diagnose-error"].is_null(), "{env}");
+    assert!(
+        at >= before && after - at >= 2_000_000_000,
+        "diagnosed-at {:.2} s after the start and {:.2} s before the end",
+        (at - before) as f64 / 1e9,
+        (after - at) as f64 / 1e9
+    );
+}

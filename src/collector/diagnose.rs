@@ -12,11 +12,15 @@ pub struct Diagnosis {
     pub verdict: Verdict,
     /// Why the diagnose failed, if it did; the verdict is then Ok and never triggers an action.
     pub error: Option<String>,
+    /// When the run started, ns since the epoch.
     pub at: i64,
 }
 
 /// Runs the configured diagnose once. Any failure becomes an Ok verdict flagged with the reason.
 pub async fn diagnose(cfg: &CollectorConfig) -> Diagnosis {
+    // Stamped when it starts: a diagnose begun before a power-off proves nothing after it, even
+    // if the collector (stopped, say) takes its result only later.
+    let started = now_ns();
     let (verdict, error) = match diagnose_inner(cfg).await {
         Ok(v) => (v, None),
         Err(e) => {
@@ -27,7 +31,7 @@ pub async fn diagnose(cfg: &CollectorConfig) -> Diagnosis {
     Diagnosis {
         verdict,
         error,
-        at: now_ns(),
+        at: started,
     }
 }
 
