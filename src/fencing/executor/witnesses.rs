@@ -1,0 +1,142 @@
+//! The fencer's witnesses (issue 13 §2): the second opinion on every silent node from its
+//! watchers' views and, on Kubernetes, its kubelet's Lease; and the report of nodes partitioned
+//! from the master (log, metric, Event).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::{Fencer, ns};
+use crate::cluster::Cluster;
+use crate::fencing::machine::Liveness;
+use crate::fencing::opinion::{KubeletSays, PeerOpinion};
+use crate::metrics::NodeLabel;
+use crate::sync::LockExt;
+use crate::verdict::Nanos;
+
+/// A kubelet Lease as the fencer follows it.
+#[derive(Debug, Clone)]
+pub(super) struct Renewal {
+    marker: String,
+    /// When this fencer saw it change (`None`: not since it first saw it).
+    at: Option<Nanos>,
+    /// The kubelet renews every quarter of the Lease's duration.
+    every: Nanos,
+}
+
+impl<C: Cluster> Fencer<C> {
+    /// Notes every kubelet Lease renewal the node cache shows, by this fencer's clock: no clock
+    /// is ever compared with a node's.
+    fn observe_renewals(&self, now: Nanos) -> Option<Nanos> {
+        let watch = self.watch.as_ref()?;
+        let leases = watch.kubelet_leases()?;
+        let mut seen = self.renewals.lock_unpoisoned();
+        seen.retain(|n, _| leases.contains_key(n));
+        for (node, l) in leases {
+            let every = ns(Duration::from_secs(l.duration_s.max(4) as u64 / 4));
+            match seen.get_mut(&node) {
+                Some(r) if r.marker != l.renew_marker => {
+                    r.marker = l.renew_marker;
+                    r.at = Some(now);
+                    r.every = every;
+                }
+                Some(_) => {}
+                // First sight: when it was renewed is unknown.
+                None => {
+                    let r = Renewal {
+                        marker: l.renew_marker,
+                        at: None,
+                        every,
+                    };
+                    seen.insert(node, r);
+                }
+            }
+        }
+        Some(ns(watch.lag()))
+    }
+
+    /// The second opinion on every node whose collector is silent. On Kubernetes its kubelet's
+    /// Lease speaks too: a renewal seen after the collector went silent (later than a change
+    /// can take to be seen) and within one renew interval of now proves the node runs.
+    pub(super) fn opinions(
+        &self,
+        liveness: &BTreeMap<String, Liveness>,
+        now: Nanos,
+    ) -> BTreeMap<String, PeerOpinion> {
+        let lag = self.observe_renewals(now);
+        let renewals = self.renewals.lock_unpoisoned().clone();
+        liveness
+            .iter()
+            .filter(|(_, l)| l.probe_silent)
+            .map(|(n, l)| {
+                let kubelet = lag.and_then(|lag| {
+                    let r = renewals.get(n)?;
+                    let since = l.unreachable_since.unwrap_or(now);
+                    let alive =
+                        r.at.is_some_and(|t| t > since + lag && now - t <= r.every + lag);
+                    Some(if alive {
+                        KubeletSays::RenewedSinceLoss
+                    } else {
+                        KubeletSays::NotSinceLoss {
+                            checked_at: now,
+                            last_renewal: r.at,
+                        }
+                    })
+                });
+                (n.clone(), self.peering.opinion(n, now, kubelet.as_ref()))
+            })
+            .collect()
+    }
+
+    /// Says so, once, when the master loses a node that its watchers still hear, and when that
+    /// ends: in the log, as a metric and as an Event on the node.
+    pub(super) async fn report_partitions(&self, opinions: &BTreeMap<String, PeerOpinion>) {
+        let now: BTreeMap<&String, &Vec<String>> = opinions
+            .iter()
+            .filter_map(|(n, o)| match o {
+                PeerOpinion::Partitioned { hearers } => Some((n, hearers)),
+                _ => None,
+            })
+            .collect();
+        let (began, ended) = {
+            let mut was = self.peering.partitioned.lock_unpoisoned();
+            let began: Vec<(String, String)> = now
+                .iter()
+                .filter(|(n, _)| !was.contains(n.as_str()))
+                .map(|(n, h)| ((*n).clone(), h.join(", ")))
+                .collect();
+            let ended: Vec<String> = was
+                .iter()
+                .filter(|n| !now.contains_key(n))
+                .cloned()
+                .collect();
+            *was = now.keys().map(|n| (*n).clone()).collect();
+            (began, ended)
+        };
+        for (node, hearers) in began {
+            warn!(node = %node, hearers = %hearers, "node partitioned from the master: its watchers still hear it, so nothing is fenced");
+            self.metrics
+                .partitioned
+                .get_or_create(&NodeLabel { node: node.clone() })
+                .set(1);
+            let msg = format!(
+                "maintd cannot reach the collector, but its watchers {hearers} still hear the node: partitioned from the master, not fenced"
+            );
+            self.cluster
+                .record(&node, "MaintdPartitioned", &msg, true)
+                .await;
+        }
+        for node in ended {
+            info!(node = %node, "node no longer partitioned from the master");
+            self.metrics
+                .partitioned
+                .get_or_create(&NodeLabel { node: node.clone() })
+                .set(0);
+            let msg = "maintd reaches the collector again, or its watchers lost it too";
+            self.cluster
+                .record(&node, "MaintdPartitionEnded", msg, false)
+                .await;
+        }
+    }
+}
