@@ -11,11 +11,6 @@ use std::time::Duration;
 use common::sims::{self, Ipmi, Snmp};
 use common::*;
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
 #[tokio::main]
 async fn main() {
     if std::env::args().any(|a| a == "--list") || !sims::available() {
@@ -111,8 +106,8 @@ methods = [{bmc}, {switch}]
     let sum: f64 = stages.iter().sum();
     println!(
         "p50 {:.2} s, p99 {:.2} s, max {:.2} s; shares: detection {:.0} %, isolation {:.0} %, power-off+verify {:.0} %, release {:.0} %",
-        pct(&totals, 0.5),
-        pct(&totals, 0.99),
+        percentile(&totals, 0.5),
+        percentile(&totals, 0.99),
         totals.last().unwrap(),
         100.0 * stages[0] / sum,
         100.0 * stages[1] / sum,

@@ -16,10 +16,6 @@ use common::*;
 use futures::StreamExt;
 use kube::api::WatchEvent;
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
 fn now_ns() -> i64 {
     maintd::report::now_ns()
 }
@@ -172,10 +168,10 @@ async fn main() {
     let sum: f64 = shares.iter().sum();
     println!(
         "to scheduled: p50 {:.2} s, p99 {:.2} s; to Running: p50 {:.2} s, p99 {:.2} s",
-        pct(&to_sched, 0.5),
-        pct(&to_sched, 0.99),
-        pct(&to_run, 0.5),
-        pct(&to_run, 0.99)
+        percentile(&to_sched, 0.5),
+        percentile(&to_sched, 0.99),
+        percentile(&to_run, 0.5),
+        percentile(&to_run, 0.99)
     );
     println!(
         "shares: detection {:.0} %, power-off+verify {:.0} %, release {:.0} %, scheduling {:.0} %",

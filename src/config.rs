@@ -119,6 +119,39 @@ pub struct CollectorConfig {
     pub limits: ListenerLimits,
     /// Peer heartbeats over UDP on the `listen` port.
     pub heartbeat: HeartbeatConfig,
+    /// Self-fencing by watchdog; `[collector.watchdog]`.
+    pub watchdog: WatchdogConfig,
+}
+
+/// The node's watchdog (seed 003): fed only while the node is healthy by consensus.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct WatchdogConfig {
+    pub enabled: bool,
+    /// The Linux watchdog device (a FIFO read by a stand-in in tests).
+    pub device: PathBuf,
+    /// The device's timeout: set it in the driver (e.g. softdog's `soft_margin`); the collector
+    /// checks it against sysfs where the device has an entry there.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub feed_interval: Duration,
+    /// In contact with neither the master nor enough of its watchers for this long, the node
+    /// takes itself for the isolated one and stops feeding.
+    #[serde(with = "humantime_serde")]
+    pub isolation_timeout: Duration,
+}
+
+impl Default for WatchdogConfig {
+    fn default() -> Self {
+        WatchdogConfig {
+            enabled: false,
+            device: "/dev/watchdog".into(),
+            timeout: Duration::from_secs(10),
+            feed_interval: Duration::from_secs(1),
+            isolation_timeout: Duration::from_secs(5),
+        }
+    }
 }
 
 /// How the heartbeats run; `[collector.heartbeat]`.
@@ -203,6 +236,7 @@ impl Default for CollectorConfig {
             state_dir: "/var/lib/maintd-collector".into(),
             limits: ListenerLimits::default(),
             heartbeat: Default::default(),
+            watchdog: Default::default(),
         }
     }
 }
@@ -303,6 +337,18 @@ impl Config {
                     .into(),
             );
         }
+        let wd = &self.collector.watchdog;
+        if wd.enabled
+            && (wd.timeout < Duration::from_secs(1)
+                || wd.feed_interval.is_zero()
+                || wd.feed_interval * 2 > wd.timeout
+                || wd.isolation_timeout < hb.lost_after)
+        {
+            return bad(
+                "collector.watchdog: timeout at least 1 s, feed-interval above zero and at most half the timeout, isolation-timeout at least collector.heartbeat.lost-after"
+                    .into(),
+            );
+        }
         if d.poll_concurrency == 0 {
             return bad("daemon.poll-concurrency must be at least 1".into());
         }
@@ -357,6 +403,7 @@ impl Config {
             jobs_dir: self.daemon.state_dir.join("jobs"),
             actions: self.actions,
             fencing: !self.fencing.nodes.is_empty(),
+            self_fencing: self.fencing.nodes.values().any(|n| n.self_fence),
         }
     }
 

@@ -15,6 +15,7 @@
 //! - `node`, `members`: a managed node; the membership and node conditions every task reads.
 //! - `exec`: whitelisted command lookup and bounded subprocess runs.
 //! - `http`: JSON errors, signed-request middleware, and the bounded listener.
+//! - `fsutil`: atomic writes of state files.
 //! - `secret`: reading owner-only secret files (the cluster key, agent passwords).
 //! - `store`: SQLite persistence, one file per table group, and the leader's checkpoint.
 //! - `cluster`: the backend traits, the inventory backend and the Kubernetes backend (`kube`).
@@ -40,6 +41,7 @@ pub mod config;
 mod daemon;
 mod exec;
 mod fencing;
+mod fsutil;
 pub mod http;
 mod leader;
 mod link;

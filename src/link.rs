@@ -34,7 +34,8 @@ pub trait CollectorLink: Send + Sync + 'static {
     /// An unsigned GET of `path` (the report, the liveness probe).
     async fn get(&self, node: &NodeConfig, path: &str, cap: usize) -> Result<Answer, LinkError>;
 
-    /// A request signed with the cluster key for the node (live repairs).
+    /// A request signed with the cluster key for the node (live repairs, peer sets, and the
+    /// liveness probe, which tells the node what the master hears and has marked).
     async fn signed(
         &self,
         node: &NodeConfig,
@@ -104,17 +105,28 @@ impl CollectorLink for HttpLink {
         cap: usize,
     ) -> Result<Answer, LinkError> {
         let base = node.collector_url("");
-        let resp = send_signed(
-            &self.client,
-            &self.key,
-            &node.name,
-            method,
-            &base,
-            path,
-            body,
-        )
-        .await
-        .map_err(|e| LinkError::Down(error_chain(&e)))?;
-        HttpLink::read(resp, cap).await
+        let mut attempt = 0;
+        loop {
+            // Signed afresh each time (a collector accepts a signature once). Only a GET is
+            // tried again, as `get` does: it changes nothing if the first one got through.
+            let r = send_signed(
+                &self.client,
+                &self.key,
+                &node.name,
+                method.clone(),
+                &base,
+                path,
+                body.clone(),
+            )
+            .await;
+            match r {
+                Err(e) if method == reqwest::Method::GET && attempt < 2 && !e.is_timeout() => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(25 * attempt)).await;
+                }
+                Err(e) => return Err(LinkError::Down(error_chain(&e))),
+                Ok(resp) => return HttpLink::read(resp, cap).await,
+            }
+        }
     }
 }

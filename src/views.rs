@@ -216,6 +216,9 @@ pub struct PeerWitnesses {
     pub unheard: Vec<String>,
     /// The master cannot reach the node, but a watcher still hears it: nothing is fenced.
     pub partitioned: bool,
+    /// The armed watchdog its last view reported (signed); `None` without one. A self-fencing
+    /// node without it is never released by safe time.
+    pub watchdog: Option<crate::report::WatchdogReport>,
 }
 
 impl Node {

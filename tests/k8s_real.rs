@@ -34,6 +34,7 @@ async fn against_a_real_control_plane() {
     a_fence_release_never_deletes_the_replacement_pod(&cp).await;
     a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
     a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(&cp).await;
+    a_self_fencing_node_is_cordoned_reset_and_only_then_released(&cp).await;
     a_stale_collector_answer_never_recovers_a_fenced_node(&cp).await;
     drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(&cp).await;
 }
@@ -50,8 +51,11 @@ async fn managed_cluster(cp: &ControlPlane, prefix: &str) -> (Cluster, Vec<Strin
     let mut c = Cluster::new(4);
     let nodes: Vec<String> = c.nodes.iter().map(|n| format!("{prefix}{n}")).collect();
     cp.add_managed_nodes(&c, &nodes).await;
-    // The collectors answer under the Kubernetes node names.
+    // The collectors answer under the Kubernetes node names, healthy.
     c.nodes = nodes.clone();
+    for n in &nodes {
+        c.set_verdict(n, r#"{"status":"Ok"}"#);
+    }
     c.inventory_nodes = false;
     (c, nodes)
 }
@@ -153,6 +157,81 @@ async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &Contro
     remove_nodes(cp, &mut c, &nodes);
 }
 
+/// A self-fencing node (no BMC) dies: collector hung, kubelet stopped. It is cordoned and
+/// tainted `maintd.io/offline` first, its watchdog (the stand-in) resets it, and only after that
+/// and its safe time is it released (out-of-service). Back healthy, the mark and the release go.
+async fn a_self_fencing_node_is_cordoned_reset_and_only_then_released(cp: &ControlPlane) {
+    use common::watchdog::{Fate, start_watched};
+    let (mut c, nodes) = managed_cluster(cp, "s").await;
+    let victim = nodes[0].clone();
+    c.extra_collector_toml =
+        "[collector.heartbeat]\ninterval = \"200ms\"\nlost-after = \"1s\"\n".into();
+    c.extra_daemon_toml = format!(
+        "[fencing]\ngrace = \"1s\"\nliveness-interval = \"200ms\"\nliveness-timeout = \"1s\"\nstorm-percent = 50\nself-fence-margin = \"1s\"\ncheck-interval = \"0s\"\n[fencing.nodes.{victim}]\nself-fence = true\n[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n"
+    );
+    c.env
+        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+    c.start_kube_daemon();
+    c.wait_api().await;
+    for i in 1..4 {
+        c.start_collector_with(i, "scripted", "cluster.key");
+    }
+    let fast = "feed-interval = \"500ms\"\nisolation-timeout = \"2s\"\n";
+    let three = Duration::from_secs(3);
+    let w = start_watched(&mut c, 0, three, fast, &[], 0);
+    wait_for("the peers to hear the victim", || async {
+        let n = c.node(&victim).await;
+        (n["witnesses"]["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
+    })
+    .await;
+    let pgid = *w.pgid.get().unwrap();
+    let st = std::process::Command::new("kill")
+        .args(["-STOP", &pgid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    cp.heartbeats.alive(&victim, false);
+    let fate = w.fate;
+    let reset = tokio::task::spawn_blocking(move || fate.recv_timeout(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let Ok(Fate::Reset(reset_at)) = reset else {
+        panic!("the watchdog did not fire: {reset:?}")
+    };
+    let f = c
+        .wait_flow("the release", |f| {
+            f["node"] == victim.as_str() && f["released"] == true
+        })
+        .await;
+    common::watchdog::assert_released_after_reset(&f, reset_at);
+    assert_eq!(f["marked"], true);
+    let cordoned = |cp: &ControlPlane| {
+        cp.kubectl_ok(&[
+            "get",
+            "node",
+            &victim,
+            "-o",
+            "jsonpath={.spec.unschedulable}",
+        ])
+    };
+    assert_eq!(cordoned(cp), "true");
+    let t = taints(cp, &victim);
+    assert!(
+        t.contains("maintd.io/offline") && t.contains("NoSchedule"),
+        "{t}"
+    );
+    assert!(t.contains("out-of-service"), "{t}");
+    // Rebooted: a collector again, heartbeats again.
+    let _back = start_watched(&mut c, 0, three, fast, &[], 1);
+    cp.heartbeats.alive(&victim, true);
+    wait_recovered(cp, &c, &victim).await;
+    cp.wait_for("the mark to go", |cp| {
+        !taints(cp, &victim).contains("maintd.io/offline") && cordoned(cp) != "true"
+    })
+    .await;
+    remove_nodes(cp, &mut c, &nodes);
+}
+
 /// The kubelet dies but the collector keeps answering: the `Ready=Unknown` rule fences the node.
 /// While its kubelet stays down, Ready stays Unknown and nothing recovers, un-taints or fences it
 /// again (no power-cycle loop); once its heartbeats resume (Ready=True), it recovers.
@@ -170,9 +249,6 @@ async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlP
     );
     c.env
         .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
-    for n in &nodes {
-        c.set_verdict(n, r#"{"status":"Ok"}"#);
-    }
     c.start_collectors();
     c.start_kube_daemon();
     c.wait_api().await;
@@ -356,7 +432,6 @@ async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane
         ),
     );
     for (i, n) in nodes.iter().enumerate() {
-        c.set_verdict(n, r#"{"status":"Ok"}"#);
         let cfg = c.collector_config(i, "scripted", "cluster.key");
         let text = std::fs::read_to_string(&cfg)
             .unwrap()
@@ -435,9 +510,6 @@ async fn drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(
         .unwrap();
         pods.create(&Default::default(), &p).await.unwrap();
         k8s::running_pod(&pods, name).await;
-    }
-    for n in &nodes {
-        c.set_verdict(n, r#"{"status":"Ok"}"#);
     }
     c.start_collectors();
     c.wait_collectors_ready().await;

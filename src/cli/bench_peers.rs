@@ -48,6 +48,7 @@ fn view_bytes(key: &Key, node: &str, peers: &[String], at: i64) -> Vec<u8> {
             })
             .collect(),
         rejected: Default::default(),
+        watchdog: None,
     };
     serde_json::to_vec(&v.sign(key)).unwrap_or_default()
 }

@@ -95,8 +95,12 @@ pub fn node_line(n: &views::Node) -> String {
         ),
         None => String::new(),
     };
+    let watchdog = match n.witnesses.as_ref().and_then(|w| w.watchdog) {
+        Some(w) => format!(" watchdog={:.0}s", w.timeout_ms as f64 / 1000.0),
+        None => String::new(),
+    };
     format!(
-        "{:<20} {state:<5}{off} rejected={}{fencing}{peers}{diag}",
+        "{:<20} {state:<5}{off} rejected={}{fencing}{peers}{watchdog}{diag}",
         n.name, n.rejected_reports
     )
 }

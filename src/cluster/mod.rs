@@ -122,6 +122,9 @@ pub trait Cluster: Send + Sync + 'static {
     async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome;
     /// Clears a release once the node has recovered.
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome;
+    /// Marks a self-fencing node unschedulable (`on`), so that after its reset it takes no
+    /// work, or clears that once it is back. Idempotent.
+    async fn mark_unschedulable(&self, node: &str, flow: &Uuid, on: bool) -> Outcome;
     /// Records a human-readable event on the node (Kubernetes Events); a no-op by default.
     async fn record(&self, _node: &str, _reason: &str, _message: &str, _warning: bool) {}
     /// Current membership and node conditions, for backends that have them.
@@ -175,6 +178,8 @@ pub struct InventorySettings {
     pub actions: Policy,
     /// Whether fencing is configured, which needs the release and reclaim hooks.
     pub fencing: bool,
+    /// Whether a node self-fences, which needs the offline and online hooks.
+    pub self_fencing: bool,
 }
 
 /// The embedded default backend.
@@ -200,15 +205,24 @@ impl Inventory {
             env: s.hook_env,
             runner: JobRunner::new(s.jobs_dir).map_err(ClusterError::Jobs)?,
         };
-        inv.check_hooks(&s.actions, s.fencing)?;
+        inv.check_hooks(&s.actions, s.fencing, s.self_fencing)?;
         Ok(inv)
     }
 
-    fn check_hooks(&self, actions: &Policy, fencing: bool) -> Result<(), ClusterError> {
+    fn check_hooks(
+        &self,
+        actions: &Policy,
+        fencing: bool,
+        self_fencing: bool,
+    ) -> Result<(), ClusterError> {
         let mut needed = Vec::new();
         if fencing {
             needed.push(("fencing", &self.hooks.release));
             needed.push(("fencing", &self.hooks.reclaim));
+        }
+        if self_fencing {
+            needed.push(("self-fencing", &self.hooks.offline));
+            needed.push(("self-fencing", &self.hooks.online));
         }
         if actions.evacuate {
             needed.push(("evacuate", &self.hooks.evacuate));
@@ -318,6 +332,18 @@ impl Cluster for Inventory {
             .fence_hook(&self.hooks.reclaim, "reclaim", node, flow, &key)
             .await;
         self.set_offline_after(o, node, false)
+    }
+
+    /// The `offline` hook marks the node, the `online` hook clears it.
+    async fn mark_unschedulable(&self, node: &str, flow: &Uuid, on: bool) -> Outcome {
+        let (hook, action) = if on {
+            (&self.hooks.offline, "offline")
+        } else {
+            (&self.hooks.online, "online")
+        };
+        let key = format!("fence-{flow}-{action}");
+        let o = self.fence_hook(hook, action, node, flow, &key).await;
+        self.set_offline_after(o, node, on)
     }
 }
 

@@ -67,13 +67,8 @@ impl Journal {
     }
 
     pub(super) fn save(&self, r: &LiveRepairRecord) -> std::io::Result<()> {
-        use std::io::Write;
-        let path = self.path(&r.job);
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec(r).map_err(std::io::Error::other)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
+        let bytes = serde_json::to_vec(r).map_err(std::io::Error::other)?;
+        crate::fsutil::write_atomic(&self.path(&r.job), &bytes)
     }
 
     pub(super) fn remove(&self, job: &str) {

@@ -31,12 +31,17 @@ use crate::verdict::canonical_json;
 mod diagnose;
 mod journal;
 pub mod peers;
+mod probe;
+pub mod watchdog;
 
 pub use diagnose::{Diagnosis, diagnose};
 use journal::Journal;
 
 /// Output of a repair kept for the daemon.
 const REPAIR_TAIL_CHARS: usize = 4096;
+/// How long a collector that disarmed its watchdog keeps answering before it stops: more than
+/// two liveness probes.
+const DISARMED_NOTICE: Duration = Duration::from_millis(2500);
 /// Finished repairs remembered for the daemon to collect.
 const REPAIRS_KEPT: usize = 1024;
 
@@ -48,6 +53,8 @@ pub enum CollectorError {
     Listen(#[source] std::io::Error),
     #[error("collector server failed: {0}")]
     Serve(#[source] std::io::Error),
+    #[error(transparent)]
+    Watchdog(#[from] watchdog::WatchdogError),
     #[error("repair journal {path}: {source}")]
     Journal {
         path: String,
@@ -120,7 +127,10 @@ impl Collector {
         let journal = Journal::open(&cfg.state_dir)?;
         let repairs = journal.load()?;
         let next = repairs.values().map(|r| r.seq + 1).max().unwrap_or(0);
-        let peers = Arc::new(peers::Peers::new(node.clone(), key.clone(), cfg.heartbeat));
+        let peers = Arc::new(
+            peers::Peers::new(node.clone(), key.clone(), cfg.heartbeat)
+                .persist_in(cfg.state_dir.join("peers.json")),
+        );
         Ok(Arc::new(Collector {
             peers,
             node,
@@ -144,10 +154,9 @@ impl Collector {
     pub fn signed_report(&self) -> Option<Envelope> {
         let d = self.latest.read_unpoisoned().clone()?;
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        Some(
-            Envelope::new(&self.node, seq, now_ns(), d.at, &d.verdict, d.error.clone())
-                .sign(&self.key),
-        )
+        let mut env = Envelope::new(&self.node, seq, now_ns(), d.at, &d.verdict, d.error.clone());
+        env.watchdog = *self.peers.watchdog.read_unpoisoned();
+        Some(env.sign(&self.key))
     }
 
     pub fn router(self: &Arc<Self>) -> Router {
@@ -176,8 +185,8 @@ impl Collector {
             )
             .route(
                 "/1/peers",
-                axum::routing::put(set_peers).route_layer(middleware::from_fn_with_state(
-                    auth(PEER_SET_CAP),
+                axum::routing::put(probe::set_peers).route_layer(middleware::from_fn_with_state(
+                    auth(probe::PEER_SET_CAP),
                     require_signed,
                 )),
             )
@@ -185,7 +194,7 @@ impl Collector {
         Router::new()
             .route("/", get(|| async { Json(json!([1])) }))
             .route("/1/report/diagnose", get(report))
-            .route("/1/peers", get(peer_view))
+            .route("/1/peers", get(probe::peer_view))
             .fallback(crate::http::not_found_fallback)
             .method_not_allowed_fallback(crate::http::method_not_allowed)
             .with_state(self.clone())
@@ -257,29 +266,6 @@ async fn report(State(c): State<Arc<Collector>>) -> Response {
         Some(env) => Json(env).into_response(),
         None => ApiError::unavailable("no diagnose has finished yet").into_response(),
     }
-}
-
-/// A peer set of 64 peers with long names and addresses stays well under this.
-const PEER_SET_CAP: usize = 16 * 1024;
-
-async fn set_peers(
-    State(c): State<Arc<Collector>>,
-    body: Bytes,
-) -> Result<Json<crate::report::heartbeat::PeerSet>, ApiError> {
-    let set: crate::report::heartbeat::PeerSet = parse_json(&body)?;
-    c.peers
-        .install(set.clone())
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    info!(
-        epoch = set.epoch,
-        peers = set.peers.len(),
-        "peer set installed"
-    );
-    Ok(Json(set))
-}
-
-async fn peer_view(State(c): State<Arc<Collector>>) -> Json<crate::report::heartbeat::SignedView> {
-    Json(c.peers.view(now_ns()))
 }
 
 fn valid_job_key(s: &str) -> bool {
@@ -356,6 +342,39 @@ pub async fn run(
         .await
         .map_err(CollectorError::Listen)?;
     let collector = Collector::new(node.clone(), key, ccfg.clone())?;
+    // Armed before anything listens: a device that cannot be armed stops the start-up.
+    let device = if ccfg.watchdog.enabled {
+        Some(watchdog::Device::arm(&ccfg.watchdog)?)
+    } else {
+        None
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let feeder = device.map(|d| {
+        tokio::spawn(
+            watchdog::run(
+                d,
+                ccfg.watchdog.clone(),
+                ccfg.heartbeat,
+                collector.peers.clone(),
+                stop_rx,
+            )
+            .instrument(info_span!("watchdog")),
+        )
+    });
+    let armed = feeder.is_some();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+        if let Some(f) = feeder {
+            // A feeder that stopped feeding never returns: the node is being reset anyway.
+            let _ = tokio::time::timeout(Duration::from_secs(2), f).await;
+        }
+        if armed {
+            // Served a little longer, so the master reads "disarmed" before the collector goes
+            // silent, and never counts on a reset that will not come.
+            tokio::time::sleep(DISARMED_NOTICE).await;
+        }
+    };
     let heartbeat_socket = peers::bind(ccfg.listen)
         .await
         .map_err(CollectorError::Listen)?;
@@ -462,15 +481,23 @@ mod tests {
         assert_eq!(builtin.verdict.status, crate::verdict::Status::Ok);
     }
 
-    #[tokio::test]
-    async fn reports_are_signed_with_increasing_sequence() {
-        let key = Key::from_bytes(vec![1; 32]);
+    /// Collector `n1` with the built-in diagnose and its journal in a fresh directory.
+    pub(super) fn collector(key: &Key) -> (Arc<Collector>, tempfile::TempDir) {
         let state = tempfile::tempdir().unwrap();
         let cfg = CollectorConfig {
             state_dir: state.path().into(),
             ..CollectorConfig::default()
         };
-        let c = Collector::new("n1".into(), key.clone(), cfg).unwrap();
+        (
+            Collector::new("n1".into(), key.clone(), cfg).unwrap(),
+            state,
+        )
+    }
+
+    #[tokio::test]
+    async fn reports_are_signed_with_increasing_sequence() {
+        let key = Key::from_bytes(vec![1; 32]);
+        let (c, _state) = collector(&key);
         let app = c.router();
         let get_report = || {
             app.clone().oneshot(

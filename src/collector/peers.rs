@@ -6,7 +6,7 @@
 //! and serves what it hears as a signed view (`GET /1/peers`). Memory is bounded by the peer set:
 //! a stranger's datagram creates nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +27,17 @@ struct Heard {
     seq: u64,
     at: Nanos,
     hears_me: bool,
+    master_ok: bool,
+    marked_me: bool,
+}
+
+/// What the master's last signed probe said.
+#[derive(Default)]
+struct MasterSeen {
+    /// When a probe last said the master hears this node (contact both ways).
+    contact: Option<Nanos>,
+    /// The nodes the master has marked for fencing, as of its last probe.
+    marked: BTreeSet<String>,
 }
 
 pub struct Peers {
@@ -38,6 +49,12 @@ pub struct Peers {
     rejected: std::sync::Mutex<BTreeMap<&'static str, u64>>,
     /// Seeded from the clock, so a restarted collector continues above what its peers accepted.
     seq: AtomicU64,
+    master: std::sync::Mutex<MasterSeen>,
+    /// The armed watchdog, told to the master in the view and to every peer (its timeout).
+    pub(super) watchdog: std::sync::RwLock<Option<crate::report::WatchdogReport>>,
+    /// Where the installed set is kept, so a node that restarts while the master is away
+    /// still knows its watchers (and is not reset for want of them).
+    saved: Option<std::path::PathBuf>,
 }
 
 impl Peers {
@@ -50,12 +67,88 @@ impl Peers {
             heard: Default::default(),
             rejected: Default::default(),
             seq: AtomicU64::new(now_ns().max(0) as u64),
+            master: Default::default(),
+            watchdog: Default::default(),
+            saved: None,
         }
     }
 
+    /// Keeps installed sets in `path` and installs the one found there now, if any.
+    pub fn persist_in(mut self, path: std::path::PathBuf) -> Peers {
+        let kept = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<PeerSet>(&b).ok());
+        self.saved = Some(path);
+        if let Some(set) = kept
+            && let Err(e) = self.install(set)
+        {
+            warn!(error = %e, "the kept peer set is refused; waiting for the leader's");
+        }
+        self
+    }
+
+    /// A verified probe of the master: `hears` says the master hears this node.
+    pub fn master_probe(&self, hears: bool, marked: BTreeSet<String>, now: Nanos) {
+        let mut m = self.master.lock_unpoisoned();
+        if hears {
+            m.contact = Some(now);
+        }
+        if marked.contains(&self.me) && !m.marked.contains(&self.me) {
+            warn!("the master marked this node for fencing");
+        }
+        m.marked = marked;
+    }
+
+    fn master_fresh(&self, now: Nanos) -> bool {
+        self.master
+            .lock_unpoisoned()
+            .contact
+            .is_some_and(|t| now.saturating_sub(t) <= self.cfg.lost_after.as_nanos() as Nanos)
+    }
+
+    /// What the watchdog's rules read: the master's contact and mark, and each watcher's.
+    pub fn feed_view(
+        &self,
+        now: Nanos,
+    ) -> (
+        Option<Nanos>,
+        bool,
+        Vec<crate::fencing::selffence::WatcherContact>,
+    ) {
+        let (contact, marked) = {
+            let m = self.master.lock_unpoisoned();
+            (m.contact, m.marked.contains(&self.me))
+        };
+        let watchers = self.set.read_unpoisoned().0.watchers.clone();
+        let heard = self.heard.lock_unpoisoned();
+        let contacts = watchers
+            .into_iter()
+            .map(|name| {
+                let h = heard.get(&name).filter(|h| self.alive(h, now));
+                crate::fencing::selffence::WatcherContact {
+                    heard: h.is_some(),
+                    two_way: h.is_some_and(|h| h.hears_me),
+                    master_ok: h.is_some_and(|h| h.master_ok),
+                    marked_me: h.is_some_and(|h| h.marked_me),
+                    name,
+                }
+            })
+            .collect();
+        (contact, marked, contacts)
+    }
+
     /// Checks and installs a pushed set; forgets what was heard from nodes no longer in it.
-    pub fn install(&self, set: PeerSet) -> Result<(), PeerSetError> {
+    /// Returns the set as installed.
+    pub fn install(&self, mut set: PeerSet) -> Result<PeerSet, PeerSetError> {
         set.check(&self.me)?;
+        let before = set.watchers.len();
+        set.watchers.retain(|w| set.peers.contains_key(w));
+        if set.watchers.len() < before {
+            warn!(
+                dropped = before - set.watchers.len(),
+                "watchers that are not among the peers are ignored"
+            );
+        }
         let resolved = set
             .peers
             .iter()
@@ -64,8 +157,14 @@ impl Peers {
         self.heard
             .lock_unpoisoned()
             .retain(|name, _| set.peers.contains_key(name));
-        *self.set.write_unpoisoned() = (set, resolved);
-        Ok(())
+        if let Some(path) = &self.saved {
+            let bytes = serde_json::to_vec(&set).unwrap_or_default();
+            if let Err(e) = crate::fsutil::write_atomic(path, &bytes) {
+                warn!(file = %path.display(), error = %e, "cannot keep the peer set");
+            }
+        }
+        *self.set.write_unpoisoned() = (set.clone(), resolved);
+        Ok(set)
     }
 
     fn alive(&self, h: &Heard, now: Nanos) -> bool {
@@ -101,6 +200,7 @@ impl Peers {
             at: now,
             peers,
             rejected,
+            watchdog: *self.watchdog.read_unpoisoned(),
         }
         .sign(&self.key)
     }
@@ -124,13 +224,14 @@ impl Peers {
         if !known {
             return self.reject("stranger");
         }
-        let hears_me = hb.hears_you;
         self.heard.lock_unpoisoned().insert(
             hb.from,
             Heard {
                 seq: hb.seq,
                 at: now,
-                hears_me,
+                hears_me: hb.hears_you,
+                master_ok: hb.master_ok,
+                marked_me: hb.marked_you,
             },
         );
     }
@@ -170,11 +271,16 @@ impl Peers {
                 tick.tick().await;
                 let now = now_ns();
                 let targets = self.set.read_unpoisoned().1.clone();
+                let master_ok = self.master_fresh(now);
+                let marked = self.master.lock_unpoisoned().marked.clone();
+                let watchdog_ms = self.watchdog.read_unpoisoned().map_or(0, |w| w.timeout_ms);
                 for (name, addr) in targets {
                     let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-                    let hb = Heartbeat::new(&self.me, &name, seq, now, self.hears(&name, now))
-                        .sign(&self.key)
-                        .to_bytes();
+                    let mut hb = Heartbeat::new(&self.me, &name, seq, now, self.hears(&name, now));
+                    hb.master_ok = master_ok;
+                    hb.marked_you = marked.contains(&name);
+                    hb.watchdog_ms = watchdog_ms;
+                    let hb = hb.sign(&self.key).to_bytes();
                     if let Err(e) = socket.send_to(&hb, addr).await {
                         debug!(peer = %name, error = %e, "heartbeat not sent");
                     }
@@ -211,6 +317,7 @@ mod tests {
         let set = |name: &str, port: u16| PeerSet {
             epoch: 1,
             peers: BTreeMap::from([(name.to_string(), PeerAddress { port, ..addr })]),
+            watchers: Default::default(),
         };
         assert_eq!(
             p.install(set("n1", 1815)),
@@ -230,7 +337,7 @@ mod tests {
             p.install(huge),
             Err(PeerSetError::Epoch(MAX_SAFE_INTEGER + 1))
         );
-        assert_eq!(p.install(set("n2", 1815)), Ok(()));
+        assert!(p.install(set("n2", 1815)).is_ok());
         let v = p.view(now_ns()).verify(&p.key, "n1").unwrap();
         assert_eq!(v.epoch, 1);
         assert_eq!(v.peers.len(), 1);

@@ -58,6 +58,9 @@ pub struct FencingConfig {
     pub second_opinion: bool,
     /// How many peers watch each node (all of them in a cluster of at most `watchers + 1`).
     pub watchers: usize,
+    /// Added to a self-fencing node's safe time for clock rates and scheduling.
+    #[serde(with = "humantime_serde")]
+    pub self_fence_margin: Duration,
     pub templates: BTreeMap<String, TemplateConfig>,
     pub nodes: BTreeMap<String, NodeFenceConfig>,
 }
@@ -80,6 +83,7 @@ impl Default for FencingConfig {
             check_concurrency: 4,
             second_opinion: true,
             watchers: crate::fencing::watchers::DEFAULT_WATCHERS,
+            self_fence_margin: Duration::from_secs(5),
             templates: BTreeMap::new(),
             nodes: BTreeMap::new(),
         }
@@ -104,6 +108,9 @@ pub struct NodeFenceConfig {
     pub isolation: Option<StageConfig>,
     pub power_management: Option<StageConfig>,
     pub recovery: Option<StageConfig>,
+    /// The node's collector arms a watchdog: the last level, after power-management when it
+    /// has one, and the only one when it has none.
+    pub self_fence: bool,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
@@ -190,8 +197,9 @@ pub struct Stage {
 #[derive(Debug, Clone, PartialEq)]
 pub struct FencePlan {
     pub isolation: Option<Stage>,
-    pub power_management: Stage,
+    pub power_management: Option<Stage>,
     pub recovery: Option<Stage>,
+    pub self_fence: bool,
 }
 
 impl FencePlan {
@@ -199,7 +207,7 @@ impl FencePlan {
     pub fn secrets(&self) -> impl Iterator<Item = &String> {
         [
             self.isolation.as_ref(),
-            Some(&self.power_management),
+            self.power_management.as_ref(),
             self.recovery.as_ref(),
         ]
         .into_iter()
@@ -211,8 +219,9 @@ impl FencePlan {
     pub fn stage(&self, step: Step) -> Option<&Stage> {
         match step {
             Step::Isolation => self.isolation.as_ref(),
-            Step::PowerManagement => Some(&self.power_management),
+            Step::PowerManagement => self.power_management.as_ref(),
             Step::Recovery => self.recovery.as_ref(),
+            Step::SelfFence => None,
         }
     }
 }
@@ -370,11 +379,11 @@ impl FencingConfig {
                     methods,
                 })
             };
-            let Some(pm) = &nc.power_management else {
+            if nc.power_management.is_none() && !nc.self_fence {
                 return bad(format!(
-                    "fencing.nodes.{node}: a power-management stage is required (it is the proof of power-off)"
+                    "fencing.nodes.{node}: a power-management stage or self-fence = true is required (one of them is the proof of power-off)"
                 ));
-            };
+            }
             plans.insert(
                 node.clone(),
                 FencePlan {
@@ -383,12 +392,17 @@ impl FencingConfig {
                         .as_ref()
                         .map(|s| stage(Step::Isolation, s))
                         .transpose()?,
-                    power_management: stage(Step::PowerManagement, pm)?,
+                    power_management: nc
+                        .power_management
+                        .as_ref()
+                        .map(|s| stage(Step::PowerManagement, s))
+                        .transpose()?,
                     recovery: nc
                         .recovery
                         .as_ref()
                         .map(|s| stage(Step::Recovery, s))
                         .transpose()?,
+                    self_fence: nc.self_fence,
                 },
             );
         }
@@ -439,7 +453,7 @@ methods = [{{ template = "ipmi" }}]
             pw.display()
         ));
         let plans = c.fencing.plans(&["n1".into()]).unwrap();
-        let pm = &plans["n1"].power_management;
+        let pm = plans["n1"].power_management.as_ref().unwrap();
         assert_eq!(pm.retries, 5);
         let m = &pm.methods[0];
         assert_eq!(m.action, "off");
@@ -479,7 +493,7 @@ methods = [{{ template = "ipmi" }}]
         );
         assert!(
             err("[fencing.nodes.n1.isolation]\nmethods = [{ template = \"ipmi\" }]")
-                .contains("power-management stage is required")
+                .contains("power-management stage or self-fence = true is required")
         );
         assert!(
             err("[fencing.nodes.n9.power-management]\nmethods = [{ template = \"ipmi\" }]")

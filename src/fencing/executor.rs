@@ -66,11 +66,12 @@ pub fn merge_liveness(
 pub fn summarize(plan: &FencePlan) -> PlanSummary {
     PlanSummary {
         isolation: plan.isolation.as_ref().map(limits),
-        power_management: limits(&plan.power_management),
+        power_management: plan.power_management.as_ref().map(limits),
         recovery: plan.recovery.as_ref().map(limits).unwrap_or(StageLimits {
             retries: 0,
             retry_interval: 0,
         }),
+        self_fence: plan.self_fence,
     }
 }
 
@@ -103,6 +104,8 @@ pub struct Fencer<C: Cluster> {
     /// Each kubelet Lease's `renewTime` as last seen, when (by this clock) it last changed, and
     /// the kubelet's renew interval.
     renewals: Mutex<BTreeMap<String, Renewal>>,
+    /// Nodes marked for self-fencing, told to every collector in the signed probe.
+    marked: Mutex<Vec<String>>,
 }
 
 impl<C: Cluster> Fencer<C> {
@@ -133,6 +136,7 @@ impl<C: Cluster> Fencer<C> {
                 paused: f.paused,
                 max_restarts: f.max_restarts,
                 second_opinion: f.second_opinion,
+                self_fence_margin: ns(f.self_fence_margin),
             },
             runner,
             wake: Arc::new(Notify::new()),
@@ -149,6 +153,7 @@ impl<C: Cluster> Fencer<C> {
             clock: Arc::new(crate::clock::SystemClock),
             peering: Arc::new(Peering::new(key, peering)),
             renewals: Mutex::new(BTreeMap::new()),
+            marked: Mutex::new(Vec::new()),
         }
     }
 
@@ -178,10 +183,26 @@ impl<C: Cluster> Fencer<C> {
         self.peering.refresh(&targets).await;
         let targets = &targets;
         let leader = self.leadership.is_leader();
+        let marked = self.marked.lock_unpoisoned().join(",");
+        let heard: BTreeMap<String, bool> = self
+            .seen
+            .lock_unpoisoned()
+            .iter()
+            .map(|(n, s)| (n.clone(), s.0))
+            .collect();
+        let (marked, heard) = (&marked, &heard);
         let answers: Vec<(String, bool)> = futures::stream::iter(0..targets.len())
             .map(|i| async move {
                 let node = &targets[i];
-                let answer = match self.link.get(node, "/1/peers", VIEW_BODY_CAP).await {
+                // Signed, and saying whether the last probe was answered: the node counts the
+                // master as contact only both ways, and learns which nodes are marked.
+                let hears = u8::from(heard.get(&node.name).copied().unwrap_or(false));
+                let path = format!("/1/peers?hears={hears}&marked={marked}");
+                let answer = match self
+                    .link
+                    .signed(node, reqwest::Method::GET, &path, None, VIEW_BODY_CAP)
+                    .await
+                {
                     Ok(a) if a.status.is_success() => a,
                     _ => return (node.name.clone(), false),
                 };
@@ -307,11 +328,22 @@ impl<C: Cluster> Fencer<C> {
         let (liveness, rules) = self.liveness(now);
         let opinions = self.opinions(&liveness, now);
         self.report_partitions(&opinions).await;
+        let self_fence = self.self_fence_facts(&flows, &liveness);
+        *self.marked.lock_unpoisoned() = flows
+            .iter()
+            .filter(|f| f.step == Step::SelfFence && !f.fenced)
+            .filter(|f| {
+                use crate::fencing::machine::FenceStatus::*;
+                matches!(f.status, New | Running | Done)
+            })
+            .map(|f| f.node.clone())
+            .collect();
         let state = FenceState {
             flows,
             liveness,
             rules,
             opinions,
+            self_fence,
             plans: self
                 .plans
                 .iter()
@@ -502,6 +534,23 @@ impl<C: Cluster> Fencer<C> {
         }
         let me = self.clone();
         self.spawn_effect_claimed(flow, "step", async move {
+            if step == Step::SelfFence {
+                let o = me.cluster.mark_unschedulable(&node, &flow, true).await;
+                if !o.ok {
+                    me.metrics.fence_failed(step.as_str());
+                }
+                return (FlowOutcome::Step, o, vec![]);
+            }
+            // A self-fencing mark is cleared before the node's recovery stage runs.
+            let marked = step == Step::Recovery
+                && me.store.flow(&flow).ok().flatten().is_some_and(|f| f.marked);
+            if marked {
+                let o = me.cluster.mark_unschedulable(&node, &flow, false).await;
+                if !o.ok {
+                    me.metrics.fence_failed(step.as_str());
+                    return (FlowOutcome::Step, o, vec![]);
+                }
+            }
             let stage = me.plans.get(&node).and_then(|p| p.stage(step));
             let (o, calls) = run_stage(me.runner.as_ref(), me.clock.as_ref(), step, stage).await;
             if !o.ok {

@@ -35,6 +35,8 @@ pub fn fence_failed_tag(id: &Uuid) -> String {
 pub enum Step {
     Isolation,
     PowerManagement,
+    /// The node's own watchdog: mark it unschedulable, wait the safe time, count it reset.
+    SelfFence,
     Recovery,
 }
 
@@ -131,6 +133,15 @@ pub struct Flow {
     pub released_at: Option<Nanos>,
     pub history: Vec<Transition>,
     pub calls: Vec<Call>,
+    /// Self-fencing marked the node unschedulable (recovery clears it).
+    #[serde(default)]
+    pub marked: bool,
+    /// Self-fencing: the safe time (from the node's signed watchdog settings) and the moment it
+    /// ends, counted from the last time any witness heard the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_time_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_until: Option<Nanos>,
     /// What declared the node dead when the flow started: recovery waits for each of them to
     /// be healthy again.
     #[serde(default = "Witnesses::legacy")]
@@ -223,16 +234,41 @@ pub struct StageLimits {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanSummary {
     pub isolation: Option<StageLimits>,
-    pub power_management: StageLimits,
+    pub power_management: Option<StageLimits>,
     pub recovery: StageLimits,
+    /// The node self-fences: the last level (the only one without power-management).
+    pub self_fence: bool,
 }
+
+/// Marking a node unschedulable is retried like an agent call.
+const MARK_LIMITS: StageLimits = StageLimits {
+    retries: 2,
+    retry_interval: 1_000_000_000,
+};
 
 impl PlanSummary {
     fn limits(&self, step: Step) -> StageLimits {
+        let none = StageLimits {
+            retries: 0,
+            retry_interval: 0,
+        };
         match step {
-            Step::Isolation => self.isolation.unwrap_or(self.power_management),
-            Step::PowerManagement => self.power_management,
+            Step::Isolation => self
+                .isolation
+                .or(self.power_management)
+                .unwrap_or(MARK_LIMITS),
+            Step::PowerManagement => self.power_management.unwrap_or(none),
+            Step::SelfFence => MARK_LIMITS,
             Step::Recovery => self.recovery,
+        }
+    }
+
+    /// The step after isolation: power-management, else self-fencing.
+    fn power_step(&self) -> Step {
+        if self.power_management.is_some() || !self.self_fence {
+            Step::PowerManagement
+        } else {
+            Step::SelfFence
         }
     }
 
@@ -240,9 +276,19 @@ impl PlanSummary {
         if self.isolation.is_some() {
             Step::Isolation
         } else {
-            Step::PowerManagement
+            self.power_step()
         }
     }
+}
+
+/// What the master knows of a self-fencing node.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SelfFenceFacts {
+    /// The settings of its armed watchdog, from its last signed view; `None` when it never
+    /// reported one or its last word was "disarmed".
+    pub times: Option<crate::fencing::selffence::SelfFenceTimes>,
+    /// The last moment the master or any watcher heard it.
+    pub last_heard: Option<Nanos>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -256,6 +302,8 @@ pub struct FencePolicy {
     pub max_restarts: u32,
     /// A silent collector alone starts nothing: its watchers must have lost the node too.
     pub second_opinion: bool,
+    /// Added to each self-fencing node's safe time.
+    pub self_fence_margin: Nanos,
 }
 
 #[derive(Debug, Clone)]
@@ -271,6 +319,8 @@ pub struct FenceState {
     pub rules: BTreeMap<String, String>,
     /// What each silent node's watchers say (absent: not asked).
     pub opinions: BTreeMap<String, PeerOpinion>,
+    /// Self-fencing nodes with a flow waiting for their safe time.
+    pub self_fence: BTreeMap<String, SelfFenceFacts>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -408,6 +458,9 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
             next_attempt: now,
             isolated: false,
             fenced: false,
+            marked: false,
+            safe_time_ms: None,
+            safe_until: None,
             released: false,
             reclaimed: false,
             canceled: false,

@@ -4,7 +4,8 @@
 //! ClusterLabs fence agent with a verified power-off), `config` (devices and stages), `readiness`
 //! (status checks of every device before anything fails), `redact` (keeping secrets out of
 //! agent output) and `peering` (peer sets pushed to collectors, their views read back). The
-//! second opinion is pure: `watchers` (who watches whom) and `opinion` (what they say).
+//! second opinion is pure: `watchers` (who watches whom) and `opinion` (what they say); so are
+//! self-fencing's rules (`selffence`: when a node feeds its watchdog, and the safe time).
 
 pub mod agent;
 pub mod config;
@@ -14,8 +15,5 @@ pub mod opinion;
 pub mod peering;
 pub mod readiness;
 pub mod redact;
-// The node side (the collector feeding its watchdog) and the master side (the self-fence plan)
-// are the next step; until then only the tests use it.
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod selffence;
 pub mod watchers;

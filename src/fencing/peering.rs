@@ -91,13 +91,14 @@ pub struct Peering {
 
 /// A set's epoch: a hash of its content, so every leader derives the same number and a
 /// collector holding it needs no push. Never 0 (a collector's empty set).
-fn epoch_of(peers: &BTreeMap<String, PeerAddress>) -> u64 {
+fn epoch_of(peers: &BTreeMap<String, PeerAddress>, watchers: &BTreeSet<String>) -> u64 {
     let mut h = Sha256::new();
     for (name, a) in peers {
         h.update(name.as_bytes());
         h.update([0]);
         h.update(a.ip.to_string().as_bytes());
         h.update(a.port.to_be_bytes());
+        h.update([u8::from(watchers.contains(name))]);
     }
     let d = h.finalize();
     let mut b = [0u8; 8];
@@ -145,8 +146,20 @@ fn build(names: BTreeSet<String>, addrs: &BTreeMap<String, PeerAddress>, k: usiz
                 peers.insert(p.clone(), *a);
             }
         }
-        let epoch = epoch_of(&peers);
-        sets.insert(n.clone(), PeerSet { epoch, peers });
+        let mine: BTreeSet<String> = mine
+            .iter()
+            .filter(|w| peers.contains_key(*w))
+            .cloned()
+            .collect();
+        let epoch = epoch_of(&peers, &mine);
+        sets.insert(
+            n.clone(),
+            PeerSet {
+                epoch,
+                peers,
+                watchers: mine,
+            },
+        );
     }
     (names, watchers, sets)
 }
@@ -247,16 +260,19 @@ impl Peering {
         Ok(epoch)
     }
 
-    /// What each of `node`'s watchers says about it, from the views fetched within
-    /// `fresh_for`.
-    pub fn testimony(&self, node: &str, now: Nanos) -> Vec<Testimony> {
-        let watchers = self
-            .sets
+    fn watchers_of(&self, node: &str) -> Vec<String> {
+        self.sets
             .lock_unpoisoned()
             .watchers
             .get(node)
             .cloned()
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// What each of `node`'s watchers says about it, from the views fetched within
+    /// `fresh_for`.
+    pub fn testimony(&self, node: &str, now: Nanos) -> Vec<Testimony> {
+        let watchers = self.watchers_of(node);
         let held = self.held.lock_unpoisoned();
         let fresh = self.settings.fresh_for.as_nanos() as Nanos;
         watchers
@@ -287,6 +303,21 @@ impl Peering {
         crate::fencing::opinion::second_opinion(&self.testimony(node, now), kubelet)
     }
 
+    /// A node's last reported watchdog (from its own last view: `None` if it never had one or
+    /// its last word was "disarmed") and the latest moment any of its watchers heard it.
+    pub fn self_fence(&self, node: &str) -> (Option<crate::report::WatchdogReport>, Option<Nanos>) {
+        let watchers = self.watchers_of(node);
+        let held = self.held.lock_unpoisoned();
+        let report = held.get(node).and_then(|h| h.view.watchdog);
+        let heard = watchers
+            .iter()
+            .filter_map(|w| held.get(w))
+            .filter_map(|h| h.view.peers.iter().find(|p| p.name == node))
+            .filter_map(|p| p.heard_at)
+            .max();
+        (report, heard)
+    }
+
     /// Every node's peer set, for `maintd bench peers`.
     pub fn sets_for_bench(&self) -> BTreeMap<String, PeerSet> {
         self.sets.lock_unpoisoned().sets.clone()
@@ -304,6 +335,11 @@ impl Peering {
             }
         }
         w.partitioned = self.partitioned.lock_unpoisoned().contains(node);
+        w.watchdog = self
+            .held
+            .lock_unpoisoned()
+            .get(node)
+            .and_then(|h| h.view.watchdog);
         w
     }
 }
@@ -355,6 +391,7 @@ mod tests {
                 })
                 .collect(),
             rejected: BTreeMap::new(),
+            watchdog: None,
         };
         serde_json::to_vec(&v.sign(k)).unwrap()
     }

@@ -99,7 +99,7 @@ pub async fn check_plan(
 ) -> DeviceCheck {
     let mut methods = Vec::new();
     let mut failures = Vec::new();
-    for m in &plan.power_management.methods {
+    for m in plan.power_management.iter().flat_map(|s| &s.methods) {
         let (code, output) = runner.call(m, "status", timeout).await;
         let ok = status_ok(code);
         if !ok {

@@ -36,13 +36,7 @@ pub struct JobRunner {
     exe: PathBuf,
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
-}
+use crate::fsutil::write_atomic;
 
 /// Whether the runner that claimed `dir` is still alive: its pid runs a command line naming `dir`.
 fn runner_alive(pid: u32, dir: &Path) -> bool {

@@ -20,6 +20,13 @@ pub const MAX_HEARTBEAT_BYTES: usize = 2048;
 /// Peers one node may have (the nodes that watch it and those it watches, together).
 pub const MAX_PEERS: usize = 64;
 
+/// The longest node name a peer set may hold.
+pub const MAX_NAME: usize = 64;
+
+fn valid_peer_name(name: &str) -> bool {
+    name.len() <= MAX_NAME && crate::exec::validate_name(name).is_ok()
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Heartbeat {
@@ -34,6 +41,16 @@ pub struct Heartbeat {
     pub ts: i64,
     /// The sender has heard the recipient recently.
     pub hears_you: bool,
+    /// The master reaches the sender both ways (its signed probe said it hears the sender).
+    #[serde(default)]
+    pub master_ok: bool,
+    /// The master told the sender that the recipient is marked for fencing: a node whose own
+    /// traffic does not get out still learns it, and stops feeding its watchdog.
+    #[serde(default)]
+    pub marked_you: bool,
+    /// The sender's watchdog timeout in ms; 0 when it has no armed watchdog.
+    #[serde(default)]
+    pub watchdog_ms: u64,
     /// HMAC-SHA256 over everything else, hex.
     #[serde(default)]
     pub sig: String,
@@ -79,6 +96,9 @@ impl Heartbeat {
             seq,
             ts,
             hears_you,
+            master_ok: false,
+            marked_you: false,
+            watchdog_ms: 0,
             sig: String::new(),
         }
     }
@@ -86,7 +106,7 @@ impl Heartbeat {
     /// Fields are length-prefixed, so no choice of names can shift bytes between fields.
     fn signing_bytes(&self) -> Vec<u8> {
         format!(
-            "{}\n{}:{}\n{}:{}\n{}\n{}\n{}\n",
+            "{}\n{}:{}\n{}:{}\n{}\n{}\n{}\n{}\n{}\n{}\n",
             self.v,
             self.from.len(),
             self.from,
@@ -94,7 +114,10 @@ impl Heartbeat {
             self.to,
             self.seq,
             self.ts,
-            self.hears_you
+            self.hears_you,
+            self.master_ok,
+            self.marked_you,
+            self.watchdog_ms
         )
         .into_bytes()
     }
@@ -200,6 +223,10 @@ pub struct PeerSet {
     #[serde(deserialize_with = "integral")]
     pub epoch: u64,
     pub peers: BTreeMap<String, PeerAddress>,
+    /// The peers that watch this node (its self-fencing counts their contact). A name that is
+    /// not among `peers` is dropped on install: the node could never hear it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub watchers: std::collections::BTreeSet<String>,
 }
 
 /// Why a pushed peer set is refused.
@@ -209,7 +236,7 @@ pub enum PeerSetError {
     TooMany,
     #[error("peer {0:?} is this node")]
     Myself(String),
-    #[error("peer name {0:?} must be [A-Za-z0-9._-]")]
+    #[error("peer name {0:?} must be 1-64 characters of [A-Za-z0-9._-]")]
     Name(String),
     #[error("peer {0}: port 0")]
     Port(String),
@@ -221,7 +248,7 @@ impl PeerSet {
     /// Checks a set pushed to node `me`: at most `MAX_PEERS`, never `me`, names a collector
     /// accepts, no port 0, an epoch every JSON reader reads exactly.
     pub fn check(&self, me: &str) -> Result<(), PeerSetError> {
-        if self.peers.len() > MAX_PEERS {
+        if self.peers.len() > MAX_PEERS || self.watchers.len() > MAX_PEERS {
             return Err(PeerSetError::TooMany);
         }
         if self.epoch > MAX_SAFE_INTEGER {
@@ -231,12 +258,15 @@ impl PeerSet {
             if name == me {
                 return Err(PeerSetError::Myself(name.clone()));
             }
-            if crate::exec::validate_name(name).is_err() {
+            if !valid_peer_name(name) {
                 return Err(PeerSetError::Name(name.clone()));
             }
             if addr.port == 0 {
                 return Err(PeerSetError::Port(name.clone()));
             }
+        }
+        if let Some(w) = self.watchers.iter().find(|w| !valid_peer_name(w)) {
+            return Err(PeerSetError::Name(w.clone()));
         }
         Ok(())
     }
@@ -257,6 +287,9 @@ pub struct PeerView {
     pub peers: Vec<PeerState>,
     /// Refused heartbeats, by reason.
     pub rejected: std::collections::BTreeMap<String, u64>,
+    /// The node's armed watchdog and self-fencing times; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog: Option<super::WatchdogReport>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -413,6 +446,7 @@ mod tests {
                 hears_me: true,
             }],
             rejected: Default::default(),
+            watchdog: None,
         };
         let s = v.sign(&key());
         assert_eq!(s.verify(&key(), "n1").unwrap(), v);
@@ -423,6 +457,30 @@ mod tests {
         let mut forged = s.clone();
         forged.view = forged.view.replace("true", "false");
         assert_eq!(forged.verify(&key(), "n1"), Err(ViewError::BadSignature));
+    }
+
+    #[test]
+    fn what_a_heartbeat_says_of_the_master_and_the_watchdog_is_signed() {
+        let mut hb = Heartbeat::new("n1", "n2", 7, NOW, true);
+        hb.master_ok = true;
+        hb.watchdog_ms = 10_000;
+        let bytes = hb.sign(&key()).to_bytes();
+        let ok = check(&bytes, None).unwrap();
+        assert!(ok.master_ok && !ok.marked_you && ok.watchdog_ms == 10_000);
+        for (from, to) in [
+            ("\"master_ok\":true", "\"master_ok\":false"),
+            ("\"marked_you\":false", "\"marked_you\":true"),
+            ("\"watchdog_ms\":10000", "\"watchdog_ms\":0"),
+        ] {
+            let text = String::from_utf8(bytes.clone()).unwrap();
+            assert!(text.contains(from), "{text}");
+            let forged = text.replace(from, to);
+            assert_eq!(
+                check(forged.as_bytes(), None),
+                Err(HeartbeatError::BadSignature),
+                "{to}"
+            );
+        }
     }
 
     #[test]

@@ -70,8 +70,24 @@ pub struct Envelope {
     #[serde(rename = "diagnose-error")]
     pub diagnose_error: Option<String>,
     pub data: Value,
+    /// The node's armed watchdog, signed with the rest: the proof the master needs before it
+    /// counts a silent node as reset by the safe time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog: Option<WatchdogReport>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub signature: String,
+}
+
+/// What a collector says of its armed watchdog (in reports and peer views, signed), in ms: the
+/// times the master's safe-time formula needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct WatchdogReport {
+    pub timeout_ms: u64,
+    pub feed_interval_ms: u64,
+    pub isolation_timeout_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    pub lost_after_ms: u64,
 }
 
 /// Largest sequence number a report may carry: the store keeps sequences as SQLite integers.
@@ -112,6 +128,7 @@ impl Envelope {
             diagnosed_at,
             diagnose_error: error,
             data: verdict.original.clone(),
+            watchdog: None,
             signature: String::new(),
         }
     }

@@ -18,6 +18,10 @@ pub(super) struct SimNode {
     pub(super) silent_since: Option<Nanos>,
     /// It signs with another key: its peers refuse its heartbeats, the master its view.
     pub(super) wrong_key: bool,
+    /// Its armed watchdog, as its view reports it.
+    pub(super) watchdog: Option<crate::report::WatchdogReport>,
+    /// The master's last signed probe marked it for fencing.
+    pub(super) marked: bool,
 }
 
 /// A collector's `lost-after`: a peer silent for longer is lost.
@@ -73,6 +77,17 @@ impl SimCollectors {
         self.with(node, |n| n.cut_from_master = cut);
     }
 
+    /// The node's collector arms a watchdog with the default settings.
+    pub fn arm_watchdog(&self, node: &str) {
+        let w = crate::collector::watchdog::report(&Default::default(), &Default::default());
+        self.with(node, |n| n.watchdog = Some(w));
+    }
+
+    /// Whether the master's last probe that reached the node marked it.
+    pub fn marked(&self, node: &str) -> bool {
+        self.with(node, |n| n.marked)
+    }
+
     pub fn powered(&self, node: &str) -> bool {
         self.with(node, |n| n.powered)
     }
@@ -120,6 +135,7 @@ impl SimCollectors {
             at: now,
             peers,
             rejected: BTreeMap::new(),
+            watchdog: me.watchdog,
         }
         .sign(if me.wrong_key { &self.wrong } else { &self.key })
     }
@@ -185,6 +201,17 @@ impl CollectorLink for SimCollectors {
         cap: usize,
     ) -> Result<Answer, LinkError> {
         self.up(&node.name)?;
+        if method == reqwest::Method::GET
+            && let Some(query) = path.strip_prefix("/1/peers?")
+        {
+            let marked = query
+                .split('&')
+                .filter_map(|kv| kv.strip_prefix("marked="))
+                .any(|m| m.split(',').any(|m| m == node.name));
+            self.with(&node.name, |n| n.marked = marked);
+            let body = serde_json::to_vec(&self.view(&node.name)).expect("serializes");
+            return answer(200, body, cap);
+        }
         if method == reqwest::Method::PUT && path == "/1/peers" {
             let set: PeerSet = serde_json::from_slice(&body.unwrap_or_default())
                 .map_err(|e| LinkError::Broken(e.to_string()))?;
@@ -351,6 +378,16 @@ impl Cluster for SimCluster {
         Outcome {
             ok: true,
             detail: "simulated reclaim".into(),
+        }
+    }
+
+    async fn mark_unschedulable(&self, node: &str, _flow: &Uuid, on: bool) -> Outcome {
+        self.jobs
+            .lock_unpoisoned()
+            .push(format!("{} {node}", if on { "mark" } else { "unmark" }));
+        Outcome {
+            ok: true,
+            detail: format!("simulated {}", if on { "mark" } else { "unmark" }),
         }
     }
 }

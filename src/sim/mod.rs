@@ -7,6 +7,7 @@
 
 mod fakes;
 mod scenarios;
+mod selffence;
 mod witnesses;
 
 use fakes::SimNode;
@@ -65,6 +66,10 @@ pub struct SimOptions {
     pub fencing: Option<FencingConfig>,
     /// Retries of the power-management stage.
     pub power_retries: u32,
+    /// Nodes that self-fence (`self-fence = true`).
+    pub self_fence: Vec<String>,
+    /// Nodes without a power switch (no power-management stage).
+    pub no_power: Vec<String>,
 }
 
 impl Default for SimOptions {
@@ -75,6 +80,8 @@ impl Default for SimOptions {
             poll_interval: Duration::from_secs(2),
             fencing: None,
             power_retries: 0,
+            self_fence: Vec::new(),
+            no_power: Vec::new(),
         }
     }
 }
@@ -150,6 +157,8 @@ impl Sim {
                             cut_from_master: false,
                             silent_since: None,
                             wrong_key: false,
+                            watchdog: None,
+                            marked: false,
                         };
                         (n.clone(), node)
                     })
@@ -227,10 +236,12 @@ impl Sim {
             let plans: BTreeMap<String, FencePlan> = names
                 .iter()
                 .map(|n| {
+                    let power = !o.no_power.contains(n);
                     let plan = FencePlan {
                         isolation: None,
-                        power_management: stage(n, "off", o.power_retries),
-                        recovery: Some(stage(n, "on", 0)),
+                        power_management: power.then(|| stage(n, "off", o.power_retries)),
+                        recovery: power.then(|| stage(n, "on", 0)),
+                        self_fence: o.self_fence.contains(n),
                     };
                     (n.clone(), plan)
                 })

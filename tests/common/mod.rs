@@ -7,8 +7,10 @@
 pub mod attack;
 pub mod fake_kube;
 pub mod k8s;
+pub mod netns;
 pub mod sims;
 pub mod spec;
+pub mod watchdog;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_maintd");
+/// The value at fraction `p` (0.5: the median) of sorted values, as the benchmarks report.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
 /// Generous: tests must pass on a loaded 2-core machine.
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -90,6 +97,10 @@ pub struct Cluster {
     /// the daemon discovers them from the API.
     pub inventory_nodes: bool,
     pub client: reqwest::Client,
+    /// Where the daemon listens and each collector listens (127.0.0.1 unless the test puts
+    /// them in network namespaces).
+    pub daemon_host: String,
+    pub node_hosts: Vec<String>,
 }
 
 impl Cluster {
@@ -138,6 +149,8 @@ impl Cluster {
         );
         let nodes: Vec<String> = (1..=n).map(|i| format!("node{i}")).collect();
         let c = Cluster {
+            daemon_host: "127.0.0.1".into(),
+            node_hosts: nodes.iter().map(|_| "127.0.0.1".to_string()).collect(),
             ports: nodes.iter().map(|_| free_port()).collect(),
             api_port: free_port(),
             collectors: nodes.iter().map(|_| None).collect(),
@@ -183,7 +196,7 @@ impl Cluster {
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.api_port)
+        format!("http://{}:{}", self.daemon_host, self.api_port)
     }
 
     pub fn daemon_config(&self) -> PathBuf {
@@ -194,7 +207,7 @@ impl Cluster {
 key-file = "{root}/cluster.key"
 
 [daemon]
-listen = "127.0.0.1:{}"
+listen = "{}:{}"
 state-dir = "{root}/state"
 repair-dir = "{root}/repair.d"
 poll-interval = "200ms"
@@ -203,16 +216,17 @@ hook-timeout = "30s"
 live-repair-timeout = "30s"
 {}
 "#,
-            self.api_port, self.extra_daemon_toml
+            self.daemon_host, self.api_port, self.extra_daemon_toml
         );
-        for (n, p) in self
+        for ((n, p), h) in self
             .nodes
             .iter()
             .zip(&self.ports)
+            .zip(&self.node_hosts)
             .filter(|_| self.inventory_nodes)
         {
             toml.push_str(&format!(
-                "[[nodes]]\nname = \"{n}\"\ncollector = \"127.0.0.1:{p}\"\n"
+                "[[nodes]]\nname = \"{n}\"\ncollector = \"{h}:{p}\"\n"
             ));
         }
         let path = self.path("daemon.toml");
@@ -230,7 +244,7 @@ key-file = "{root}/{key}"
 
 [collector]
 node = "{node}"
-listen = "127.0.0.1:{}"
+listen = "{}:{}"
 diagnose = "{diagnose}"
 diagnose-dir = "{root}/diagnose.d"
 repair-dir = "{root}/repair.d"
@@ -241,7 +255,7 @@ state-dir = "{root}/collector-state-{node}"
 env = {{ NODE = "{node}" }}
 {}
 "#,
-            self.ports[i], self.extra_collector_toml
+            self.node_hosts[i], self.ports[i], self.extra_collector_toml
         );
         let path = self.path(&format!("collector-{node}.toml"));
         std::fs::write(&path, toml).unwrap();
@@ -345,7 +359,10 @@ env = {{ NODE = "{node}" }}
                 &std::fs::read_to_string(self.path(&format!("verdict-{node}.json"))).unwrap(),
             )
             .unwrap();
-            let url = format!("http://127.0.0.1:{}/1/report/diagnose", self.ports[i]);
+            let url = format!(
+                "http://{}:{}/1/report/diagnose",
+                self.node_hosts[i], self.ports[i]
+            );
             wait_for("a collector's first report", || async {
                 let r = self.client.get(&url).send().await.ok()?;
                 let v: Value = r.json().await.ok()?;
@@ -438,8 +455,9 @@ env = {{ NODE = "{node}" }}
             }
             assert!(
                 Instant::now() < deadline,
-                "timed out waiting for {what}; flows: {fs:#}\ndaemon log:\n{}",
-                self.daemon_log()
+                "timed out waiting for {what}; flows: {fs:#}\ndaemon log:\n{}\ncollector logs:\n{}",
+                self.daemon_log(),
+                self.collector_log_tails(15)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -520,6 +538,22 @@ env = {{ NODE = "{node}" }}
             e["repair-status"] == status && (!final_ || e["tagged"] == true)
         })
         .await
+    }
+
+    /// The last `n` lines of every collector's log.
+    pub fn collector_log_tails(&self, n: usize) -> String {
+        let mut out = String::new();
+        for node in &self.nodes {
+            let text = std::fs::read_to_string(self.path(&format!("collector-{node}.log")))
+                .unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- {node}\n"));
+            for l in &lines[lines.len().saturating_sub(n)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     pub fn daemon_log(&self) -> String {

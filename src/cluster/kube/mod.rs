@@ -338,6 +338,16 @@ impl Cluster for KubeCluster {
         o
     }
 
+    /// Cordon plus maintd's NoSchedule taint, as for an offline job.
+    async fn mark_unschedulable(&self, node: &str, _flow: &Uuid, on: bool) -> Outcome {
+        let what = if on {
+            format!("{node} cordoned and tainted {OFFLINE_TAINT} (self-fencing)")
+        } else {
+            format!("{node} uncordoned, {OFFLINE_TAINT} removed")
+        };
+        outcome(what, self.offline(node, on).await)
+    }
+
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
         let r = self
             .set_taint(node, OUT_OF_SERVICE, None, "NoExecute", false)

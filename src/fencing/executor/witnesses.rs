@@ -9,8 +9,9 @@ use tracing::{info, warn};
 
 use super::{Fencer, ns};
 use crate::cluster::Cluster;
-use crate::fencing::machine::Liveness;
+use crate::fencing::machine::{Liveness, SelfFenceFacts};
 use crate::fencing::opinion::{KubeletSays, PeerOpinion};
+use crate::fencing::selffence::SelfFenceTimes;
 use crate::metrics::NodeLabel;
 use crate::sync::LockExt;
 use crate::verdict::Nanos;
@@ -25,7 +26,42 @@ pub(super) struct Renewal {
     every: Nanos,
 }
 
+/// The times a node reported with its armed watchdog, in ns.
+fn reported_times(w: &crate::report::WatchdogReport) -> SelfFenceTimes {
+    // A day bounds any honest setting, and keeps the safe time's sum far from overflow.
+    let ns = |ms: u64| (ms.min(86_400_000) * 1_000_000) as Nanos;
+    SelfFenceTimes {
+        lost_after: ns(w.lost_after_ms),
+        heartbeat: ns(w.heartbeat_interval_ms),
+        feed_every: ns(w.feed_interval_ms),
+        isolation: ns(w.isolation_timeout_ms),
+        watchdog_timeout: ns(w.timeout_ms),
+    }
+}
+
 impl<C: Cluster> Fencer<C> {
+    /// For each self-fencing flow still waiting: the node's last reported watchdog, and the
+    /// last moment anyone heard it (the master's probe, any watcher's heartbeat).
+    pub(super) fn self_fence_facts(
+        &self,
+        flows: &[crate::fencing::machine::Flow],
+        liveness: &BTreeMap<String, Liveness>,
+    ) -> BTreeMap<String, SelfFenceFacts> {
+        flows
+            .iter()
+            .filter(|f| f.step == crate::fencing::machine::Step::SelfFence && !f.fenced)
+            .map(|f| {
+                let (report, peers_heard) = self.peering.self_fence(&f.node);
+                let master = liveness.get(&f.node).and_then(|l| l.unreachable_since);
+                let facts = SelfFenceFacts {
+                    times: report.as_ref().map(reported_times),
+                    last_heard: master.max(peers_heard),
+                };
+                (f.node.clone(), facts)
+            })
+            .collect()
+    }
+
     /// Notes every kubelet Lease renewal the node cache shows, by this fencer's clock: no clock
     /// is ever compared with a node's.
     fn observe_renewals(&self, now: Nanos) -> Option<Nanos> {

@@ -16,8 +16,9 @@ fn limits(retries: u32) -> StageLimits {
 fn plan(isolation: bool) -> PlanSummary {
     PlanSummary {
         isolation: isolation.then(|| limits(1)),
-        power_management: limits(2),
+        power_management: Some(limits(2)),
         recovery: limits(1),
+        self_fence: false,
     }
 }
 
@@ -32,6 +33,7 @@ fn policy() -> FencePolicy {
         max_restarts: 1,
         // The gates below are the master's own; the second opinion has its tests at the end.
         second_opinion: false,
+        self_fence_margin: 5 * S,
     }
 }
 
@@ -73,6 +75,7 @@ fn state() -> FenceState {
         policy: policy(),
         rules: BTreeMap::new(),
         opinions: BTreeMap::new(),
+        self_fence: BTreeMap::new(),
     }
 }
 
@@ -567,5 +570,100 @@ mod second_opinion {
         );
         s.rules.insert("n2".into(), "Ready=Unknown for 5s".into());
         assert_eq!(started(&decide_fencing(&s, T0 + 6 * S)).len(), 1);
+    }
+}
+
+mod self_fencing {
+    use super::*;
+    use crate::fencing::selffence::{SelfFenceTimes, safe_time};
+    use proptest::prelude::*;
+
+    /// n2 without a BMC, self-fencing, silent since T0.
+    fn state(times: Option<SelfFenceTimes>, last_heard: Option<Nanos>) -> FenceState {
+        let mut s = super::state();
+        s.plans.insert(
+            "n2".into(),
+            PlanSummary {
+                isolation: None,
+                power_management: None,
+                recovery: limits(0),
+                self_fence: true,
+            },
+        );
+        s.liveness.insert("n2".into(), down(T0));
+        s.self_fence
+            .insert("n2".into(), SelfFenceFacts { times, last_heard });
+        s
+    }
+
+    fn times(watchdog_s: Nanos) -> SelfFenceTimes {
+        SelfFenceTimes {
+            lost_after: 2 * S,
+            heartbeat: S / 2,
+            feed_every: S,
+            isolation: 5 * S,
+            watchdog_timeout: watchdog_s * S,
+        }
+    }
+
+    /// Start, mark (the step's attempt succeeds) and return the marked flow.
+    fn marked(s: &mut FenceState, now: Nanos) -> Flow {
+        let a = decide_fencing(s, now);
+        let f = started(&a).pop().expect("a flow");
+        assert_eq!(f.step, Step::SelfFence);
+        assert_eq!(runs(&a), [Step::SelfFence]);
+        let running = saved(&a);
+        saved(&tick(s, &with_result(&running, true), now))
+    }
+
+    #[test]
+    fn without_a_bmc_the_flow_marks_the_node_and_releases_only_after_the_safe_time() {
+        let t = times(10);
+        let mut s = state(Some(t), Some(T0 + S));
+        let f = marked(&mut s, T0 + 6 * S);
+        assert!(f.marked && !f.fenced);
+        let until = T0 + S + safe_time(&t, s.policy.self_fence_margin);
+        let f = saved(&tick(&mut s, &f, T0 + 7 * S));
+        assert_eq!(f.safe_until, Some(until));
+        assert_eq!(f.safe_time_ms, Some(23_500));
+        assert!(tick(&mut s, &f, until - 1).is_empty());
+        let f = saved(&tick(&mut s, &f, until));
+        assert!(f.fenced);
+        let a = tick(&mut s, &f, until);
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, FenceAction::Release { node, .. } if node == "n2"))
+        );
+    }
+
+    proptest! {
+        /// Whatever the times, the last moment heard and the ticks, a self-fencing node is
+        /// counted reset only with a reported watchdog and never before its safe time.
+        #[test]
+        fn never_fenced_early_or_without_a_reported_watchdog(
+            watchdog_s in 1i64..60,
+            armed in any::<bool>(),
+            heard_after in 0i64..30,
+            ticks in proptest::collection::vec(0i64..120, 1..12),
+        ) {
+            let t = times(watchdog_s);
+            let last = T0 + heard_after * S;
+            let mut s = state(armed.then_some(t), Some(last));
+            let mut f = marked(&mut s, T0 + 6 * S);
+            let mut ticks = ticks;
+            ticks.sort();
+            for dt in ticks {
+                let now = T0 + 6 * S + dt * S;
+                if f.status == FenceStatus::Final { break; }
+                let a = tick(&mut s, &f, now);
+                if let Some(FenceAction::Save(n)) = a.iter().rev().find(|x| matches!(x, FenceAction::Save(_))) {
+                    f = n.clone();
+                }
+                if f.fenced {
+                    prop_assert!(armed);
+                    prop_assert!(now >= last + safe_time(&t, s.policy.self_fence_margin));
+                }
+            }
+        }
     }
 }

@@ -21,8 +21,11 @@ pub enum Phase {
     Attempting(Step),
     /// Isolation worked: power off, or recover if the node came back.
     Isolated,
-    /// Power-off verified: release the workloads, then recover.
+    /// Power-off verified (or the safe time of a self-fencing node passed): release the
+    /// workloads, then recover.
     PoweredOff,
+    /// A self-fencing node is marked unschedulable: wait for its safe time.
+    AwaitingReset,
     /// Recovery worked: clear the release, then finish.
     Recovered,
 }
@@ -36,6 +39,8 @@ impl Flow {
             (FenceStatus::Running, step) => Phase::Attempting(step),
             (FenceStatus::Done, Step::Isolation) => Phase::Isolated,
             (FenceStatus::Done, Step::PowerManagement) => Phase::PoweredOff,
+            (FenceStatus::Done, Step::SelfFence) if self.fenced => Phase::PoweredOff,
+            (FenceStatus::Done, Step::SelfFence) => Phase::AwaitingReset,
             (FenceStatus::Done, Step::Recovery) => Phase::Recovered,
         }
     }
@@ -54,14 +59,12 @@ struct Ctx<'a> {
 /// The plan of a node no longer configured: no retries, no isolation.
 const NO_PLAN: PlanSummary = PlanSummary {
     isolation: None,
-    power_management: StageLimits {
-        retries: 0,
-        retry_interval: 0,
-    },
+    power_management: None,
     recovery: StageLimits {
         retries: 0,
         retry_interval: 0,
     },
+    self_fence: false,
 };
 
 pub(super) fn advance(
@@ -86,6 +89,7 @@ pub(super) fn advance(
         Phase::Pending(_) => pending(&c, out),
         Phase::Isolated => isolated(&c, out),
         Phase::PoweredOff => powered_off(&c, out),
+        Phase::AwaitingReset => awaiting_reset(&c, out),
         Phase::Recovered => recovered(&c, out),
     }
 }
@@ -150,6 +154,7 @@ fn attempted(c: &Ctx, out: &mut Vec<FenceAction>) {
                 n.fenced = true;
                 n.fenced_at = Some(now);
             }
+            Step::SelfFence => n.marked = true,
             Step::Recovery => {}
         }
         n.retries = 0;
@@ -164,6 +169,16 @@ fn attempted(c: &Ctx, out: &mut Vec<FenceAction>) {
             plan.limits(f.step).retries
         );
         n.go(now, f.step, FenceStatus::New, note);
+    } else if f.step == Step::PowerManagement && plan.self_fence {
+        // The last level: the node's own watchdog.
+        n.retries = 0;
+        n.next_attempt = now;
+        let note = format!(
+            "power-management failed after {} attempts ({}); falling back to self-fencing",
+            f.retries + 1,
+            r.detail
+        );
+        n.go(now, Step::SelfFence, FenceStatus::New, note);
     } else {
         let note = format!("failed after {} attempts: {}", f.retries + 1, r.detail);
         n.go(now, f.step, FenceStatus::Error, note);
@@ -239,7 +254,7 @@ fn isolated(c: &Ctx, out: &mut Vec<FenceAction>) {
         n.next_attempt = now;
         n.go(
             now,
-            Step::PowerManagement,
+            c.plan.power_step(),
             FenceStatus::New,
             "isolated; node still silent",
         );
@@ -272,7 +287,7 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
             n.release_result = None;
             n.go(
                 now,
-                Step::PowerManagement,
+                f.step,
                 FenceStatus::Done,
                 format!("workloads released: {}", r.detail),
             );
@@ -282,12 +297,95 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
             n.release_result = None;
             n.go(
                 now,
-                Step::PowerManagement,
+                f.step,
                 FenceStatus::Error,
                 format!("release failed: {}", r.detail),
             );
             out.push(FenceAction::Save(n));
         }
+    }
+}
+
+/// A self-fencing node, marked: stand down if it answers; else count it reset once the safe
+/// time has passed since any witness last heard it, and only with its signed report of an
+/// armed watchdog. Held during a storm or a pause, like a power-off.
+fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
+    let Ctx {
+        s,
+        f,
+        l,
+        hold_power,
+        now,
+        ..
+    } = *c;
+    let mut n = f.clone();
+    if l.reachable || f.canceled {
+        let why = if f.canceled {
+            "canceled before its safe time"
+        } else {
+            "node answered before its safe time"
+        };
+        n.go(
+            now,
+            Step::Recovery,
+            FenceStatus::New,
+            format!("{why}: nothing released; clearing the mark"),
+        );
+        out.push(FenceAction::Save(n));
+        return;
+    }
+    if hold_power {
+        return;
+    }
+    let facts = s.self_fence.get(&f.node).copied().unwrap_or_default();
+    let Some(times) = facts.times else {
+        n.go(
+            now,
+            Step::SelfFence,
+            FenceStatus::Error,
+            "no signed report of an armed watchdog from this node: it is never counted as reset, and nothing is released",
+        );
+        out.push(FenceAction::Save(n));
+        return;
+    };
+    let safe = crate::fencing::selffence::safe_time(&times, s.policy.self_fence_margin);
+    let from = facts.last_heard.unwrap_or(f.detected).max(f.detected);
+    let until = from.saturating_add(safe);
+    if now >= until {
+        n.fenced = true;
+        n.fenced_at = Some(now);
+        n.safe_until = Some(until);
+        n.go(
+            now,
+            Step::SelfFence,
+            FenceStatus::Done,
+            format!(
+                "safe time {:.1} s passed since the node was last heard: its watchdog has reset it",
+                safe as f64 / 1e9
+            ),
+        );
+        out.push(FenceAction::Save(n));
+    } else if f.safe_until != Some(until) {
+        n.safe_time_ms = Some((safe / 1_000_000) as u64);
+        n.safe_until = Some(until);
+        n.updated = now;
+        n.history.push(super::Transition {
+            at: now,
+            step: Step::SelfFence,
+            status: FenceStatus::Done,
+            note: format!(
+                "safe time {:.1} s = lost-after {:.1} + heartbeat {:.1} + isolation {:.1} + feed {:.1} + watchdog {:.1} + margin {:.1}, from last heard; release not before {:.1} s from now",
+                safe as f64 / 1e9,
+                times.lost_after as f64 / 1e9,
+                times.heartbeat as f64 / 1e9,
+                times.isolation as f64 / 1e9,
+                times.feed_every as f64 / 1e9,
+                times.watchdog_timeout as f64 / 1e9,
+                s.policy.self_fence_margin as f64 / 1e9,
+                until.saturating_sub(now) as f64 / 1e9
+            ),
+        });
+        out.push(FenceAction::Save(n));
     }
 }
 

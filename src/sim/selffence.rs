@@ -1,0 +1,184 @@
+//! Scenarios of self-fencing (issue 13 §4), the master's side, on the simulated-time harness:
+//! mark, wait the safe time from the last moment anyone heard the node, release; never without
+//! a signed report of an armed watchdog; the fallback from a failed power-off.
+
+use std::time::Duration;
+
+use super::*;
+use crate::fencing::machine::{FenceStatus, Step};
+
+const S: Nanos = 1_000_000_000;
+const MIN: Duration = Duration::from_secs(60);
+/// At the defaults: lost-after 2 + heartbeat 0.5 + isolation 5 + feed 1 + watchdog 10 +
+/// margin 5.
+const SAFE: Nanos = 23_500_000_000;
+
+fn options(self_fence: &[&str], no_power: &[&str]) -> SimOptions {
+    SimOptions {
+        nodes: 5,
+        fencing: Some(FencingConfig {
+            check_interval: Duration::ZERO,
+            ..FencingConfig::default()
+        }),
+        self_fence: self_fence.iter().map(|s| s.to_string()).collect(),
+        no_power: no_power.iter().map(|s| s.to_string()).collect(),
+        ..SimOptions::default()
+    }
+}
+
+fn jobs_of(sim: &Sim, node: &str) -> Vec<String> {
+    sim.cluster
+        .jobs()
+        .into_iter()
+        .filter(|j| j.ends_with(&format!(" {node}")))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_self_fencing_node_is_marked_and_released_only_after_its_safe_time() {
+    let sim = Sim::start(options(&["node2"], &["node2"]));
+    sim.collectors.arm_watchdog("node2");
+    sim.run_for(Duration::from_secs(10)).await;
+    let died = sim.clock.now();
+    sim.collectors.silence("node2");
+    let f = sim
+        .until("the release", 2 * MIN, |s| {
+            s.flows().into_iter().find(|f| f.released)
+        })
+        .await;
+    assert_eq!(jobs_of(&sim, "node2"), ["mark node2"]);
+    assert!(
+        sim.agents.calls().is_empty(),
+        "no agent for a node without a BMC"
+    );
+    assert_eq!(f.safe_time_ms, Some(23_500));
+    let released = f.released_at.unwrap();
+    // Counted from the last time anyone heard it, which is at or after the death.
+    assert!(
+        released >= died + SAFE,
+        "{:.1} s",
+        (released - died) as f64 / 1e9
+    );
+    assert!(
+        released <= died + SAFE + 2 * S,
+        "released {:.1} s after the death",
+        (released - died) as f64 / 1e9
+    );
+    assert!(
+        f.history
+            .iter()
+            .any(|t| t.note.contains("safe time 23.5 s =")),
+        "{:?}",
+        f.history
+    );
+    // It comes back (reset, rebooted): the mark and the release are cleared.
+    sim.collectors.answer_again("node2");
+    let f = sim
+        .until("recovery", 2 * MIN, |s| {
+            s.flows()
+                .into_iter()
+                .find(|f| f.status == FenceStatus::Final)
+        })
+        .await;
+    assert!(f.reclaimed);
+    assert_eq!(jobs_of(&sim, "node2"), ["mark node2", "unmark node2"]);
+    sim.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_that_never_reported_an_armed_watchdog_is_never_released() {
+    let sim = Sim::start(options(&["node2"], &["node2"]));
+    sim.run_for(Duration::from_secs(10)).await;
+    sim.collectors.silence("node2");
+    sim.run_for(10 * MIN).await;
+    let flows = sim.flows();
+    assert!(!flows.is_empty());
+    assert!(flows.iter().all(|f| !f.released && !f.fenced), "{flows:?}");
+    let f = &flows[0];
+    assert!(
+        f.history
+            .iter()
+            .any(|t| t.note.contains("no signed report of an armed watchdog")),
+        "{:?}",
+        f.history
+    );
+    assert_eq!(sim.cluster.releases(), 0);
+    assert!(f.tagged, "the operator is told: fencefailed tag");
+    sim.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_power_off_falls_back_to_self_fencing_and_without_it_releases_nothing() {
+    let sim = Sim::start(options(&["node2"], &[]));
+    sim.collectors.arm_watchdog("node2");
+    sim.collectors.arm_watchdog("node3");
+    sim.run_for(Duration::from_secs(10)).await;
+    sim.agents.fail_next("off", 1000);
+    let died = sim.clock.now();
+    sim.collectors.silence("node2");
+    let f = sim
+        .until("the release", 3 * MIN, |s| {
+            s.flows().into_iter().find(|f| f.released)
+        })
+        .await;
+    assert!(
+        f.history
+            .iter()
+            .any(|t| t.step == Step::SelfFence && t.note.contains("falling back to self-fencing"))
+    );
+    assert!(f.released_at.unwrap() >= died + SAFE);
+    assert!(
+        sim.collectors.powered("node2"),
+        "no agent ever powered it off"
+    );
+    // node3 has no self-fence level: its failed power-off ends in error, nothing released.
+    sim.collectors.answer_again("node2");
+    sim.until("node2 recovered", 2 * MIN, |s| {
+        s.flows()
+            .into_iter()
+            .find(|f| f.status == FenceStatus::Final)
+    })
+    .await;
+    sim.collectors.silence("node3");
+    sim.run_for(10 * MIN).await;
+    let flows: Vec<Flow> = sim
+        .flows()
+        .into_iter()
+        .filter(|f| f.node == "node3")
+        .collect();
+    assert!(!flows.is_empty());
+    assert!(flows.iter().all(|f| !f.released), "{flows:?}");
+    assert_eq!(sim.cluster.releases(), 1);
+    sim.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_self_fencing_node_that_answers_before_its_safe_time_is_unmarked_and_nothing_released() {
+    let sim = Sim::start(options(&["node2"], &["node2"]));
+    sim.collectors.arm_watchdog("node2");
+    sim.run_for(Duration::from_secs(10)).await;
+    sim.collectors.silence("node2");
+    sim.until("the mark", MIN, |s| {
+        s.cluster
+            .jobs()
+            .contains(&"mark node2".to_string())
+            .then_some(())
+    })
+    .await;
+    sim.collectors.answer_again("node2");
+    let f = sim
+        .until("the stand-down", MIN, |s| {
+            s.flows()
+                .into_iter()
+                .find(|f| f.status == FenceStatus::Final)
+        })
+        .await;
+    assert!(!f.released && !f.fenced);
+    assert_eq!(jobs_of(&sim, "node2"), ["mark node2", "unmark node2"]);
+    sim.run_for(Duration::from_secs(3)).await;
+    assert!(
+        !sim.collectors.marked("node2"),
+        "the master no longer marks it"
+    );
+    sim.stop().await;
+}

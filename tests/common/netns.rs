@@ -1,0 +1,176 @@
+//! Hosts in network namespaces for the partition tests (issue 13 §5): the master and each node in
+//! a namespace of its own, joined by veth pairs to a bridge in the test's namespace (which
+//! holds the bridge's address, so the test reaches everyone). Links are cut for real: a link
+//! taken down, blackhole routes both ways between two hosts, or every outbound route of one
+//! host blackholed while it still receives. Needs root and iproute2; without them the tests
+//! skip with a notice, unless `MAINTD_REQUIRE_NETNS=1` (scripts/test) makes that a failure.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn must(args: &[&str]) {
+    if let Err(e) = ip(args) {
+        panic!("{e}");
+    }
+}
+
+/// Whether namespaces can be built here; prints why not (or fails under
+/// `MAINTD_REQUIRE_NETNS=1`).
+pub fn available() -> bool {
+    static CHECKED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let ok = CHECKED.get_or_init(probe).clone();
+    match ok {
+        Ok(()) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("MAINTD_REQUIRE_NETNS").as_deref() != Ok("1"),
+                "MAINTD_REQUIRE_NETNS=1 but network namespaces are not available: {e}"
+            );
+            eprintln!("skipped: network namespaces need root and iproute2 ({e})");
+            false
+        }
+    }
+}
+
+fn probe() -> Result<(), String> {
+    let probe = format!("maintd-probe-{}", std::process::id());
+    match ip(&["netns", "add", &probe]) {
+        Ok(()) => {
+            let _ = ip(&["netns", "del", &probe]);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// One host: its namespace, address, and the outside end of its veth pair.
+pub struct Host {
+    pub ns: String,
+    pub ip: String,
+    veth: String,
+}
+
+/// The network of one test: `hosts[0]` is the master, then the nodes.
+pub struct Net {
+    pub hosts: Vec<Host>,
+    bridge: String,
+    /// `10.77.<k>.`: each test of the process has its own subnet.
+    prefix: String,
+}
+
+impl Net {
+    /// A master and `nodes` nodes: 10.77.k.1 and 10.77.k.11, .12, …; the bridge is 10.77.k.254.
+    pub fn new(nodes: usize) -> Net {
+        let pid = std::process::id();
+        let k = (pid % 200 + NEXT.fetch_add(1, Ordering::SeqCst)) % 250 + 1;
+        let tag = format!("{:x}{k}", pid % 0xffff);
+        let prefix = format!("10.77.{k}.");
+        let bridge = format!("mdb{tag}");
+        must(&["link", "add", &bridge, "type", "bridge"]);
+        must(&["addr", "add", &format!("{prefix}254/24"), "dev", &bridge]);
+        must(&["link", "set", &bridge, "up"]);
+        let mut net = Net {
+            hosts: Vec::new(),
+            bridge,
+            prefix: prefix.clone(),
+        };
+        for i in 0..=nodes {
+            let ns = format!("maintd-{tag}-{i}");
+            let outside = format!("md{tag}v{i}");
+            let ip_addr = if i == 0 {
+                format!("{prefix}1")
+            } else {
+                format!("{prefix}{}", 10 + i)
+            };
+            must(&["netns", "add", &ns]);
+            net.hosts.push(Host {
+                ns: ns.clone(),
+                ip: ip_addr.clone(),
+                veth: outside.clone(),
+            });
+            must(&[
+                "link", "add", &outside, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ]);
+            must(&["link", "set", &outside, "master", &net.bridge, "up"]);
+            must(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{ip_addr}/24"),
+                "dev",
+                "eth0",
+            ]);
+            must(&["-n", &ns, "link", "set", "eth0", "up"]);
+            must(&["-n", &ns, "link", "set", "lo", "up"]);
+        }
+        net
+    }
+
+    /// The command prefix that runs a program on host `i`.
+    pub fn exec(&self, i: usize) -> Vec<String> {
+        ["ip", "netns", "exec", &self.hosts[i].ns]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+
+    /// Host `i`'s only link goes down (or up): it reaches no one and no one reaches it.
+    pub fn link(&self, i: usize, up: bool) {
+        let state = if up { "up" } else { "down" };
+        must(&["-n", &self.hosts[i].ns, "link", "set", "eth0", state]);
+    }
+
+    /// Packets between hosts `a` and `b` are dropped, both ways.
+    pub fn cut(&self, a: usize, b: usize) {
+        for (from, to) in [(a, b), (b, a)] {
+            let dst = format!("{}/32", self.hosts[to].ip);
+            must(&[
+                "-n",
+                &self.hosts[from].ns,
+                "route",
+                "add",
+                "blackhole",
+                &dst,
+            ]);
+        }
+    }
+
+    /// Everything host `i` sends is dropped; it still receives.
+    pub fn drop_outbound(&self, i: usize) {
+        for half in ["0/25", "128/25"] {
+            let dst = format!("{}{half}", self.prefix);
+            must(&["-n", &self.hosts[i].ns, "route", "add", "blackhole", &dst]);
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        // The pair first: a namespace outlives its name while anything still refers to it
+        // (a lingering socket), and its veth would stay behind with it.
+        for h in &self.hosts {
+            let _ = ip(&["link", "del", &h.veth]);
+            let _ = ip(&["netns", "del", &h.ns]);
+        }
+        let _ = ip(&["link", "del", &self.bridge]);
+    }
+}

@@ -1,0 +1,296 @@
+//! Real network partitions (issue 13 §5): the master and three nodes, each in a network
+//! namespace of its own on a bridge, links cut for real. Every node self-fences with the
+//! stand-in watchdog (tests/common/watchdog.rs), and runs a stand-in workload (a process in its
+//! process group, which a reset kills with it). The workload watcher is the release hook itself:
+//! at the moment of the release it checks whether the released node's workload still runs, and
+//! records `LIVE-COPY` if it does; no test may ever see one. Needs root (skipped with a notice
+//! without it; `scripts/test` requires it).
+
+mod common;
+
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use common::netns::{self, Net};
+use common::watchdog::{Fate, assert_released_after_reset, start_watched};
+use common::*;
+
+/// Fields drop in order: the processes (and their groups) go before the namespaces.
+struct Part {
+    c: Cluster,
+    fates: Vec<Receiver<Fate>>,
+    pgids: Vec<Arc<OnceLock<u32>>>,
+    net: Net,
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        for p in &self.pgids {
+            if let Some(pg) = p.get() {
+                // Most groups are gone already (reset by their watchdog, or killed below).
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{pg}")])
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
+        }
+    }
+}
+
+/// Heartbeats every 200 ms lost after 1 s; watchdog 3 s fed every 0.5 s, isolation 2 s; grace
+/// 1 s, probe every 200 ms, margin 1 s: a safe time of 7.7 s.
+async fn setup() -> Option<Part> {
+    if !netns::available() {
+        return None;
+    }
+    let net = Net::new(3);
+    let mut c = Cluster::new(3);
+    c.daemon_host = net.hosts[0].ip.clone();
+    c.node_hosts = net.hosts[1..].iter().map(|h| h.ip.clone()).collect();
+    c.ports = vec![1815; 3];
+    c.api_port = 1816;
+    c.extra_collector_toml =
+        "[collector.heartbeat]\ninterval = \"200ms\"\nlost-after = \"1s\"\n".into();
+    let mut fencing = "[fencing]\ngrace = \"1s\"\nliveness-interval = \"200ms\"\nliveness-timeout = \"1s\"\nstorm-percent = 50\nself-fence-margin = \"1s\"\ncheck-interval = \"0s\"\n".to_string();
+    for n in &c.nodes {
+        fencing.push_str(&format!("[fencing.nodes.{n}]\nself-fence = true\n"));
+    }
+    c.extra_daemon_toml = fencing;
+    let root = c.dir.path().display().to_string();
+    c.set_hook(
+        "release",
+        &format!(
+            r#"wl=$(cat {root}/workload-$1.pid)
+st=$(cut -d' ' -f3 /proc/$wl/stat 2>/dev/null)
+if [ -n "$st" ] && [ "$st" != Z ]; then echo "LIVE-COPY $1" >> {root}/hooks.log; fi
+echo "$MAINTD_ACTION $1 $2 $MAINTD_REASON" >> {root}/hooks.log"#
+        ),
+    );
+    let cfg = c.daemon_config();
+    c.daemon = Some(c.spawn_wrapped(
+        "daemon",
+        &net.exec(0).iter().map(String::as_str).collect::<Vec<_>>(),
+        &["--config", cfg.to_str().unwrap(), "daemon"],
+    ));
+    c.wait_api().await;
+    let mut fates = Vec::new();
+    let mut pgids = Vec::new();
+    for i in 0..3 {
+        let node = c.nodes[i].clone();
+        // The workload shares the collector's process group: a reset kills both.
+        let script =
+            format!("sleep 1000000 & echo $! > {root}/workload-{node}.pid; exec \"$0\" \"$@\"");
+        let mut wrapper = net.exec(i + 1);
+        wrapper.extend(["setsid", "--", "sh", "-c", &script].map(String::from));
+        let w = start_watched(
+            &mut c,
+            i,
+            Duration::from_secs(3),
+            "feed-interval = \"500ms\"\nisolation-timeout = \"2s\"\n",
+            &wrapper,
+            0,
+        );
+        fates.push(w.fate);
+        pgids.push(w.pgid);
+    }
+    c.wait_collectors_ready().await;
+    for n in &c.nodes {
+        wait_for("every node heard by both its watchers", || async {
+            let w = c.node(n).await;
+            (w["witnesses"]["heard-by"].as_array().map(Vec::len) == Some(2)).then_some(())
+        })
+        .await;
+    }
+    Some(Part {
+        c,
+        fates,
+        pgids,
+        net,
+    })
+}
+
+async fn fate(rx: &Receiver<Fate>, within: Duration) -> Option<Fate> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match rx.try_recv() {
+            Ok(f) => return Some(f),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if std::time::Instant::now() > deadline => return None,
+            Err(TryRecvError::Empty) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Well past isolation + watchdog + safe time, no watchdog has fired.
+async fn no_reset_within(p: &Part, d: Duration) {
+    tokio::time::sleep(d).await;
+    for (i, f) in p.fates.iter().enumerate() {
+        assert_eq!(f.try_recv(), Err(TryRecvError::Empty), "node{}", i + 1);
+    }
+}
+
+/// node2 is reset by its watchdog, marked, and released only after the reset, with its
+/// workload dead; node1 and node3 run on.
+async fn self_fenced_before_release(p: &Part, cut_at: i64) {
+    let reset_at = match fate(&p.fates[1], Duration::from_secs(60)).await {
+        Some(Fate::Reset(at)) => at,
+        other => panic!("node2's watchdog did not fire: {other:?}"),
+    };
+    assert!(reset_at > cut_at);
+    let f =
+        p.c.wait_flow("node2 released", |f| {
+            f["node"] == "node2" && f["released"] == true
+        })
+        .await;
+    assert_released_after_reset(&f, reset_at);
+    let log = p.c.hook_log();
+    assert!(
+        !log.iter().any(|l| l.starts_with("LIVE-COPY")),
+        "two live copies: {log:?}"
+    );
+    let mark = log.iter().position(|l| l.starts_with("offline node2"));
+    let release = log.iter().position(|l| l.starts_with("release node2"));
+    assert!(
+        matches!((mark, release), (Some(m), Some(r)) if m < r),
+        "{log:?}"
+    );
+    for i in [0, 2] {
+        assert_eq!(
+            p.fates[i].try_recv(),
+            Err(TryRecvError::Empty),
+            "node{}",
+            i + 1
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_node_cut_off_from_the_master_and_its_peers_self_fences_before_its_release() {
+    let Some(p) = setup().await else { return };
+    let cut_at = maintd::report::now_ns();
+    p.net.link(2, false);
+    self_fenced_before_release(&p, cut_at).await;
+}
+
+#[tokio::test]
+async fn a_node_whose_outbound_traffic_alone_is_dropped_self_fences_before_its_release() {
+    let Some(p) = setup().await else { return };
+    let cut_at = maintd::report::now_ns();
+    // It still hears every heartbeat, but nobody hears it: it is the isolated one.
+    p.net.drop_outbound(2);
+    self_fenced_before_release(&p, cut_at).await;
+}
+
+#[tokio::test]
+async fn a_node_cut_from_the_master_only_is_partitioned_and_neither_fenced_nor_self_fenced() {
+    let Some(p) = setup().await else { return };
+    p.net.cut(0, 2);
+    wait_for("node2 reported partitioned", || async {
+        (p.c.node("node2").await["witnesses"]["partitioned"] == true).then_some(())
+    })
+    .await;
+    no_reset_within(&p, Duration::from_secs(15)).await;
+    let (_, flows) = p.c.get("/1/fences").await;
+    assert_eq!(flows.as_array().map(Vec::len), Some(0), "{flows:#}");
+    assert!(p.c.hook_log().is_empty(), "{:?}", p.c.hook_log());
+    assert!(
+        p.c.metrics()
+            .await
+            .contains("maintd_node_partitioned{node=\"node2\"} 1")
+    );
+}
+
+#[tokio::test]
+async fn the_master_cut_off_from_every_node_fences_nothing_and_no_node_self_fences() {
+    let Some(p) = setup().await else { return };
+    for i in 1..=3 {
+        p.net.cut(0, i);
+    }
+    wait_for("the storm reported", || async {
+        p.c.metrics()
+            .await
+            .contains("maintd_fencing_storm 1")
+            .then_some(())
+    })
+    .await;
+    // The nodes hear each other, not the master: too few watchers for the master to judge,
+    // so none of them stops feeding (no reboot storm).
+    no_reset_within(&p, Duration::from_secs(15)).await;
+    let (_, flows) = p.c.get("/1/fences").await;
+    assert_eq!(flows.as_array().map(Vec::len), Some(0), "{flows:#}");
+    assert!(p.c.hook_log().is_empty(), "{:?}", p.c.hook_log());
+}
+
+#[tokio::test]
+async fn a_hung_collector_on_a_self_fencing_node_is_reset_before_its_release() {
+    let Some(p) = setup().await else { return };
+    let hung_at = maintd::report::now_ns();
+    // The collector alone stops; its workload runs on until the reset kills the group.
+    let pid = p.c.collectors[1].as_ref().unwrap().child.id();
+    let st = std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    self_fenced_before_release(&p, hung_at).await;
+}
+
+#[tokio::test]
+async fn forged_and_replayed_heartbeats_keep_no_dead_node_alive() {
+    use maintd::report::Key;
+    use maintd::report::heartbeat::{Heartbeat, SignedView};
+    let Some(p) = setup().await else { return };
+    let key = Key::load(&p.c.path("cluster.key")).unwrap();
+    let wrong = Key::from_bytes(vec![7; 32]);
+    let cut_at = maintd::report::now_ns();
+    p.net.link(2, false);
+    // From the bridge, someone speaks for node2 to its watchers: with a wrong key, and with the
+    // right key but an old counter (a replay) or an old time (stale).
+    let targets: Vec<(String, String)> = [0, 2]
+        .iter()
+        .map(|&i| (p.c.nodes[i].clone(), p.c.node_hosts[i].clone()))
+        .collect();
+    let signing = key.clone();
+    let attack = tokio::spawn(async move {
+        let key = signing;
+        let sock = tokio::net::UdpSocket::bind("0.0.0.0:0").await.unwrap();
+        loop {
+            let now = maintd::report::now_ns();
+            for (name, host) in &targets {
+                for (k, seq, ts) in [
+                    (&wrong, u64::MAX / 2, now),
+                    (&key, 1, now),
+                    (&key, u64::MAX / 2, now - 3_600_000_000_000),
+                ] {
+                    let hb = Heartbeat::new("node2", name, seq, ts, true)
+                        .sign(k)
+                        .to_bytes();
+                    let _ = sock.send_to(&hb, format!("{host}:1815")).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    self_fenced_before_release(&p, cut_at).await;
+    attack.abort();
+    let view: SignedView =
+        p.c.client
+            .get(format!("http://{}:1815/1/peers", p.c.node_hosts[0]))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    let view = view.verify(&key, "node1").unwrap();
+    for reason in ["signature", "replay", "stale"] {
+        assert!(
+            view.rejected.get(reason).copied().unwrap_or(0) > 0,
+            "{reason}: {:?}",
+            view.rejected
+        );
+    }
+    let node2 = view.peers.iter().find(|x| x.name == "node2").unwrap();
+    assert!(!node2.alive, "{node2:?}");
+}

@@ -1,0 +1,234 @@
+//! Self-fencing by watchdog between real processes (issue 13 §4): a collector arms a stand-in
+//! watchdog (a FIFO read by a thread of this test that speaks the device's protocol and, when
+//! not fed in time, kills the collector's whole process group: the simulated reset); the daemon
+//! marks the silent node, waits its safe time and only then releases. The production code path
+//! is the one a real `/dev/watchdog` gets; only the device path differs.
+
+mod common;
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::watchdog::{Fate, Watched, assert_released_after_reset, start_watched};
+use common::*;
+
+const TIMEOUT: Duration = Duration::from_secs(3);
+const FAST: &str = "feed-interval = \"500ms\"\nisolation-timeout = \"2s\"\n";
+
+/// Four nodes, fast heartbeats; node2 self-fences (no BMC) with a 3 s watchdog. Safe time:
+/// lost-after 1 + heartbeat 0.2 + isolation 2 + feed 0.5 + watchdog 3 + margin 1 = 7.7 s.
+struct Setup {
+    c: Cluster,
+    fate: mpsc::Receiver<Fate>,
+    pgid: std::sync::Arc<std::sync::OnceLock<u32>>,
+}
+
+async fn setup() -> Setup {
+    setup_with(Cluster::new(4), "").await
+}
+
+/// As `setup`, with `extra` added to the daemon's `[fencing]` section.
+async fn setup_with(mut c: Cluster, extra: &str) -> Setup {
+    c.extra_collector_toml =
+        "[collector.heartbeat]\ninterval = \"200ms\"\nlost-after = \"1s\"\n".into();
+    c.extra_daemon_toml = format!(
+        "[fencing]\ngrace = \"1s\"\nliveness-interval = \"200ms\"\nliveness-timeout = \"1s\"\nstorm-percent = 50\nself-fence-margin = \"1s\"\ncheck-interval = \"0s\"\n[fencing.nodes.node2]\nself-fence = true\n{extra}"
+    );
+    // The daemon first: a self-fencing node that can reach nobody for its isolation timeout
+    // takes itself for the isolated one.
+    c.start_daemon();
+    c.wait_api().await;
+    for i in [0, 2, 3] {
+        c.start_collector_with(i, "scripted", "cluster.key");
+    }
+    let Watched { fate, pgid } = start_watched(&mut c, 1, TIMEOUT, FAST, &[], 0);
+    c.wait_collectors_ready().await;
+    // Armed, seen by the master, and every watcher hears it.
+    wait_for("node2's armed watchdog in its view", || async {
+        let n = c.node("node2").await;
+        let w = &n["witnesses"];
+        let armed = w["watchdog"]["timeout-ms"] == 3000;
+        (armed && w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
+    })
+    .await;
+    Setup { c, fate, pgid }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let st = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[tokio::test]
+async fn a_hung_self_fencing_node_is_reset_by_its_watchdog_before_its_workloads_are_released() {
+    let s = setup().await;
+    let c = &s.c;
+    let hung = maintd::report::now_ns();
+    signal(*s.pgid.get().unwrap(), "-STOP");
+    let fate = tokio::task::spawn_blocking({
+        let fate = s.fate;
+        move || fate.recv_timeout(Duration::from_secs(30))
+    })
+    .await
+    .unwrap()
+    .expect("the stand-in watchdog fires");
+    let Fate::Reset(reset_at) = fate else {
+        panic!("{fate:?}")
+    };
+    assert!(
+        reset_at - hung >= TIMEOUT.as_nanos() as i64 - 500_000_000,
+        "reset {:.1} s after the hang",
+        (reset_at - hung) as f64 / 1e9
+    );
+    let f = c
+        .wait_flow("the release", |f| {
+            f["node"] == "node2" && f["released"] == true
+        })
+        .await;
+    assert_released_after_reset(&f, reset_at);
+    assert_eq!(f["safe-time-ms"], 7700, "{f:#}");
+    let log = c.hook_log();
+    let mark = log.iter().position(|l| l.starts_with("offline node2"));
+    let release = log.iter().position(|l| l.starts_with("release node2"));
+    assert!(
+        matches!((mark, release), (Some(m), Some(r)) if m < r),
+        "marked before released: {log:?}"
+    );
+    let notes: Vec<&str> = f["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["note"].as_str())
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.contains("safe time 7.7 s =")),
+        "{notes:?}"
+    );
+    assert!(
+        notes[0].contains("lost by its watchers"),
+        "the second opinion decided: {notes:?}"
+    );
+    // Rebooted: its collector is back, healthy, and recovery clears the mark and the release.
+    let mut c = s.c;
+    let _back = start_watched(&mut c, 1, TIMEOUT, FAST, &[], 1);
+    c.wait_flow("recovery", |x| x["id"] == f["id"] && x["status"] == "final")
+        .await;
+    let log = c.hook_log();
+    assert!(log.iter().any(|l| l.starts_with("online node2")), "{log:?}");
+    assert!(
+        log.iter().any(|l| l.starts_with("reclaim node2")),
+        "{log:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_bmc_whose_power_off_fails_falls_back_to_the_watchdog() {
+    if !common::sims::available() {
+        return;
+    }
+    let c = Cluster::new(4);
+    let ipmi = common::sims::Ipmi::start(c.dir.path(), "node2");
+    // The BMC answers, but to another password: every power-off fails.
+    let wrong = c.secret("wrong.pw", "nope");
+    let extra = format!(
+        "[fencing.templates.ipmi]\nagent = \"fence_ipmilan\"\nsecrets = {{ password = \"{}\" }}\n[fencing.nodes.node2.power-management]\nretries = 0\ntimeout = \"20s\"\nmethods = [{{ template = \"ipmi\", params = {{ {} }} }}]\n",
+        wrong.display(),
+        ipmi.params()
+    );
+    let s = setup_with(c, &extra).await;
+    signal(*s.pgid.get().unwrap(), "-STOP");
+    let f =
+        s.c.wait_flow("the release", |f| {
+            f["node"] == "node2" && f["released"] == true
+        })
+        .await;
+    let reset = tokio::task::spawn_blocking(move || s.fate.recv_timeout(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let Ok(Fate::Reset(reset_at)) = reset else {
+        panic!("{reset:?}")
+    };
+    assert_released_after_reset(&f, reset_at);
+    let steps: Vec<String> = f["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| format!("{} {}: {}", t["step"], t["status"], t["note"]))
+        .collect();
+    assert!(
+        steps.iter().any(|t| t.contains("\"self-fence\" \"new\"")
+            && t.contains("fence_ipmilan off failed")
+            && t.contains("falling back to self-fencing")),
+        "{steps:#?}"
+    );
+    let calls = f["calls"].as_array().unwrap();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c["agent"] == "fence_ipmilan" && c["ok"] == false)
+    );
+    assert!(ipmi.powered_on(), "the BMC never powered it off");
+}
+
+#[tokio::test]
+async fn a_cleanly_stopped_collector_disarms_its_watchdog_and_is_never_released() {
+    let mut s = setup().await;
+    let pid = s.c.collectors[1].as_ref().unwrap().child.id();
+    signal(pid, "-TERM");
+    let fate = tokio::task::spawn_blocking({
+        let fate = s.fate;
+        move || fate.recv_timeout(Duration::from_secs(30))
+    })
+    .await
+    .unwrap()
+    .expect("the stand-in sees the close");
+    assert_eq!(fate, Fate::Disarmed);
+    // Its last word was "disarmed": the master never counts on a reset that will not come.
+    let f =
+        s.c.wait_flow("the flow's refusal", |f| {
+            f["node"] == "node2"
+                && f["history"].as_array().is_some_and(|h| {
+                    h.iter().any(|t| {
+                        t["note"]
+                            .as_str()
+                            .is_some_and(|n| n.contains("no signed report of an armed watchdog"))
+                    })
+                })
+        })
+        .await;
+    assert_eq!(f["released"], false);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (_, flows) = s.c.get("/1/fences").await;
+    assert!(
+        flows
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["released"] == false),
+        "{flows:#}"
+    );
+    assert!(!s.c.hook_log().iter().any(|l| l.starts_with("release")));
+    s.c.collectors[1] = None;
+}
+
+#[tokio::test]
+async fn a_missing_watchdog_device_stops_the_collector_with_a_clear_error() {
+    let c = Cluster::new(1);
+    let cfg = c.collector_config(0, "scripted", "cluster.key");
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("[collector.watchdog]\nenabled = true\ndevice = \"/nonexistent/watchdog\"\n");
+    std::fs::write(&cfg, text).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["--config", cfg.to_str().unwrap(), "collector"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("watchdog device /nonexistent/watchdog") && err.contains("softdog"),
+        "{err}"
+    );
+}
