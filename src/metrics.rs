@@ -68,7 +68,7 @@ pub struct Metrics {
     pub fence_failures: Family<StepLabel, Counter>,
     /// Actions the engine could not carry out, by `ActionError::metric_label`.
     pub action_failures: Family<ReasonLabel, Counter>,
-    /// 1 while a node's power-management devices pass their status check, 0 when not.
+    /// 1 while every fencing level of a node passes its readiness check, 0 when not.
     pub fencing_ready: Family<NodeLabel, Gauge>,
     /// 1 while the master has lost a node that a watcher still hears.
     pub partitioned: Family<NodeLabel, Gauge>,
@@ -180,7 +180,7 @@ impl Metrics {
         );
         reg.register(
             "maintd_fencing_ready",
-            "1 while the node's power-management devices pass their status check, 0 when fencing is inactive",
+            "1 while every fencing level of the node passes its readiness check, 0 when fencing is inactive",
             m.fencing_ready.clone(),
         );
         reg.register(

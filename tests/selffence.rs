@@ -232,3 +232,39 @@ async fn a_missing_watchdog_device_stops_the_collector_with_a_clear_error() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_self_fencing_node_whose_collector_arms_no_watchdog_shows_fencing_inactive() {
+    let mut c = Cluster::new(2);
+    c.extra_daemon_toml =
+        "[fencing]\ncheck-interval = \"10m\"\n[fencing.nodes.node2]\nself-fence = true\n".into();
+    c.start_daemon();
+    c.wait_api().await;
+    for i in 0..2 {
+        c.start_collector_with(i, "scripted", "cluster.key");
+    }
+    c.wait_collectors_ready().await;
+    let fencing = wait_for("node2's readiness", || async {
+        let n = c.node("node2").await;
+        (!n["fencing"].is_null()).then(|| n["fencing"].clone())
+    })
+    .await;
+    assert_eq!(fencing["state"], "inactive", "{fencing:#}");
+    assert!(
+        fencing["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no armed watchdog")),
+        "{fencing:#}"
+    );
+    assert_eq!(fencing["methods"][0]["method"], "self-fence");
+    assert!(
+        c.node("node1").await["fencing"].is_null(),
+        "no plan, no check"
+    );
+    let (_, all) = c.get("/1/fences/readiness").await;
+    assert_eq!(all["node2"]["state"], "inactive");
+    wait_for("the log line", || async {
+        c.daemon_log().contains("fencing inactive").then_some(())
+    })
+    .await;
+}

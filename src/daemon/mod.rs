@@ -193,28 +193,13 @@ async fn run_with<C: Cluster>(
             dir: cfg.fencing.agents_dir.clone(),
             redact,
         });
-    let readiness = (!plans.is_empty()).then(|| {
-        let f = &cfg.fencing;
-        Arc::new(crate::fencing::readiness::Readiness::new(
-            crate::fencing::readiness::CheckSettings {
-                interval: f.check_interval,
-                timeout: f.check_timeout,
-                concurrency: f.check_concurrency,
-            },
-            plans.clone(),
-            agents.clone(),
-            cluster.clone(),
-            engine.metrics.clone(),
-            leadership.clone(),
-        ))
-    });
     let fencer = (!plans.is_empty()).then(|| {
         let mut f = crate::fencing::executor::Fencer::new(
             &cfg.fencing,
-            plans,
+            plans.clone(),
             store.clone(),
             cluster.clone(),
-            agents,
+            agents.clone(),
             Arc::new(crate::link::HttpLink::new(
                 key.clone(),
                 cfg.fencing.liveness_timeout,
@@ -228,6 +213,25 @@ async fn run_with<C: Cluster>(
         f.wake = fence_wake.clone();
         f.watch = watch.clone();
         Arc::new(f)
+    });
+    let readiness = (!plans.is_empty()).then(|| {
+        let f = &cfg.fencing;
+        let mut r = crate::fencing::readiness::Readiness::new(
+            crate::fencing::readiness::CheckSettings {
+                interval: f.check_interval,
+                timeout: f.check_timeout,
+                concurrency: f.check_concurrency,
+            },
+            plans,
+            agents,
+            cluster.clone(),
+            engine.metrics.clone(),
+            leadership.clone(),
+        );
+        r.views = fencer
+            .as_ref()
+            .map(|f| f.peering.clone() as Arc<dyn crate::fencing::readiness::WatchdogViews>);
+        Arc::new(r)
     });
     let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
     registry.register_collector(Box::new(crate::metrics::StateGauges {

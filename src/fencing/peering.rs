@@ -344,6 +344,15 @@ impl Peering {
     }
 }
 
+impl crate::fencing::readiness::WatchdogViews for Peering {
+    fn reported_watchdog(&self, node: &str) -> Option<Option<crate::report::WatchdogReport>> {
+        self.held
+            .lock_unpoisoned()
+            .get(node)
+            .map(|h| h.view.watchdog)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,9 @@
 //! Fence readiness: the `status` action of every node's power-management methods, at start-up
 //! and then once per `check-interval` per node (spread over the interval, bounded concurrency),
-//! so a wrong password or an unreachable BMC shows while the node is still healthy. A device
-//! that fails makes the node's fencing *inactive* (seed 002's INACTIVE), shown in `/1/nodes` and
-//! `/1/fences/readiness`, as a gauge, in the log and as an Event when it changes.
+//! so a wrong password or an unreachable BMC shows while the node is still healthy; and, for a
+//! node with a self-fence level, whether its collector's last signed view reports an armed
+//! watchdog. A level that fails makes the node's fencing *inactive* (seed 002's INACTIVE), shown
+//! in `/1/nodes` and `/1/fences/readiness`, as a gauge, in the log and as an Event when it changes.
 //!
 //! Readiness informs; it does not gate. A flow for an inactive node still tries its devices (an
 //! unreachable BMC may answer again), and a power-off still counts only once `status` says OFF.
@@ -40,7 +41,8 @@ pub struct CheckSettings {
 pub enum FencingState {
     /// Every power-management device answered its status check.
     Active,
-    /// At least one did not: a power-off would fail now.
+    /// At least one configured level would fail now: a device does not answer, or the node
+    /// meant to fence itself reports no armed watchdog.
     Inactive,
 }
 
@@ -90,16 +92,41 @@ pub fn status_ok(code: Option<i32>) -> bool {
     matches!(code, Some(EXIT_OK) | Some(EXIT_OFF))
 }
 
-/// Runs the power-management methods' `status` for one plan.
-pub async fn check_plan(
+/// Where the readiness checks read a node's reported watchdog (the fencer's peer views).
+pub trait WatchdogViews: Send + Sync {
+    /// `None` while no view from the node is held (nothing to judge yet); `Some(None)` when its
+    /// last view reports no armed watchdog.
+    fn reported_watchdog(&self, node: &str) -> Option<Option<crate::report::WatchdogReport>>;
+}
+
+/// The method name under which the self-fence level shows among a check's methods.
+pub const SELF_FENCE_METHOD: &str = "self-fence";
+
+/// The self-fence level's check is a look at the node's last signed view, cheap enough to repeat
+/// every few seconds rather than once per interval: the operator learns at once that a node meant
+/// to fence itself has no armed watchdog (and when it is armed again).
+const SELF_FENCE_EVERY: Duration = Duration::from_secs(2);
+
+/// One level's part of a node's check.
+#[derive(Debug, Clone, PartialEq)]
+struct Part {
+    at: Nanos,
+    methods: Vec<MethodCheck>,
+    /// What failed, one line per method.
+    failures: Vec<String>,
+}
+
+/// Runs the power-management methods' `status` for one plan; `None` without power management.
+async fn check_power(
     runner: &dyn AgentRunner,
     plan: &FencePlan,
     timeout: Duration,
     now: Nanos,
-) -> DeviceCheck {
+) -> Option<Part> {
+    let stage = plan.power_management.as_ref()?;
     let mut methods = Vec::new();
     let mut failures = Vec::new();
-    for m in plan.power_management.iter().flat_map(|s| &s.methods) {
+    for m in &stage.methods {
         let (code, output) = runner.call(m, "status", timeout).await;
         let ok = status_ok(code);
         if !ok {
@@ -118,17 +145,79 @@ pub async fn check_plan(
             ok,
         });
     }
+    Some(Part {
+        at: now,
+        methods,
+        failures,
+    })
+}
+
+/// The self-fence level from the node's last view: `None` without the level or before the
+/// master holds any view from the node (nothing to judge: a node still starting is no alarm).
+fn check_self_fence(
+    plan: &FencePlan,
+    reported: Option<Option<crate::report::WatchdogReport>>,
+    now: Nanos,
+) -> Option<Part> {
+    if !plan.self_fence {
+        return None;
+    }
+    let armed = reported?.is_some();
+    Some(Part {
+        at: now,
+        methods: vec![MethodCheck {
+            method: SELF_FENCE_METHOD.into(),
+            agent: "watchdog".into(),
+            code: None,
+            ok: armed,
+        }],
+        failures: if armed {
+            vec![]
+        } else {
+            vec![format!(
+                "{SELF_FENCE_METHOD}: the node's collector reports no armed watchdog \
+                 ([collector.watchdog] enabled = true there), so it would never be released \
+                 by safe time"
+            )]
+        },
+    })
+}
+
+/// A node's check from its levels' parts; `None` while no level has been judged.
+fn compose(power: Option<&Part>, self_fence: Option<&Part>) -> Option<DeviceCheck> {
+    let parts: Vec<&Part> = power.into_iter().chain(self_fence).collect();
+    let checked_at = parts.iter().map(|p| p.at).max()?;
+    let failures: Vec<&str> = parts
+        .iter()
+        .flat_map(|p| p.failures.iter().map(String::as_str))
+        .collect();
     let (state, detail) = if failures.is_empty() {
         (FencingState::Active, "ok".to_string())
     } else {
         (FencingState::Inactive, failures.join("; "))
     };
-    DeviceCheck {
+    Some(DeviceCheck {
         state,
-        checked_at: now,
+        checked_at,
         detail,
-        methods,
-    }
+        methods: parts.iter().flat_map(|p| p.methods.clone()).collect(),
+    })
+}
+
+/// The methods that failed, to tell a change of cause from a repeat of the same failure.
+fn failing(check: &DeviceCheck) -> Vec<&str> {
+    check
+        .methods
+        .iter()
+        .filter(|m| !m.ok)
+        .map(|m| m.method.as_str())
+        .collect()
+}
+
+#[derive(Debug, Default)]
+struct Parts {
+    power: Option<Part>,
+    self_fence: Option<Part>,
 }
 
 pub struct Readiness<C: Cluster> {
@@ -140,6 +229,10 @@ pub struct Readiness<C: Cluster> {
     leadership: Arc<crate::leader::Leadership>,
     settings: CheckSettings,
     pub clock: Arc<dyn Clock>,
+    /// The fencer's peer views, where each node's watchdog report is; without them a self-fence
+    /// level is never judged.
+    pub views: Option<Arc<dyn WatchdogViews>>,
+    parts: Mutex<BTreeMap<String, Parts>>,
 }
 
 impl<C: Cluster> Readiness<C> {
@@ -160,18 +253,27 @@ impl<C: Cluster> Readiness<C> {
             leadership,
             settings,
             clock: Arc::new(crate::clock::SystemClock),
+            views: None,
+            parts: Mutex::default(),
         }
     }
 
     /// Checks every node at once (bounded), then one node per `interval / nodes`, so each is
-    /// checked once per interval and the devices are never asked all together again. Only the
-    /// leader checks: a standby's checks would double the load on the devices.
+    /// checked once per interval and the devices are never asked all together again; self-fence
+    /// levels every `SELF_FENCE_EVERY`. Only the leader checks: a standby's checks would double
+    /// the load on the devices, and only the leader holds the nodes' views.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         if self.settings.interval.is_zero() || self.plans.is_empty() {
             return;
         }
         tokio::pin!(shutdown);
         let nodes: Vec<String> = self.plans.keys().cloned().collect();
+        let self_fencing: Vec<String> = self
+            .plans
+            .iter()
+            .filter(|(_, p)| p.self_fence)
+            .map(|(n, _)| n.clone())
+            .collect();
         let step = (self.settings.interval / nodes.len() as u32).max(Duration::from_millis(100));
         let first = futures::stream::iter(nodes.clone())
             .map(|n| {
@@ -185,19 +287,32 @@ impl<C: Cluster> Readiness<C> {
             _ = &mut shutdown => return,
             _ = first => {}
         }
-        let mut ticker = Ticker::new(step, None);
+        let tick = if self_fencing.is_empty() {
+            step
+        } else {
+            step.min(SELF_FENCE_EVERY)
+        };
+        let mut ticker = Ticker::new(tick, None);
         // The ticker's first tick is immediate, and the start-up pass has just checked everyone.
         if ticker.next(shutdown.as_mut()).await.is_none() {
             return;
         }
-        for n in nodes.iter().cycle() {
-            if ticker.next(shutdown.as_mut()).await.is_none() {
-                return;
+        let mut next_power = tokio::time::Instant::now() + step;
+        let mut order = nodes.iter().cycle();
+        while ticker.next(shutdown.as_mut()).await.is_some() {
+            for n in &self_fencing {
+                self.check_watchdog(n).await;
             }
-            self.check(n).await;
+            if tokio::time::Instant::now() >= next_power {
+                next_power += step;
+                if let Some(n) = order.next() {
+                    self.check(n).await;
+                }
+            }
         }
     }
 
+    /// Checks every level of one node: its devices' status and its reported watchdog.
     async fn check(&self, node: &str) {
         if !self.leadership.is_leader() {
             return;
@@ -205,39 +320,148 @@ impl<C: Cluster> Readiness<C> {
         let Some(plan) = self.plans.get(node) else {
             return;
         };
-        let check = check_plan(
+        let power = check_power(
             self.runner.as_ref(),
             plan,
             self.settings.timeout,
             self.clock.now(),
         )
         .await;
+        let self_fence = self.self_fence_part(node, plan);
+        self.update(node, |p| {
+            p.power = power;
+            if self_fence.is_some() {
+                p.self_fence = self_fence;
+            }
+        })
+        .await;
+    }
+
+    async fn check_watchdog(&self, node: &str) {
+        if !self.leadership.is_leader() {
+            return;
+        }
+        let Some(plan) = self.plans.get(node) else {
+            return;
+        };
+        // No view (yet, or since this leader took over): the last judgement stands.
+        if let Some(part) = self.self_fence_part(node, plan) {
+            self.update(node, |p| p.self_fence = Some(part)).await;
+        }
+    }
+
+    fn self_fence_part(&self, node: &str, plan: &FencePlan) -> Option<Part> {
+        let reported = self.views.as_ref()?.reported_watchdog(node);
+        check_self_fence(plan, reported, self.clock.now())
+    }
+
+    /// Applies a change to a node's parts, publishes the composed check and reports a change of
+    /// state (or of what fails) once.
+    async fn update(&self, node: &str, change: impl FnOnce(&mut Parts)) {
+        let composed = {
+            let mut parts = self.parts.lock_unpoisoned();
+            let p = parts.entry(node.to_string()).or_default();
+            let before = (p.power.clone(), p.self_fence.clone());
+            change(p);
+            // A repeat look at an unchanged watchdog only moves the time: keep the board quiet.
+            if p.power.is_none() && p.self_fence.is_none() {
+                return;
+            }
+            let same_self_fence = match (&before.1, &p.self_fence) {
+                (Some(a), Some(b)) => a.methods == b.methods,
+                (a, b) => a.is_none() && b.is_none(),
+            };
+            if before.0 == p.power && same_self_fence && self.board.get(node).is_some() {
+                return;
+            }
+            compose(p.power.as_ref(), p.self_fence.as_ref())
+        };
+        let Some(check) = composed else {
+            return;
+        };
         self.metrics
             .fencing_ready(node, check.state == FencingState::Active);
-        let before = self.board.set(node, check.clone()).map(|c| c.state);
-        match (before, check.state) {
-            (Some(b), now) if b == now => {}
+        let before = self.board.set(node, check.clone());
+        let was = before.as_ref().map(|c| (c.state, failing(c)));
+        match (was, check.state) {
+            (Some((b, ref f)), now) if b == now && *f == failing(&check) => {}
             (None, FencingState::Active) => {
-                info!(node = %node, "fencing ready: power management answers its status check");
+                info!(node = %node, "fencing ready: every configured level answers its check");
             }
             (_, FencingState::Inactive) => {
-                warn!(node = %node, detail = %check.detail, "fencing inactive: a power-management device fails its status check");
+                warn!(node = %node, detail = %check.detail, "fencing inactive: a configured fencing level fails its check");
                 let msg = format!("fencing inactive: {}", check.detail);
                 self.cluster
                     .record(node, "FencingInactive", &msg, true)
                     .await;
             }
             (Some(_), FencingState::Active) => {
-                info!(node = %node, "fencing active again: power management answers its status check");
+                info!(node = %node, "fencing active again: every configured level answers its check");
                 self.cluster
                     .record(
                         node,
                         "FencingActive",
-                        "power management answers its status check again",
+                        "every configured fencing level answers its check again",
                         false,
                     )
                     .await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(self_fence: bool) -> FencePlan {
+        FencePlan {
+            isolation: None,
+            power_management: None,
+            recovery: None,
+            self_fence,
+        }
+    }
+
+    fn armed() -> Option<crate::report::WatchdogReport> {
+        Some(crate::collector::watchdog::report(
+            &Default::default(),
+            &Default::default(),
+        ))
+    }
+
+    #[test]
+    fn a_self_fence_level_is_judged_only_from_a_view() {
+        assert_eq!(check_self_fence(&plan(false), Some(None), 1), None);
+        assert_eq!(check_self_fence(&plan(true), None, 1), None, "no view yet");
+        let bare = check_self_fence(&plan(true), Some(None), 1).unwrap();
+        assert!(!bare.methods[0].ok && bare.failures[0].contains("no armed watchdog"));
+        let ok = check_self_fence(&plan(true), Some(armed()), 1).unwrap();
+        assert!(ok.methods[0].ok && ok.failures.is_empty());
+    }
+
+    #[test]
+    fn any_failing_level_makes_the_node_inactive_and_the_detail_names_it() {
+        assert_eq!(compose(None, None), None);
+        let power = Part {
+            at: 5,
+            methods: vec![MethodCheck {
+                method: "ipmi".into(),
+                agent: "fence_ipmilan".into(),
+                code: Some(0),
+                ok: true,
+            }],
+            failures: vec![],
+        };
+        let bare = check_self_fence(&plan(true), Some(None), 9).unwrap();
+        let c = compose(Some(&power), Some(&bare)).unwrap();
+        assert_eq!(c.state, FencingState::Inactive);
+        assert_eq!(c.checked_at, 9);
+        assert!(c.detail.starts_with("self-fence:"), "{}", c.detail);
+        assert_eq!(failing(&c), ["self-fence"]);
+        let ok = check_self_fence(&plan(true), Some(armed()), 7).unwrap();
+        let c = compose(Some(&power), Some(&ok)).unwrap();
+        assert_eq!((c.state, c.detail.as_str()), (FencingState::Active, "ok"));
+        assert_eq!(c.methods.len(), 2);
     }
 }

@@ -246,30 +246,15 @@ impl Sim {
                     (n.clone(), plan)
                 })
                 .collect();
-            let mut checks = Readiness::new(
-                CheckSettings {
-                    interval: f.check_interval,
-                    timeout: f.check_timeout,
-                    concurrency: f.check_concurrency,
-                },
-                plans.clone(),
-                agents.clone(),
-                cluster.clone(),
-                metrics.clone(),
-                leadership.clone(),
-            );
-            checks.clock = clock.clone();
-            readiness = Some(checks.board.clone());
-            tasks.push(tokio::spawn(Arc::new(checks).run(stopped(stop_rx.clone()))));
             let mut fencer = Fencer::new(
                 f,
-                plans,
+                plans.clone(),
                 store.clone(),
                 cluster.clone(),
                 agents.clone(),
                 link,
-                metrics,
-                leadership,
+                metrics.clone(),
+                leadership.clone(),
                 members,
                 PeeringSettings {
                     watchers: f.watchers,
@@ -281,6 +266,22 @@ impl Sim {
             fencer.wake = fence_wake;
             fencer.clock = clock.clone();
             peering = Some(fencer.peering.clone());
+            let mut checks = Readiness::new(
+                CheckSettings {
+                    interval: f.check_interval,
+                    timeout: f.check_timeout,
+                    concurrency: f.check_concurrency,
+                },
+                plans,
+                agents.clone(),
+                cluster.clone(),
+                metrics,
+                leadership,
+            );
+            checks.clock = clock.clone();
+            checks.views = Some(fencer.peering.clone());
+            readiness = Some(checks.board.clone());
+            tasks.push(tokio::spawn(Arc::new(checks).run(stopped(stop_rx.clone()))));
             tasks.push(tokio::spawn(Arc::new(fencer).run(stopped(stop_rx))));
         }
         Sim {

@@ -182,3 +182,64 @@ async fn a_self_fencing_node_that_answers_before_its_safe_time_is_unmarked_and_n
     );
     sim.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_self_fencing_node_without_an_armed_watchdog_shows_fencing_inactive_until_it_arms_one() {
+    use crate::fencing::readiness::{FencingState, SELF_FENCE_METHOD};
+    let mut o = options(&["node2", "node3"], &["node3"]);
+    if let Some(f) = o.fencing.as_mut() {
+        f.check_interval = Duration::from_secs(600);
+    }
+    let sim = Sim::start(o);
+    // node2 (BMC and watchdog) is armed; node3 (watchdog only) is not.
+    sim.collectors.arm_watchdog("node2");
+    let board = sim.readiness.clone().expect("fencing is on");
+    let all = sim
+        .until("every node judged", MIN, |_| {
+            let all = board.all();
+            (all.len() == 5).then_some(all)
+        })
+        .await;
+    assert!(
+        sim.elapsed_s() < 10.0,
+        "judged within seconds of its first view"
+    );
+    let node3 = &all["node3"];
+    assert_eq!(node3.state, FencingState::Inactive);
+    assert!(node3.detail.contains("no armed watchdog"), "{node3:?}");
+    assert_eq!(node3.methods.len(), 1);
+    assert_eq!(node3.methods[0].method, SELF_FENCE_METHOD);
+    let node2 = &all["node2"];
+    assert_eq!(node2.state, FencingState::Active, "{node2:?}");
+    assert!(
+        node2
+            .methods
+            .iter()
+            .any(|m| m.method == SELF_FENCE_METHOD && m.ok)
+            && node2.methods.iter().any(|m| m.agent == "fence_sim" && m.ok),
+        "both levels checked: {node2:?}"
+    );
+    for n in ["node1", "node4", "node5"] {
+        assert_eq!(all[n].state, FencingState::Active, "{n}");
+        assert!(all[n].methods.iter().all(|m| m.method != SELF_FENCE_METHOD));
+    }
+    assert_eq!(sim.cluster.events(), ["node3 FencingInactive"]);
+    // The operator enables the watchdog on node3: active again within seconds, said once.
+    sim.collectors.arm_watchdog("node3");
+    let back = sim
+        .until("node3 active", MIN, |_| {
+            board
+                .get("node3")
+                .filter(|c| c.state == FencingState::Active)
+        })
+        .await;
+    assert_eq!(back.detail, "ok");
+    sim.run_for(20 * MIN).await;
+    assert_eq!(
+        sim.cluster.events(),
+        ["node3 FencingInactive", "node3 FencingActive"],
+        "repeated looks at an unchanged watchdog say nothing"
+    );
+    assert!(sim.flows().is_empty());
+    sim.stop().await;
+}
