@@ -124,6 +124,49 @@ async fn a_hung_self_fencing_node_is_reset_by_its_watchdog_before_its_workloads_
     );
 }
 
+/// A daemon restart (or a failover) in the middle of the safe-time wait: the new daemon holds no
+/// view of the silent node, so the signed report's proof is the wait recorded in the flow.
+#[tokio::test]
+async fn a_daemon_restarted_during_the_safe_time_resumes_the_wait_and_releases_after_the_reset() {
+    let mut s = setup().await;
+    signal(*s.pgid.get().unwrap(), "-STOP");
+    let waiting =
+        s.c.wait_flow("the recorded wait", |f| {
+            f["node"] == "node2" && !f["safe-until"].is_null()
+        })
+        .await;
+    assert_eq!(waiting["released"], false);
+    s.c.kill_daemon();
+    s.c.start_daemon();
+    s.c.wait_api().await;
+    let fate = tokio::task::spawn_blocking({
+        let fate = s.fate;
+        move || fate.recv_timeout(Duration::from_secs(30))
+    })
+    .await
+    .unwrap()
+    .expect("the stand-in watchdog fires");
+    let Fate::Reset(reset_at) = fate else {
+        panic!("{fate:?}")
+    };
+    let f =
+        s.c.wait_flow("the release after the restart", |f| {
+            f["id"] == waiting["id"] && f["released"] == true
+        })
+        .await;
+    assert_released_after_reset(&f, reset_at);
+    assert!(
+        f["safe-until"].as_i64() >= waiting["safe-until"].as_i64(),
+        "never earlier than recorded: {f:#}"
+    );
+    let (_, flows) = s.c.get("/1/fences").await;
+    assert_eq!(
+        flows.as_array().unwrap().len(),
+        1,
+        "resumed, not restarted: {flows:#}"
+    );
+}
+
 #[tokio::test]
 async fn a_bmc_whose_power_off_fails_falls_back_to_the_watchdog() {
     if !common::sims::available() {

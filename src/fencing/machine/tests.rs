@@ -636,6 +636,50 @@ mod self_fencing {
         );
     }
 
+    #[test]
+    fn a_new_leader_resumes_the_wait_from_the_flow_and_never_releases_earlier() {
+        let t = times(10);
+        let mut s = state(Some(t), Some(T0 + S));
+        let f = marked(&mut s, T0 + 6 * S);
+        let f = saved(&tick(&mut s, &f, T0 + 7 * S));
+        let until = f.safe_until.expect("the wait is recorded");
+        // A restart or a failover: the new leader holds no view of the silent node, and heard
+        // less of its watchers (no last-heard at all).
+        s.self_fence.clear();
+        assert!(tick(&mut s, &f, T0 + 8 * S).is_empty(), "nothing changes");
+        assert!(tick(&mut s, &f, until - 1).is_empty(), "not earlier");
+        let done = saved(&tick(&mut s, &f, until));
+        assert!(done.fenced && done.status != FenceStatus::Error);
+        // A watcher that heard it later extends the wait, and the new leader notes why.
+        s.self_fence.insert(
+            "n2".into(),
+            SelfFenceFacts {
+                times: None,
+                last_heard: Some(T0 + 3 * S),
+            },
+        );
+        let later = saved(&tick(&mut s, &f, T0 + 8 * S));
+        assert_eq!(later.safe_until, Some(until + 2 * S));
+        assert!(
+            later
+                .history
+                .last()
+                .unwrap()
+                .note
+                .contains("recorded in the flow"),
+            "{:?}",
+            later.history.last()
+        );
+        // Without a recorded wait and without a report, still nothing is ever released.
+        let mut bare = f.clone();
+        bare.safe_time_ms = None;
+        bare.safe_until = None;
+        s.self_fence.clear();
+        let refused = saved(&tick(&mut s, &bare, until + 60 * S));
+        assert_eq!(refused.status, FenceStatus::Error);
+        assert!(!refused.fenced);
+    }
+
     proptest! {
         /// Whatever the times, the last moment heard and the ticks, a self-fencing node is
         /// counted reset only with a reported watchdog and never before its safe time.

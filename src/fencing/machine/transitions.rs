@@ -338,19 +338,29 @@ fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
         return;
     }
     let facts = s.self_fence.get(&f.node).copied().unwrap_or_default();
-    let Some(times) = facts.times else {
-        n.go(
-            now,
-            Step::SelfFence,
-            FenceStatus::Error,
-            "no signed report of an armed watchdog from this node: it is never counted as reset, and nothing is released",
-        );
-        out.push(FenceAction::Save(n));
-        return;
+    // The proof outlives the leader: once a leader that held the node's signed report has put
+    // the safe time in the flow, a restart or a failover mid-wait (a new leader holds no view
+    // of a node that is already silent) resumes the wait instead of failing it.
+    let safe = match (facts.times, f.safe_time_ms) {
+        (Some(times), _) => {
+            crate::fencing::selffence::safe_time(&times, s.policy.self_fence_margin)
+        }
+        (None, Some(ms)) => (ms as Nanos).saturating_mul(1_000_000),
+        (None, None) => {
+            n.go(
+                now,
+                Step::SelfFence,
+                FenceStatus::Error,
+                "no signed report of an armed watchdog from this node: it is never counted as reset, and nothing is released",
+            );
+            out.push(FenceAction::Save(n));
+            return;
+        }
     };
-    let safe = crate::fencing::selffence::safe_time(&times, s.policy.self_fence_margin);
     let from = facts.last_heard.unwrap_or(f.detected).max(f.detected);
-    let until = from.saturating_add(safe);
+    // Never shorter than a wait already recorded: a leader that heard less of the node's
+    // watchers must not release earlier than one that heard more.
+    let until = from.saturating_add(safe).max(f.safe_until.unwrap_or(0));
     if now >= until {
         n.fenced = true;
         n.fenced_at = Some(now);
@@ -369,12 +379,10 @@ fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
         n.safe_time_ms = Some((safe / 1_000_000) as u64);
         n.safe_until = Some(until);
         n.updated = now;
-        n.history.push(super::Transition {
-            at: now,
-            step: Step::SelfFence,
-            status: FenceStatus::Done,
-            note: format!(
-                "safe time {:.1} s = lost-after {:.1} + heartbeat {:.1} + isolation {:.1} + feed {:.1} + watchdog {:.1} + margin {:.1}, from last heard; release not before {:.1} s from now",
+        let left = until.saturating_sub(now) as f64 / 1e9;
+        let note = match facts.times {
+            Some(times) => format!(
+                "safe time {:.1} s = lost-after {:.1} + heartbeat {:.1} + isolation {:.1} + feed {:.1} + watchdog {:.1} + margin {:.1}, from last heard; release not before {left:.1} s from now",
                 safe as f64 / 1e9,
                 times.lost_after as f64 / 1e9,
                 times.heartbeat as f64 / 1e9,
@@ -382,8 +390,17 @@ fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                 times.feed_every as f64 / 1e9,
                 times.watchdog_timeout as f64 / 1e9,
                 s.policy.self_fence_margin as f64 / 1e9,
-                until.saturating_sub(now) as f64 / 1e9
             ),
+            None => format!(
+                "safe time {:.1} s as recorded in the flow (the node's signed report was held by an earlier leader), from last heard; release not before {left:.1} s from now",
+                safe as f64 / 1e9
+            ),
+        };
+        n.history.push(super::Transition {
+            at: now,
+            step: Step::SelfFence,
+            status: FenceStatus::Done,
+            note,
         });
         out.push(FenceAction::Save(n));
     }
