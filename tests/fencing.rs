@@ -297,14 +297,18 @@ async fn a_hung_redfish_server_is_killed_at_the_deadline_and_releases_nothing() 
             .contains("process group was killed"),
         "{call}"
     );
-    // No fence_redfish is left behind.
-    let ps = std::process::Command::new("pgrep")
-        .args(["-f", "fence_redfish"])
+    // No fence_redfish is left behind: nothing still holds a connection to this test's hung
+    // server (scoped to its port: other tests, or another suite, may run agents of their own).
+    let ss = std::process::Command::new("ss")
+        .args(["-Htnp", "state", "established"])
+        .arg(format!("( dport = :{} )", r.port))
         .output()
-        .unwrap();
+        .expect("ss (iproute2)");
+    assert!(ss.status.success());
+    let left = String::from_utf8_lossy(&ss.stdout);
     assert!(
-        ps.stdout.is_empty(),
-        "a fence_redfish survived its deadline"
+        left.trim().is_empty(),
+        "a fence_redfish survived its deadline: {left}"
     );
 }
 
