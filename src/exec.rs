@@ -315,9 +315,20 @@ pub mod testing {
     use std::path::Path;
 
     /// Writes an executable script with mode 0755 into a whitelist directory.
+    /// Copied into place by `cp`, never written by this process: a test thread that forks while
+    /// this process holds the script open for writing hands that descriptor to its child until
+    /// the child's exec, and executing the script meanwhile fails with ETXTBSY ("Text file
+    /// busy"), as a loaded CI machine showed.
     pub fn script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
         let p = dir.join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        let src = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(src.path(), format!("#!/bin/sh\n{body}\n")).unwrap();
+        let cp = std::process::Command::new("cp")
+            .arg(src.path())
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(cp.success(), "cp {} failed", p.display());
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         p
     }

@@ -174,9 +174,15 @@ fn the_consolidated_diagnose_merges_and_the_most_invasive_wins() {
 
     // A broken collector is listed, and never raises the status on its own.
     let cdir = tempfile::tempdir().unwrap();
-    for f in ["net-check", "_common.py"] {
-        std::fs::copy(repo("collectors").join(f), cdir.path().join(f)).unwrap();
-    }
+    // `cp`, not `fs::copy`: see `write_exec` (ETXTBSY).
+    let cp = std::process::Command::new("cp")
+        .args(["-p", "--"])
+        .arg(repo("collectors").join("net-check"))
+        .arg(repo("collectors").join("_common.py"))
+        .arg(cdir.path())
+        .status()
+        .unwrap();
+    assert!(cp.success());
     common::write_exec(&cdir.path().join("broken-check"), "echo nonsense");
     let v = diagnose(
         r.path(),

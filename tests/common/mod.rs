@@ -56,9 +56,19 @@ pub fn free_port() -> u16 {
     panic!("no free port in {LOW}..{}", LOW + SPAN);
 }
 
+/// Copied by `cp` rather than written here: a descriptor this process holds open for writing is
+/// inherited by any child another test thread forks meanwhile, and executing the script while
+/// that child lives fails with ETXTBSY ("Text file busy").
 pub fn write_exec(path: &Path, body: &str) {
     let tmp = path.with_extension("new");
-    std::fs::write(&tmp, format!("#!/bin/sh\n{body}\n")).unwrap();
+    let src = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(src.path(), format!("#!/bin/sh\n{body}\n")).unwrap();
+    let cp = Command::new("cp")
+        .arg(src.path())
+        .arg(&tmp)
+        .status()
+        .unwrap();
+    assert!(cp.success(), "cp {} failed", tmp.display());
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Renamed into place so a running collector never executes a half-written script.
     std::fs::rename(&tmp, path).unwrap();
