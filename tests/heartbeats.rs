@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use maintd::report::heartbeat::{Heartbeat, PeerView, SignedView};
+use maintd::report::heartbeat::{Heartbeat, PeerView};
 use maintd::report::{Key, now_ns};
 use serde_json::{Value, json};
 
@@ -41,17 +41,13 @@ async fn push_peers(c: &Cluster, i: usize, epoch: u64) -> (u16, Value) {
 }
 
 async fn view(c: &Cluster, i: usize) -> PeerView {
-    let s: SignedView = c
-        .client
-        .get(format!("http://127.0.0.1:{}/1/peers", c.ports[i]))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    s.verify(&key(c), &c.nodes[i])
-        .expect("a view signed by the node")
+    fetch_view(
+        &c.client,
+        &format!("127.0.0.1:{}", c.ports[i]),
+        &key(c),
+        &c.nodes[i],
+    )
+    .await
 }
 
 fn alive(v: &PeerView, peer: &str) -> bool {

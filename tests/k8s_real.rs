@@ -161,7 +161,7 @@ async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &Contro
 /// tainted `maintd.io/offline` first, its watchdog (the stand-in) resets it, and only after that
 /// and its safe time is it released (out-of-service). Back healthy, the mark and the release go.
 async fn a_self_fencing_node_is_cordoned_reset_and_only_then_released(cp: &ControlPlane) {
-    use common::watchdog::{Fate, start_watched};
+    use common::watchdog::{Fate, next_fate, start_watched};
     let (mut c, nodes) = managed_cluster(cp, "s").await;
     let victim = nodes[0].clone();
     c.extra_collector_toml =
@@ -191,10 +191,7 @@ async fn a_self_fencing_node_is_cordoned_reset_and_only_then_released(cp: &Contr
         .unwrap();
     assert!(st.success());
     cp.heartbeats.alive(&victim, false);
-    let fate = w.fate;
-    let reset = tokio::task::spawn_blocking(move || fate.recv_timeout(Duration::from_secs(60)))
-        .await
-        .unwrap();
+    let reset = next_fate(w.fate, Duration::from_secs(60)).await;
     let Ok(Fate::Reset(reset_at)) = reset else {
         panic!("the watchdog did not fire: {reset:?}")
     };

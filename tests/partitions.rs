@@ -239,7 +239,7 @@ async fn a_hung_collector_on_a_self_fencing_node_is_reset_before_its_release() {
 #[tokio::test]
 async fn forged_and_replayed_heartbeats_keep_no_dead_node_alive() {
     use maintd::report::Key;
-    use maintd::report::heartbeat::{Heartbeat, SignedView};
+    use maintd::report::heartbeat::Heartbeat;
     let Some(p) = setup().await else { return };
     let key = Key::load(&p.c.path("cluster.key")).unwrap();
     let wrong = Key::from_bytes(vec![7; 32]);
@@ -274,16 +274,13 @@ async fn forged_and_replayed_heartbeats_keep_no_dead_node_alive() {
     });
     self_fenced_before_release(&p, cut_at).await;
     attack.abort();
-    let view: SignedView =
-        p.c.client
-            .get(format!("http://{}:1815/1/peers", p.c.node_hosts[0]))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-    let view = view.verify(&key, "node1").unwrap();
+    let view = fetch_view(
+        &p.c.client,
+        &format!("{}:1815", p.c.node_hosts[0]),
+        &key,
+        "node1",
+    )
+    .await;
     for reason in ["signature", "replay", "stale"] {
         assert!(
             view.rejected.get(reason).copied().unwrap_or(0) > 0,

@@ -9,7 +9,7 @@ mod common;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::watchdog::{Fate, Watched, assert_released_after_reset, start_watched};
+use common::watchdog::{Fate, Watched, assert_released_after_reset, next_fate, start_watched};
 use common::*;
 
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -68,13 +68,9 @@ async fn a_hung_self_fencing_node_is_reset_by_its_watchdog_before_its_workloads_
     let c = &s.c;
     let hung = maintd::report::now_ns();
     signal(*s.pgid.get().unwrap(), "-STOP");
-    let fate = tokio::task::spawn_blocking({
-        let fate = s.fate;
-        move || fate.recv_timeout(Duration::from_secs(30))
-    })
-    .await
-    .unwrap()
-    .expect("the stand-in watchdog fires");
+    let fate = next_fate(s.fate, Duration::from_secs(30))
+        .await
+        .expect("the stand-in watchdog fires");
     let Fate::Reset(reset_at) = fate else {
         panic!("{fate:?}")
     };
@@ -139,13 +135,9 @@ async fn a_daemon_restarted_during_the_safe_time_resumes_the_wait_and_releases_a
     s.c.kill_daemon();
     s.c.start_daemon();
     s.c.wait_api().await;
-    let fate = tokio::task::spawn_blocking({
-        let fate = s.fate;
-        move || fate.recv_timeout(Duration::from_secs(30))
-    })
-    .await
-    .unwrap()
-    .expect("the stand-in watchdog fires");
+    let fate = next_fate(s.fate, Duration::from_secs(30))
+        .await
+        .expect("the stand-in watchdog fires");
     let Fate::Reset(reset_at) = fate else {
         panic!("{fate:?}")
     };
@@ -188,9 +180,7 @@ async fn a_bmc_whose_power_off_fails_falls_back_to_the_watchdog() {
             f["node"] == "node2" && f["released"] == true
         })
         .await;
-    let reset = tokio::task::spawn_blocking(move || s.fate.recv_timeout(Duration::from_secs(5)))
-        .await
-        .unwrap();
+    let reset = next_fate(s.fate, Duration::from_secs(5)).await;
     let Ok(Fate::Reset(reset_at)) = reset else {
         panic!("{reset:?}")
     };
@@ -221,13 +211,9 @@ async fn a_cleanly_stopped_collector_disarms_its_watchdog_and_is_never_released(
     let mut s = setup().await;
     let pid = s.c.collectors[1].as_ref().unwrap().child.id();
     signal(pid, "-TERM");
-    let fate = tokio::task::spawn_blocking({
-        let fate = s.fate;
-        move || fate.recv_timeout(Duration::from_secs(30))
-    })
-    .await
-    .unwrap()
-    .expect("the stand-in sees the close");
+    let fate = next_fate(s.fate, Duration::from_secs(30))
+        .await
+        .expect("the stand-in sees the close");
     assert_eq!(fate, Fate::Disarmed);
     // Its last word was "disarmed": the master never counts on a reset that will not come.
     let f =

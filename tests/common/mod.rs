@@ -582,6 +582,24 @@ env = {{ NODE = "{node}" }}
     }
 }
 
+/// A node's peer view (`GET /1/peers` at `addr`, host:port), verified as signed by `node`.
+pub async fn fetch_view(
+    client: &reqwest::Client,
+    addr: &str,
+    key: &maintd::report::Key,
+    node: &str,
+) -> maintd::report::heartbeat::PeerView {
+    let s: maintd::report::heartbeat::SignedView = client
+        .get(format!("http://{addr}/1/peers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    s.verify(key, node).expect("a view signed by the node")
+}
+
 /// Polls `f` until it yields a value, failing after `WAIT`.
 pub async fn wait_for<T, F, Fut>(what: &str, mut f: F) -> T
 where

@@ -130,6 +130,16 @@ pub fn start_watched(
     Watched { fate, pgid }
 }
 
+/// What the stand-in sees next, waiting at most `within` off the async runtime.
+pub async fn next_fate(
+    fate: mpsc::Receiver<Fate>,
+    within: Duration,
+) -> Result<Fate, mpsc::RecvTimeoutError> {
+    tokio::task::spawn_blocking(move || fate.recv_timeout(within))
+        .await
+        .unwrap()
+}
+
 /// Never two live copies: the flow `f` released the node's workloads only after the stand-in
 /// reset it at `reset_at`.
 pub fn assert_released_after_reset(f: &serde_json::Value, reset_at: i64) {
