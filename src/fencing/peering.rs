@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
 use crate::fencing::opinion::{KubeletSays, PeerOpinion, Says, Testimony};
+use crate::fencing::readiness::WatchdogViews;
 use crate::fencing::watchers::{assignment, watched};
 use crate::node::NodeConfig;
 use crate::report::Key;
@@ -306,9 +307,9 @@ impl Peering {
     /// A node's last reported watchdog (from its own last view: `None` if it never had one or
     /// its last word was "disarmed") and the latest moment any of its watchers heard it.
     pub fn self_fence(&self, node: &str) -> (Option<crate::report::WatchdogReport>, Option<Nanos>) {
+        let report = self.reported_watchdog(node).flatten();
         let watchers = self.watchers_of(node);
         let held = self.held.lock_unpoisoned();
-        let report = held.get(node).and_then(|h| h.view.watchdog);
         let heard = watchers
             .iter()
             .filter_map(|w| held.get(w))
@@ -335,16 +336,12 @@ impl Peering {
             }
         }
         w.partitioned = self.partitioned.lock_unpoisoned().contains(node);
-        w.watchdog = self
-            .held
-            .lock_unpoisoned()
-            .get(node)
-            .and_then(|h| h.view.watchdog);
+        w.watchdog = self.reported_watchdog(node).flatten();
         w
     }
 }
 
-impl crate::fencing::readiness::WatchdogViews for Peering {
+impl WatchdogViews for Peering {
     fn reported_watchdog(&self, node: &str) -> Option<Option<crate::report::WatchdogReport>> {
         self.held
             .lock_unpoisoned()
