@@ -13,6 +13,17 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Nanos;
 }
 
+/// This process's monotonic clock in nanoseconds (from its first reading): what a node measures
+/// its round trips with, immune to the wall clock being set.
+pub fn mono_ns() -> Nanos {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    // A monotonic reading that starts at 1 s, so no real send time is ever 0 ("none").
+    i64::try_from(start.elapsed().as_nanos())
+        .unwrap_or(i64::MAX)
+        .saturating_add(1_000_000_000)
+}
+
 /// The wall clock.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;

@@ -166,6 +166,14 @@ pub struct HeartbeatConfig {
     /// How far a heartbeat's timestamp may be from this node's clock.
     #[serde(with = "humantime_serde")]
     pub window: Duration,
+    /// Contact through the master's liveness probe counts for this long after the node sent
+    /// the beat it rests on: the master's echo of the node's view (which comes with the next
+    /// probe), or a beat of the node that a watcher the master reaches heard and the master saw
+    /// in that watcher's view. A relay takes two probe cycles and a heartbeat or two, so this
+    /// must be at least 2 x the probe cycle (fencing.liveness-interval or
+    /// liveness-timeout-max, whichever is longer) + 2 x interval.
+    #[serde(with = "humantime_serde")]
+    pub master_lost_after: Duration,
 }
 
 impl Default for HeartbeatConfig {
@@ -174,6 +182,7 @@ impl Default for HeartbeatConfig {
             interval: Duration::from_millis(500),
             lost_after: Duration::from_secs(2),
             window: Duration::from_secs(10),
+            master_lost_after: Duration::from_secs(4),
         }
     }
 }
@@ -337,6 +346,19 @@ impl Config {
                     .into(),
             );
         }
+        // A relay takes a heartbeat to the watcher, a probe for the master to see it in the
+        // watcher's view, the next probe to acknowledge that view, and a heartbeat back.
+        let cycle = self
+            .fencing
+            .liveness_interval
+            .max(self.fencing.liveness_timeout_max);
+        let relay_needs = cycle * 2 + hb.interval * 2;
+        if hb.master_lost_after < hb.lost_after || hb.master_lost_after < relay_needs {
+            return bad(format!(
+                "collector.heartbeat.master-lost-after ({:?}) must be at least lost-after ({:?}) and 2 x the probe cycle (fencing.liveness-interval or liveness-timeout-max) + 2 x interval ({:?}): contact through the master's probe takes that long to come back",
+                hb.master_lost_after, hb.lost_after, relay_needs
+            ));
+        }
         let wd = &self.collector.watchdog;
         if wd.enabled
             && (wd.timeout < Duration::from_secs(1)
@@ -427,6 +449,95 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `toml` block after the README heading `heading`.
+    fn readme_block(heading: &str) -> &'static str {
+        let readme = include_str!("../README.md");
+        let at = readme.find(heading).expect("the heading is in the README");
+        let rest = &readme[at..];
+        let start = rest.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let len = rest[start..].find("```").expect("the block ends");
+        &rest[start..start + len]
+    }
+
+    /// The README's configuration reference is what the parser reads, and every value it shows
+    /// is the embedded default (unknown keys are errors, so a stale or misspelt key fails too).
+    #[test]
+    fn the_readmes_configuration_reference_is_the_parsers_defaults() {
+        let text = readme_block("\n## Configuration\n");
+        let c = Config::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let d = Config::default();
+        assert_eq!(c.cluster, d.cluster);
+        assert_eq!(c.daemon, d.daemon);
+        assert_eq!(c.collector, d.collector);
+        assert_eq!(c.actions, d.actions);
+        assert_eq!(c.inventory, d.inventory);
+        assert_eq!(c.nodes.len(), 1, "the example inventory");
+    }
+
+    /// The fields the parser knows in `section`, as serde names them when it refuses an unknown
+    /// one ("unknown field `x`, expected one of `a`, `b`").
+    fn known_fields(section: &str) -> Vec<String> {
+        let text = format!("[{section}]\nnot-a-key = 1\n");
+        let err = toml::from_str::<Config>(&text).expect_err("unknown keys are errors");
+        let msg = err.to_string();
+        let list = msg
+            .split("expected one of ")
+            .nth(1)
+            .or_else(|| msg.split("expected ").nth(1))
+            .unwrap_or_else(|| panic!("{section}: {msg}"));
+        list.split(',')
+            .filter_map(|f| f.split('`').nth(1))
+            .map(String::from)
+            .collect()
+    }
+
+    /// And the reference lists every key the parser knows, section by section.
+    #[test]
+    fn the_readmes_configuration_reference_lists_every_key() {
+        let reference = readme_block("\n## Configuration\n");
+        let fencing = readme_block("\n### Configuration\n```toml\n[fencing]");
+        for (section, text) in [
+            ("cluster", reference),
+            ("daemon", reference),
+            ("daemon.limits", reference),
+            ("actions", reference),
+            ("inventory.hooks", reference),
+            ("collector", reference),
+            ("collector.limits", reference),
+            ("collector.heartbeat", reference),
+            ("collector.watchdog", reference),
+            ("fencing", fencing),
+        ] {
+            let fields = known_fields(section);
+            assert!(!fields.is_empty(), "{section}");
+            for f in fields {
+                let listed = text
+                    .lines()
+                    .map(|l| l.trim_start_matches("# ").trim_start())
+                    .any(|l| {
+                        l.starts_with(&format!("{f} ="))
+                            || l.starts_with(&format!("[{f}"))
+                            || l.starts_with(&format!("[{section}.{f}"))
+                            || l.starts_with(&format!("[[{f}"))
+                    });
+                assert!(listed, "[{section}] {f} is not in the README's reference");
+            }
+        }
+    }
+
+    /// The same for the fencing reference: every scalar it shows is the default, and its
+    /// templates and nodes parse.
+    #[test]
+    fn the_readmes_fencing_reference_is_the_parsers_defaults() {
+        let text = readme_block("\n### Configuration\n```toml\n[fencing]");
+        let c: Config = toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let mut f = c.fencing.clone();
+        assert!(!f.templates.is_empty() && !f.nodes.is_empty());
+        f.templates.clear();
+        f.nodes.clear();
+        assert_eq!(f, crate::fencing::config::FencingConfig::default());
+    }
 
     #[test]
     fn embedded_defaults_are_valid() {

@@ -54,6 +54,14 @@ pub struct Metrics {
     pub events_created: Counter,
     pub fences_started: Counter,
     pub fencing_storm: Gauge,
+    /// Seconds during which a storm held every fence start (f64 counter).
+    pub fencing_storm_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// Liveness probes that got no answer in time.
+    pub probe_failures: Counter,
+    /// Collectors that came to count as silent (`liveness-misses` probes in a row unanswered).
+    pub probe_silences: Counter,
+    /// The liveness probe's current patience per node.
+    pub probe_timeout_seconds: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Time from detection to release, per stage (detection, isolation, power-off, release, total).
     pub fence_stage_seconds: Family<StepLabel, Histogram>,
     /// Actions a standby decided and did not carry out (repair and fence decisions).
@@ -91,6 +99,10 @@ impl Metrics {
             events_created: Counter::default(),
             fences_started: Counter::default(),
             fencing_storm: Gauge::default(),
+            fencing_storm_seconds: Counter::default(),
+            probe_timeout_seconds: Family::default(),
+            probe_failures: Counter::default(),
+            probe_silences: Counter::default(),
             standby_dropped: Counter::default(),
             leader: Gauge::default(),
             last_decision: Gauge::default(),
@@ -152,6 +164,26 @@ impl Metrics {
             "maintd_fencing_storm",
             "1 while more nodes than the storm threshold are unreachable",
             m.fencing_storm.clone(),
+        );
+        reg.register(
+            "maintd_fencing_storm_seconds",
+            "Time during which a storm held every fence start",
+            m.fencing_storm_seconds.clone(),
+        );
+        reg.register(
+            "maintd_probe_failures",
+            "Liveness probes that got no answer within their patience",
+            m.probe_failures.clone(),
+        );
+        reg.register(
+            "maintd_probe_silences",
+            "Collectors that came to count as silent (liveness-misses probes in a row unanswered)",
+            m.probe_silences.clone(),
+        );
+        reg.register(
+            "maintd_probe_timeout_seconds",
+            "How long the liveness probe waits for each collector (adapted to its round trips)",
+            m.probe_timeout_seconds.clone(),
         );
         reg.register(
             "maintd_fence_stage_seconds",

@@ -87,16 +87,16 @@ async fn peers_hear_each_other_lose_a_silent_one_and_refuse_forged_and_replayed_
     let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let to = format!("127.0.0.1:{}", c.ports[0]);
     let now = now_ns();
-    let forged = Heartbeat::new("node3", "node1", u64::MAX - 1, now, false)
+    let forged = Heartbeat::new("node3", "node1", u64::MAX - 1, now, 0)
         .sign(&Key::from_bytes(vec![1; 32]))
         .to_bytes();
-    let old = Heartbeat::new("node2", "node1", 1, now, false)
+    let old = Heartbeat::new("node2", "node1", 1, now, 0)
         .sign(&key(&c))
         .to_bytes();
-    let misrouted = Heartbeat::new("node2", "node3", u64::MAX - 1, now, false)
+    let misrouted = Heartbeat::new("node2", "node3", u64::MAX - 1, now, 0)
         .sign(&key(&c))
         .to_bytes();
-    let stranger = Heartbeat::new("node9", "node1", 1, now, false)
+    let stranger = Heartbeat::new("node9", "node1", 1, now, 0)
         .sign(&key(&c))
         .to_bytes();
     for d in [&forged, &old, &misrouted, &stranger] {

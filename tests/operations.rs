@@ -275,7 +275,7 @@ async fn metrics_pass_promtool_after_a_repair_and_a_fence_and_the_alert_rules_te
 
 #[test]
 fn a_connection_error_names_each_cause_once() {
-    let out = Command::new(BIN)
+    let out = Command::new(&*BIN)
         .args(["status", "--url", "http://127.0.0.1:1"])
         .output()
         .unwrap();

@@ -38,8 +38,8 @@ impl Drop for Part {
     }
 }
 
-/// Heartbeats every 200 ms lost after 1 s; watchdog 3 s fed every 0.5 s, isolation 2 s; grace
-/// 1 s, probe every 200 ms, margin 1 s: a safe time of 7.7 s.
+/// Heartbeats every 200 ms lost after 1 s (master-lost-after 4 s); watchdog 3 s fed every 0.5 s,
+/// isolation 2 s; grace 1 s, probe every 200 ms, margin 1 s.
 async fn setup() -> Option<Part> {
     if !netns::available() {
         return None;
@@ -50,8 +50,10 @@ async fn setup() -> Option<Part> {
     c.node_hosts = net.hosts[1..].iter().map(|h| h.ip.clone()).collect();
     c.ports = vec![1815; 3];
     c.api_port = 1816;
+    // A 5 s acceptance window, so a heartbeat can arrive 4.6 s late and still be taken.
     c.extra_collector_toml =
-        "[collector.heartbeat]\ninterval = \"200ms\"\nlost-after = \"1s\"\n".into();
+        "[collector.heartbeat]\ninterval = \"200ms\"\nlost-after = \"1s\"\nwindow = \"5s\"\n"
+            .into();
     let mut fencing = "[fencing]\ngrace = \"1s\"\nliveness-interval = \"200ms\"\nliveness-timeout = \"1s\"\nstorm-percent = 50\nself-fence-margin = \"1s\"\ncheck-interval = \"0s\"\n".to_string();
     for n in &c.nodes {
         fencing.push_str(&format!("[fencing.nodes.{n}]\nself-fence = true\n"));
@@ -143,6 +145,12 @@ async fn self_fenced_before_release(p: &Part, cut_at: i64) {
             f["node"] == "node2" && f["released"] == true
         })
         .await;
+    let released_at = f["released-at"].as_i64().unwrap_or_default();
+    eprintln!(
+        "node2: cut at 0, reset at {:.2} s, released at {:.2} s",
+        (reset_at - cut_at) as f64 / 1e9,
+        (released_at - cut_at) as f64 / 1e9
+    );
     assert_released_after_reset(&f, reset_at);
     let log = p.c.hook_log();
     assert!(
@@ -163,6 +171,85 @@ async fn self_fenced_before_release(p: &Part, cut_at: i64) {
             i + 1
         );
     }
+}
+
+/// `tests/support/udp-late.py` on a relay host that node2's watchers send node2's traffic
+/// through: node2 gets their genuine heartbeats only late. Killed when dropped.
+struct Late(std::process::Child);
+
+impl Late {
+    fn start(p: &mut Part, mode: &[&str]) -> Late {
+        use std::io::BufRead;
+        let relay = p.net.add_relay();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/udp-late.py");
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args(["netns", "exec", &p.net.hosts[relay].ns, "python3", script])
+            .args(["--victim", &p.net.hosts[2].ip])
+            .args(mode)
+            .stdout(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("udp-late.py");
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("udp-late.py says ready");
+        assert_eq!(line.trim(), "ready");
+        for watcher in [1, 3] {
+            p.net.route_via(watcher, 2, relay);
+        }
+        Late(child)
+    }
+
+    fn signal(&self, sig: &str) {
+        let st = std::process::Command::new("kill")
+            .args([sig, &self.0.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(st.success());
+    }
+
+    /// Drops every datagram from now on (none is held any more).
+    fn suppress(&self) {
+        self.signal("-USR2");
+    }
+}
+
+impl Drop for Late {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A gray failure: node2's watchers' heartbeats reach it 4.6 s late (inside their 5 s window),
+/// then node2's outbound traffic dies. Their "I hear you"s echo beats node2 sent 4.6 s before,
+/// which count for nothing: node2 starves on time, and the release follows its reset.
+#[tokio::test]
+async fn heartbeats_delayed_by_almost_their_window_never_keep_a_cut_off_node_fed_past_its_release()
+{
+    let Some(mut p) = setup().await else { return };
+    let _late = Late::start(&mut p, &["--delay", "4.6"]);
+    // The master's echoes alone keep node2 fed meanwhile: no false reset.
+    no_reset_within(&p, Duration::from_secs(8)).await;
+    let cut_at = maintd::report::now_ns();
+    p.net.drop_outbound(2);
+    self_fenced_before_release(&p, cut_at).await;
+}
+
+/// An on-path attacker holds each of the watchers' genuine, signed heartbeats to node2 until
+/// just before its own timestamp leaves the 5 s window; node2's outbound traffic dies; from 0.9 s
+/// after the cut the attacker drops every new heartbeat (the ones that would say node2 is no
+/// longer heard), so the last ones node2 gets, 4.7 s late, still say the watchers heard it. They
+/// echo beats node2 sent before the cut: node2 still starves on time.
+#[tokio::test]
+async fn genuine_heartbeats_withheld_and_redelivered_never_keep_a_cut_off_node_fed_past_its_release()
+ {
+    let Some(mut p) = setup().await else { return };
+    let late = Late::start(&mut p, &["--expire", "4.7"]);
+    no_reset_within(&p, Duration::from_secs(8)).await;
+    let cut_at = maintd::report::now_ns();
+    p.net.drop_outbound(2);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    late.suppress();
+    self_fenced_before_release(&p, cut_at).await;
 }
 
 #[tokio::test]
@@ -263,7 +350,7 @@ async fn forged_and_replayed_heartbeats_keep_no_dead_node_alive() {
                     (&key, 1, now),
                     (&key, u64::MAX / 2, now - 3_600_000_000_000),
                 ] {
-                    let hb = Heartbeat::new("node2", name, seq, ts, true)
+                    let hb = Heartbeat::new("node2", name, seq, ts, seq)
                         .sign(k)
                         .to_bytes();
                     let _ = sock.send_to(&hb, format!("{host}:1815")).await;

@@ -110,7 +110,7 @@ async fn rejected_reports_create_no_event_and_are_counted_with_their_reason() {
     // node6 is a real collector with the wrong key.
     let other = c.path("other.key");
     assert!(
-        std::process::Command::new(BIN)
+        std::process::Command::new(&*BIN)
             .args(["keygen", "--key-file"])
             .arg(&other)
             .status()
@@ -198,7 +198,7 @@ async fn whitelist_escapes_and_broken_diagnoses_are_reported_as_ok_with_the_reas
 
     // A name with a slash is refused when the collector starts.
     let cfg = c.collector_config(0, "../outside", "cluster.key");
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(&*BIN)
         .args(["--config", cfg.to_str().unwrap(), "collector"])
         .output()
         .unwrap();

@@ -241,7 +241,7 @@ fn diagnose_once_prints_a_signed_envelope() {
     let d = tempfile::tempdir().unwrap();
     let key = d.path().join("k");
     assert!(
-        Command::new(common::BIN)
+        Command::new(&*common::BIN)
             .args(["keygen", "--key-file"])
             .arg(&key)
             .status()
@@ -262,7 +262,7 @@ fn diagnose_once_prints_a_signed_envelope() {
         ),
     )
     .unwrap();
-    let out = Command::new(common::BIN)
+    let out = Command::new(&*common::BIN)
         .args([
             "--config",
             cfg.to_str().unwrap(),
@@ -293,7 +293,7 @@ fn diagnose_once_prints_a_signed_envelope() {
     assert_eq!(v.envelope.version, "B");
 
     // A missing key is a clear error.
-    let out = Command::new(common::BIN)
+    let out = Command::new(&*common::BIN)
         .args([
             "--config",
             cfg.to_str().unwrap(),
@@ -315,7 +315,7 @@ fn a_slow_diagnose_is_dated_from_its_start() {
     let d = tempfile::tempdir().unwrap();
     let key = d.path().join("k");
     assert!(
-        Command::new(common::BIN)
+        Command::new(&*common::BIN)
             .args(["keygen", "--key-file"])
             .arg(&key)
             .status()
@@ -335,7 +335,7 @@ fn a_slow_diagnose_is_dated_from_its_start() {
     )
     .unwrap();
     let before = maintd::report::now_ns();
-    let out = Command::new(common::BIN)
+    let out = Command::new(&*common::BIN)
         .args([
             "--config",
             cfg.to_str().unwrap(),

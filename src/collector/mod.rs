@@ -357,6 +357,7 @@ pub async fn run(
                 ccfg.heartbeat,
                 collector.peers.clone(),
                 stop_rx,
+                ccfg.state_dir.join("watchdog.json"),
             )
             .instrument(info_span!("watchdog")),
         )

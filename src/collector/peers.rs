@@ -1,12 +1,16 @@
-//! Peer heartbeats, the node's side (issue 13 §1). The leader tells each collector its peers
+//! Peer heartbeats, the node's side. The leader tells each collector its peers
 //! (signed `PUT /1/peers`: the nodes that watch it and the nodes it watches). The collector then
 //! sends every peer a signed heartbeat each `interval` over UDP, on its own port number but apart
 //! from the HTTP listener, so a flood of HTTP connections does not silence it. It accepts
 //! heartbeats only from its peers, refuses and counts forged, stale, replayed and misrouted ones,
-//! and serves what it hears as a signed view (`GET /1/peers`). Memory is bounded by the peer set:
-//! a stranger's datagram creates nothing.
+//! and serves what it hears as a signed view (`GET /1/peers`). Every heartbeat echoes the
+//! recipient's latest beat, and every view answering a signed probe has a beat of its own for
+//! the master to echo: the watchdog's rules count contact only from when this node sent the
+//! echoed beat (its monotonic clock), so a delayed message never passes for present contact.
+//! Memory is bounded by the peer set and two capped rings: a stranger's datagram creates
+//! nothing, and an unsigned view request records nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,20 +29,40 @@ use crate::verdict::Nanos;
 
 struct Heard {
     seq: u64,
+    /// When it arrived: the wall clock (shown in the view) and the monotonic one (judged).
     at: Nanos,
-    hears_me: bool,
-    master_ok: bool,
+    at_mono: Nanos,
+    /// The latest beat of this node it echoed, and the latest it vouched for.
+    echo: u64,
+    vouch: u64,
     marked_me: bool,
 }
 
-/// What the master's last signed probe said.
+/// A view served to a signed probe of the master: its beat, when it was taken (monotonic), and
+/// each peer it said it hears with that peer's latest beat.
+struct Served {
+    beat: u64,
+    at: Nanos,
+    hears: BTreeMap<String, u64>,
+}
+
+/// What the master's signed probes said.
 #[derive(Default)]
 struct MasterSeen {
-    /// When a probe last said the master hears this node (contact both ways).
+    /// When this node took the latest view the master echoed: contact both ways, as of then.
     contact: Option<Nanos>,
+    /// What that view said this node hears (each peer's latest beat): the master has seen it,
+    /// so this node vouches for those beats to their senders.
+    acked: BTreeMap<String, u64>,
     /// The nodes the master has marked for fencing, as of its last probe.
     marked: BTreeSet<String>,
 }
+
+/// Beats kept to look echoes up: 64 peers at a 100 ms interval for 60 s stays well below this.
+const MAX_SENT: usize = 1 << 16;
+
+/// Views kept for the master to echo (it echoes the view of its previous probe).
+const MAX_SERVED: usize = 16;
 
 pub struct Peers {
     me: String,
@@ -48,7 +72,14 @@ pub struct Peers {
     heard: std::sync::Mutex<BTreeMap<String, Heard>>,
     rejected: std::sync::Mutex<BTreeMap<&'static str, u64>>,
     /// Seeded from the clock, so a restarted collector continues above what its peers accepted.
+    /// Heartbeats and views draw their beats from it.
     seq: AtomicU64,
+    /// The beats this node sent, oldest first, with their monotonic send times.
+    sent: std::sync::Mutex<VecDeque<(u64, Nanos)>>,
+    served: std::sync::Mutex<VecDeque<Served>>,
+    /// Since when (monotonic) each peer of the set has been tracked: a view never claims a
+    /// silence it was not listening through.
+    tracked: std::sync::Mutex<BTreeMap<String, Nanos>>,
     master: std::sync::Mutex<MasterSeen>,
     /// The armed watchdog, told to the master in the view and to every peer (its timeout).
     pub(super) watchdog: std::sync::RwLock<Option<crate::report::WatchdogReport>>,
@@ -67,6 +98,9 @@ impl Peers {
             heard: Default::default(),
             rejected: Default::default(),
             seq: AtomicU64::new(now_ns().max(0) as u64),
+            sent: Default::default(),
+            served: Default::default(),
+            tracked: Default::default(),
             master: Default::default(),
             watchdog: Default::default(),
             saved: None,
@@ -87,29 +121,109 @@ impl Peers {
         self
     }
 
-    /// A verified probe of the master: `hears` says the master hears this node.
-    pub fn master_probe(&self, hears: bool, marked: BTreeSet<String>, now: Nanos) {
-        let mut m = self.master.lock_unpoisoned();
-        if hears {
-            m.contact = Some(now);
-        }
-        if marked.contains(&self.me) && !m.marked.contains(&self.me) {
-            warn!("the master marked this node for fencing");
-        }
-        m.marked = marked;
+    fn lost_after(&self) -> Nanos {
+        self.cfg.lost_after.as_nanos() as Nanos
     }
 
-    fn master_fresh(&self, now: Nanos) -> bool {
+    /// A new beat, remembered with its send time.
+    fn beat(&self, mono: Nanos) -> u64 {
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let keep = self
+            .cfg
+            .master_lost_after
+            .max(self.cfg.lost_after)
+            .as_nanos() as Nanos;
+        let mut sent = self.sent.lock_unpoisoned();
+        while sent
+            .front()
+            .is_some_and(|(_, at)| mono.saturating_sub(*at) > keep)
+            || sent.len() >= MAX_SENT
+        {
+            sent.pop_front();
+        }
+        sent.push_back((seq, mono));
+        seq
+    }
+
+    /// When this node sent beat `seq`, if it is one of its own recent ones.
+    fn sent_at(&self, seq: u64) -> Option<Nanos> {
+        if seq == 0 {
+            return None;
+        }
+        let sent = self.sent.lock_unpoisoned();
+        sent.binary_search_by_key(&seq, |(s, _)| *s)
+            .ok()
+            .map(|i| sent[i].1)
+    }
+
+    /// A verified probe of the master: `echo` is the beat of this node's view it last took,
+    /// `probe` the number the view answers. Returns the view, signed.
+    pub fn master_probe(
+        &self,
+        echo: u64,
+        probe: u64,
+        marked: BTreeSet<String>,
+        now: Nanos,
+        mono: Nanos,
+    ) -> SignedView {
+        let acked = {
+            let served = self.served.lock_unpoisoned();
+            served
+                .iter()
+                .find(|v| v.beat == echo && echo != 0)
+                .map(|v| (v.at, v.hears.clone()))
+        };
+        {
+            let mut m = self.master.lock_unpoisoned();
+            if let Some((at, hears)) = acked
+                && m.contact.is_none_or(|c| at > c)
+            {
+                m.contact = Some(at);
+                m.acked = hears;
+            }
+            if marked.contains(&self.me) && !m.marked.contains(&self.me) {
+                warn!("the master marked this node for fencing");
+            }
+            m.marked = marked;
+        }
+        let beat = self.beat(mono);
+        let hears: BTreeMap<String, u64> = self
+            .heard
+            .lock_unpoisoned()
+            .iter()
+            .filter(|(_, h)| self.alive(h, mono))
+            .map(|(n, h)| (n.clone(), h.seq))
+            .collect();
+        {
+            let mut served = self.served.lock_unpoisoned();
+            if served.len() >= MAX_SERVED {
+                served.pop_front();
+            }
+            served.push_back(Served {
+                beat,
+                at: mono,
+                hears,
+            });
+        }
+        self.view_with(now, mono, beat, probe)
+    }
+
+    /// Whether the master echoed a view taken within `master-lost-after` (a probe cycle and
+    /// more: the echo of a view comes with the next probe).
+    fn master_fresh(&self, mono: Nanos) -> bool {
+        let within = self.cfg.master_lost_after.as_nanos() as Nanos;
         self.master
             .lock_unpoisoned()
             .contact
-            .is_some_and(|t| now.saturating_sub(t) <= self.cfg.lost_after.as_nanos() as Nanos)
+            .is_some_and(|t| mono.saturating_sub(t) <= within)
     }
 
-    /// What the watchdog's rules read: the master's contact and mark, and each watcher's.
+    /// What the watchdog's rules read, at `mono` on this node's monotonic clock: the master's
+    /// contact and mark, and each watcher's echo, vouch and mark, as send times of this node's
+    /// own beats.
     pub fn feed_view(
         &self,
-        now: Nanos,
+        mono: Nanos,
     ) -> (
         Option<Nanos>,
         bool,
@@ -120,18 +234,39 @@ impl Peers {
             (m.contact, m.marked.contains(&self.me))
         };
         let watchers = self.set.read_unpoisoned().0.watchers.clone();
-        let heard = self.heard.lock_unpoisoned();
-        let contacts = watchers
+        // What each said, taken under one lock; its beats are looked up under another after.
+        struct Said {
+            name: String,
+            alive: bool,
+            echo: u64,
+            vouch: u64,
+            marked: bool,
+        }
+        let said: Vec<Said> = {
+            let heard = self.heard.lock_unpoisoned();
+            watchers
+                .into_iter()
+                .map(|name| {
+                    let h = heard.get(&name);
+                    let alive = h.is_some_and(|h| self.alive(h, mono));
+                    Said {
+                        alive,
+                        echo: h.map_or(0, |h| h.echo),
+                        vouch: h.map_or(0, |h| h.vouch),
+                        marked: alive && h.is_some_and(|h| h.marked_me),
+                        name,
+                    }
+                })
+                .collect()
+        };
+        let contacts = said
             .into_iter()
-            .map(|name| {
-                let h = heard.get(&name).filter(|h| self.alive(h, now));
-                crate::fencing::selffence::WatcherContact {
-                    heard: h.is_some(),
-                    two_way: h.is_some_and(|h| h.hears_me),
-                    master_ok: h.is_some_and(|h| h.master_ok),
-                    marked_me: h.is_some_and(|h| h.marked_me),
-                    name,
-                }
+            .map(|w| crate::fencing::selffence::WatcherContact {
+                heard: w.alive,
+                echoed: self.sent_at(w.echo),
+                vouched: self.sent_at(w.vouch),
+                marked_me: w.marked,
+                name: w.name,
             })
             .collect();
         (contact, marked, contacts)
@@ -157,6 +292,14 @@ impl Peers {
         self.heard
             .lock_unpoisoned()
             .retain(|name, _| set.peers.contains_key(name));
+        {
+            let mono = crate::clock::mono_ns();
+            let mut tracked = self.tracked.lock_unpoisoned();
+            tracked.retain(|name, _| set.peers.contains_key(name));
+            for name in set.peers.keys() {
+                tracked.entry(name.clone()).or_insert(mono);
+            }
+        }
         if let Some(path) = &self.saved {
             let bytes = serde_json::to_vec(&set).unwrap_or_default();
             if let Err(e) = crate::fsutil::write_atomic(path, &bytes) {
@@ -167,27 +310,44 @@ impl Peers {
         Ok(set)
     }
 
-    fn alive(&self, h: &Heard, now: Nanos) -> bool {
-        now.saturating_sub(h.at) <= self.cfg.lost_after.as_nanos() as Nanos
+    fn alive(&self, h: &Heard, mono: Nanos) -> bool {
+        mono.saturating_sub(h.at_mono) <= self.lost_after()
     }
 
-    /// What this node hears now, signed for the leader.
+    /// What this node hears now, signed, for anyone who asks (no beat: nothing to echo).
     pub fn view(&self, now: Nanos) -> SignedView {
+        self.view_with(now, crate::clock::mono_ns(), 0, 0)
+    }
+
+    fn view_with(&self, now: Nanos, mono: Nanos, beat: u64, answers: u64) -> SignedView {
         let (set, _) = self.set.read_unpoisoned().clone();
-        let heard = self.heard.lock_unpoisoned();
-        let peers = set
-            .peers
-            .keys()
-            .map(|name| {
-                let h = heard.get(name);
-                crate::report::heartbeat::PeerState {
-                    name: name.clone(),
-                    heard_at: h.map(|h| h.at),
-                    alive: h.is_some_and(|h| self.alive(h, now)),
-                    hears_me: h.is_some_and(|h| self.alive(h, now) && h.hears_me),
-                }
-            })
-            .collect();
+        let peers = {
+            let heard = self.heard.lock_unpoisoned();
+            let tracked = self.tracked.lock_unpoisoned();
+            set.peers
+                .keys()
+                .map(|name| {
+                    let h = heard.get(name);
+                    let since = h
+                        .map(|h| h.at_mono)
+                        .into_iter()
+                        .chain(tracked.get(name).copied())
+                        .max()
+                        .unwrap_or(mono);
+                    let alive = h.is_some_and(|h| self.alive(h, mono));
+                    // Two-way: it echoed a beat this node sent within lost-after.
+                    let echoed = h.and_then(|h| self.sent_at(h.echo));
+                    crate::report::heartbeat::PeerState {
+                        name: name.clone(),
+                        heard_at: h.map(|h| h.at),
+                        alive,
+                        hears_me: alive
+                            && echoed.is_some_and(|t| mono.saturating_sub(t) <= self.lost_after()),
+                        quiet_ms: Some((mono.saturating_sub(since) / 1_000_000) as u64),
+                    }
+                })
+                .collect()
+        };
         let rejected = self
             .rejected
             .lock_unpoisoned()
@@ -201,6 +361,8 @@ impl Peers {
             peers,
             rejected,
             watchdog: *self.watchdog.read_unpoisoned(),
+            beat,
+            answers,
         }
         .sign(&self.key)
     }
@@ -209,8 +371,8 @@ impl Peers {
         *self.rejected.lock_unpoisoned().entry(label).or_default() += 1;
     }
 
-    /// One datagram from the network.
-    fn receive(&self, bytes: &[u8], now: Nanos) {
+    /// One datagram from the network, at `now` (wall) and `mono`.
+    fn receive(&self, bytes: &[u8], now: Nanos, mono: Nanos) {
         let window_s = self.cfg.window.as_secs().max(1);
         let last = |from: &str| self.heard.lock_unpoisoned().get(from).map(|h| h.seq);
         let hb = match Heartbeat::verify(bytes, &self.key, &self.me, last, now, window_s) {
@@ -229,19 +391,12 @@ impl Peers {
             Heard {
                 seq: hb.seq,
                 at: now,
-                hears_me: hb.hears_you,
-                master_ok: hb.master_ok,
+                at_mono: mono,
+                echo: hb.echo,
+                vouch: hb.vouch,
                 marked_me: hb.marked_you,
             },
         );
-    }
-
-    /// Whether `peer` was heard within `lost-after`, told to it in the next heartbeat.
-    fn hears(&self, peer: &str, now: Nanos) -> bool {
-        self.heard
-            .lock_unpoisoned()
-            .get(peer)
-            .is_some_and(|h| self.alive(h, now))
     }
 
     /// Sends heartbeats every interval and receives them, until the task is dropped.
@@ -255,7 +410,7 @@ impl Peers {
                 let mut buf = vec![0u8; MAX_HEARTBEAT_BYTES + 1];
                 loop {
                     match socket.recv_from(&mut buf).await {
-                        Ok((n, _)) => me.receive(&buf[..n], now_ns()),
+                        Ok((n, _)) => me.receive(&buf[..n], now_ns(), crate::clock::mono_ns()),
                         Err(e) => {
                             debug!(error = %e, "heartbeat socket");
                             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -270,14 +425,24 @@ impl Peers {
             loop {
                 tick.tick().await;
                 let now = now_ns();
+                let mono = crate::clock::mono_ns();
                 let targets = self.set.read_unpoisoned().1.clone();
-                let master_ok = self.master_fresh(now);
-                let marked = self.master.lock_unpoisoned().marked.clone();
+                // What the master saw this node hear, vouched for while the master is in touch.
+                let (acked, marked) = {
+                    let m = self.master.lock_unpoisoned();
+                    (m.acked.clone(), m.marked.clone())
+                };
+                let acked = if self.master_fresh(mono) {
+                    acked
+                } else {
+                    BTreeMap::new()
+                };
                 let watchdog_ms = self.watchdog.read_unpoisoned().map_or(0, |w| w.timeout_ms);
                 for (name, addr) in targets {
-                    let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-                    let mut hb = Heartbeat::new(&self.me, &name, seq, now, self.hears(&name, now));
-                    hb.master_ok = master_ok;
+                    let seq = self.beat(mono);
+                    let echo = self.heard.lock_unpoisoned().get(&name).map_or(0, |h| h.seq);
+                    let mut hb = Heartbeat::new(&self.me, &name, seq, now, echo);
+                    hb.vouch = acked.get(&name).copied().unwrap_or(0);
                     hb.marked_you = marked.contains(&name);
                     hb.watchdog_ms = watchdog_ms;
                     let hb = hb.sign(&self.key).to_bytes();

@@ -1,6 +1,7 @@
 //! The collector's peering endpoints: the leader's signed peer set (`PUT /1/peers`) and the
-//! liveness probe (`GET /1/peers`), whose signed query tells the node whether the master hears it
-//! and which nodes are marked for self-fencing.
+//! liveness probe (`GET /1/peers`), whose signed query echoes the beat of the node's view the
+//! master last took (the node's round trip with the master), numbers the probe so the view can
+//! answer exactly it, and names the nodes marked for self-fencing.
 
 use std::sync::Arc;
 
@@ -38,10 +39,11 @@ pub(super) async fn set_peers(
 /// Names the master may mark in one probe (more are ignored).
 const MAX_MARKED: usize = 64;
 
-/// The liveness probe. Anyone may read the signed view; a probe signed by the master also says
-/// whether the master hears this node and which nodes it has marked for fencing, which the
-/// watchdog's rules read. A forged or replayed signature is ignored, never an error: the view
-/// is served either way.
+/// The liveness probe. Anyone may read the signed view; a probe signed by the master also
+/// echoes the master's last view of this node and says which nodes it has marked for fencing,
+/// which the watchdog's rules read, and gets a view with a beat that answers it. A forged or
+/// replayed signature is ignored, never an error: the view is served either way, without a
+/// beat, so an unsigned request records nothing.
 pub(super) async fn peer_view(
     State(c): State<Arc<Collector>>,
     headers: axum::http::HeaderMap,
@@ -50,20 +52,35 @@ pub(super) async fn peer_view(
     let now = now_ns();
     if headers.contains_key(crate::report::SIGNATURE_HEADER) {
         match c.master_probe(&headers, &uri, now) {
-            Ok((hears, marked)) => c.peers.master_probe(hears, marked, now),
+            Ok(q) => {
+                let mono = crate::clock::mono_ns();
+                return Json(c.peers.master_probe(q.echo, q.probe, q.marked, now, mono));
+            }
             Err(e) => tracing::debug!(error = %e, "master probe signature refused"),
         }
     }
     Json(c.peers.view(now))
 }
 
-/// `hears=1&marked=a,b`: names that are not valid node names are dropped.
-pub(super) fn probe_query(q: &str) -> (bool, std::collections::BTreeSet<String>) {
-    let mut hears = false;
-    let mut marked = std::collections::BTreeSet::new();
+/// What a signed probe says.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct ProbeQuery {
+    /// The beat of this node's view the master last took; 0 for none.
+    pub echo: u64,
+    /// The probe's number, which the view answers.
+    pub probe: u64,
+    pub marked: std::collections::BTreeSet<String>,
+}
+
+/// `echo=17&probe=4&marked=a,b`: names that are not valid node names are dropped, and numbers
+/// that do not parse are 0 (nothing).
+pub(super) fn probe_query(q: &str) -> ProbeQuery {
+    let mut out = ProbeQuery::default();
+    let marked = &mut out.marked;
     for (k, v) in q.split('&').filter_map(|kv| kv.split_once('=')) {
         match k {
-            "hears" => hears = v == "1",
+            "echo" => out.echo = v.parse().unwrap_or(0),
+            "probe" => out.probe = v.parse().unwrap_or(0),
             "marked" => marked.extend(
                 v.split(',')
                     .filter(|n| exec::validate_name(n).is_ok())
@@ -73,7 +90,7 @@ pub(super) fn probe_query(q: &str) -> (bool, std::collections::BTreeSet<String>)
             _ => {}
         }
     }
-    (hears, marked)
+    out
 }
 
 impl Collector {
@@ -82,7 +99,7 @@ impl Collector {
         headers: &axum::http::HeaderMap,
         uri: &axum::http::Uri,
         now: i64,
-    ) -> Result<(bool, std::collections::BTreeSet<String>), String> {
+    ) -> Result<ProbeQuery, String> {
         let h = |name| headers.get(name).and_then(|v| v.to_str().ok());
         let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let req = crate::report::SignedRequest {
@@ -115,16 +132,16 @@ mod tests {
     use tower::ServiceExt;
 
     #[test]
-    fn a_probe_query_keeps_only_valid_names() {
-        let (hears, marked) = probe_query("hears=1&marked=n1,../x,,n2&other=3");
-        assert!(hears);
-        assert_eq!(marked.into_iter().collect::<Vec<_>>(), ["n1", "n2"]);
-        let (hears, marked) = probe_query("hears=0&marked=");
-        assert!(!hears && marked.is_empty());
+    fn a_probe_query_keeps_only_valid_names_and_numbers() {
+        let q = probe_query("echo=17&probe=4&marked=n1,../x,,n2&other=3");
+        assert_eq!((q.echo, q.probe), (17, 4));
+        assert_eq!(q.marked.into_iter().collect::<Vec<_>>(), ["n1", "n2"]);
+        let q = probe_query("echo=-1&probe=x&marked=");
+        assert_eq!(q, ProbeQuery::default());
     }
 
     #[tokio::test]
-    async fn only_a_signed_fresh_unreplayed_probe_tells_the_node_the_master_hears_or_marks_it() {
+    async fn only_a_signed_fresh_unreplayed_probe_echoing_a_view_of_this_node_counts_as_contact() {
         let key = Key::from_bytes(vec![1; 32]);
         let (c, _state) = crate::collector::tests::collector(&key);
         let probe = |key: &Key, target: &str, path: &str, ts: i64| {
@@ -135,7 +152,16 @@ mod tests {
                 .body(Body::empty())
                 .unwrap()
         };
-        let marked_path = "/1/peers?hears=1&marked=n1";
+        let view = |resp: axum::response::Response| async {
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            let signed: crate::report::heartbeat::SignedView =
+                serde_json::from_slice(&body).unwrap();
+            signed.verify(&key, "n1").unwrap()
+        };
+        let mono = crate::clock::mono_ns;
+        let marked_path = "/1/peers?echo=0&probe=3&marked=n1";
         let wrong = Key::from_bytes(vec![2; 32]);
         let stale = now_ns() - 3_600_000_000_000;
         for req in [
@@ -146,24 +172,53 @@ mod tests {
         ] {
             let resp = c.router().oneshot(req).await.unwrap();
             assert_eq!(resp.status(), StatusCode::OK, "the view is served anyway");
-            let (contact, marked, _) = c.peers.feed_view(now_ns());
+            let v = view(resp).await;
+            assert_eq!(
+                (v.beat, v.answers),
+                (0, 0),
+                "nothing to echo, nothing answered"
+            );
+            let (contact, marked, _) = c.peers.feed_view(mono());
             assert!(contact.is_none() && !marked);
         }
-        let good = probe(&key, "n1", "/1/peers?hears=1&marked=", now_ns());
+        // A signed probe gets a view with a beat that answers it; no contact yet (no echo).
+        let good = probe(&key, "n1", "/1/peers?echo=0&probe=8&marked=", now_ns());
         let replay = good.headers().clone();
-        c.router().oneshot(good).await.unwrap();
-        let (contact, marked, _) = c.peers.feed_view(now_ns());
-        assert!(contact.is_some() && !marked);
+        let taken = mono();
+        let first = view(c.router().oneshot(good).await.unwrap()).await;
+        assert_eq!(first.answers, 8);
+        assert_ne!(first.beat, 0);
+        assert!(c.peers.feed_view(mono()).0.is_none());
+        // An echo of a beat this node never sent counts for nothing.
+        let path = format!("/1/peers?echo={}&probe=9&marked=", first.beat + 1000);
+        c.router()
+            .oneshot(probe(&key, "n1", &path, now_ns()))
+            .await
+            .unwrap();
+        assert!(c.peers.feed_view(mono()).0.is_none());
+        // The echo of that view: contact as of when the view was taken, not when the echo came.
+        let path = format!("/1/peers?echo={}&probe=10&marked=", first.beat);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let echoed_at = mono();
+        c.router()
+            .oneshot(probe(&key, "n1", &path, now_ns()))
+            .await
+            .unwrap();
+        let contact = c.peers.feed_view(mono()).0.expect("contact");
+        assert!(
+            contact >= taken && contact < echoed_at,
+            "{taken} <= {contact} < {echoed_at}"
+        );
         // The same signed probe again, now with the mark in its query: refused (the query is
         // signed, and the signature is taken once).
         let mut again = Request::get(marked_path).body(Body::empty()).unwrap();
         *again.headers_mut() = replay;
         c.router().oneshot(again).await.unwrap();
-        assert!(!c.peers.feed_view(now_ns()).1);
+        assert!(!c.peers.feed_view(mono()).1);
         c.router()
             .oneshot(probe(&key, "n1", marked_path, now_ns()))
             .await
             .unwrap();
-        assert!(c.peers.feed_view(now_ns()).1, "a signed mark is taken");
+        assert!(c.peers.feed_view(mono()).1, "a signed mark is taken");
     }
 }

@@ -200,9 +200,10 @@ async fn run_with<C: Cluster>(
             store.clone(),
             cluster.clone(),
             agents.clone(),
+            // The client's own deadline is the longest patience; each probe waits its node's.
             Arc::new(crate::link::HttpLink::new(
                 key.clone(),
-                cfg.fencing.liveness_timeout,
+                cfg.fencing.liveness_timeout_max,
             )),
             engine.metrics.clone(),
             leadership.clone(),

@@ -31,6 +31,14 @@ pub struct FencingConfig {
     pub liveness_interval: Duration,
     #[serde(with = "humantime_serde")]
     pub liveness_timeout: Duration,
+    /// The probe waits for each collector as long as its measured round trips need (smoothed
+    /// round trip + 4 x its variation, as TCP does), from `liveness-timeout` up to this.
+    #[serde(with = "humantime_serde")]
+    pub liveness_timeout_max: Duration,
+    /// Probes unanswered in a row before a collector counts as silent (from the first miss):
+    /// one answer lost on a lossy link is not silence, and each miss doubles the next probe's
+    /// patience.
+    pub liveness_misses: u32,
     /// No fence starts while more than this share of nodes is unreachable (a storm).
     pub storm_percent: u32,
     /// Fences that have not reached a verified power-off, at most, at once.
@@ -72,6 +80,8 @@ impl Default for FencingConfig {
             grace: Duration::from_secs(5),
             liveness_interval: Duration::from_secs(1),
             liveness_timeout: Duration::from_millis(800),
+            liveness_timeout_max: Duration::from_millis(1500),
+            liveness_misses: 2,
             storm_percent: 30,
             max_in_flight: 1,
             min_interval: Duration::ZERO,
@@ -290,6 +300,15 @@ impl FencingConfig {
             return bad(
                 "fencing.liveness-interval and liveness-timeout must be greater than zero".into(),
             );
+        }
+        if !(1..=10).contains(&self.liveness_misses) {
+            return bad("fencing.liveness-misses must be 1-10".into());
+        }
+        if self.liveness_timeout_max < self.liveness_timeout {
+            return bad(format!(
+                "fencing.liveness-timeout-max ({:?}) must be at least liveness-timeout ({:?})",
+                self.liveness_timeout_max, self.liveness_timeout
+            ));
         }
         if self.check_timeout.is_zero() || self.check_concurrency == 0 {
             return bad(

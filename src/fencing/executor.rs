@@ -6,9 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::Notify;
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, error, info, info_span, warn};
 use uuid::Uuid;
 
 use crate::cluster::Cluster;
@@ -20,15 +19,16 @@ use crate::fencing::machine::{
 use crate::store::{FlowOutcome, Store};
 use crate::verdict::{Nanos, Outcome};
 
-use crate::fencing::peering::{Peering, PeeringSettings, VIEW_BODY_CAP};
+use crate::fencing::peering::{Peering, PeeringSettings};
 use crate::link::CollectorLink;
-use crate::metrics::ReasonLabel;
 use crate::metrics::{Metrics, StepLabel};
 use crate::sync::LockExt;
 
 use crate::ticker::{Ticker, Wake};
 
+mod probe;
 mod witnesses;
+use probe::Seen;
 use witnesses::Renewal;
 
 fn ns(d: Duration) -> Nanos {
@@ -45,7 +45,7 @@ fn limits(s: &Stage) -> StageLimits {
 /// A node is silent if its collector does not answer the probe, or if a node-condition fence
 /// rule holds for it (then since the condition began, whichever is earlier).
 pub fn merge_liveness(
-    (answers, silent_since): (bool, Option<Nanos>),
+    (answers, silent_since, answered): (bool, Option<Nanos>, bool),
     fence_rule_since: Option<Nanos>,
     healthy_at: Option<Nanos>,
 ) -> Liveness {
@@ -56,6 +56,7 @@ pub fn merge_liveness(
     };
     Liveness {
         reachable: answers && fence_rule_since.is_none(),
+        answered: answered && fence_rule_since.is_none(),
         unreachable_since: since,
         healthy_at,
         probe_silent: !answers,
@@ -90,8 +91,9 @@ pub struct Fencer<C: Cluster> {
     /// Node-condition rules that hand nodes to the fencer (Kubernetes).
     pub watch: Option<Arc<crate::members::NodeView>>,
     pub leadership: Arc<crate::leader::Leadership>,
-    /// What the probe saw: reachable, and since when not.
-    seen: Mutex<BTreeMap<String, (bool, Option<Nanos>)>>,
+    /// What the probe saw: reachable, since when not, and how many probes in a row went
+    /// unanswered.
+    seen: Mutex<BTreeMap<String, Seen>>,
     /// Effects in progress (transient: a restart simply issues them again, idempotently).
     busy: Mutex<HashSet<(Uuid, &'static str)>>,
     storm: Mutex<bool>,
@@ -106,6 +108,14 @@ pub struct Fencer<C: Cluster> {
     renewals: Mutex<BTreeMap<String, Renewal>>,
     /// Nodes marked for self-fencing, told to every collector in the signed probe.
     marked: Mutex<Vec<String>>,
+    /// Each node's round-trip estimate, and the probe's patience bounds.
+    rtt: Mutex<BTreeMap<String, crate::fencing::rtt::RttEstimate>>,
+    patience: (Duration, Duration),
+    misses: u32,
+    /// When the last tick ran, if it was held by a storm (for the storm-time counter).
+    storm_tick: Mutex<Option<Nanos>>,
+    /// The membership size last checked for a two-node cluster that can never fence.
+    warned_size: Mutex<usize>,
 }
 
 impl<C: Cluster> Fencer<C> {
@@ -154,6 +164,11 @@ impl<C: Cluster> Fencer<C> {
             peering: Arc::new(Peering::new(key, peering)),
             renewals: Mutex::new(BTreeMap::new()),
             marked: Mutex::new(Vec::new()),
+            rtt: Mutex::new(BTreeMap::new()),
+            patience: (f.liveness_timeout, f.liveness_timeout_max),
+            misses: f.liveness_misses.max(1),
+            storm_tick: Mutex::new(None),
+            warned_size: Mutex::new(0),
         }
     }
 
@@ -172,100 +187,6 @@ impl<C: Cluster> Fencer<C> {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         info!("fencer stopped");
-    }
-
-    /// One liveness probe of every collector: `GET /1/peers`, whose answer proves the collector
-    /// answers and carries its signed view of its peers. A collector whose set is out of date
-    /// gets it pushed (by the leader).
-    async fn probe(&self) {
-        let now = self.clock.now();
-        let targets = self.members.get();
-        self.peering.refresh(&targets).await;
-        let targets = &targets;
-        let leader = self.leadership.is_leader();
-        let marked = self.marked.lock_unpoisoned().join(",");
-        let heard: BTreeMap<String, bool> = self
-            .seen
-            .lock_unpoisoned()
-            .iter()
-            .map(|(n, s)| (n.clone(), s.0))
-            .collect();
-        let (marked, heard) = (&marked, &heard);
-        let answers: Vec<(String, bool)> = futures::stream::iter(0..targets.len())
-            .map(|i| async move {
-                let node = &targets[i];
-                // Signed, and saying whether the last probe was answered: the node counts the
-                // master as contact only both ways, and learns which nodes are marked.
-                let hears = u8::from(heard.get(&node.name).copied().unwrap_or(false));
-                let path = format!("/1/peers?hears={hears}&marked={marked}");
-                let answer = match self
-                    .link
-                    .signed(node, reqwest::Method::GET, &path, None, VIEW_BODY_CAP)
-                    .await
-                {
-                    Ok(a) if a.status.is_success() => a,
-                    _ => return (node.name.clone(), false),
-                };
-                // A collector that answers is alive whatever its view says: a view that fails
-                // to verify (a wrong key, say) must not make a running node look dead.
-                match self.peering.accept(&node.name, &answer.body, now) {
-                    Ok(epoch) if leader => self.push_if_due(node, epoch, now).await,
-                    Ok(_) => {}
-                    Err(e) => {
-                        debug!(node = %node.name, error = %e, "peer view refused");
-                        self.metrics
-                            .views_rejected
-                            .get_or_create(&ReasonLabel {
-                                reason: e.metric_label().into(),
-                            })
-                            .inc();
-                    }
-                }
-                (node.name.clone(), true)
-            })
-            .buffer_unordered(256)
-            .collect()
-            .await;
-        let mut seen = self.seen.lock_unpoisoned();
-        for (node, ok) in answers {
-            let e = seen.entry(node).or_insert((true, None));
-            match (ok, e.1) {
-                (true, _) => *e = (true, None),
-                (false, None) => *e = (false, Some(now)),
-                (false, Some(_)) => e.0 = false,
-            }
-        }
-    }
-
-    /// Pushes a node the peer set it should hold, when it holds another.
-    async fn push_if_due(&self, node: &crate::node::NodeConfig, held: u64, now: Nanos) {
-        let retry = 5 * self.interval.as_nanos() as Nanos;
-        let Some(set) = self.peering.due_push(&node.name, held, now, retry) else {
-            return;
-        };
-        let body = serde_json::to_vec(&set).unwrap_or_default();
-        let r = self
-            .link
-            .signed(node, reqwest::Method::PUT, "/1/peers", Some(body), 4096)
-            .await;
-        match r {
-            Ok(a) if a.status.is_success() => {
-                self.metrics.peer_sets_pushed.inc();
-                debug!(node = %node.name, epoch = set.epoch, peers = set.peers.len(), "peer set pushed");
-            }
-            other => {
-                self.metrics.peer_set_push_failures.inc();
-                let why = match other {
-                    Ok(a) => format!(
-                        "{}: {}",
-                        a.status,
-                        String::from_utf8_lossy(&a.body[..a.body.len().min(200)])
-                    ),
-                    Err(e) => e.to_string(),
-                };
-                warn!(node = %node.name, error = %why, "collector did not take its peer set");
-            }
-        }
     }
 
     /// Every member's liveness, and the fence rule holding per node (for the flow's note).
@@ -294,7 +215,11 @@ impl<C: Cluster> Fencer<C> {
             .map(|n| &n.name)
             .map(|n| {
                 // Not probed yet: assume reachable, so nothing is fenced on start-up alone.
-                let probed = seen.get(n).copied().unwrap_or((true, None));
+                let probed = seen
+                    .get(n)
+                    .copied()
+                    .unwrap_or_default()
+                    .liveness(self.misses);
                 let rule_since = fence_rules.get(n).map(|f| f.since);
                 (
                     n.clone(),
@@ -328,7 +253,7 @@ impl<C: Cluster> Fencer<C> {
         let (liveness, rules) = self.liveness(now);
         let opinions = self.opinions(&liveness, now);
         self.report_partitions(&opinions).await;
-        let self_fence = self.self_fence_facts(&flows, &liveness);
+        let self_fence = self.self_fence_facts(&flows);
         *self.marked.lock_unpoisoned() = flows
             .iter()
             .filter(|f| f.step == Step::SelfFence && !f.fenced)
@@ -406,6 +331,18 @@ impl<C: Cluster> Fencer<C> {
         }
         if !storm {
             *self.storm.lock_unpoisoned() = false;
+        }
+        {
+            let mut last = self.storm_tick.lock_unpoisoned();
+            if storm {
+                if let Some(at) = *last {
+                    let held = now.saturating_sub(at).max(0) as f64 / 1e9;
+                    self.metrics.fencing_storm_seconds.inc_by(held);
+                }
+                *last = Some(now);
+            } else {
+                *last = None;
+            }
         }
         if moved {
             if let Err(e) = self.leadership.checkpoint().await {

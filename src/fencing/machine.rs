@@ -136,12 +136,20 @@ pub struct Flow {
     /// Self-fencing marked the node unschedulable (recovery clears it).
     #[serde(default)]
     pub marked: bool,
-    /// Self-fencing: the safe time (from the node's signed watchdog settings) and the moment it
-    /// ends, counted from the last time any witness heard the node.
+    /// Self-fencing: the time from the start of the quiet window to the reset (isolation +
+    /// feed interval + watchdog timeout + margin, from the node's signed settings), and the
+    /// moment the node has reset by: an estimate until `safe_proven`, then the proven moment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safe_time_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safe_until: Option<Nanos>,
+    /// The node's starving is proven: `safe_until` stands for any later leader (a starved
+    /// watchdog is never fed again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub safe_proven: bool,
+    /// The node's signed self-fencing settings, kept for a leader that never saw its report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_fence_times: Option<crate::fencing::selffence::SelfFenceTimes>,
     /// What declared the node dead when the flow started: recovery waits for each of them to
     /// be healthy again.
     #[serde(default = "Witnesses::legacy")]
@@ -213,7 +221,11 @@ impl Flow {
 /// What the liveness probe and the report poller say about a node.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Liveness {
+    /// Not (yet) judged silent: counts for storms and candidates.
     pub reachable: bool,
+    /// The collector answered its latest probe (and no fence rule holds): only a real answer
+    /// stands a flow down, never a probe or two that merely have not yet made it silent.
+    pub answered: bool,
     pub unreachable_since: Option<Nanos>,
     /// When the diagnose behind the last verified, healthy (Ok, no diagnose error) report ran,
     /// by the collector's clock: a report diagnosed before a power-off proves nothing after it.
@@ -282,13 +294,14 @@ impl PlanSummary {
 }
 
 /// What the master knows of a self-fencing node.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SelfFenceFacts {
     /// The settings of its armed watchdog, from its last signed view; `None` when it never
     /// reported one or its last word was "disarmed".
     pub times: Option<crate::fencing::selffence::SelfFenceTimes>,
-    /// The last moment the master or any watcher heard it.
-    pub last_heard: Option<Nanos>,
+    /// What the master received from the node and its watchers; `None` while this process does
+    /// not lead or the node holds another peer set than the one its watchers come from.
+    pub evidence: Option<crate::fencing::selffence::ResetEvidence>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -461,6 +474,8 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
             marked: false,
             safe_time_ms: None,
             safe_until: None,
+            safe_proven: false,
+            self_fence_times: None,
             released: false,
             reclaimed: false,
             canceled: false,

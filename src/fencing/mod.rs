@@ -5,7 +5,8 @@
 //! (status checks of every device before anything fails), `redact` (keeping secrets out of
 //! agent output) and `peering` (peer sets pushed to collectors, their views read back). The
 //! second opinion is pure: `watchers` (who watches whom) and `opinion` (what they say); so are
-//! self-fencing's rules (`selffence`: when a node feeds its watchdog, and the safe time).
+//! self-fencing's rules (`selffence`: when a node feeds its watchdog, and the proof of its
+//! reset), and the probe's patience (`rtt`: a round-trip estimate per node).
 
 pub mod agent;
 pub mod config;
@@ -15,5 +16,6 @@ pub mod opinion;
 pub mod peering;
 pub mod readiness;
 pub mod redact;
+pub mod rtt;
 pub mod selffence;
 pub mod watchers;

@@ -1,8 +1,10 @@
-//! The master's side of the peer heartbeats (issue 13 §1–2): which peer set each collector
-//! should hold (watchers by rendezvous hashing, addresses resolved once per membership), the
-//! signed views the liveness probe reads back (verified, fresh, never replayed), and each node's
-//! testimony from its watchers for the second opinion. The probe and the pushes themselves run
-//! in the executor, through the `CollectorLink`.
+//! The master's side of the peer heartbeats: which peer set each collector should hold
+//! (watchers by rendezvous hashing, addresses resolved once per membership), the signed views
+//! the liveness probe reads back (verified, and taken only as the answer to the probe just
+//! sent, so never older than that probe), each node's testimony from its watchers for the
+//! second opinion, and the evidence a self-fencing node's reset is proven from. Every time kept
+//! here is the master's own clock at sending or receipt: no node's clock is compared with it.
+//! The probe and the pushes themselves run in the executor, through the `CollectorLink`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -14,6 +16,7 @@ use tracing::{debug, warn};
 
 use crate::fencing::opinion::{KubeletSays, PeerOpinion, Says, Testimony};
 use crate::fencing::readiness::WatchdogViews;
+use crate::fencing::selffence::{LostRun, ResetEvidence, WatcherEvidence};
 use crate::fencing::watchers::{assignment, watched};
 use crate::node::NodeConfig;
 use crate::report::Key;
@@ -47,8 +50,8 @@ pub enum ViewRejection {
     Shape(String),
     #[error("view is {0} s away from this clock")]
     Stale(i64),
-    #[error("view is not newer than the last one taken")]
-    Replayed,
+    #[error("view answers probe {answers}, not the probe {sent} just sent (delayed or replayed)")]
+    Replayed { answers: u64, sent: u64 },
 }
 
 impl ViewRejection {
@@ -59,13 +62,14 @@ impl ViewRejection {
             ViewRejection::View(crate::report::heartbeat::ViewError::Malformed(_))
             | ViewRejection::Shape(_) => "malformed",
             ViewRejection::Stale(_) => "stale",
-            ViewRejection::Replayed => "replayed",
+            ViewRejection::Replayed { .. } => "replayed",
         }
     }
 }
 
 struct Held {
     view: PeerView,
+    /// When the master received it (the view was taken before).
     fetched_at: Nanos,
 }
 
@@ -88,6 +92,11 @@ pub struct Peering {
     pushed: Mutex<BTreeMap<String, (u64, Nanos)>>,
     /// Nodes the master has lost while a watcher hears them (kept by the fencer).
     pub(crate) partitioned: Mutex<BTreeSet<String>>,
+    /// watcher -> node -> what the watcher's views said of the node.
+    evidence: Mutex<BTreeMap<String, BTreeMap<String, WatcherEvidence>>>,
+    /// Since when this process leads (`None`: it does not), and the last probe number.
+    leading_since: Mutex<Option<Nanos>>,
+    probes: std::sync::atomic::AtomicU64,
 }
 
 /// A set's epoch: a hash of its content, so every leader derives the same number and a
@@ -174,7 +183,40 @@ impl Peering {
             sets: Mutex::default(),
             pushed: Mutex::default(),
             partitioned: Mutex::default(),
+            evidence: Mutex::default(),
+            leading_since: Mutex::default(),
+            probes: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// A fresh probe number (never 0, which means none).
+    pub fn next_probe(&self) -> u64 {
+        self.probes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .wrapping_add(1)
+            .max(1)
+    }
+
+    /// Tells whether this process leads, at `now`.
+    pub fn set_leading(&self, leader: bool, now: Nanos) {
+        let mut since = self.leading_since.lock_unpoisoned();
+        match (leader, *since) {
+            (true, None) => *since = Some(now),
+            (false, _) => *since = None,
+            (true, Some(_)) => {}
+        }
+    }
+
+    /// The beat of `node`'s last view taken, for the leader's next probe to echo (0: none). Only
+    /// the leader echoes: its proof of a reset accounts for no one else's echoes.
+    pub fn echo(&self, node: &str) -> u64 {
+        if self.leading_since.lock_unpoisoned().is_none() {
+            return 0;
+        }
+        self.held
+            .lock_unpoisoned()
+            .get(node)
+            .map_or(0, |h| h.view.beat)
     }
 
     /// Recomputes the assignment and every node's set when membership changed.
@@ -204,6 +246,9 @@ impl Peering {
             return;
         };
         self.held.lock_unpoisoned().retain(|n, _| names.contains(n));
+        self.evidence
+            .lock_unpoisoned()
+            .retain(|n, _| names.contains(n));
         *self.sets.lock_unpoisoned() = Sets {
             members: members.to_vec(),
             watchers,
@@ -235,30 +280,103 @@ impl Peering {
         Some(set)
     }
 
-    /// Verifies a collector's answer to `GET /1/peers` and keeps it; returns the epoch of the
-    /// set the collector holds.
-    pub fn accept(&self, node: &str, body: &[u8], now: Nanos) -> Result<u64, ViewRejection> {
+    /// Verifies a collector's answer to the probe numbered `probe`, sent at `sent_at` and
+    /// answered at `received_at`, and keeps it; returns the epoch of the set the collector holds.
+    pub fn accept(
+        &self,
+        node: &str,
+        body: &[u8],
+        probe: u64,
+        sent_at: Nanos,
+        received_at: Nanos,
+    ) -> Result<u64, ViewRejection> {
         let signed: SignedView =
             serde_json::from_slice(body).map_err(|e| ViewRejection::Shape(e.to_string()))?;
         let view = signed.verify(&self.key, node)?;
-        let skew = now.saturating_sub(view.at);
+        let skew = received_at.saturating_sub(view.at);
         if skew.unsigned_abs() > self.settings.window.as_nanos() as u64 {
             return Err(ViewRejection::Stale(skew / 1_000_000_000));
         }
-        let mut held = self.held.lock_unpoisoned();
-        if held.get(node).is_some_and(|h| h.view.at >= view.at) {
-            return Err(ViewRejection::Replayed);
+        if view.answers != probe {
+            return Err(ViewRejection::Replayed {
+                answers: view.answers,
+                sent: probe,
+            });
         }
+        self.witness(node, &view, sent_at, received_at);
         let epoch = view.epoch;
         debug!(node, epoch, peers = view.peers.len(), "peer view taken");
-        held.insert(
+        self.held.lock_unpoisoned().insert(
             node.to_string(),
             Held {
                 view,
-                fetched_at: now,
+                fetched_at: received_at,
             },
         );
         Ok(epoch)
+    }
+
+    /// What `watcher`'s view says of each of its peers, as evidence for a reset proof: a peer
+    /// it hears, as of the receipt; one it lost, as the span it has heard nothing from it; one
+    /// it no longer lists, nothing.
+    fn witness(&self, watcher: &str, view: &PeerView, sent_at: Nanos, received_at: Nanos) {
+        let mut all = self.evidence.lock_unpoisoned();
+        let mine = all.entry(watcher.to_string()).or_default();
+        mine.retain(|n, _| view.peers.iter().any(|p| &p.name == n));
+        for p in &view.peers {
+            let e = mine.entry(p.name.clone()).or_default();
+            if p.alive {
+                e.hears_at = Some(received_at);
+                e.lost = None;
+            } else if let Some(quiet_ms) = p.quiet_ms {
+                let quiet = (quiet_ms.min(86_400_000) * 1_000_000) as Nanos;
+                e.lost = Some(LostRun::extend(e.lost, sent_at, received_at, quiet));
+            } else {
+                // A collector that does not say how long it has heard nothing covers nothing.
+                e.lost = None;
+            }
+        }
+    }
+
+    /// Everything the master holds to prove `node` reset: when it last received the node's own
+    /// view, since when it leads, and each of the node's watchers' evidence. `None` when the
+    /// node's last view shows it holds another peer set than the one its watchers are taken
+    /// from (then its watchers are not known).
+    pub fn reset_evidence(&self, node: &str) -> Option<ResetEvidence> {
+        let leading_since = (*self.leading_since.lock_unpoisoned())?;
+        let (watchers, epoch) = {
+            let sets = self.sets.lock_unpoisoned();
+            let set = sets.sets.get(node);
+            (
+                set.map(|s| s.watchers.iter().cloned().collect::<Vec<_>>())
+                    .unwrap_or_default(),
+                set.map(|s| s.epoch),
+            )
+        };
+        let (master_heard, held_epoch) = self
+            .held
+            .lock_unpoisoned()
+            .get(node)
+            .map(|h| (Some(h.fetched_at), Some(h.view.epoch)))
+            .unwrap_or_default();
+        if held_epoch.is_some() && held_epoch != epoch {
+            return None;
+        }
+        let all = self.evidence.lock_unpoisoned();
+        let watchers = watchers
+            .iter()
+            .map(|w| {
+                all.get(w)
+                    .and_then(|m| m.get(node))
+                    .copied()
+                    .unwrap_or_default()
+            })
+            .collect();
+        Some(ResetEvidence {
+            master_heard,
+            leading_since,
+            watchers,
+        })
     }
 
     fn watchers_of(&self, node: &str) -> Vec<String> {
@@ -304,19 +422,10 @@ impl Peering {
         crate::fencing::opinion::second_opinion(&self.testimony(node, now), kubelet)
     }
 
-    /// A node's last reported watchdog (from its own last view: `None` if it never had one or
-    /// its last word was "disarmed") and the latest moment any of its watchers heard it.
-    pub fn self_fence(&self, node: &str) -> (Option<crate::report::WatchdogReport>, Option<Nanos>) {
-        let report = self.reported_watchdog(node).flatten();
-        let watchers = self.watchers_of(node);
-        let held = self.held.lock_unpoisoned();
-        let heard = watchers
-            .iter()
-            .filter_map(|w| held.get(w))
-            .filter_map(|h| h.view.peers.iter().find(|p| p.name == node))
-            .filter_map(|p| p.heard_at)
-            .max();
-        (report, heard)
+    /// A node's last reported watchdog, from its own last view: `None` if it never had one or
+    /// its last word was "disarmed".
+    pub fn watchdog(&self, node: &str) -> Option<crate::report::WatchdogReport> {
+        self.reported_watchdog(node).flatten()
     }
 
     /// Every node's peer set, for `maintd bench peers`.
@@ -394,10 +503,13 @@ mod tests {
                     heard_at: Some(at - 3 * S),
                     alive: *a,
                     hears_me: *a,
+                    quiet_ms: Some(3000),
                 })
                 .collect(),
             rejected: BTreeMap::new(),
             watchdog: None,
+            beat: 5,
+            answers: 1,
         };
         serde_json::to_vec(&v.sign(k)).unwrap()
     }
@@ -408,21 +520,25 @@ mod tests {
         let label = |r: Result<u64, ViewRejection>| r.unwrap_err().metric_label();
         let other = Key::from_bytes(vec![4; 32]);
         assert_eq!(
-            label(p.accept("n1", &view("n1", NOW, &[], &other), NOW)),
+            label(p.accept("n1", &view("n1", NOW, &[], &other), 1, NOW, NOW)),
             "signature"
         );
         assert_eq!(
-            label(p.accept("n1", &view("n2", NOW, &[], &key()), NOW)),
+            label(p.accept("n1", &view("n2", NOW, &[], &key()), 1, NOW, NOW)),
             "node"
         );
-        assert_eq!(label(p.accept("n1", b"{\"view\":1}", NOW)), "malformed");
         assert_eq!(
-            label(p.accept("n1", &view("n1", NOW - 40 * S, &[], &key()), NOW)),
+            label(p.accept("n1", b"{\"view\":1}", 1, NOW, NOW)),
+            "malformed"
+        );
+        assert_eq!(
+            label(p.accept("n1", &view("n1", NOW - 40 * S, &[], &key()), 1, NOW, NOW)),
             "stale"
         );
         let v = view("n1", NOW, &[], &key());
-        assert_eq!(p.accept("n1", &v, NOW), Ok(1));
-        assert_eq!(label(p.accept("n1", &v, NOW + S)), "replayed");
+        assert_eq!(p.accept("n1", &v, 1, NOW, NOW), Ok(1));
+        // The same view again, as the answer to the next probe: delayed or replayed.
+        assert_eq!(label(p.accept("n1", &v, 2, NOW + S, NOW + S)), "replayed");
     }
 
     #[tokio::test]
@@ -438,9 +554,9 @@ mod tests {
                 .iter()
                 .all(|t| t.says == Says::Unheard)
         );
-        p.accept(a, &view(a, NOW, &[("n1", false)], &key()), NOW)
+        p.accept(a, &view(a, NOW, &[("n1", false)], &key()), 1, NOW, NOW)
             .unwrap();
-        p.accept(b, &view(b, NOW, &[("n1", true)], &key()), NOW)
+        p.accept(b, &view(b, NOW, &[("n1", true)], &key()), 1, NOW, NOW)
             .unwrap();
         let t = p.testimony("n1", NOW + S);
         assert!(matches!(

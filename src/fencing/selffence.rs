@@ -1,21 +1,30 @@
-//! Self-fencing by watchdog (issue 13 §4, seed 003), the pure part: whether a node keeps feeding
-//! its watchdog, judged from whom it is in two-way contact with, and the safe time after which
-//! the master may count a silent self-fencing node as reset. The rules mirror the master's second
-//! opinion (`opinion`), so the two sides can never both act: whenever the master could judge the
-//! node dead, the node stops feeding. No I/O, no clock.
+//! Self-fencing by watchdog, the pure part: whether a node keeps feeding its watchdog, judged
+//! from round trips it measured on its own clock, and when the master may count a silent
+//! self-fencing node as reset. No I/O, no clock.
+//!
+//! Contact is never judged by when a message arrived: a heartbeat or probe can be delayed by up
+//! to its acceptance window (a congested link, or an attacker holding genuine messages). The
+//! node counts contact only for an echo of a beat it sent itself, from the moment it sent that
+//! beat; the master counts only what it received, at the moment it received it, on its own
+//! clock. Each rule the node feeds by then has a bound the master can see (see `reset_proof`).
+
+use serde::{Deserialize, Serialize};
 
 use crate::verdict::Nanos;
 
-/// One of the node's watchers, as the node hears it.
+/// One of the node's watchers, as the node hears it. Times are the node's own monotonic clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatcherContact {
     pub name: String,
-    /// Heard within `lost-after`: what its heartbeats say counts (they are signed and fresh).
+    /// A heartbeat of it arrived within `lost-after`: its marks count (a mark only ever stops
+    /// feeding, so its arrival time is enough).
     pub heard: bool,
-    /// Heard, and its last heartbeat said it hears this node.
-    pub two_way: bool,
-    /// Its last heartbeat said the master reaches it (two-way).
-    pub master_ok: bool,
+    /// When this node sent the latest of its own beats that this watcher echoed: two-way
+    /// contact, as of then.
+    pub echoed: Option<Nanos>,
+    /// When this node sent the latest beat that this watcher heard before a view the master
+    /// acknowledged: the master has seen that the watcher hears this node.
+    pub vouched: Option<Nanos>,
     /// Its last heartbeat said the master has marked this node for fencing.
     pub marked_me: bool,
 }
@@ -23,8 +32,9 @@ pub struct WatcherContact {
 /// What the node knows at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FeedInputs {
+    /// The node's monotonic clock.
     pub now: Nanos,
-    /// The last signed probe of the master that said it hears this node.
+    /// When this node took the view whose beat the master last echoed in a signed probe.
     pub master_contact: Option<Nanos>,
     /// The master's last probe marked this node for fencing.
     pub master_marked: bool,
@@ -38,8 +48,11 @@ pub struct FeedInputs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FeedSettings {
-    /// A probe of the master counts for this long.
-    pub master_fresh: Nanos,
+    /// A watcher's echo counts for this long after the echoed beat.
+    pub lost_after: Nanos,
+    /// What came through the master's probe (its echo of this node's view, or a beat a watcher
+    /// vouched for) counts for this long after the beat: the round trip takes a probe cycle.
+    pub master_lost_after: Nanos,
     /// With no rule holding for this long, the node is the isolated one.
     pub isolation: Nanos,
 }
@@ -47,12 +60,14 @@ pub struct FeedSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
 #[strum(serialize_all = "kebab-case")]
 pub enum Reason {
-    /// The master hears this node.
+    /// The master echoed a recent view of this node.
     Master,
-    /// A watcher the master reaches hears this node: the master sees it partitioned, never dead.
+    /// A watcher relayed a recent beat of this node that the master saw it hear: the master
+    /// sees the node partitioned, never dead.
     WatcherVouches,
-    /// Most of its watchers hear it and none reaches the master: the master cannot hear enough
-    /// of them to judge (a master or network-core outage). No reboot storm.
+    /// Most of its watchers echo recent beats: the master, which needs at least half of them
+    /// to say the node is lost, cannot judge it dead (a master or network-core outage). No
+    /// reboot storm.
     MasterUnreachable,
     /// No rule holds, but not yet for the isolation timeout.
     Waiting,
@@ -76,10 +91,12 @@ pub enum Feed {
     Starve(Reason),
 }
 
+fn recent(now: Nanos, at: Option<Nanos>, within: Nanos) -> bool {
+    at.is_some_and(|t| now.saturating_sub(t) <= within)
+}
+
 /// Whether to feed now.
 pub fn decide_feed(i: &FeedInputs, s: &FeedSettings) -> Feed {
-    let contacts: Vec<&WatcherContact> =
-        i.watchers.iter().filter(|w| w.heard && w.two_way).collect();
     // A node whose own traffic does not get out still hears the mark through its watchers.
     if i.master_marked || i.watchers.iter().any(|w| w.heard && w.marked_me) {
         return Feed::Starve(Reason::Marked);
@@ -88,17 +105,23 @@ pub fn decide_feed(i: &FeedInputs, s: &FeedSettings) -> Feed {
         reason,
         vouched: true,
     };
-    if i.master_contact
-        .is_some_and(|t| i.now.saturating_sub(t) <= s.master_fresh)
-    {
+    if recent(i.now, i.master_contact, s.master_lost_after) {
         return vouched(Reason::Master);
     }
-    if contacts.iter().any(|w| w.master_ok) {
+    if i.watchers
+        .iter()
+        .any(|w| recent(i.now, w.vouched, s.master_lost_after))
+    {
         return vouched(Reason::WatcherVouches);
     }
-    // A strict majority: the master then hears fewer than half of the watchers, too few to
-    // judge (`opinion::second_opinion` needs at least half).
-    if contacts.len() * 2 > i.watchers.len() {
+    let two_way = i
+        .watchers
+        .iter()
+        .filter(|w| recent(i.now, w.echoed, s.lost_after))
+        .count();
+    // A strict majority: the master then hears fewer than half of the watchers say the node is
+    // lost, too few to judge (`opinion::second_opinion` needs at least half).
+    if two_way * 2 > i.watchers.len() {
         return vouched(Reason::MasterUnreachable);
     }
     let since = i.last_vouched.unwrap_or(i.armed_at);
@@ -113,9 +136,10 @@ pub fn decide_feed(i: &FeedInputs, s: &FeedSettings) -> Feed {
 }
 
 /// What a node reports of its self-fencing (signed in its view), all in nanoseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct SelfFenceTimes {
-    /// A peer unheard for this long is lost.
+    /// A watcher's echo counts for this long (and a peer unheard for this long is lost).
     pub lost_after: Nanos,
     /// Heartbeat interval.
     pub heartbeat: Nanos,
@@ -123,172 +147,149 @@ pub struct SelfFenceTimes {
     pub feed_every: Nanos,
     pub isolation: Nanos,
     pub watchdog_timeout: Nanos,
+    /// The master's echo, or a beat a watcher vouched for, counts for this long.
+    #[serde(default)]
+    pub master_lost_after: Nanos,
 }
 
-/// The time after the last moment any witness heard the node by which it has certainly been
-/// reset: its watchers stop vouching for it within `lost-after` plus one heartbeat (which
-/// carries the news), it then feeds for at most the isolation timeout (plus the feed
-/// interval, for the decision in flight), and its watchdog fires within its timeout. `margin`
-/// covers clock rates and scheduling.
-pub fn safe_time(t: &SelfFenceTimes, margin: Nanos) -> Nanos {
-    t.lost_after + t.heartbeat + t.isolation + t.feed_every + t.watchdog_timeout + margin
+impl SelfFenceTimes {
+    /// From the last moment no rule can hold, the node starves within the isolation timeout
+    /// (plus a feed interval for a decision taken just before and written just after), and
+    /// its watchdog fires within its timeout. `margin` covers clock rates and scheduling.
+    pub fn after_quiet(&self, margin: Nanos) -> Nanos {
+        self.isolation + self.feed_every + self.watchdog_timeout + margin
+    }
+
+    fn relay(&self) -> Nanos {
+        self.master_lost_after.max(self.lost_after)
+    }
+}
+
+/// What the master saw of one of the node's watchers, on the master's own clock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatcherEvidence {
+    /// When the master received the latest view of this watcher that said it hears the node.
+    pub hears_at: Option<Nanos>,
+    /// Since its views began to say it has lost the node: the watcher received nothing from
+    /// the node in `(from, until]`.
+    pub lost: Option<LostRun>,
+}
+
+/// What a watcher's "lost" views cover, on the master's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LostRun {
+    pub from: Nanos,
+    pub until: Nanos,
+}
+
+impl LostRun {
+    /// A "lost" view answering a probe sent at `sent` and received at `received` was taken
+    /// between the two, and says the watcher had received nothing from the node for `quiet`
+    /// (its own monotonic clock) when it took it. Conservatively that covers
+    /// `(received - quiet, sent]`, which joins the run when the two overlap.
+    pub fn extend(run: Option<LostRun>, sent: Nanos, received: Nanos, quiet: Nanos) -> LostRun {
+        let from = received.saturating_sub(quiet);
+        match run {
+            Some(r) if from <= r.until => LostRun {
+                from: r.from.min(from),
+                until: r.until.max(sent),
+            },
+            _ => LostRun { from, until: sent },
+        }
+    }
+}
+
+/// Everything the master holds about a silent self-fencing node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResetEvidence {
+    /// When the master last received a view of the node itself (the master's echo of it keeps
+    /// the node fed for at most `master-lost-after` after the node took it, so before then).
+    pub master_heard: Option<Nanos>,
+    /// Since when this process leads: echoes sent by an earlier leader are older than this.
+    pub leading_since: Nanos,
+    /// Every watcher of the node, as the node holds them.
+    pub watchers: Vec<WatcherEvidence>,
+}
+
+/// Whether the master can prove the node has reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetProof {
+    /// No rule could hold at the node from `quiet_from` for the isolation timeout: it starved
+    /// and never feeds again, and its watchdog has fired by `reset_by`.
+    Proven { quiet_from: Nanos, reset_by: Nanos },
+    /// Not yet: `covered` of the `needed` watchers have said "lost" for the whole quiet window
+    /// so far; `reset_by` is the earliest the proof can give.
+    Pending {
+        quiet_from: Nanos,
+        reset_by: Nanos,
+        covered: usize,
+        needed: usize,
+    },
+}
+
+/// The proof, at `now`. The node feeds only while one of its rules held within the isolation
+/// timeout, and each rule has a bound in what the master received:
+/// - the master's echo: the node took the echoed view before the master received it, and counts
+///   it for `master-lost-after`, so not after `master_heard + master-lost-after`;
+/// - a watcher's vouch: the master received the acknowledged view (which said the watcher
+///   hears the node) after the vouched beat was sent, so not after
+///   `hears_at + master-lost-after`;
+/// - echoes of a strict majority of watchers: each such watcher received a beat in the
+///   `lost-after` before; at least half of the watchers saying "lost" over the whole window
+///   leaves no majority (`LostRun`);
+/// - an earlier leader's echoes are older than `leading_since`.
+///
+/// The quiet window starts after all of these and lasts the isolation timeout plus a feed
+/// interval; once the master has received every view that falls in it, a rule that held
+/// there would show in them.
+pub fn reset_proof(e: &ResetEvidence, t: &SelfFenceTimes, margin: Nanos, now: Nanos) -> ResetProof {
+    let lost_after = t.lost_after;
+    let relay = t.relay();
+    let span = t.isolation + t.feed_every;
+    let mut quiet_from = e.leading_since.saturating_add(relay);
+    if let Some(m) = e.master_heard {
+        quiet_from = quiet_from.max(m.saturating_add(relay));
+    }
+    for h in e.watchers.iter().filter_map(|w| w.hears_at) {
+        quiet_from = quiet_from.max(h.saturating_add(relay));
+    }
+    // At least half of the watchers must have received nothing from `quiet_from - lost-after`
+    // (an echo from then still counts at `quiet_from`) to the window's end.
+    let needed = e.watchers.len().div_ceil(2);
+    let mut starts: Vec<Nanos> = e
+        .watchers
+        .iter()
+        .filter_map(|w| w.lost)
+        .map(|r| r.from.saturating_add(lost_after))
+        .collect();
+    starts.sort_unstable();
+    if needed > 0
+        && let Some(s) = starts.get(needed - 1)
+    {
+        quiet_from = quiet_from.max(*s);
+    }
+    let end = quiet_from.saturating_add(span);
+    let covered = e
+        .watchers
+        .iter()
+        .filter_map(|w| w.lost)
+        .filter(|r| r.from.saturating_add(lost_after) <= quiet_from && r.until >= end)
+        .count();
+    let reset_by = quiet_from.saturating_add(t.after_quiet(margin));
+    if covered >= needed && now >= end {
+        ResetProof::Proven {
+            quiet_from,
+            reset_by,
+        }
+    } else {
+        ResetProof::Pending {
+            quiet_from,
+            reset_by,
+            covered,
+            needed,
+        }
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    const S: Nanos = 1_000_000_000;
-
-    fn settings() -> FeedSettings {
-        FeedSettings {
-            master_fresh: 3 * S,
-            isolation: 10 * S,
-        }
-    }
-
-    fn w(two_way: bool, master_ok: bool) -> WatcherContact {
-        WatcherContact {
-            name: "w".into(),
-            heard: true,
-            two_way,
-            master_ok,
-            marked_me: false,
-        }
-    }
-
-    fn inputs(watchers: Vec<WatcherContact>) -> FeedInputs {
-        FeedInputs {
-            now: 100 * S,
-            master_contact: None,
-            master_marked: false,
-            watchers,
-            last_vouched: Some(95 * S),
-            armed_at: 0,
-        }
-    }
-
-    fn reason(f: Feed) -> Reason {
-        match f {
-            Feed::Feed { reason, .. } | Feed::Starve(reason) => reason,
-        }
-    }
-
-    #[test]
-    fn the_master_hearing_the_node_keeps_it_fed_until_it_marks_it() {
-        let mut i = inputs(vec![]);
-        i.master_contact = Some(98 * S);
-        assert_eq!(reason(decide_feed(&i, &settings())), Reason::Master);
-        i.master_marked = true;
-        assert_eq!(decide_feed(&i, &settings()), Feed::Starve(Reason::Marked));
-    }
-
-    #[test]
-    fn a_mark_relayed_by_a_watcher_stops_feeding_at_once() {
-        let mut m = w(true, true);
-        m.marked_me = true;
-        let i = inputs(vec![m, w(true, true), w(true, true)]);
-        assert_eq!(decide_feed(&i, &settings()), Feed::Starve(Reason::Marked));
-        // Outbound traffic cut: no watcher hears this node, but it hears their marks.
-        let mut m = w(false, true);
-        m.marked_me = true;
-        let i = inputs(vec![m, w(false, true)]);
-        assert_eq!(decide_feed(&i, &settings()), Feed::Starve(Reason::Marked));
-        // A watcher not heard within lost-after says nothing.
-        let mut gone = w(false, true);
-        gone.heard = false;
-        gone.marked_me = true;
-        let i = inputs(vec![gone, w(true, true)]);
-        assert_eq!(reason(decide_feed(&i, &settings())), Reason::WatcherVouches);
-    }
-
-    #[test]
-    fn cut_from_the_master_only_a_watcher_that_reaches_it_vouches() {
-        let i = inputs(vec![w(true, true), w(false, false), w(false, false)]);
-        assert_eq!(reason(decide_feed(&i, &settings())), Reason::WatcherVouches);
-    }
-
-    #[test]
-    fn a_master_outage_never_starves_a_node_most_of_whose_watchers_hear_it() {
-        let i = inputs(vec![w(true, false), w(true, false), w(false, false)]);
-        assert_eq!(
-            decide_feed(&i, &settings()),
-            Feed::Feed {
-                reason: Reason::MasterUnreachable,
-                vouched: true
-            }
-        );
-        // Exactly half is not enough: the master could hear the other half and judge.
-        let i = inputs(vec![w(true, false), w(false, false)]);
-        assert_eq!(reason(decide_feed(&i, &settings())), Reason::Waiting);
-    }
-
-    #[test]
-    fn isolated_for_the_isolation_timeout_it_starves() {
-        let mut i = inputs(vec![w(false, false), w(false, true)]);
-        i.now = 104 * S;
-        assert_eq!(reason(decide_feed(&i, &settings())), Reason::Waiting);
-        i.now = 105 * S;
-        assert_eq!(decide_feed(&i, &settings()), Feed::Starve(Reason::Isolated));
-        // Never vouched for since arming: counted from the arming.
-        i.last_vouched = None;
-        i.armed_at = 100 * S;
-        assert_eq!(reason(decide_feed(&i, &settings())), Reason::Waiting);
-    }
-
-    #[test]
-    fn the_safe_time_adds_up_every_stage() {
-        let t = SelfFenceTimes {
-            lost_after: 2 * S,
-            heartbeat: S / 2,
-            feed_every: S,
-            isolation: 10 * S,
-            watchdog_timeout: 10 * S,
-        };
-        assert_eq!(safe_time(&t, 2 * S), 51 * S / 2);
-    }
-
-    fn contact() -> impl Strategy<Value = WatcherContact> {
-        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
-            |(heard, two_way, master_ok, marked_me)| WatcherContact {
-                name: "w".into(),
-                heard,
-                two_way: heard && two_way,
-                master_ok,
-                marked_me,
-            },
-        )
-    }
-
-    proptest! {
-        /// The node never keeps feeding on its peers' word while the master could judge it dead:
-        /// when every watcher that hears it says the master is away and they are no majority, and
-        /// nothing vouched for the isolation timeout, it starves.
-        #[test]
-        fn whenever_the_master_could_judge_it_dead_it_starves(
-            ws in prop::collection::vec(contact(), 0..10),
-            last in prop::option::of(0i64..200),
-        ) {
-            let i = FeedInputs {
-                now: 200 * S,
-                master_contact: None,
-                master_marked: false,
-                watchers: ws.clone(),
-                last_vouched: last.map(|s| s * S),
-                armed_at: 0,
-            };
-            let hearers: Vec<&WatcherContact> = ws.iter().filter(|w| w.two_way).collect();
-            let master_could_judge = hearers.iter().all(|w| !w.master_ok)
-                && hearers.len() * 2 <= ws.len();
-            let quiet = last.is_none_or(|l| (200 - l) * S >= settings().isolation);
-            let f = decide_feed(&i, &settings());
-            if master_could_judge && quiet {
-                prop_assert!(matches!(f, Feed::Starve(_)), "{f:?}");
-            }
-            if ws.iter().any(|w| w.heard && w.marked_me) {
-                prop_assert_eq!(f, Feed::Starve(Reason::Marked));
-            }
-        }
-    }
-}
+mod tests;

@@ -1,6 +1,7 @@
-//! Peer heartbeats on the wire (issue 13): one small signed UDP datagram from a node to each of
-//! its peers. It names sender and recipient, carries a per-sender counter and the send time,
-//! and says whether the sender hears the recipient (so contact can be judged two-way). A heartbeat is
+//! Peer heartbeats on the wire: one small signed UDP datagram from a node to each of its peers.
+//! It names sender and recipient, carries a per-sender counter (the beat) and the send time, and
+//! echoes the latest beat of the recipient the sender heard, so the recipient judges two-way
+//! contact by a round trip on its own clock, never by when a message arrived. A heartbeat is
 //! checked like a report: size first, then signature, recipient, freshness and a strictly
 //! increasing counter, so a forged or replayed one neither keeps a dead node "alive" nor makes a
 //! live one "dead".
@@ -13,6 +14,9 @@ use super::{Key, age_ns};
 
 /// Domain separator: a heartbeat signature is valid for nothing else.
 const HEARTBEAT_DOMAIN: &[u8] = b"maintd-heartbeat-v1\n";
+
+/// Version 2 echoes beats; version 1 said "I hear you" by arrival, which a delay could fake.
+pub const HEARTBEAT_VERSION: u32 = 2;
 
 /// A datagram larger than this is dropped unread.
 pub const MAX_HEARTBEAT_BYTES: usize = 2048;
@@ -39,11 +43,17 @@ pub struct Heartbeat {
     pub seq: u64,
     /// Send time, ns since the epoch.
     pub ts: i64,
-    /// The sender has heard the recipient recently.
-    pub hears_you: bool,
-    /// The master reaches the sender both ways (its signed probe said it hears the sender).
+    /// The latest beat (`seq`) of the recipient the sender accepted; 0 for none. The recipient
+    /// counts contact from when it sent that beat, so a late or replayed heartbeat echoes an old
+    /// beat and proves nothing about now.
     #[serde(default)]
-    pub master_ok: bool,
+    pub echo: u64,
+    /// A beat of the recipient the sender heard before taking a view of its peers that the
+    /// master has since acknowledged (echoed in its signed probe); 0 for none. The master has
+    /// then seen this sender say it hears the recipient: the recipient is partitioned from the
+    /// master, never judged dead, for as long as this beat is recent.
+    #[serde(default)]
+    pub vouch: u64,
     /// The master told the sender that the recipient is marked for fencing: a node whose own
     /// traffic does not get out still learns it, and stops feeding its watchdog.
     #[serde(default)]
@@ -88,15 +98,15 @@ impl HeartbeatError {
 }
 
 impl Heartbeat {
-    pub fn new(from: &str, to: &str, seq: u64, ts: i64, hears_you: bool) -> Heartbeat {
+    pub fn new(from: &str, to: &str, seq: u64, ts: i64, echo: u64) -> Heartbeat {
         Heartbeat {
-            v: 1,
+            v: HEARTBEAT_VERSION,
             from: from.into(),
             to: to.into(),
             seq,
             ts,
-            hears_you,
-            master_ok: false,
+            echo,
+            vouch: 0,
             marked_you: false,
             watchdog_ms: 0,
             sig: String::new(),
@@ -114,8 +124,8 @@ impl Heartbeat {
             self.to,
             self.seq,
             self.ts,
-            self.hears_you,
-            self.master_ok,
+            self.echo,
+            self.vouch,
             self.marked_you,
             self.watchdog_ms
         )
@@ -147,7 +157,7 @@ impl Heartbeat {
         }
         let hb: Heartbeat =
             serde_json::from_slice(bytes).map_err(|e| HeartbeatError::Malformed(e.to_string()))?;
-        if hb.v != 1 {
+        if hb.v != HEARTBEAT_VERSION {
             return Err(HeartbeatError::Malformed(format!(
                 "unknown version {}",
                 hb.v
@@ -290,6 +300,15 @@ pub struct PeerView {
     /// The node's armed watchdog and self-fencing times; absent without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watchdog: Option<super::WatchdogReport>,
+    /// This view's beat, for the master to echo in its next probe (the node's round trip with
+    /// the master); 0 when the view answers no signed probe.
+    #[serde(default)]
+    pub beat: u64,
+    /// The `probe` number of the signed probe this view answers; 0 for none. The master takes
+    /// only a view that answers the probe it just sent, so a view is never older than its
+    /// probe, however an attacker delays or replays it.
+    #[serde(default)]
+    pub answers: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -299,8 +318,14 @@ pub struct PeerState {
     pub heard_at: Option<i64>,
     /// Heard within `lost-after`.
     pub alive: bool,
-    /// Alive, and its last heartbeat said it hears this node: contact both ways.
+    /// Alive, and its last heartbeat echoed a beat this node sent within `lost-after`: contact
+    /// both ways.
     pub hears_me: bool,
+    /// For how long, by this node's monotonic clock, nothing has been received from the peer
+    /// (since its last heartbeat, or since this node began to track it): what the master proves
+    /// a silent node's reset from, with no clock compared across nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_ms: Option<u64>,
 }
 
 /// A view as served: the view's JSON text and its signature, so the bytes signed are the bytes
@@ -361,7 +386,7 @@ mod tests {
     }
 
     fn beat(seq: u64, ts: i64) -> Vec<u8> {
-        Heartbeat::new("n1", "n2", seq, ts, true)
+        Heartbeat::new("n1", "n2", seq, ts, 41)
             .sign(&key())
             .to_bytes()
     }
@@ -388,7 +413,7 @@ mod tests {
     fn a_signed_heartbeat_verifies_once_per_counter() {
         let hb = check(&beat(7, NOW), Some(6)).unwrap();
         assert_eq!((hb.from.as_str(), hb.seq), ("n1", 7));
-        assert!(hb.hears_you);
+        assert_eq!((hb.echo, hb.vouch), (41, 0));
         let replay = check(&beat(7, NOW), Some(7)).unwrap_err();
         assert_eq!(replay.metric_label(), "replay");
         assert!(check(&beat(5, NOW), Some(7)).is_err());
@@ -396,22 +421,22 @@ mod tests {
 
     #[test]
     fn forged_misrouted_stale_and_oversized_heartbeats_are_refused_with_their_reason() {
-        let forged = Heartbeat::new("n1", "n2", 1, NOW, false)
+        let forged = Heartbeat::new("n1", "n2", 1, NOW, 0)
             .sign(&Key::from_bytes(vec![1; 32]))
             .to_bytes();
         assert_eq!(
             check(&forged, None).unwrap_err().metric_label(),
             "signature"
         );
-        let mut tampered = Heartbeat::new("n1", "n2", 1, NOW, false).sign(&key());
-        tampered.hears_you = true;
+        let mut tampered = Heartbeat::new("n1", "n2", 1, NOW, 0).sign(&key());
+        tampered.vouch = 1;
         assert_eq!(
             check(&tampered.to_bytes(), None)
                 .unwrap_err()
                 .metric_label(),
             "signature"
         );
-        let elsewhere = Heartbeat::new("n1", "n4", 1, NOW, false)
+        let elsewhere = Heartbeat::new("n1", "n4", 1, NOW, 0)
             .sign(&key())
             .to_bytes();
         assert_eq!(
@@ -444,9 +469,12 @@ mod tests {
                 heard_at: Some(NOW),
                 alive: true,
                 hears_me: true,
+                quiet_ms: Some(150),
             }],
             rejected: Default::default(),
             watchdog: None,
+            beat: 12,
+            answers: 3,
         };
         let s = v.sign(&key());
         assert_eq!(s.verify(&key(), "n1").unwrap(), v);
@@ -460,15 +488,16 @@ mod tests {
     }
 
     #[test]
-    fn what_a_heartbeat_says_of_the_master_and_the_watchdog_is_signed() {
-        let mut hb = Heartbeat::new("n1", "n2", 7, NOW, true);
-        hb.master_ok = true;
+    fn what_a_heartbeat_echoes_vouches_and_says_of_the_watchdog_is_signed() {
+        let mut hb = Heartbeat::new("n1", "n2", 7, NOW, 41);
+        hb.vouch = 40;
         hb.watchdog_ms = 10_000;
         let bytes = hb.sign(&key()).to_bytes();
         let ok = check(&bytes, None).unwrap();
-        assert!(ok.master_ok && !ok.marked_you && ok.watchdog_ms == 10_000);
+        assert!(ok.vouch == 40 && !ok.marked_you && ok.watchdog_ms == 10_000);
         for (from, to) in [
-            ("\"master_ok\":true", "\"master_ok\":false"),
+            ("\"echo\":41", "\"echo\":42"),
+            ("\"vouch\":40", "\"vouch\":42"),
             ("\"marked_you\":false", "\"marked_you\":true"),
             ("\"watchdog_ms\":10000", "\"watchdog_ms\":0"),
         ] {
@@ -485,8 +514,8 @@ mod tests {
 
     #[test]
     fn a_name_cannot_borrow_bytes_from_the_next_field() {
-        let a = Heartbeat::new("n1", "n2x", 1, NOW, false);
-        let b = Heartbeat::new("n1n", "2x", 1, NOW, false);
+        let a = Heartbeat::new("n1", "n2x", 1, NOW, 0);
+        let b = Heartbeat::new("n1n", "2x", 1, NOW, 0);
         assert_ne!(a.signing_bytes(), b.signing_bytes());
     }
 
@@ -506,8 +535,8 @@ mod tests {
             if let Ok(hb) = check(&bytes, None) {
                 let orig = check(&beat(seq, NOW), None).unwrap();
                 prop_assert_eq!(
-                    (hb.from, hb.to, hb.seq, hb.ts, hb.hears_you),
-                    (orig.from, orig.to, orig.seq, orig.ts, orig.hears_you)
+                    (hb.from, hb.to, hb.seq, hb.ts, hb.echo, hb.vouch),
+                    (orig.from, orig.to, orig.seq, orig.ts, orig.echo, orig.vouch)
                 );
             }
         }

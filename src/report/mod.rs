@@ -88,6 +88,9 @@ pub struct WatchdogReport {
     pub isolation_timeout_ms: u64,
     pub heartbeat_interval_ms: u64,
     pub lost_after_ms: u64,
+    /// How long a beat vouched for by a watcher that the master reaches keeps the node fed.
+    #[serde(default)]
+    pub master_lost_after_ms: u64,
 }
 
 /// Largest sequence number a report may carry: the store keeps sequences as SQLite integers.

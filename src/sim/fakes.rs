@@ -35,9 +35,48 @@ pub struct SimCollectors {
     pub(super) wrong: Key,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) nodes: Mutex<BTreeMap<String, SimNode>>,
+    /// Latency and loss on the liveness probe's path, with the state of its random numbers.
+    pub(super) impairment: Mutex<Option<(Impairment, u64)>>,
+}
+
+/// A lossy, jittery link, as the probe sees it: each direction takes `one_way` ± `jitter`, and
+/// a direction loses its segment with `loss_percent` chance, which TCP retransmits after a
+/// second.
+#[derive(Debug, Clone, Copy)]
+pub struct Impairment {
+    pub one_way: Duration,
+    pub jitter: Duration,
+    pub loss_percent: u64,
 }
 
 impl SimCollectors {
+    /// Every liveness probe from now on crosses this link (deterministic, from `seed`).
+    pub fn impair(&self, i: Impairment, seed: u64) {
+        *self.impairment.lock_unpoisoned() = Some((i, seed.max(1)));
+    }
+
+    /// How long the next probe's round trip takes.
+    fn round_trip(&self) -> Option<Duration> {
+        let mut guard = self.impairment.lock_unpoisoned();
+        let (i, state) = guard.as_mut()?;
+        let mut next = || {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            *state
+        };
+        let mut total = Duration::ZERO;
+        for _ in 0..2 {
+            let j = i.jitter.as_millis() as u64;
+            let ms = i.one_way.as_millis() as u64 + next() % (2 * j + 1);
+            total += Duration::from_millis(ms.saturating_sub(j));
+            if next() % 100 < i.loss_percent {
+                total += Duration::from_secs(1);
+            }
+        }
+        Some(total)
+    }
+
     fn with<T>(&self, node: &str, f: impl FnOnce(&mut SimNode) -> T) -> T {
         let mut nodes = self.nodes.lock_unpoisoned();
         f(nodes.get_mut(node).expect("a simulated node"))
@@ -106,7 +145,7 @@ impl SimCollectors {
 
     /// `node`'s signed view of its peers: a peer is alive until `LOST_AFTER` past its last
     /// heartbeat, as on a real collector.
-    fn view(&self, node: &str) -> SignedView {
+    fn view(&self, node: &str, answers: u64) -> SignedView {
         let now = self.clock.now();
         let nodes = self.nodes.lock_unpoisoned();
         let me = &nodes[node];
@@ -126,6 +165,7 @@ impl SimCollectors {
                     heard_at,
                     alive,
                     hears_me: alive,
+                    quiet_ms: heard_at.map(|h| ((now - h).max(0) / 1_000_000) as u64),
                 }
             })
             .collect();
@@ -136,6 +176,8 @@ impl SimCollectors {
             peers,
             rejected: BTreeMap::new(),
             watchdog: me.watchdog,
+            beat: answers,
+            answers,
         }
         .sign(if me.wrong_key { &self.wrong } else { &self.key })
     }
@@ -175,7 +217,7 @@ impl CollectorLink for SimCollectors {
         match path {
             "/" => answer(200, b"[1]".to_vec(), cap),
             "/1/peers" => {
-                let body = serde_json::to_vec(&self.view(&node.name)).expect("serializes");
+                let body = serde_json::to_vec(&self.view(&node.name, 0)).expect("serializes");
                 answer(200, body, cap)
             }
             REPORT_PATH => {
@@ -204,12 +246,20 @@ impl CollectorLink for SimCollectors {
         if method == reqwest::Method::GET
             && let Some(query) = path.strip_prefix("/1/peers?")
         {
+            if let Some(rtt) = self.round_trip() {
+                tokio::time::sleep(rtt).await;
+            }
             let marked = query
                 .split('&')
                 .filter_map(|kv| kv.strip_prefix("marked="))
                 .any(|m| m.split(',').any(|m| m == node.name));
             self.with(&node.name, |n| n.marked = marked);
-            let body = serde_json::to_vec(&self.view(&node.name)).expect("serializes");
+            let probe = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("probe="))
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            let body = serde_json::to_vec(&self.view(&node.name, probe)).expect("serializes");
             return answer(200, body, cap);
         }
         if method == reqwest::Method::PUT && path == "/1/peers" {

@@ -6,6 +6,7 @@
 //! fence agents, HTTP) is proven by the tests under `tests/` instead.
 
 mod fakes;
+mod latency;
 mod scenarios;
 mod selffence;
 mod witnesses;
@@ -117,6 +118,8 @@ pub struct Sim {
     pub readiness: Option<Arc<Board>>,
     /// The fencer's peer sets and views, with fencing.
     pub peering: Option<Arc<crate::fencing::peering::Peering>>,
+    /// What the daemon's parts count.
+    pub metrics: Metrics,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -164,6 +167,7 @@ impl Sim {
                     })
                     .collect(),
             ),
+            impairment: Mutex::new(None),
         });
         let cluster = Arc::new(SimCluster {
             nodes: names.iter().cloned().collect(),
@@ -184,6 +188,7 @@ impl Sim {
         });
         let store = Arc::new(Store::open(&dir.path().join("state.db")).expect("a store"));
         let metrics = Metrics::register(&mut Registry::default());
+        let sim_metrics = metrics.clone();
         let members = Arc::new(Members::new(nodes));
         let link: Arc<dyn CollectorLink> = collectors.clone();
         let wake = Arc::new(Notify::new());
@@ -292,6 +297,7 @@ impl Sim {
             agents,
             readiness,
             peering,
+            metrics: sim_metrics,
             stop,
             tasks,
             _dir: dir,

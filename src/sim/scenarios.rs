@@ -188,6 +188,51 @@ async fn a_storm_starts_no_fence_at_all() {
     sim.stop().await;
 }
 
+/// Two nodes: one dead node is half the cluster. At the default storm threshold that is a storm
+/// and nothing is ever fenced; at 50 % the master is the tie-breaker: it and the other node (the
+/// dead node's only watcher) agree the node is gone, and it is fenced.
+#[tokio::test(start_paused = true)]
+async fn a_two_node_cluster_fences_only_with_the_master_as_tie_breaker() {
+    for (storm_percent, fenced) in [(30, false), (50, true)] {
+        let sim = Sim::start(SimOptions {
+            nodes: 2,
+            fencing: Some(FencingConfig {
+                storm_percent,
+                ..fencing(5)
+            }),
+            ..SimOptions::default()
+        });
+        sim.run_for(MIN).await;
+        sim.collectors.silence("node2");
+        sim.run_for(2 * MIN).await;
+        let released = sim.flows().iter().any(|f| f.released);
+        assert_eq!(released, fenced, "storm-percent {storm_percent}");
+        assert_eq!(sim.collectors.powered("node2"), !fenced);
+        let storm = sim.metrics.fencing_storm_seconds.get();
+        if fenced {
+            assert_eq!(storm, 0.0);
+        } else {
+            assert!(storm > 100.0, "the storm held fencing for {storm:.0} s");
+        }
+        sim.stop().await;
+    }
+    // The survivor stays: cut from the master only, node2 is heard by node1 and not fenced.
+    let sim = Sim::start(SimOptions {
+        nodes: 2,
+        fencing: Some(FencingConfig {
+            storm_percent: 50,
+            ..fencing(5)
+        }),
+        ..SimOptions::default()
+    });
+    sim.run_for(MIN).await;
+    sim.collectors.cut_from_master("node2", true);
+    sim.run_for(2 * MIN).await;
+    assert!(sim.flows().is_empty(), "{:?}", sim.flows());
+    assert!(sim.collectors.powered("node2"));
+    sim.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_silent_node_is_fenced_after_the_grace_released_once_and_recovered_once_healthy() {
     let sim = Sim::start(SimOptions {

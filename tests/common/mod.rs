@@ -19,7 +19,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_maintd");
+/// The binary under test; `MAINTD_TEST_BIN` runs the same tests against another build (an
+/// earlier release, to show that a new test catches what it was written for).
+pub static BIN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    std::env::var("MAINTD_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_maintd").to_string())
+});
 /// The value at fraction `p` (0.5: the median) of sorted values, as the benchmarks report.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -123,7 +127,7 @@ impl Cluster {
         for d in ["diagnose.d", "repair.d", "state"] {
             mkdir755(&root.join(d));
         }
-        let out = Command::new(BIN)
+        let out = Command::new(&*BIN)
             .args(["keygen", "--key-file"])
             .arg(root.join("cluster.key"))
             .output()
@@ -288,10 +292,10 @@ env = {{ NODE = "{node}" }}
         let mut cmd = match wrapper.split_first() {
             Some((w, rest)) => {
                 let mut c = Command::new(w);
-                c.args(rest).arg(BIN);
+                c.args(rest).arg(&*BIN);
                 c
             }
-            None => Command::new(BIN),
+            None => Command::new(&*BIN),
         };
         let child = cmd
             .args(args)
@@ -444,7 +448,7 @@ env = {{ NODE = "{node}" }}
     /// Runs `maintd --config <config> daemon <extra>` that is expected to exit at start-up, and
     /// returns its exit code and stderr.
     pub fn daemon_exit(&self, config: &Path, extra: &[&str]) -> (Option<i32>, String) {
-        let out = Command::new(BIN)
+        let out = Command::new(&*BIN)
             .args(["--config", config.to_str().unwrap(), "daemon"])
             .args(extra)
             .output()
@@ -482,12 +486,18 @@ env = {{ NODE = "{node}" }}
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .client
-            .get(format!("{}{path}", self.url()))
-            .send()
-            .await
-            .unwrap();
+        let url = format!("{}{path}", self.url());
+        // Once more on a broken connection: the daemon closes idle keep-alive connections on
+        // its own deadlines, and a GET sent just as it does so meets a reset.
+        let r = match self.client.get(&url).send().await {
+            Ok(r) => Ok(r),
+            Err(e) if e.is_request() || e.is_connect() => self.client.get(&url).send().await,
+            Err(e) => Err(e),
+        };
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => panic!("GET {path}: {e:?}\ndaemon log:\n{}", self.daemon_log()),
+        };
         let s = r.status().as_u16();
         (s, r.json().await.unwrap_or(Value::Null))
     }
@@ -572,7 +582,7 @@ env = {{ NODE = "{node}" }}
 
     /// Runs the CLI against this cluster.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(BIN)
+        Command::new(&*BIN)
             .args(args)
             .env("MAINTD_URL", self.url())
             .env("MAINTD_KEY_FILE", self.path("cluster.key"))

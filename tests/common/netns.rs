@@ -154,6 +154,64 @@ impl Net {
         }
     }
 
+    /// A further host (10.77.k.250) with forwarding off, to stand on a path: returns its index.
+    /// A host routed through it reaches nobody through it unless a program there resends.
+    pub fn add_relay(&mut self) -> usize {
+        let i = self.hosts.len();
+        let tag = self.bridge.trim_start_matches("mdb").to_string();
+        let ns = format!("maintd-{tag}-r");
+        let outside = format!("md{tag}vr");
+        let ip_addr = format!("{}250", self.prefix);
+        must(&["netns", "add", &ns]);
+        self.hosts.push(Host {
+            ns: ns.clone(),
+            ip: ip_addr.clone(),
+            veth: outside.clone(),
+        });
+        must(&[
+            "link", "add", &outside, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+        ]);
+        must(&["link", "set", &outside, "master", &self.bridge, "up"]);
+        must(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{ip_addr}/24"),
+            "dev",
+            "eth0",
+        ]);
+        must(&["-n", &ns, "link", "set", "eth0", "up"]);
+        must(&["-n", &ns, "link", "set", "lo", "up"]);
+        let sysctl = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=0",
+            ])
+            .status()
+            .expect("sysctl");
+        assert!(sysctl.success(), "cannot turn forwarding off on the relay");
+        i
+    }
+
+    /// Host `from` sends everything for host `to` through host `via`.
+    pub fn route_via(&self, from: usize, to: usize, via: usize) {
+        let dst = format!("{}/32", self.hosts[to].ip);
+        must(&[
+            "-n",
+            &self.hosts[from].ns,
+            "route",
+            "add",
+            &dst,
+            "via",
+            &self.hosts[via].ip,
+        ]);
+    }
+
     /// Everything host `i` sends is dropped; it still receives.
     pub fn drop_outbound(&self, i: usize) {
         for half in ["0/25", "128/25"] {

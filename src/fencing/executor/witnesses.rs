@@ -36,26 +36,24 @@ fn reported_times(w: &crate::report::WatchdogReport) -> SelfFenceTimes {
         feed_every: ns(w.feed_interval_ms),
         isolation: ns(w.isolation_timeout_ms),
         watchdog_timeout: ns(w.timeout_ms),
+        master_lost_after: ns(w.master_lost_after_ms),
     }
 }
 
 impl<C: Cluster> Fencer<C> {
-    /// For each self-fencing flow still waiting: the node's last reported watchdog, and the
-    /// last moment anyone heard it (the master's probe, any watcher's heartbeat).
+    /// For each self-fencing flow still waiting: the node's last reported watchdog, and what
+    /// the master received from it and its watchers (its own clock only).
     pub(super) fn self_fence_facts(
         &self,
         flows: &[crate::fencing::machine::Flow],
-        liveness: &BTreeMap<String, Liveness>,
     ) -> BTreeMap<String, SelfFenceFacts> {
         flows
             .iter()
             .filter(|f| f.step == crate::fencing::machine::Step::SelfFence && !f.fenced)
             .map(|f| {
-                let (report, peers_heard) = self.peering.self_fence(&f.node);
-                let master = liveness.get(&f.node).and_then(|l| l.unreachable_since);
                 let facts = SelfFenceFacts {
-                    times: report.as_ref().map(reported_times),
-                    last_heard: master.max(peers_heard),
+                    times: self.peering.watchdog(&f.node).as_ref().map(reported_times),
+                    evidence: self.peering.reset_evidence(&f.node),
                 };
                 (f.node.clone(), facts)
             })

@@ -40,6 +40,7 @@ fn policy() -> FencePolicy {
 fn up() -> Liveness {
     Liveness {
         reachable: true,
+        answered: true,
         unreachable_since: None,
         healthy_at: None,
         probe_silent: false,
@@ -50,6 +51,7 @@ fn up() -> Liveness {
 fn down(since: Nanos) -> Liveness {
     Liveness {
         reachable: false,
+        answered: false,
         unreachable_since: Some(since),
         healthy_at: None,
         probe_silent: true,
@@ -416,6 +418,7 @@ fn a_condition_fence_recovers_only_once_the_condition_clears_and_says_which_rule
         "n2".into(),
         Liveness {
             reachable: false,
+            answered: false,
             unreachable_since: Some(T0),
             healthy_at: Some(T0 + 5 * S),
             probe_silent: false,
@@ -471,6 +474,7 @@ fn a_collector_fence_never_recovers_on_a_report_diagnosed_before_the_power_off()
             healthy_at: Some(T0 + 20 * S),
             probe_silent: true,
             reachable: false,
+            answered: false,
             ..up()
         },
     );
@@ -562,6 +566,7 @@ mod second_opinion {
             "n2".into(),
             Liveness {
                 reachable: false,
+                answered: false,
                 unreachable_since: Some(T0),
                 healthy_at: None,
                 probe_silent: false,
@@ -575,11 +580,13 @@ mod second_opinion {
 
 mod self_fencing {
     use super::*;
-    use crate::fencing::selffence::{SelfFenceTimes, safe_time};
+    use crate::fencing::selffence::{
+        LostRun, ResetEvidence, ResetProof, SelfFenceTimes, WatcherEvidence, reset_proof,
+    };
     use proptest::prelude::*;
 
     /// n2 without a BMC, self-fencing, silent since T0.
-    fn state(times: Option<SelfFenceTimes>, last_heard: Option<Nanos>) -> FenceState {
+    fn state(times: Option<SelfFenceTimes>, evidence: Option<ResetEvidence>) -> FenceState {
         let mut s = super::state();
         s.plans.insert(
             "n2".into(),
@@ -592,7 +599,7 @@ mod self_fencing {
         );
         s.liveness.insert("n2".into(), down(T0));
         s.self_fence
-            .insert("n2".into(), SelfFenceFacts { times, last_heard });
+            .insert("n2".into(), SelfFenceFacts { times, evidence });
         s
     }
 
@@ -603,7 +610,26 @@ mod self_fencing {
             feed_every: S,
             isolation: 5 * S,
             watchdog_timeout: watchdog_s * S,
+            master_lost_after: 4 * S,
         }
+    }
+
+    /// The master last heard n2 at T0 + 1 s; both its watchers have said "lost" from T0 until
+    /// `until`.
+    fn evidence(until: Nanos) -> ResetEvidence {
+        let lost = WatcherEvidence {
+            hears_at: None,
+            lost: Some(LostRun { from: T0, until }),
+        };
+        ResetEvidence {
+            master_heard: Some(T0 + S),
+            leading_since: 0,
+            watchers: vec![lost, lost],
+        }
+    }
+
+    fn set_evidence(s: &mut FenceState, e: Option<ResetEvidence>) {
+        s.self_fence.get_mut("n2").expect("facts").evidence = e;
     }
 
     /// Start, mark (the step's attempt succeeds) and return the marked flow.
@@ -617,19 +643,28 @@ mod self_fencing {
     }
 
     #[test]
-    fn without_a_bmc_the_flow_marks_the_node_and_releases_only_after_the_safe_time() {
+    fn without_a_bmc_the_flow_marks_the_node_and_releases_only_once_its_reset_is_proven() {
         let t = times(10);
-        let mut s = state(Some(t), Some(T0 + S));
+        let mut s = state(Some(t), Some(evidence(T0 + 6 * S)));
         let f = marked(&mut s, T0 + 6 * S);
         assert!(f.marked && !f.fenced);
-        let until = T0 + S + safe_time(&t, s.policy.self_fence_margin);
+        // Quiet from T0 + 5 s (the master's echo of a view taken before T0 + 1 s counts 4 s).
+        let reset_by = T0 + 5 * S + t.after_quiet(s.policy.self_fence_margin);
         let f = saved(&tick(&mut s, &f, T0 + 7 * S));
-        assert_eq!(f.safe_until, Some(until));
-        assert_eq!(f.safe_time_ms, Some(23_500));
-        assert!(tick(&mut s, &f, until - 1).is_empty());
-        let f = saved(&tick(&mut s, &f, until));
+        assert_eq!(f.safe_until, Some(reset_by), "an estimate");
+        assert!(!f.safe_proven);
+        assert_eq!(f.safe_time_ms, Some(21_000));
+        // The watchers' "lost" views do not cover the quiet window yet: never fenced, however
+        // long it waits.
+        assert!(tick(&mut s, &f, reset_by + 60 * S).is_empty());
+        set_evidence(&mut s, Some(evidence(T0 + 11 * S)));
+        let f = saved(&tick(&mut s, &f, T0 + 11 * S));
+        assert!(f.safe_proven && !f.fenced);
+        assert_eq!(f.safe_until, Some(reset_by));
+        assert!(tick(&mut s, &f, reset_by - 1).is_empty());
+        let f = saved(&tick(&mut s, &f, reset_by));
         assert!(f.fenced);
-        let a = tick(&mut s, &f, until);
+        let a = tick(&mut s, &f, reset_by);
         assert!(
             a.iter()
                 .any(|x| matches!(x, FenceAction::Release { node, .. } if node == "n2"))
@@ -637,62 +672,113 @@ mod self_fencing {
     }
 
     #[test]
-    fn a_new_leader_resumes_the_wait_from_the_flow_and_never_releases_earlier() {
+    fn only_a_real_answer_stands_a_self_fence_down_not_a_probe_that_merely_has_not_yet_failed_twice()
+     {
         let t = times(10);
-        let mut s = state(Some(t), Some(T0 + S));
+        let mut s = state(Some(t), Some(evidence(T0 + 7 * S)));
         let f = marked(&mut s, T0 + 6 * S);
-        let f = saved(&tick(&mut s, &f, T0 + 7 * S));
+        // A restarted daemon: one probe missed, not yet silent, but no answer either.
+        s.liveness.insert(
+            "n2".into(),
+            Liveness {
+                reachable: true,
+                answered: false,
+                ..down(T0)
+            },
+        );
+        let a = tick(&mut s, &f, T0 + 7 * S);
+        assert!(
+            a.iter()
+                .all(|x| !matches!(x, FenceAction::Save(n) if n.step == Step::Recovery)),
+            "{a:?}"
+        );
+        s.liveness.insert("n2".into(), up());
+        let n = saved(&tick(&mut s, &f, T0 + 8 * S));
+        assert_eq!(n.step, Step::Recovery, "a real answer stands it down");
+    }
+
+    #[test]
+    fn a_new_leader_resumes_a_proven_wait_at_its_recorded_moment() {
+        let t = times(10);
+        let mut s = state(Some(t), Some(evidence(T0 + 11 * S)));
+        let f = marked(&mut s, T0 + 6 * S);
+        let f = saved(&tick(&mut s, &f, T0 + 11 * S));
+        assert!(f.safe_proven);
         let until = f.safe_until.expect("the wait is recorded");
-        // A restart or a failover: the new leader holds no view of the silent node, and heard
-        // less of its watchers (no last-heard at all).
+        // A restart or a failover: the new leader holds no view of the silent node, nor any
+        // evidence (it has led for a moment only).
         s.self_fence.clear();
-        assert!(tick(&mut s, &f, T0 + 8 * S).is_empty(), "nothing changes");
+        assert!(tick(&mut s, &f, T0 + 12 * S).is_empty(), "nothing changes");
         assert!(tick(&mut s, &f, until - 1).is_empty(), "not earlier");
         let done = saved(&tick(&mut s, &f, until));
         assert!(done.fenced && done.status != FenceStatus::Error);
-        // A watcher that heard it later extends the wait, and the new leader notes why.
+        assert_eq!(done.fenced_at, Some(until), "not later");
+    }
+
+    #[test]
+    fn an_unproven_wait_is_proven_again_by_a_new_leader_from_its_own_start() {
+        let t = times(10);
+        let mut s = state(Some(t), Some(evidence(T0 + 7 * S)));
+        let f = marked(&mut s, T0 + 6 * S);
+        let f = saved(&tick(&mut s, &f, T0 + 7 * S));
+        assert!(!f.safe_proven);
+        // The new leader never saw the node's report (it keeps the times from the flow) and
+        // leads from T0 + 20 s: echoes an earlier leader sent are older than that.
         s.self_fence.insert(
             "n2".into(),
             SelfFenceFacts {
                 times: None,
-                last_heard: Some(T0 + 3 * S),
+                evidence: None,
             },
         );
-        let later = saved(&tick(&mut s, &f, T0 + 8 * S));
-        assert_eq!(later.safe_until, Some(until + 2 * S));
         assert!(
-            later
-                .history
-                .last()
-                .unwrap()
-                .note
-                .contains("recorded in the flow"),
-            "{:?}",
-            later.history.last()
+            tick(&mut s, &f, T0 + 20 * S).is_empty(),
+            "no evidence, no proof"
         );
-        // Without a recorded wait and without a report, still nothing is ever released.
+        let mut e = evidence(T0 + 40 * S);
+        e.master_heard = None;
+        e.leading_since = T0 + 20 * S;
+        set_evidence(&mut s, Some(e.clone()));
+        let f = saved(&tick(&mut s, &f, T0 + 40 * S));
+        assert!(f.safe_proven);
+        let ResetProof::Proven { reset_by, .. } =
+            reset_proof(&e, &t, s.policy.self_fence_margin, T0 + 40 * S)
+        else {
+            panic!("proven")
+        };
+        assert_eq!(f.safe_until, Some(reset_by));
+        assert_eq!(
+            reset_by,
+            T0 + 24 * S + t.after_quiet(s.policy.self_fence_margin)
+        );
+        // Without times in the flow and without a report, still nothing is ever released.
         let mut bare = f.clone();
-        bare.safe_time_ms = None;
+        bare.self_fence_times = None;
+        bare.safe_proven = false;
         bare.safe_until = None;
         s.self_fence.clear();
-        let refused = saved(&tick(&mut s, &bare, until + 60 * S));
+        let refused = saved(&tick(&mut s, &bare, T0 + 90 * S));
         assert_eq!(refused.status, FenceStatus::Error);
         assert!(!refused.fenced);
     }
 
     proptest! {
-        /// Whatever the times, the last moment heard and the ticks, a self-fencing node is
-        /// counted reset only with a reported watchdog and never before its safe time.
+        /// Whatever the evidence and the ticks, a self-fencing node is counted reset only with a
+        /// reported watchdog and only once the evidence proves it reset by then.
         #[test]
         fn never_fenced_early_or_without_a_reported_watchdog(
             watchdog_s in 1i64..60,
             armed in any::<bool>(),
             heard_after in 0i64..30,
+            lost_until in 0i64..80,
+            hears in prop::option::of(0i64..30),
             ticks in proptest::collection::vec(0i64..120, 1..12),
         ) {
             let t = times(watchdog_s);
-            let last = T0 + heard_after * S;
-            let mut s = state(armed.then_some(t), Some(last));
+            let mut e = evidence(T0 + lost_until * S);
+            e.master_heard = Some(T0 + heard_after * S);
+            e.watchers[0].hears_at = hears.map(|h| T0 + h * S);
+            let mut s = state(armed.then_some(t), Some(e.clone()));
             let mut f = marked(&mut s, T0 + 6 * S);
             let mut ticks = ticks;
             ticks.sort();
@@ -705,7 +791,11 @@ mod self_fencing {
                 }
                 if f.fenced {
                     prop_assert!(armed);
-                    prop_assert!(now >= last + safe_time(&t, s.policy.self_fence_margin));
+                    let proof = reset_proof(&e, &t, s.policy.self_fence_margin, now);
+                    prop_assert!(
+                        matches!(proof, ResetProof::Proven { reset_by, .. } if reset_by <= now),
+                        "{proof:?} at {now}"
+                    );
                 }
             }
         }

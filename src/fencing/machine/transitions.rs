@@ -199,7 +199,7 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
     } = *c;
     let mut n = f.clone();
     let power_step = f.step != Step::Recovery;
-    if power_step && !f.fenced && (l.reachable || f.canceled) {
+    if power_step && !f.fenced && (l.answered || f.canceled) {
         let why = if f.canceled {
             "canceled before power-off"
         } else {
@@ -243,7 +243,7 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
 fn isolated(c: &Ctx, out: &mut Vec<FenceAction>) {
     let Ctx { f, l, now, .. } = *c;
     let mut n = f.clone();
-    if l.reachable || f.canceled {
+    if l.answered || f.canceled {
         n.go(
             now,
             Step::Recovery,
@@ -306,9 +306,9 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
     }
 }
 
-/// A self-fencing node, marked: stand down if it answers; else count it reset once the safe
-/// time has passed since any witness last heard it, and only with its signed report of an
-/// armed watchdog. Held during a storm or a pause, like a power-off.
+/// A self-fencing node, marked: stand down if it answers; else count it reset only once its
+/// reset is proven (`selffence::reset_proof`) from its signed report of an armed watchdog. Held
+/// during a storm or a pause, like a power-off.
 fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
     let Ctx {
         s,
@@ -319,7 +319,7 @@ fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
         ..
     } = *c;
     let mut n = f.clone();
-    if l.reachable || f.canceled {
+    if l.answered || f.canceled {
         let why = if f.canceled {
             "canceled before its safe time"
         } else {
@@ -337,72 +337,106 @@ fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
     if hold_power {
         return;
     }
-    let facts = s.self_fence.get(&f.node).copied().unwrap_or_default();
-    // The proof outlives the leader: once a leader that held the node's signed report has put
-    // the safe time in the flow, a restart or a failover mid-wait (a new leader holds no view
-    // of a node that is already silent) resumes the wait instead of failing it.
-    let safe = match (facts.times, f.safe_time_ms) {
-        (Some(times), _) => {
-            crate::fencing::selffence::safe_time(&times, s.policy.self_fence_margin)
-        }
-        (None, Some(ms)) => (ms as Nanos).saturating_mul(1_000_000),
-        (None, None) => {
+    // A proof outlives the leader that made it: a starved watchdog is never fed again, so a
+    // restart or a failover resumes the wait at the recorded moment, never earlier or later.
+    if f.safe_proven
+        && let Some(until) = f.safe_until
+    {
+        if now >= until {
+            n.fenced = true;
+            n.fenced_at = Some(now);
             n.go(
                 now,
                 Step::SelfFence,
-                FenceStatus::Error,
-                "no signed report of an armed watchdog from this node: it is never counted as reset, and nothing is released",
+                FenceStatus::Done,
+                "reset proven: the node starved its watchdog and the watchdog's timeout has passed",
             );
             out.push(FenceAction::Save(n));
-            return;
         }
-    };
-    let from = facts.last_heard.unwrap_or(f.detected).max(f.detected);
-    // Never shorter than a wait already recorded: a leader that heard less of the node's
-    // watchers must not release earlier than one that heard more.
-    let until = from.saturating_add(safe).max(f.safe_until.unwrap_or(0));
-    if now >= until {
-        n.fenced = true;
-        n.fenced_at = Some(now);
-        n.safe_until = Some(until);
+        return;
+    }
+    let facts = s.self_fence.get(&f.node).cloned().unwrap_or_default();
+    let Some(times) = facts.times.or(f.self_fence_times) else {
         n.go(
             now,
             Step::SelfFence,
-            FenceStatus::Done,
-            format!(
-                "safe time {:.1} s passed since the node was last heard: its watchdog has reset it",
-                safe as f64 / 1e9
-            ),
+            FenceStatus::Error,
+            "no signed report of an armed watchdog from this node: it is never counted as reset, and nothing is released",
         );
         out.push(FenceAction::Save(n));
-    } else if f.safe_until != Some(until) {
-        n.safe_time_ms = Some((safe / 1_000_000) as u64);
-        n.safe_until = Some(until);
-        n.updated = now;
-        let left = until.saturating_sub(now) as f64 / 1e9;
-        let note = match facts.times {
-            Some(times) => format!(
-                "safe time {:.1} s = lost-after {:.1} + heartbeat {:.1} + isolation {:.1} + feed {:.1} + watchdog {:.1} + margin {:.1}, from last heard; release not before {left:.1} s from now",
-                safe as f64 / 1e9,
-                times.lost_after as f64 / 1e9,
-                times.heartbeat as f64 / 1e9,
-                times.isolation as f64 / 1e9,
-                times.feed_every as f64 / 1e9,
-                times.watchdog_timeout as f64 / 1e9,
-                s.policy.self_fence_margin as f64 / 1e9,
-            ),
-            None => format!(
-                "safe time {:.1} s as recorded in the flow (the node's signed report was held by an earlier leader), from last heard; release not before {left:.1} s from now",
-                safe as f64 / 1e9
-            ),
-        };
-        n.history.push(super::Transition {
-            at: now,
-            step: Step::SelfFence,
-            status: FenceStatus::Done,
-            note,
-        });
-        out.push(FenceAction::Save(n));
+        return;
+    };
+    let margin = s.policy.self_fence_margin;
+    let after = times.after_quiet(margin);
+    n.self_fence_times = Some(times);
+    n.safe_time_ms = Some((after / 1_000_000) as u64);
+    let Some(evidence) = facts.evidence else {
+        // Not leading, or the node's watchers are not known: nothing can be proven yet.
+        if f.self_fence_times != Some(times) {
+            n.updated = now;
+            out.push(FenceAction::Save(n));
+        }
+        return;
+    };
+    let secs = |t: Nanos| t as f64 / 1e9;
+    match crate::fencing::selffence::reset_proof(&evidence, &times, margin, now) {
+        crate::fencing::selffence::ResetProof::Proven {
+            quiet_from,
+            reset_by,
+        } => {
+            n.safe_until = Some(reset_by);
+            n.safe_proven = true;
+            n.updated = now;
+            n.history.push(super::Transition {
+                at: now,
+                step: Step::SelfFence,
+                status: f.status,
+                note: format!(
+                    "reset proven: no rule could keep the node fed from {:.1} s ago for isolation {:.1} + feed {:.1} s, so its watchdog ({:.1} s, margin {:.1} s) has fired {:.1} s from now",
+                    secs(now.saturating_sub(quiet_from)),
+                    secs(times.isolation),
+                    secs(times.feed_every),
+                    secs(times.watchdog_timeout),
+                    secs(margin),
+                    secs(reset_by.saturating_sub(now)),
+                ),
+            });
+            out.push(FenceAction::Save(n));
+        }
+        crate::fencing::selffence::ResetProof::Pending {
+            reset_by,
+            covered,
+            needed,
+            ..
+        } => {
+            // Recorded when it moves by a second or more (an estimate, not yet a proof).
+            let moved = f
+                .safe_until
+                .is_none_or(|u| (u - reset_by).abs() >= 1_000_000_000);
+            if moved || f.self_fence_times != Some(times) {
+                let first = f.safe_until.is_none();
+                n.safe_until = Some(reset_by);
+                n.updated = now;
+                if first {
+                    n.history.push(super::Transition {
+                        at: now,
+                        step: Step::SelfFence,
+                        status: f.status,
+                        note: format!(
+                            "waiting for proof of the reset: release not before {:.1} s from now (quiet window of isolation {:.1} + feed {:.1} s after lost-after {:.1} / master-lost-after {:.1} s, then watchdog {:.1} + margin {:.1} s); {covered} of {needed} watchers needed have lost the node for the whole window",
+                            secs(reset_by.saturating_sub(now)),
+                            secs(times.isolation),
+                            secs(times.feed_every),
+                            secs(times.lost_after),
+                            secs(times.master_lost_after.max(times.lost_after)),
+                            secs(times.watchdog_timeout),
+                            secs(margin),
+                        ),
+                    });
+                }
+                out.push(FenceAction::Save(n));
+            }
+        }
     }
 }
 
