@@ -93,36 +93,43 @@ impl Net {
             prefix: prefix.clone(),
         };
         for i in 0..=nodes {
-            let ns = format!("maintd-{tag}-{i}");
-            let outside = format!("md{tag}v{i}");
             let ip_addr = if i == 0 {
                 format!("{prefix}1")
             } else {
                 format!("{prefix}{}", 10 + i)
             };
-            must(&["netns", "add", &ns]);
-            net.hosts.push(Host {
-                ns: ns.clone(),
-                ip: ip_addr.clone(),
-                veth: outside.clone(),
-            });
-            must(&[
-                "link", "add", &outside, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-            ]);
-            must(&["link", "set", &outside, "master", &net.bridge, "up"]);
-            must(&[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{ip_addr}/24"),
-                "dev",
-                "eth0",
-            ]);
-            must(&["-n", &ns, "link", "set", "eth0", "up"]);
-            must(&["-n", &ns, "link", "set", "lo", "up"]);
+            net.add_host(
+                &format!("maintd-{tag}-{i}"),
+                &ip_addr,
+                &format!("md{tag}v{i}"),
+            );
         }
         net
+    }
+
+    /// A namespace `ns` at `ip_addr`, joined to the bridge by the veth pair `outside`/eth0.
+    fn add_host(&mut self, ns: &str, ip_addr: &str, outside: &str) {
+        must(&["netns", "add", ns]);
+        self.hosts.push(Host {
+            ns: ns.to_string(),
+            ip: ip_addr.to_string(),
+            veth: outside.to_string(),
+        });
+        must(&[
+            "link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", ns,
+        ]);
+        must(&["link", "set", outside, "master", &self.bridge, "up"]);
+        must(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{ip_addr}/24"),
+            "dev",
+            "eth0",
+        ]);
+        must(&["-n", ns, "link", "set", "eth0", "up"]);
+        must(&["-n", ns, "link", "set", "lo", "up"]);
     }
 
     /// The command prefix that runs a program on host `i`.
@@ -160,29 +167,7 @@ impl Net {
         let i = self.hosts.len();
         let tag = self.bridge.trim_start_matches("mdb").to_string();
         let ns = format!("maintd-{tag}-r");
-        let outside = format!("md{tag}vr");
-        let ip_addr = format!("{}250", self.prefix);
-        must(&["netns", "add", &ns]);
-        self.hosts.push(Host {
-            ns: ns.clone(),
-            ip: ip_addr.clone(),
-            veth: outside.clone(),
-        });
-        must(&[
-            "link", "add", &outside, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-        ]);
-        must(&["link", "set", &outside, "master", &self.bridge, "up"]);
-        must(&[
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{ip_addr}/24"),
-            "dev",
-            "eth0",
-        ]);
-        must(&["-n", &ns, "link", "set", "eth0", "up"]);
-        must(&["-n", &ns, "link", "set", "lo", "up"]);
+        self.add_host(&ns, &format!("{}250", self.prefix), &format!("md{tag}vr"));
         let sysctl = Command::new("ip")
             .args([
                 "netns",

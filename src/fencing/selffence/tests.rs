@@ -585,6 +585,34 @@ mod model {
     }
 }
 
+/// The defaults, as the model runs them.
+fn model_times() -> SelfFenceTimes {
+    use model::MS;
+    SelfFenceTimes {
+        lost_after: 2000 * MS,
+        heartbeat: 500 * MS,
+        feed_every: 1000 * MS,
+        isolation: 5000 * MS,
+        watchdog_timeout: 10_000 * MS,
+        master_lost_after: 4000 * MS,
+    }
+}
+
+/// A healthy network: no cut, no loss, no delay, no outage, a probe every second.
+fn healthy(watchers: usize) -> model::Params {
+    use model::MS;
+    model::Params {
+        watchers,
+        window: 10_000 * MS,
+        probe_timeout: 800 * MS,
+        cut_at: None,
+        drop: 0,
+        hold: 0,
+        outage: None,
+        probe_every: 1000 * MS,
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -601,23 +629,13 @@ proptest! {
         outage in prop::option::of((0i64..40, 1i64..40)),
     ) {
         use model::*;
-        let t = SelfFenceTimes {
-            lost_after: 2000 * MS,
-            heartbeat: 500 * MS,
-            feed_every: 1000 * MS,
-            isolation: 5000 * MS,
-            watchdog_timeout: 10_000 * MS,
-            master_lost_after: 4000 * MS,
-        };
+        let t = model_times();
         let p = Params {
-            watchers,
-            window: 10_000 * MS,
-            probe_timeout: 800 * MS,
             cut_at: cut_s.map(|s| s * 1000 * MS),
             drop,
             hold,
             outage: outage.map(|(a, l)| (a * 1000 * MS, (a + l) * 1000 * MS)),
-            probe_every: 1000 * MS,
+            ..healthy(watchers)
         };
         let out = run(&p, &mut Tape(seed), &t, 90_000 * MS);
         // The proof may come after the moment it proves (the release is then at once): what
@@ -641,23 +659,10 @@ proptest! {
         cut_s in 5i64..20,
     ) {
         use model::*;
-        let t = SelfFenceTimes {
-            lost_after: 2000 * MS,
-            heartbeat: 500 * MS,
-            feed_every: 1000 * MS,
-            isolation: 5000 * MS,
-            watchdog_timeout: 10_000 * MS,
-            master_lost_after: 4000 * MS,
-        };
+        let t = model_times();
         let p = Params {
-            watchers,
-            window: 10_000 * MS,
-            probe_timeout: 800 * MS,
             cut_at: Some(cut_s * 1000 * MS),
-            drop: 0,
-            hold: 0,
-            outage: None,
-            probe_every: 1000 * MS,
+            ..healthy(watchers)
         };
         let out = run(&p, &mut Tape(seed), &t, 90_000 * MS);
         let (at, _) = out.proven.expect("proven");
@@ -674,23 +679,10 @@ proptest! {
         cycle_ms in 1000i64..1800,
     ) {
         use model::*;
-        let t = SelfFenceTimes {
-            lost_after: 2000 * MS,
-            heartbeat: 500 * MS,
-            feed_every: 1000 * MS,
-            isolation: 5000 * MS,
-            watchdog_timeout: 10_000 * MS,
-            master_lost_after: 4000 * MS,
-        };
+        let t = model_times();
         let p = Params {
-            watchers,
-            window: 10_000 * MS,
-            probe_timeout: 800 * MS,
-            cut_at: None,
-            drop: 0,
-            hold: 0,
-            outage: None,
             probe_every: cycle_ms / 10 * 10 * MS,
+            ..healthy(watchers)
         };
         let out = run(&p, &mut Tape(seed), &t, 60_000 * MS);
         prop_assert!(!out.starved);
