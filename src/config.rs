@@ -123,7 +123,7 @@ pub struct CollectorConfig {
     pub watchdog: WatchdogConfig,
 }
 
-/// The node's watchdog (seed 003): fed only while the node is healthy by consensus.
+/// The node's watchdog: fed only while the node is healthy by consensus.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct WatchdogConfig {

@@ -202,7 +202,7 @@ pub struct Node {
     pub witnesses: Option<PeerWitnesses>,
 }
 
-/// A node's watchers as the master last heard them (issue 13).
+/// A node's watchers as the master last heard them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct PeerWitnesses {

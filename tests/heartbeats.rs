@@ -1,4 +1,4 @@
-//! Peer heartbeats between real collector processes on loopback (issue 13 §1): the leader's
+//! Peer heartbeats between real collector processes on loopback: the leader's
 //! signed peer set, heartbeats both ways over UDP, a silent peer lost within `lost-after`, and
 //! forged, replayed, misrouted and strangers' datagrams refused and counted without effect.
 
@@ -137,7 +137,7 @@ async fn peers_hear_each_other_lose_a_silent_one_and_refuse_forged_and_replayed_
     );
 }
 
-/// The daemon's side (issue 13 §2) with real processes: the leader pushes every collector its
+/// The daemon's side with real processes: the leader pushes every collector its
 /// peer set, reads their views with its liveness probe, and fences a dead node only with its
 /// watchers as witnesses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Real network partitions (issue 13 §5): the master and three nodes, each in a network
+//! Real network partitions: the master and three nodes, each in a network
 //! namespace of its own on a bridge, links cut for real. Every node self-fences with the
 //! stand-in watchdog (tests/common/watchdog.rs), and runs a stand-in workload (a process in its
 //! process group, which a reset kills with it). The workload watcher is the release hook itself:

@@ -1,4 +1,4 @@
-//! `maintd bench peers`: what the peer heartbeats and the second opinion cost (issue 13 §6). The
+//! `maintd bench peers`: what the peer heartbeats and the second opinion cost. The
 //! leader's assignment and peer sets at N nodes; a heartbeat's size and the bytes each node sends
 //! and receives; each node's CPU, measured on real collectors' heartbeat tasks exchanging UDP on
 //! loopback; and the leader's extra CPU to verify every node's view once per liveness probe.

@@ -62,7 +62,7 @@ pub struct FencingConfig {
     pub check_timeout: Duration,
     pub check_concurrency: usize,
     /// A silent collector alone starts no fence: the node's watchers must have lost it too
-    /// (issue 13). Off only for a cluster whose collectors cannot reach each other.
+    ///. Off only for a cluster whose collectors cannot reach each other.
     pub second_opinion: bool,
     /// How many peers watch each node (all of them in a cluster of at most `watchers + 1`).
     pub watchers: usize,

@@ -1,4 +1,4 @@
-//! The pure fence state machine (seed 004): candidates after the grace, storm / pause / in-flight
+//! The pure fence state machine: candidates after the grace, storm / pause / in-flight
 //! / interval / cooldown gates, and each flow's transitions through isolation → power-management
 //! (verified off) → release → recovery, with retries and restarts. No I/O, no clock.
 

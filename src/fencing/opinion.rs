@@ -1,4 +1,4 @@
-//! The second opinion (issue 13 §2): what a node's watchers, as far as the master can hear them,
+//! The second opinion: what a node's watchers, as far as the master can hear them,
 //! say about it. A node the master has lost is a fence candidate only when the watchers the master
 //! hears have lost it too; a node a watcher still hears is partitioned from the master, not dead;
 //! too few watchers heard means no judgement (nothing is fenced). Pure: no I/O, no clock.

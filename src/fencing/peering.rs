@@ -99,6 +99,18 @@ pub struct Peering {
     probes: std::sync::atomic::AtomicU64,
 }
 
+/// Where this process's probe numbers start: random, so no two daemon processes (a restart, a
+/// new leader) ever number a probe alike, and a view recorded in answer to an earlier
+/// process's probe never answers this one's. Below 2^52, so every JSON reader reads them.
+fn probe_seed() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        // No randomness: the clock still differs from one process to the next.
+        b = crate::report::now_ns().to_be_bytes();
+    }
+    u64::from_be_bytes(b) >> 12
+}
+
 /// A set's epoch: a hash of its content, so every leader derives the same number and a
 /// collector holding it needs no push. Never 0 (a collector's empty set).
 fn epoch_of(peers: &BTreeMap<String, PeerAddress>, watchers: &BTreeSet<String>) -> u64 {
@@ -185,7 +197,7 @@ impl Peering {
             partitioned: Mutex::default(),
             evidence: Mutex::default(),
             leading_since: Mutex::default(),
-            probes: std::sync::atomic::AtomicU64::new(0),
+            probes: std::sync::atomic::AtomicU64::new(probe_seed()),
         }
     }
 
@@ -492,9 +504,13 @@ mod tests {
     }
 
     fn view(node: &str, at: Nanos, alive: &[(&str, bool)], k: &Key) -> Vec<u8> {
+        view_of_set(node, 1, at, alive, k)
+    }
+
+    fn view_of_set(node: &str, epoch: u64, at: Nanos, alive: &[(&str, bool)], k: &Key) -> Vec<u8> {
         let v = PeerView {
             node: node.into(),
-            epoch: 1,
+            epoch,
             at,
             peers: alive
                 .iter()
@@ -512,6 +528,66 @@ mod tests {
             answers: 1,
         };
         serde_json::to_vec(&v.sign(k)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_evidence_of_a_reset_is_kept_on_the_masters_clock_and_only_the_leader_echoes() {
+        let p = peering();
+        p.refresh(&members(3)).await;
+        let watchers: Vec<String> = p.sets.lock_unpoisoned().sets["n1"]
+            .watchers
+            .iter()
+            .cloned()
+            .collect();
+        let w = watchers[0].as_str();
+        // n1's own view (of the set it was pushed), then a watcher that hears it, then one that
+        // lost it 3 s before.
+        let epoch = p.sets.lock_unpoisoned().sets["n1"].epoch;
+        let own = view_of_set("n1", epoch, NOW, &[], &key());
+        p.accept("n1", &own, 1, NOW, NOW + S / 10).unwrap();
+        assert_eq!(p.echo("n1"), 0, "not leading: no echo");
+        assert!(p.reset_evidence("n1").is_none(), "not leading: no proof");
+        p.set_leading(true, NOW);
+        assert_eq!(p.echo("n1"), 5, "the beat of n1's last view");
+        p.accept(w, &view(w, NOW, &[("n1", true)], &key()), 1, NOW, NOW + S)
+            .unwrap();
+        let e = p.reset_evidence("n1").unwrap();
+        assert_eq!(
+            e.master_heard,
+            Some(NOW + S / 10),
+            "its receipt, not its own clock"
+        );
+        assert_eq!(e.leading_since, NOW);
+        assert_eq!(e.watchers.len(), watchers.len());
+        assert_eq!(e.watchers[0].hears_at, Some(NOW + S));
+        // Lost, quiet for 3 s, asked at +5 s and answered at +5.5 s: covers (+2.5 s, +5 s].
+        let at = NOW + 5 * S;
+        p.accept(w, &view(w, at, &[("n1", false)], &key()), 1, at, at + S / 2)
+            .unwrap();
+        let e = p.reset_evidence("n1").unwrap();
+        assert_eq!(e.watchers[0].hears_at, Some(NOW + S), "kept");
+        assert_eq!(
+            e.watchers[0].lost,
+            Some(LostRun {
+                from: NOW + 5 * S + S / 2 - 3 * S,
+                until: NOW + 5 * S
+            })
+        );
+        // A node that reports another peer set than its watchers are taken from: not known.
+        let stale = view_of_set("n1", epoch + 1, at, &[], &key());
+        p.accept("n1", &stale, 1, at, at + S).unwrap();
+        assert!(p.reset_evidence("n1").is_none());
+        p.set_leading(false, at);
+        assert_eq!(p.echo("n1"), 0);
+    }
+
+    #[test]
+    fn no_two_processes_number_their_probes_alike() {
+        let (a, b) = (peering(), peering());
+        let (x, y) = (a.next_probe(), b.next_probe());
+        assert!(x != 0 && y != 0 && x != y, "{x} {y}");
+        assert_eq!(a.next_probe(), x + 1);
+        assert!(x < 1 << 53, "JSON-safe");
     }
 
     #[test]

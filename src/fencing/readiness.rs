@@ -2,7 +2,7 @@
 //! and then once per `check-interval` per node (spread over the interval, bounded concurrency),
 //! so a wrong password or an unreachable BMC shows while the node is still healthy; and, for a
 //! node with a self-fence level, whether its collector's last signed view reports an armed
-//! watchdog. A level that fails makes the node's fencing *inactive* (seed 002's INACTIVE), shown
+//! watchdog. A level that fails makes the node's fencing *inactive*, shown
 //! in `/1/nodes` and `/1/fences/readiness`, as a gauge, in the log and as an Event when it changes.
 //!
 //! Readiness informs; it does not gate. A flow for an inactive node still tries its devices (an

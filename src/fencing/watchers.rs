@@ -1,4 +1,4 @@
-//! Who watches whom (issue 13): every node is watched by `k` peers chosen by rendezvous
+//! Who watches whom: every node is watched by `k` peers chosen by rendezvous
 //! hashing, so the choice is deterministic (every party computes the same sets from the same
 //! membership), spreads evenly, and moves few assignments when membership changes: a node that
 //! joins takes over only the watch slots it now wins, and a node that leaves hands each of its

@@ -1,4 +1,4 @@
-//! Scenarios of the second opinion (issue 13 §2) on the simulated-time harness: the master's
+//! Scenarios of the second opinion on the simulated-time harness: the master's
 //! probe against the peers' heartbeats, with links cut one at a time.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Hosts in network namespaces for the partition tests (issue 13 §5): the master and each node in
+//! Hosts in network namespaces for the partition tests: the master and each node in
 //! a namespace of its own, joined by veth pairs to a bridge in the test's namespace (which
 //! holds the bridge's address, so the test reaches everyone). Links are cut for real: a link
 //! taken down, blackhole routes both ways between two hosts, or every outbound route of one

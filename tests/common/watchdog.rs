@@ -1,4 +1,4 @@
-//! A stand-in for the Linux watchdog device (issue 13 §4): a FIFO read by a thread that speaks
+//! A stand-in for the Linux watchdog device: a FIFO read by a thread that speaks
 //! the device's protocol and, when not fed in time, kills the node's process group (the
 //! simulated reset) and records the moment.
 

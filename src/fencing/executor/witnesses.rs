@@ -1,4 +1,4 @@
-//! The fencer's witnesses (issue 13 §2): the second opinion on every silent node from its
+//! The fencer's witnesses: the second opinion on every silent node from its
 //! watchers' views and, on Kubernetes, its kubelet's Lease; and the report of nodes partitioned
 //! from the master (log, metric, Event).
 
