@@ -217,7 +217,7 @@ pub struct PeerWitnesses {
     /// The master cannot reach the node, but a watcher still hears it: nothing is fenced.
     pub partitioned: bool,
     /// The armed watchdog its last view reported (signed); `None` without one. A self-fencing
-    /// node without it is never released by safe time.
+    /// node without it is never counted as reset.
     pub watchdog: Option<crate::report::WatchdogReport>,
 }
 

@@ -34,7 +34,7 @@ pub enum WatchdogError {
         source: std::io::Error,
     },
     #[error(
-        "watchdog device {path} has a {device_s} s timeout but collector.watchdog.timeout is {config_s} s; they must agree (the master's safe time is computed from the configured one)"
+        "watchdog device {path} has a {device_s} s timeout but collector.watchdog.timeout is {config_s} s; they must agree (the master's proof of a reset counts on the configured one)"
     )]
     Timeout {
         path: String,

@@ -66,7 +66,7 @@ pub struct FencingConfig {
     pub second_opinion: bool,
     /// How many peers watch each node (all of them in a cluster of at most `watchers + 1`).
     pub watchers: usize,
-    /// Added to a self-fencing node's safe time for clock rates and scheduling.
+    /// Added to a self-fencing node's proven reset time for clock rates and scheduling.
     #[serde(with = "humantime_serde")]
     pub self_fence_margin: Duration,
     pub templates: BTreeMap<String, TemplateConfig>,

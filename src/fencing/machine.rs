@@ -35,7 +35,8 @@ pub fn fence_failed_tag(id: &Uuid) -> String {
 pub enum Step {
     Isolation,
     PowerManagement,
-    /// The node's own watchdog: mark it unschedulable, wait the safe time, count it reset.
+    /// The node's own watchdog: mark it unschedulable, wait until its reset is proven, count it
+    /// reset.
     SelfFence,
     Recovery,
 }
@@ -315,7 +316,7 @@ pub struct FencePolicy {
     pub max_restarts: u32,
     /// A silent collector alone starts nothing: its watchers must have lost the node too.
     pub second_opinion: bool,
-    /// Added to each self-fencing node's safe time.
+    /// Added to each self-fencing node's proven reset time.
     pub self_fence_margin: Nanos,
 }
 
@@ -332,7 +333,7 @@ pub struct FenceState {
     pub rules: BTreeMap<String, String>,
     /// What each silent node's watchers say (absent: not asked).
     pub opinions: BTreeMap<String, PeerOpinion>,
-    /// Self-fencing nodes with a flow waiting for their safe time.
+    /// Self-fencing nodes with a flow waiting for the proof of their reset.
     pub self_fence: BTreeMap<String, SelfFenceFacts>,
 }
 

@@ -176,8 +176,8 @@ fn check_self_fence(
         } else {
             vec![format!(
                 "{SELF_FENCE_METHOD}: the node's collector reports no armed watchdog \
-                 ([collector.watchdog] enabled = true there), so it would never be released \
-                 by safe time"
+                 ([collector.watchdog] enabled = true there), so it would never be counted \
+                 as reset"
             )]
         },
     })

@@ -71,7 +71,7 @@ pub struct Envelope {
     pub diagnose_error: Option<String>,
     pub data: Value,
     /// The node's armed watchdog, signed with the rest: the proof the master needs before it
-    /// counts a silent node as reset by the safe time.
+    /// counts a silent node as reset, once its reset is proven.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watchdog: Option<WatchdogReport>,
     #[serde(default, skip_serializing_if = "String::is_empty")]

@@ -28,7 +28,7 @@ pub(super) struct Renewal {
 
 /// The times a node reported with its armed watchdog, in ns.
 fn reported_times(w: &crate::report::WatchdogReport) -> SelfFenceTimes {
-    // A day bounds any honest setting, and keeps the safe time's sum far from overflow.
+    // A day bounds any honest setting, and keeps the proof's sums far from overflow.
     let ns = |ms: u64| (ms.min(86_400_000) * 1_000_000) as Nanos;
     SelfFenceTimes {
         lost_after: ns(w.lost_after_ms),

@@ -21,10 +21,10 @@ pub enum Phase {
     Attempting(Step),
     /// Isolation worked: power off, or recover if the node came back.
     Isolated,
-    /// Power-off verified (or the safe time of a self-fencing node passed): release the
+    /// Power-off verified (or a self-fencing node's proven reset moment passed): release the
     /// workloads, then recover.
     PoweredOff,
-    /// A self-fencing node is marked unschedulable: wait for its safe time.
+    /// A self-fencing node is marked unschedulable: wait for the proof of its reset.
     AwaitingReset,
     /// Recovery worked: clear the release, then finish.
     Recovered,
