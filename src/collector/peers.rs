@@ -127,13 +127,15 @@ impl Peers {
 
     /// A new beat, remembered with its send time.
     fn beat(&self, mono: Nanos) -> u64 {
-        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let keep = self
             .cfg
             .master_lost_after
             .max(self.cfg.lost_after)
             .as_nanos() as Nanos;
         let mut sent = self.sent.lock_unpoisoned();
+        // Drawn under the ring's lock: the heartbeat loop and a probe draw beats concurrently,
+        // and the ring must stay in beat order for `sent_at`'s binary search.
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         while sent
             .front()
             .is_some_and(|(_, at)| mono.saturating_sub(*at) > keep)
