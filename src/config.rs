@@ -44,6 +44,9 @@ pub struct Config {
     pub nodes: Vec<NodeConfig>,
     pub fencing: crate::fencing::config::FencingConfig,
     pub kubernetes: crate::cluster::kube::KubeConfig,
+    /// This host's name, resolved once at load (`resolve_environment`).
+    #[serde(skip)]
+    pub host: String,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -53,7 +56,24 @@ pub struct ClusterConfig {
     pub key_file: PathBuf,
     /// Which cluster backend the daemon drives: "inventory" (the embedded default) or
     /// "kubernetes".
-    pub backend: String,
+    pub backend: Backend,
+}
+
+/// The cluster backend the daemon drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, strum::IntoStaticStr)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum Backend {
+    /// The local inventory (the embedded default): tags and offline flags in the state
+    /// database, jobs as hooks.
+    Inventory,
+    Kubernetes,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -197,7 +217,7 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             key_file: "/etc/maintd/cluster.key".into(),
-            backend: "inventory".into(),
+            backend: Backend::Inventory,
         }
     }
 }
@@ -286,12 +306,6 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if !matches!(self.cluster.backend.as_str(), "inventory" | "kubernetes") {
-            return bad(format!(
-                "cluster.backend {:?} is not supported (expected \"inventory\" or \"kubernetes\")",
-                self.cluster.backend
-            ));
-        }
         let mut seen = BTreeSet::new();
         for n in &self.nodes {
             if crate::exec::validate_name(&n.name).is_err() {
@@ -436,13 +450,29 @@ impl Config {
             .unwrap_or_else(|| self.daemon.state_dir.join("state.db"))
     }
 
-    pub fn node_name(&self) -> String {
-        self.collector.node.clone().unwrap_or_else(|| {
-            nix::unistd::gethostname()
+    /// Resolves, once, what the file leaves to the environment: this host's name, the
+    /// collector's node name (the host name), the leader-election namespace and identity. Every
+    /// part then reads the resolved value.
+    pub fn resolve_environment(&mut self) {
+        if self.host.is_empty() {
+            self.host = nix::unistd::gethostname()
                 .ok()
                 .and_then(|h| h.into_string().ok())
-                .unwrap_or_else(|| "localhost".into())
-        })
+                .unwrap_or_default();
+        }
+        if self.collector.node.is_none() {
+            let host = (!self.host.is_empty()).then(|| self.host.clone());
+            self.collector.node = Some(host.unwrap_or_else(|| "localhost".into()));
+        }
+        self.kubernetes.leader_election.resolve(&self.host);
+        self.kubernetes.instance = self.host.clone();
+    }
+
+    pub fn node_name(&self) -> String {
+        self.collector
+            .node
+            .clone()
+            .unwrap_or_else(|| "localhost".into())
     }
 }
 
@@ -591,7 +621,11 @@ mod tests {
         assert!(err("[[nodes]]\nname=\"a\"\ncollector=\"x:99999\"").contains("bad port"));
         assert!(err("[collector]\ndiagnose = \"../x\"").contains("bare name"));
         assert!(err("[daemon]\npoll-interval = \"0s\"").contains("greater than zero"));
-        assert!(err("[cluster]\nbackend = \"nope\"").contains("not supported"));
+        let e = err("[cluster]\nbackend = \"nope\"");
+        assert!(
+            e.contains("`inventory` or `kubernetes`") && e.contains("nope"),
+            "{e}"
+        );
         assert!(
             err("[kubernetes]\nevents-namespace = \"maintd\"")
                 .contains("accepted only in \"default\"")

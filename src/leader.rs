@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -104,8 +104,9 @@ pub struct Leadership {
     lost_notify: Notify,
     /// When this replica last wrote the Lease as its holder (elected mode).
     renewed: Mutex<Option<std::time::Instant>>,
-    /// Wakes the executors once this replica leads.
-    pub wake: Vec<Arc<Notify>>,
+    /// The term, published: the executors' loops follow it and act at once when this replica
+    /// becomes the leader.
+    term_tx: watch::Sender<u64>,
 }
 
 impl Leadership {
@@ -114,6 +115,7 @@ impl Leadership {
         let l = Leadership::new(identity, None, store);
         l.leader.store(true, Ordering::SeqCst);
         l.term.store(1, Ordering::SeqCst);
+        l.term_tx.send_replace(1);
         l
     }
 
@@ -142,8 +144,13 @@ impl Leadership {
             lost: Mutex::new(None),
             lost_notify: Notify::new(),
             renewed: Mutex::new(None),
-            wake: Vec::new(),
+            term_tx: watch::Sender::new(0),
         }
+    }
+
+    /// The leadership term as it changes (the leader gate of the executors' loops).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.term_tx.subscribe()
     }
 
     pub fn identity(&self) -> &str {
@@ -292,7 +299,7 @@ impl Leadership {
         // retry period is its renewal. A conflict means someone else wrote: read it afresh.
         let mut own: Option<LeaseRecord> = None;
         let mut fresh = false;
-        let mut ticker = crate::ticker::Ticker::new(cfg.retry_period, None);
+        let mut ticker = crate::ticker::Ticker::new(cfg.retry_period);
         tokio::pin!(shutdown);
         info!(identity = %me, lease = %cfg.lease_name, namespace = %cfg.namespace(), "leader election started");
         while ticker.next(shutdown.as_mut()).await.is_some() {
@@ -428,9 +435,7 @@ impl Leadership {
         self.term.fetch_add(1, Ordering::SeqCst);
         self.leader.store(true, Ordering::SeqCst);
         info!(identity = %self.identity, term = self.term(), "became the leader");
-        for w in &self.wake {
-            w.notify_one();
-        }
+        self.term_tx.send_replace(self.term());
     }
 }
 

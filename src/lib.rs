@@ -12,6 +12,8 @@
 //! - `report`: the wire protocol: the signed report envelope, keys and request signatures.
 //! - `clock`: the clock seam of the shells (pure code is handed `now`); `ticker`: the periodic loop.
 //! - `config`: file, environment and flags resolved once into validated per-component settings.
+//! - `parts`: what every long-running part is built from (store, backend, metrics, leadership,
+//!   clock, membership).
 //! - `node`, `members`: a managed node; the membership and node conditions every task reads.
 //! - `exec`: whitelisted command lookup and bounded subprocess runs.
 //! - `http`: JSON errors, signed-request middleware, and the bounded listener.
@@ -24,6 +26,7 @@
 //! - `collector`: the node agent (`maintd collector`).
 //! - `daemon`: the master process: lock, wiring, the HTTP API, shutdown.
 //! - `cli`: argument parsing, the operator commands, and `maintd bench poll|plan` (`cli::bench`).
+//! - `tags`: maintd's tag names and `maintd:<id>` references, built in one place, pure.
 //! - `sync`: lock access that survives a poisoned lock.
 //! - `link`: how the daemon reaches a collector (`CollectorLink`; HTTP in production).
 //! - `views`: the JSON shapes the API serves and the CLI reads.
@@ -48,6 +51,7 @@ mod link;
 mod members;
 mod metrics;
 mod node;
+mod parts;
 pub mod repair;
 pub mod report;
 mod secret;
@@ -55,6 +59,7 @@ mod secret;
 mod sim;
 mod store;
 mod sync;
+mod tags;
 mod ticker;
 pub mod verdict;
 mod views;

@@ -130,3 +130,34 @@ impl CollectorLink for HttpLink {
         }
     }
 }
+
+/// The daemon's three conversations with the collectors, each with its own deadline: the report
+/// poll, live repairs, and the fencer's liveness probe.
+pub struct Links {
+    pub poll: std::sync::Arc<dyn CollectorLink>,
+    pub repair: std::sync::Arc<dyn CollectorLink>,
+    pub probe: std::sync::Arc<dyn CollectorLink>,
+}
+
+impl Links {
+    /// Over HTTP. Each probe waits its own node's patience; the client's deadline is the
+    /// longest of them.
+    pub fn http(key: &Key, poll_timeout: Duration, probe_max: Duration) -> Links {
+        let link = |t| std::sync::Arc::new(HttpLink::new(key.clone(), t)) as std::sync::Arc<_>;
+        Links {
+            poll: link(poll_timeout),
+            repair: link(Duration::from_secs(10)),
+            probe: link(probe_max),
+        }
+    }
+
+    /// One link for all three (the simulated-time harness answers in memory).
+    #[cfg(test)]
+    pub fn same(link: std::sync::Arc<dyn CollectorLink>) -> Links {
+        Links {
+            poll: link.clone(),
+            repair: link.clone(),
+            probe: link,
+        }
+    }
+}

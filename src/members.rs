@@ -36,6 +36,44 @@ impl Members {
     }
 }
 
+/// When each node last diagnosed itself healthy, as the poller saw it: the fencer reads it from
+/// memory (a node proven healthy again ends its fence), and it starts from the store so a
+/// restart keeps what was known.
+#[derive(Default)]
+pub struct NodeHealth(Mutex<std::collections::BTreeMap<String, Nanos>>);
+
+impl NodeHealth {
+    pub fn new(known: impl IntoIterator<Item = (String, Nanos)>) -> NodeHealth {
+        NodeHealth(Mutex::new(known.into_iter().collect()))
+    }
+
+    /// What the store recorded before a restart (nothing, if it cannot be read: the next poll
+    /// fills it in).
+    pub fn from_store(store: &crate::store::Store) -> NodeHealth {
+        let rows = store.nodes().unwrap_or_else(|e| {
+            warn!(error = %e, "cannot read node reports; node health starts empty");
+            Vec::new()
+        });
+        NodeHealth::new(
+            rows.into_iter()
+                .filter_map(|r| r.healthy_at().map(|t| (r.name, t))),
+        )
+    }
+
+    /// A verified report from `node`: healthy at `at`, or (`None`) not healthy.
+    pub fn reported(&self, node: &str, at: Option<Nanos>) {
+        let mut m = self.0.lock_unpoisoned();
+        match at {
+            Some(t) => m.insert(node.to_string(), t),
+            None => m.remove(node),
+        };
+    }
+
+    pub fn all(&self) -> std::collections::BTreeMap<String, Nanos> {
+        self.0.lock_unpoisoned().clone()
+    }
+}
+
 /// What the cluster says of the managed nodes now: membership and the condition rules'
 /// verdicts, re-read from the backend's node cache (a watch on Kubernetes) every interval.
 pub struct NodeView {
@@ -94,11 +132,10 @@ impl NodeView {
     pub async fn run<C: Cluster>(
         self: Arc<Self>,
         cluster: Arc<C>,
-        interval: Duration,
         members: Arc<Members>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let mut ticker = crate::ticker::Ticker::new(interval, None);
+        let mut ticker = crate::ticker::Ticker::new(self.interval);
         tokio::pin!(shutdown);
         while ticker.next(shutdown.as_mut()).await.is_some() {
             match cluster.node_facts().await {

@@ -43,6 +43,14 @@ pub struct StepLabel {
     pub stage: String,
 }
 
+/// A failed fence effect: its stage and its failure's kind (`agent`, `still-on`,
+/// `unconfirmed`, `backend`, `other`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailLabel {
+    pub stage: String,
+    pub kind: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub poll_cycle_seconds: Histogram,
@@ -73,7 +81,7 @@ pub struct Metrics {
     /// Decisions skipped, by what failed (store, tags, capacity).
     pub tick_failures: Family<ReasonLabel, Counter>,
     /// Failed fence attempts, by step (isolation, power-management, recovery, release, reclaim).
-    pub fence_failures: Family<StepLabel, Counter>,
+    pub fence_failures: Family<FailLabel, Counter>,
     /// Actions the engine could not carry out, by `ActionError::metric_label`.
     pub action_failures: Family<ReasonLabel, Counter>,
     /// 1 while every fencing level of a node passes its readiness check, 0 when not.
@@ -254,10 +262,13 @@ impl Metrics {
             .set(ready as i64);
     }
 
-    pub fn fence_failed(&self, stage: &str) {
+    /// A failed fence effect, under its stage and the kind of its failure.
+    pub fn fence_failed(&self, stage: &str, o: &crate::verdict::Outcome) {
+        let kind = o.failure().unwrap_or(crate::verdict::FailureKind::Other);
         self.fence_failures
-            .get_or_create(&StepLabel {
+            .get_or_create(&FailLabel {
                 stage: stage.into(),
+                kind: kind.as_str(),
             })
             .inc();
     }

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::{Interval, MissedTickBehavior};
 
 /// Why a periodic task woke up.
@@ -22,14 +22,32 @@ pub enum Wake {
 pub struct Ticker {
     tick: Interval,
     wake: Option<Arc<Notify>>,
+    /// The leadership term: a change (this replica became the leader) is a wake-up.
+    term: Option<watch::Receiver<u64>>,
 }
 
 impl Ticker {
     /// The first tick is immediate.
-    pub fn new(interval: Duration, wake: Option<Arc<Notify>>) -> Ticker {
+    pub fn new(interval: Duration) -> Ticker {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        Ticker { tick, wake }
+        Ticker {
+            tick,
+            wake: None,
+            term: None,
+        }
+    }
+
+    /// Also wakes when `wake` is notified (new work, an operator's action).
+    pub fn notified_by(mut self, wake: Arc<Notify>) -> Ticker {
+        self.wake = Some(wake);
+        self
+    }
+
+    /// Also wakes when the leadership term changes, so a new leader acts at once.
+    pub fn following(mut self, term: watch::Receiver<u64>) -> Ticker {
+        self.term = Some(term);
+        self
     }
 
     /// The next wake-up, or `None` once `shutdown` has resolved.
@@ -40,11 +58,23 @@ impl Ticker {
                 None => std::future::pending().await,
             }
         };
+        let term = async {
+            match &mut self.term {
+                // A closed channel (the election ended) never wakes again.
+                Some(rx) => {
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             _ = shutdown => None,
             _ = self.tick.tick() => Some(Wake::Tick),
             _ = notified => Some(Wake::Notified),
+            _ = term => Some(Wake::Notified),
         }
     }
 }
@@ -56,7 +86,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn ticks_wake_ups_and_shutdown_first() {
         let wake = Arc::new(Notify::new());
-        let mut t = Ticker::new(Duration::from_secs(10), Some(wake.clone()));
+        let mut t = Ticker::new(Duration::from_secs(10)).notified_by(wake.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let shutdown = async {
             let _ = rx.await;

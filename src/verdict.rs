@@ -183,14 +183,63 @@ pub type Nanos = i64;
 pub struct Outcome {
     pub ok: bool,
     pub detail: String,
+    /// Why it failed, kept as a kind (the detail is for people); absent when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<FailureKind>,
+}
+
+/// Why an effect failed: a stable label for metrics and for decisions that must tell the
+/// failures apart (a device that still reports power is not a device that did not answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+pub enum FailureKind {
+    /// A fence agent's action failed or timed out.
+    Agent,
+    /// The device accepted off but its status still reports power.
+    StillOn,
+    /// No status confirmed the power-off.
+    Unconfirmed,
+    /// The cluster backend (the API server, a hook) refused or failed.
+    Backend,
+    /// Anything else (a missing event, a collector that refused a live repair).
+    Other,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 impl Outcome {
+    pub fn of(ok: bool, detail: impl Into<String>) -> Outcome {
+        Outcome {
+            ok,
+            detail: detail.into(),
+            kind: (!ok).then_some(FailureKind::Other),
+        }
+    }
+
+    pub fn done(detail: impl Into<String>) -> Outcome {
+        Outcome::of(true, detail)
+    }
+
     pub fn failed(detail: impl Into<String>) -> Outcome {
+        Outcome::of(false, detail)
+    }
+
+    pub fn failed_as(kind: FailureKind, detail: impl Into<String>) -> Outcome {
         Outcome {
             ok: false,
             detail: detail.into(),
+            kind: Some(kind),
         }
+    }
+
+    /// The failure's kind (`None` when it succeeded; `other` for one recorded without a kind).
+    pub fn failure(&self) -> Option<FailureKind> {
+        (!self.ok).then(|| self.kind.unwrap_or(FailureKind::Other))
     }
 }
 

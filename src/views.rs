@@ -9,7 +9,6 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::fencing::machine::{FenceStatus, Flow, Step, fence_failed_tag};
-use crate::fencing::readiness::DeviceCheck;
 use crate::repair::{JobKind, JobStatus, RepairStatus};
 use crate::store::NodeRow;
 use crate::verdict::{Nanos, Status};
@@ -310,6 +309,39 @@ pub type Tags = BTreeMap<String, BTreeSet<String>>;
 pub struct TagRemoved {
     pub node: String,
     pub removed: String,
+}
+
+/// What a fence readiness check found, as the API serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FencingState {
+    /// Every power-management device answered its status check.
+    Active,
+    /// At least one configured level would fail now: a device does not answer, or the node
+    /// meant to fence itself reports no armed watchdog.
+    Inactive,
+}
+
+/// One method's status check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct MethodCheck {
+    pub method: String,
+    pub agent: String,
+    /// The agent's exit code; none when it was killed at the deadline.
+    pub code: Option<i32>,
+    pub ok: bool,
+}
+
+/// A node's last readiness check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DeviceCheck {
+    pub state: FencingState,
+    pub checked_at: Nanos,
+    /// `ok`, or what failed (agent output, redacted).
+    pub detail: String,
+    pub methods: Vec<MethodCheck>,
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ fn the_shipped_config_is_valid_and_enables_kubernetes() {
     let cm: Vec<ConfigMap> = of_kind("configmap.yaml", "ConfigMap");
     let text = &cm[0].data.as_ref().unwrap()["maintd.toml"];
     let cfg = maintd::config::Config::parse(text).unwrap();
-    assert_eq!(cfg.cluster.backend, "kubernetes");
+    assert_eq!(cfg.cluster.backend, maintd::config::Backend::Kubernetes);
     assert!(cfg.kubernetes.leader_election.enabled);
     assert_eq!(cfg.kubernetes.max_disruptions, 1);
     assert_eq!(cfg.kubernetes.conditions.len(), 3);

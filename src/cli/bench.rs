@@ -164,7 +164,9 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), BenchError> {
             concurrency: 512,
             timeout: Duration::from_secs(10),
         };
-        let poller = Poller::new(settings, members, key.clone(), store.clone(), metrics)?;
+        let link = Arc::new(crate::link::HttpLink::new(key.clone(), settings.timeout));
+        let shared = crate::parts::Shared::standalone(store.clone(), members, metrics);
+        let poller = Poller::new(settings, link, key.clone(), &shared)?;
 
         let t = Instant::now();
         poller.poll_all().await;

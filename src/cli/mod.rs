@@ -3,7 +3,9 @@
 
 mod bench;
 mod bench_peers;
+mod client;
 mod show;
+use client::*;
 use show::status_table;
 
 use std::path::PathBuf;
@@ -175,7 +177,7 @@ pub struct DaemonArgs {
     pub state_dir: Option<PathBuf>,
     /// Cluster backend: inventory or kubernetes (overrides `cluster.backend`).
     #[arg(long, env = "MAINTD_CLUSTER")]
-    pub cluster: Option<String>,
+    pub cluster: Option<crate::config::Backend>,
 }
 
 #[derive(Debug, Args)]
@@ -246,7 +248,7 @@ impl Cli {
                     cfg.daemon.state_dir = s.clone();
                 }
                 if let Some(c) = &a.cluster {
-                    cfg.cluster.backend = c.clone();
+                    cfg.cluster.backend = *c;
                 }
             }
             Command::Collector(a) => {
@@ -262,6 +264,7 @@ impl Cli {
             }
             _ => {}
         }
+        cfg.resolve_environment();
         cfg.validate()?;
         Ok(cfg)
     }
@@ -284,80 +287,6 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(10))
-        .build()
-        .expect("a plain HTTP client always builds")
-}
-
-async fn api_get(url: &str, path: &str) -> Result<Value, CliError> {
-    decode(url, client().get(format!("{url}{path}")).send().await).await
-}
-
-/// Turns a sent request into the JSON answer, or an error naming what went wrong.
-async fn decode(
-    url: &str,
-    sent: Result<reqwest::Response, reqwest::Error>,
-) -> Result<Value, CliError> {
-    let connect = |source| CliError::Connect {
-        url: url.into(),
-        source,
-    };
-    let resp = sent.map_err(connect)?;
-    let status = resp.status();
-    let body = resp.bytes().await.map_err(connect)?;
-    if !status.is_success() {
-        return Err(CliError::Api(error_message(status, &body)));
-    }
-    serde_json::from_slice(&body).map_err(|e| CliError::Decode(e.to_string()))
-}
-
-async fn api_signed(
-    cfg: &Config,
-    url: &str,
-    method: reqwest::Method,
-    path: &str,
-) -> Result<Value, CliError> {
-    let key = Key::load(&cfg.cluster.key_file)?;
-    decode(
-        url,
-        send_signed(
-            &client(),
-            &key,
-            crate::report::DAEMON_TARGET,
-            method,
-            url,
-            path,
-            None,
-        )
-        .await,
-    )
-    .await
-}
-
-/// Percent-encodes one path segment (tags contain ':').
-fn segment(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':') {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// The daemon's answer as the view it promises; a daemon that answers otherwise is named.
-fn view<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, CliError> {
-    serde_json::from_value(v).map_err(|e| CliError::Decode(e.to_string()))
-}
-
-fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 /// Runs a parsed command line; returns the process exit code.
@@ -490,7 +419,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             }
         },
         Command::RunJob { dir } => {
-            crate::repair::jobs::run_job_main(dir)
+            crate::exec::jobs::run_job_main(dir)
                 .await
                 .map_err(|source| CliError::RunJob {
                     dir: dir.display().to_string(),

@@ -12,10 +12,10 @@ use std::time::Duration;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::exec::hooks::HookCall;
+use crate::exec::jobs::JobRunner;
 use crate::exec::{self, ExecError};
 use crate::repair::Policy;
-use crate::repair::hooks::HookCall;
-use crate::repair::jobs::JobRunner;
 use crate::repair::{Job, JobKind};
 use crate::report::now_ns;
 use crate::store::{Store, StoreError};
@@ -87,6 +87,57 @@ pub struct LeaseRecord {
 
 /// The shared objects of leader election: the Lease, and the ConfigMap holding the leader's
 /// checkpoint of the decision state. Writes are conditional: `Ok(None)`/`Ok(false)` on conflict.
+/// Why maintd records an Event on a node: the `reason` operators filter on
+/// (`kubectl get events --field-selector reason=MaintdFence`), one stable name each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventReason {
+    /// A repair event was noted for the node.
+    EventNoted,
+    RepairReady,
+    RepairFailed,
+    /// A job of a repair ran on the node (the reason names its kind).
+    Job(crate::repair::JobKind),
+    /// A fence flow moved.
+    Fence,
+    FenceRelease,
+    FenceRecovered,
+    /// The master lost the node while its watchers still hear it, and when that ends.
+    Partitioned,
+    PartitionEnded,
+    /// The node's fencing can or cannot act (readiness checks).
+    FencingInactive,
+    FencingActive,
+}
+
+impl EventReason {
+    pub fn as_str(self) -> &'static str {
+        use crate::repair::JobKind;
+        match self {
+            EventReason::EventNoted => "MaintdEventNoted",
+            EventReason::RepairReady => "MaintdRepairReady",
+            EventReason::RepairFailed => "MaintdRepairFailed",
+            EventReason::Job(JobKind::LiveRepair) => "Maintdliverepair",
+            EventReason::Job(JobKind::Evacuate) => "Maintdevacuate",
+            EventReason::Job(JobKind::EvacuateFailover) => "Maintdevacuatefailover",
+            EventReason::Job(JobKind::Offline) => "Maintdoffline",
+            EventReason::Job(JobKind::Online) => "Maintdonline",
+            EventReason::Fence => "MaintdFence",
+            EventReason::FenceRelease => "MaintdFenceRelease",
+            EventReason::FenceRecovered => "MaintdFenceRecovered",
+            EventReason::Partitioned => "MaintdPartitioned",
+            EventReason::PartitionEnded => "MaintdPartitionEnded",
+            EventReason::FencingInactive => "FencingInactive",
+            EventReason::FencingActive => "FencingActive",
+        }
+    }
+}
+
+impl std::fmt::Display for EventReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[async_trait::async_trait]
 pub trait Coordination: Send + Sync + 'static {
     /// The Lease: from a watch cache unless `fresh` asks the API itself (after a conflict, when
@@ -126,7 +177,7 @@ pub trait Cluster: Send + Sync + 'static {
     /// work, or clears that once it is back. Idempotent.
     async fn mark_unschedulable(&self, node: &str, flow: &Uuid, on: bool) -> Outcome;
     /// Records a human-readable event on the node (Kubernetes Events); a no-op by default.
-    async fn record(&self, _node: &str, _reason: &str, _message: &str, _warning: bool) {}
+    async fn record(&self, _node: &str, _reason: EventReason, _message: &str, _warning: bool) {}
     /// Current membership and node conditions, for backends that have them.
     async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
         Ok(None)

@@ -15,15 +15,15 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+
+use serde_json::json;
 use tokio::sync::Semaphore;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::{CollectorConfig, Config};
+use crate::exec::hooks::HookCall;
 use crate::exec::{self, RunSpec};
 use crate::http::{ApiError, SignedAuth, parse_json, require_signed};
-use crate::repair::hooks::HookCall;
 use crate::report::{Envelope, Key, KeyError, now_ns};
 use crate::sync::{LockExt, RwLockExt};
 use crate::verdict::canonical_json;
@@ -63,39 +63,7 @@ pub enum CollectorError {
     },
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "kebab-case")]
-pub enum RepairState {
-    Queued,
-    Running,
-    Done,
-}
-
-/// What the daemon sees of a live repair.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LiveRepairRecord {
-    pub job: String,
-    pub event: String,
-    pub command: String,
-    pub state: RepairState,
-    #[serde(rename = "exit-code")]
-    pub exit_code: Option<i32>,
-    pub error: Option<String>,
-    pub output: String,
-    pub seq: u64,
-}
-
-/// A daemon's request to run a live repair.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RepairRequest {
-    /// Idempotency key: the same job is never run twice.
-    pub job: String,
-    pub event: String,
-    pub command: String,
-    /// The event's whole diagnose JSON, given to the command on stdin.
-    pub input: Value,
-}
+pub use crate::report::live::{LiveRepairRecord, RepairRequest, RepairState};
 
 pub struct Collector {
     node: String,
@@ -546,7 +514,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
-        let v: Value = serde_json::from_slice(
+        let v: serde_json::Value = serde_json::from_slice(
             &axum::body::to_bytes(resp.into_body(), 1 << 16)
                 .await
                 .unwrap(),

@@ -24,6 +24,7 @@ use crate::views;
 
 pub struct ApiState<C: Cluster> {
     pub store: Arc<Store>,
+    pub flows: Arc<dyn crate::store::FlowStore>,
     pub cluster: Arc<C>,
     pub leadership: Arc<crate::leader::Leadership>,
     pub key: Key,
@@ -37,6 +38,45 @@ pub struct ApiState<C: Cluster> {
     pub readiness: Option<Arc<crate::fencing::readiness::Board>>,
     /// The fencer's peer views, when fencing is configured.
     pub peering: Option<Arc<crate::fencing::peering::Peering>>,
+}
+
+impl<C: Cluster> ApiState<C> {
+    /// The API over the assembled parts. It serves `registry`, to which it first adds the
+    /// gauges read at each scrape (the state's, the process's).
+    pub fn new(
+        parts: &super::assembly::Assembly<C>,
+        key: Key,
+        cfg: &crate::config::Config,
+        registry: &mut Registry,
+    ) -> ApiState<C> {
+        let shared = &parts.shared;
+        registry.register_collector(Box::new(crate::metrics::StateGauges {
+            store: shared.store.clone(),
+        }));
+        let process = registry.sub_registry_with_prefix("process");
+        if let Err(e) = kubert_prometheus_process::register(process) {
+            tracing::warn!(error = %e, "process metrics unavailable");
+        }
+        ApiState {
+            store: shared.store.clone(),
+            flows: shared.flows.clone(),
+            cluster: shared.cluster.clone(),
+            leadership: shared.leadership.clone(),
+            key,
+            settings: ApiSettings {
+                request_window: cfg.daemon.request_window,
+                body_timeout: cfg.daemon.limits.body_timeout,
+                stall_after: cfg.daemon.stall_after,
+            },
+            members: shared.members.clone(),
+            wake: parts.engine.waker(),
+            registry: Arc::new(std::mem::take(registry)),
+            seqs: parts.engine.seqs(),
+            health: parts.engine.health(),
+            readiness: parts.readiness.as_ref().map(|r| r.board()),
+            peering: parts.peering.clone(),
+        }
+    }
 }
 
 /// What the API needs of the configuration, resolved once at start-up.
@@ -58,6 +98,10 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 /// A store error as the API reports it: naming the database, so an operator knows which file.
 fn db_error(store: &Store, e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!("{}: {e}", store.path()))
+}
+
+fn flows_error<C: Cluster>(s: &ApiState<C>, e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("{}: {e}", s.flows.location()))
 }
 
 pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
@@ -132,15 +176,16 @@ async fn status<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Event>>, A
         .collect();
     // Fence flows are events too, until they are final.
     let flows = s
-        .store
-        .fence_flows(i64::MAX)
-        .map_err(|e| db_error(&s.store, e))?;
+        .flows
+        .active(i64::MAX)
+        .await
+        .map_err(|e| flows_error(&s, e))?;
     out.extend(flows.iter().map(views::Event::of_flow));
     Ok(Json(out))
 }
 
 async fn fences<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Fence>>, ApiError> {
-    let flows = s.store.all_flows(1000).map_err(|e| db_error(&s.store, e))?;
+    let flows = s.flows.recent(1000).await.map_err(|e| flows_error(&s, e))?;
     Ok(Json(flows.iter().map(views::Fence::of).collect()))
 }
 
@@ -153,7 +198,7 @@ async fn one_status<C: Cluster>(
     Path(id): Path<String>,
 ) -> Result<Json<views::Event>, ApiError> {
     let id = parse_id(&id)?;
-    if let Some(f) = s.store.flow(&id).map_err(|e| db_error(&s.store, e))? {
+    if let Some(f) = s.flows.get(&id).await.map_err(|e| flows_error(&s, e))? {
         return Ok(Json(views::Event::of_flow(&f)));
     }
     match s.store.event(&id).map_err(|e| db_error(&s.store, e))? {
@@ -202,9 +247,10 @@ async fn cancel<C: Cluster>(
         .map_err(|e| db_error(&s.store, e))?
     {
         CancelOutcome::NotFound => match s
-            .store
-            .cancel_flow(&id, now_ns())
-            .map_err(|e| db_error(&s.store, e))?
+            .flows
+            .cancel(&id, now_ns())
+            .await
+            .map_err(|e| flows_error(&s, e))?
         {
             FenceCancel::NotFound => Err(ApiError::not_found(format!("no live event {id}"))),
             FenceCancel::Final => Err(ApiError::conflict(format!(

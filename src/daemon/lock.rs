@@ -25,7 +25,7 @@ pub struct MasterLock {
     _file: File,
 }
 
-pub fn acquire(state_dir: &Path) -> Result<MasterLock, LockError> {
+pub fn acquire(state_dir: &Path, host: &str) -> Result<MasterLock, LockError> {
     let path = state_dir.join("maintd.lock");
     let shown = path.display().to_string();
     let io = |source| LockError::Io {
@@ -52,10 +52,6 @@ pub fn acquire(state_dir: &Path) -> Result<MasterLock, LockError> {
         }
         Err(TryLockError::Error(e)) => return Err(io(e)),
     }
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_default();
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;
     writeln!(
@@ -76,8 +72,8 @@ mod tests {
     #[test]
     fn a_second_holder_is_refused_with_the_first_named() {
         let d = tempfile::tempdir().unwrap();
-        let first = acquire(d.path()).unwrap();
-        let err = acquire(d.path()).unwrap_err().to_string();
+        let first = acquire(d.path(), "test-host").unwrap();
+        let err = acquire(d.path(), "test-host").unwrap_err().to_string();
         assert!(
             err.contains(&format!("pid {}", std::process::id())),
             "{err}"
@@ -88,7 +84,7 @@ mod tests {
         // That window is short; wait it out rather than read it as a held lock.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            match acquire(d.path()) {
+            match acquire(d.path(), "test-host") {
                 Ok(_) => break,
                 Err(LockError::Held { .. }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(20));

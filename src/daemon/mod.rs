@@ -2,19 +2,25 @@
 //! the HTTP API, wired together and shut down together.
 
 pub mod api;
+pub mod assembly;
 pub mod lock;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
-use tokio::sync::Notify;
-use tracing::{Instrument, info, info_span};
+use tracing::info;
 
 use crate::cluster::kube::KubeCluster;
 use crate::cluster::{Cluster, ClusterError, Inventory};
-use crate::config::Config;
+use crate::config::{Backend, Config};
+use crate::fencing::agent::Agents;
+use crate::fencing::redact::Redactor;
+use crate::leader::Leadership;
+use crate::link::Links;
+use crate::members::NodeHealth;
 use crate::node::NodeConfig;
+use crate::parts::Shared;
 use crate::report::{Key, KeyError};
 use crate::store::{Store, StoreError};
 
@@ -58,58 +64,50 @@ pub async fn run(
     cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    let lock = lock::acquire(&cfg.daemon.state_dir)?;
+    // Every configuration error is reported before anything is opened: `[fencing]` is checked
+    // against its own nodes here, and against the membership once that is known.
+    let fenced: Vec<String> = cfg.fencing.nodes.keys().cloned().collect();
+    cfg.fencing
+        .plans(&fenced)
+        .map_err(crate::config::ConfigError::from)?;
+    let key = Key::load(&cfg.cluster.key_file)?;
+    let lock = lock::acquire(&cfg.daemon.state_dir, &cfg.host)?;
     warn_lost_database(&cfg);
     let store = Arc::new(Store::open(&cfg.db_path())?);
-    if cfg.cluster.backend == "kubernetes" {
-        let k = KubeCluster::connect(cfg.kubernetes.clone()).await?;
-        // The managed nodes and their collectors come from the API (read at start-up; the node
-        // watch keeps them current).
-        let nodes: Vec<NodeConfig> = k
-            .nodes()
-            .await?
-            .into_iter()
-            .map(|(name, collector)| NodeConfig { name, collector })
-            .collect();
-        info!(nodes = nodes.len(), selector = %cfg.kubernetes.label_selector, "nodes discovered from the Kubernetes API");
-        let k = Arc::new(k);
-        let rules = cfg
-            .kubernetes
-            .conditions
-            .iter()
-            .map(|r| r.rule())
-            .collect::<Result<Vec<_>, _>>()?;
-        let watch = Arc::new(crate::members::NodeView::new(
-            rules,
-            cfg.kubernetes.node_interval,
-        ));
-        let le = cfg.kubernetes.leader_election.clone();
-        let leadership = if le.enabled {
-            crate::leader::Leadership::elected(k.clone(), le, store.clone())
-        } else {
-            crate::leader::Leadership::single(le.identity(), store.clone())
-        };
-        run_with(
-            &cfg,
-            nodes,
-            store,
-            k,
-            lock,
-            leadership,
-            Some(watch),
-            shutdown,
-        )
-        .await
-    } else {
-        let inv = Inventory::new(cfg.inventory_settings(), store.clone())?;
-        let me = nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_default();
-        let leadership = crate::leader::Leadership::single(me, store.clone());
-        let nodes = cfg.nodes.clone();
-        let inv = Arc::new(inv);
-        run_with(&cfg, nodes, store, inv, lock, leadership, None, shutdown).await
+    match cfg.cluster.backend {
+        Backend::Kubernetes => {
+            let k = Arc::new(KubeCluster::connect(cfg.kubernetes.clone()).await?);
+            // The managed nodes and their collectors come from the API (read at start-up; the
+            // node watch keeps them current).
+            let nodes: Vec<NodeConfig> = k
+                .nodes()
+                .await?
+                .into_iter()
+                .map(|(name, collector)| NodeConfig { name, collector })
+                .collect();
+            info!(nodes = nodes.len(), selector = %cfg.kubernetes.label_selector, "nodes discovered from the Kubernetes API");
+            let rules = cfg
+                .kubernetes
+                .conditions
+                .iter()
+                .map(|r| r.rule())
+                .collect::<Result<Vec<_>, _>>()?;
+            let watch = crate::members::NodeView::new(rules, cfg.kubernetes.node_interval);
+            let le = cfg.kubernetes.leader_election.clone();
+            let leadership = if le.enabled {
+                Leadership::elected(k.clone(), le, store.clone())
+            } else {
+                Leadership::single(le.identity(), store.clone())
+            };
+            let parts = (nodes, leadership, Some(Arc::new(watch)));
+            run_with(&cfg, key, store, k, parts, lock, shutdown).await
+        }
+        Backend::Inventory => {
+            let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
+            let leadership = Leadership::single(cfg.host.clone(), store.clone());
+            let parts = (cfg.nodes.clone(), leadership, None);
+            run_with(&cfg, key, store, inv, parts, lock, shutdown).await
+        }
     }
 }
 
@@ -132,229 +130,95 @@ fn warn_lost_database(cfg: &Config) {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The managed nodes, who leads, and the node watch (Kubernetes).
+type Membership = (
+    Vec<NodeConfig>,
+    Leadership,
+    Option<Arc<crate::members::NodeView>>,
+);
+
+/// Builds the parts with the production links and agents, serves the API, and stops it all
+/// together.
 async fn run_with<C: Cluster>(
     cfg: &Config,
-    nodes: Vec<NodeConfig>,
+    key: Key,
     store: Arc<Store>,
     cluster: Arc<C>,
+    (nodes, leadership, watch): Membership,
     _lock: lock::MasterLock,
-    mut leadership: crate::leader::Leadership,
-    watch: Option<Arc<crate::members::NodeView>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    let key = Key::load(&cfg.cluster.key_file)?;
-    let node_names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     let plans = cfg
         .fencing
-        .plans(&node_names)
+        .plans(&names)
         .map_err(crate::config::ConfigError::from)?;
     let listener = crate::http::bind(cfg.daemon.listen)
         .await
         .map_err(DaemonError::Listen)?;
     let mut registry = Registry::default();
-    let metrics = crate::metrics::Metrics::register(&mut registry);
-    let wake = Arc::new(Notify::new());
-    let fence_wake = Arc::new(Notify::new());
-    leadership.wake = vec![wake.clone(), fence_wake.clone()];
-    let leadership = Arc::new(leadership);
-    let node_count = nodes.len();
-    let members = Arc::new(crate::members::Members::new(nodes));
-    let engine = Arc::new(crate::repair::engine::Engine {
-        store: store.clone(),
-        cluster: cluster.clone(),
-        poller: crate::repair::poller::Poller::new(
-            cfg.poll_settings(),
-            members.clone(),
-            key.clone(),
-            store.clone(),
-            metrics.clone(),
-        )?,
-        repairs: crate::repair::live::LiveRepairs::new(
-            key.clone(),
-            cfg.daemon.live_repair_timeout,
-            members.clone(),
-        ),
-        policy: cfg.actions,
-        poll_interval: cfg.daemon.poll_interval,
-        wake: wake.clone(),
-        metrics,
-        leadership: leadership.clone(),
-        watch: watch.clone(),
-        max_disruptions: cfg.kubernetes.max_disruptions,
-        resumed_term: std::sync::atomic::AtomicU64::new(0),
-        health: Arc::new(crate::repair::engine::Health::new(crate::report::now_ns())),
-        clock: Arc::new(crate::clock::SystemClock),
+    let redact = Redactor::new(plans.values().flat_map(|p| p.secrets()).cloned());
+    let agents = Arc::new(Agents {
+        dir: cfg.fencing.agents_dir.clone(),
+        redact,
     });
-    let redact =
-        crate::fencing::redact::Redactor::new(plans.values().flat_map(|p| p.secrets()).cloned());
-    let agents: Arc<dyn crate::fencing::agent::AgentRunner> =
-        Arc::new(crate::fencing::agent::Agents {
-            dir: cfg.fencing.agents_dir.clone(),
-            redact,
-        });
-    let fencer = (!plans.is_empty()).then(|| {
-        let mut f = crate::fencing::executor::Fencer::new(
-            &cfg.fencing,
-            plans.clone(),
-            store.clone(),
-            cluster.clone(),
-            agents.clone(),
-            // The client's own deadline is the longest patience; each probe waits its node's.
-            Arc::new(crate::link::HttpLink::new(
-                key.clone(),
-                cfg.fencing.liveness_timeout_max,
-            )),
-            engine.metrics.clone(),
-            leadership.clone(),
-            members.clone(),
-            cfg.peering_settings(),
-            key.clone(),
-        );
-        f.wake = fence_wake.clone();
-        f.watch = watch.clone();
-        Arc::new(f)
-    });
-    let readiness = (!plans.is_empty()).then(|| {
-        let f = &cfg.fencing;
-        let mut r = crate::fencing::readiness::Readiness::new(
-            crate::fencing::readiness::CheckSettings {
-                interval: f.check_interval,
-                timeout: f.check_timeout,
-                concurrency: f.check_concurrency,
-            },
-            plans,
-            agents,
-            cluster.clone(),
-            engine.metrics.clone(),
-            leadership.clone(),
-        );
-        r.views = fencer
-            .as_ref()
-            .map(|f| f.peering.clone() as Arc<dyn crate::fencing::readiness::WatchdogViews>);
-        Arc::new(r)
-    });
-    let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
-    registry.register_collector(Box::new(crate::metrics::StateGauges {
-        store: store.clone(),
-    }));
-    if let Err(e) =
-        kubert_prometheus_process::register(registry.sub_registry_with_prefix("process"))
-    {
-        tracing::warn!(error = %e, "process metrics unavailable");
-    }
-    let seqs = engine.poller.seqs();
-    let app = api::router(Arc::new(api::ApiState {
-        store,
-        cluster: cluster.clone(),
-        leadership: leadership.clone(),
-        key,
-        settings: api::ApiSettings {
-            request_window: cfg.daemon.request_window,
-            body_timeout: cfg.daemon.limits.body_timeout,
-            stall_after: cfg.daemon.stall_after,
+    let deps = assembly::Deps {
+        shared: Shared {
+            health: Arc::new(NodeHealth::from_store(&store)),
+            flows: store.clone(),
+            store,
+            cluster,
+            metrics: crate::metrics::Metrics::register(&mut registry),
+            leadership: Arc::new(leadership),
+            clock: Arc::new(crate::clock::SystemClock),
+            members: Arc::new(crate::members::Members::new(nodes)),
+            watch,
         },
-        members: members.clone(),
-        wake,
-        registry: Arc::new(registry),
-        seqs,
-        health: engine.health.clone(),
-        readiness: readiness.as_ref().map(|r| r.board.clone()),
-        peering: fencer.as_ref().map(|f| f.peering.clone()),
-    }));
-    info!(listen = %cfg.daemon.listen, nodes = node_count, db = %cfg.db_path().display(), "daemon started");
-
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|v| *v).await;
+        links: Links::http(
+            &key,
+            cfg.daemon.poll_timeout,
+            cfg.fencing.liveness_timeout_max,
+        ),
+        agents,
+        key: key.clone(),
     };
-    let mut engine_task = tokio::spawn(
-        engine
-            .clone()
-            .run(stop(stop_rx.clone()))
-            .instrument(info_span!("engine")),
-    );
-    let fencer_task = fencer.clone().map(|f| {
-        info!(nodes = f.plans.len(), "fencing enabled");
-        tokio::spawn(
-            f.run(stop(stop_rx.clone()))
-                .instrument(info_span!("fencer")),
-        )
-    });
-    let readiness_task = readiness.map(|r| {
-        tokio::spawn(
-            r.run(stop(stop_rx.clone()))
-                .instrument(info_span!("readiness")),
-        )
-    });
-    let watch_task = watch.map(|w| {
-        tokio::spawn(
-            w.run(
-                cluster,
-                cfg.kubernetes.node_interval,
-                members,
-                stop(stop_rx.clone()),
-            )
-            .instrument(info_span!("nodes")),
-        )
-    });
-    // The election stops after the executors (see below), so the last checkpoint and the lease
-    // release come after the last effect.
-    let (elect_tx, elect_rx) = tokio::sync::watch::channel(false);
-    let election_task = tokio::spawn(
-        leadership
-            .clone()
-            .run(stop(elect_rx))
-            .instrument(info_span!("election")),
-    );
-    let server = crate::http::listener::serve(
-        listener,
-        app,
-        cfg.daemon.limits,
-        listener_metrics,
-        stop(stop_rx),
-    );
-    let mut server_task = tokio::spawn(server);
+    let parts = assembly::assemble(assembly::Settings::from_config(cfg, plans), deps)?;
+    let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
+    let app = api::router(Arc::new(api::ApiState::new(
+        &parts,
+        key,
+        cfg,
+        &mut registry,
+    )));
+    info!(listen = %cfg.daemon.listen, nodes = names.len(), db = %cfg.db_path().display(), "daemon started");
+    let mut running = parts.spawn();
+    let limits = cfg.daemon.limits;
+    let stopping = running.stopping();
+    let server = crate::http::listener::serve(listener, app, limits, listener_metrics, stopping);
+    let mut server = tokio::spawn(server);
     // A critical task that ends on its own takes the daemon down rather than leave it half-alive.
     let early = tokio::select! {
         biased;
         _ = shutdown => None,
-        r = &mut server_task => Some(match r {
-            Ok(Ok(())) => Err(DaemonError::Serve(std::io::Error::other("API server stopped"))),
-            Ok(Err(e)) => Err(DaemonError::Serve(e)),
-            Err(e) => Err(DaemonError::Serve(std::io::Error::other(e))),
-        }),
-        r = &mut engine_task => Some(Err(DaemonError::TaskEnded {
-            task: "engine",
-            detail: match r {
-                Ok(()) => "returned".into(),
-                Err(e) => e.to_string(),
-            },
-        })),
-        why = leadership.lost() => Some(Err(crate::leader::LeaderError::Lost(why).into())),
+        r = &mut server => Some(served(r.map(|r| r.and(Err(std::io::Error::other("API server stopped")))))),
+        detail = running.engine_ended() => Some(Err(DaemonError::TaskEnded { task: "engine", detail })),
+        why = parts.shared.leadership.lost() => Some(Err(crate::leader::LeaderError::Lost(why).into())),
     };
     info!("shutting down");
-    let _ = stop_tx.send(true);
     if let Some(result) = early {
-        let _ = elect_tx.send(true);
+        running.abort();
         return result;
     }
-    let _ = engine_task.await;
-    if let Some(t) = fencer_task {
-        // Running fence steps reach a recorded state before the process exits.
-        let _ = t.await;
+    if let Err(e) = running.stop().await {
+        tracing::error!(error = %e, "a part of the daemon panicked");
     }
-    if let Some(t) = watch_task {
-        let _ = t.await;
-    }
-    if let Some(t) = readiness_task {
-        let _ = t.await;
-    }
-    let _ = elect_tx.send(true);
-    let _ = election_task.await;
-    let served = server_task.await;
+    let result = served(server.await);
     info!("daemon stopped");
-    match served {
+    result
+}
+
+fn served(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), DaemonError> {
+    match r {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(DaemonError::Serve(e)),
         Err(e) => Err(DaemonError::Serve(std::io::Error::other(e))),

@@ -9,7 +9,7 @@ use crate::clock::Clock;
 use crate::exec::{self, ExecError, RunSpec};
 use crate::fencing::machine::{Call, Step};
 use crate::verdict::Nanos;
-use crate::verdict::Outcome;
+use crate::verdict::{FailureKind, Outcome};
 
 use super::config::{ExecPolicy, Method, Stage};
 
@@ -93,15 +93,13 @@ pub async fn run_stage(
 ) -> (Outcome, Vec<Call>) {
     let Some(stage) = stage else {
         return (
-            Outcome {
-                ok: true,
-                detail: format!("no {} methods configured", step.as_str()),
-            },
+            Outcome::done(format!("no {} methods configured", step.as_str())),
             vec![],
         );
     };
     let mut calls = Vec::new();
     let mut failures = Vec::new();
+    let mut kind = None;
     let mut successes = Vec::new();
     for m in &stage.methods {
         let ok = run_method(runner, clock, step, m, stage.timeout, &mut calls).await;
@@ -113,6 +111,10 @@ pub async fn run_stage(
                 }
             }
             Err(why) => {
+                // A device that still reports power outranks any other failure.
+                if kind != Some(FailureKind::StillOn) {
+                    kind = Some(why.kind());
+                }
                 failures.push(format!("{}: {why}", m.name));
                 if stage.policy == ExecPolicy::All {
                     break;
@@ -129,7 +131,11 @@ pub async fn run_stage(
     } else {
         failures.join("; ")
     };
-    (Outcome { ok, detail }, calls)
+    let outcome = match kind {
+        Some(k) if !ok => Outcome::failed_as(k, detail),
+        _ => Outcome::of(ok, detail),
+    };
+    (outcome, calls)
 }
 
 async fn call(
@@ -183,6 +189,16 @@ pub enum MethodError {
     StillOn { agent: String },
     #[error("{agent} status could not confirm power-off ({})", ended(*code))]
     Unconfirmed { agent: String, code: Option<i32> },
+}
+
+impl MethodError {
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            MethodError::Action { .. } => FailureKind::Agent,
+            MethodError::StillOn { .. } => FailureKind::StillOn,
+            MethodError::Unconfirmed { .. } => FailureKind::Unconfirmed,
+        }
+    }
 }
 
 /// One method: the action, and for a power-off the `status` that proves it.
@@ -293,6 +309,7 @@ mod tests {
         )
         .await;
         assert!(!o.ok && o.detail.contains("still reports ON"), "{o:?}");
+        assert_eq!(o.failure(), Some(FailureKind::StillOn));
         let (o, _) = run_stage(
             &fake(&[("off", None)]),
             &SystemClock,
@@ -301,6 +318,7 @@ mod tests {
         )
         .await;
         assert!(!o.ok && o.detail.contains("killed"), "{o:?}");
+        assert_eq!(o.failure(), Some(FailureKind::Agent));
     }
 
     #[tokio::test]

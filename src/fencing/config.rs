@@ -213,6 +213,24 @@ pub struct FencePlan {
 }
 
 impl FencePlan {
+    /// What the fence state machine needs of the plan: each stage's retry limits.
+    pub fn summary(&self) -> crate::fencing::machine::PlanSummary {
+        use crate::fencing::machine::StageLimits;
+        let limits = |s: &Stage| StageLimits {
+            retries: s.retries,
+            retry_interval: s.retry_interval.as_nanos() as crate::verdict::Nanos,
+        };
+        crate::fencing::machine::PlanSummary {
+            isolation: self.isolation.as_ref().map(limits),
+            power_management: self.power_management.as_ref().map(limits),
+            recovery: self.recovery.as_ref().map(limits).unwrap_or(StageLimits {
+                retries: 0,
+                retry_interval: 0,
+            }),
+            self_fence: self.self_fence,
+        }
+    }
+
     /// Every secret value of every method of the plan.
     pub fn secrets(&self) -> impl Iterator<Item = &String> {
         [

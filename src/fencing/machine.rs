@@ -11,10 +11,8 @@ use crate::fencing::opinion::{PeerOpinion, PeerWitness};
 use crate::verdict::Nanos;
 use crate::verdict::Outcome;
 
-const FLOW_NAMESPACE: Uuid = Uuid::from_u128(0x6d61_696e_7464_4665_6e63_6500_0000_0001);
-
 pub fn fence_failed_tag(id: &Uuid) -> String {
-    format!("maintd:fencefailed:{id}")
+    crate::tags::tag(crate::tags::TagKind::FenceFailed, id)
 }
 
 #[derive(
@@ -76,146 +74,6 @@ pub enum FenceStatus {
 impl FenceStatus {
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Transition {
-    pub at: Nanos,
-    pub step: Step,
-    pub status: FenceStatus,
-    pub note: String,
-}
-
-/// One agent call, as recorded for the API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Call {
-    pub at: Nanos,
-    pub step: Step,
-    pub method: String,
-    pub agent: String,
-    pub action: String,
-    pub code: Option<i32>,
-    pub ok: bool,
-    #[serde(rename = "elapsed-ms")]
-    pub elapsed_ms: u64,
-    pub output: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Flow {
-    pub id: Uuid,
-    pub node: String,
-    pub step: Step,
-    pub status: FenceStatus,
-    /// Failed attempts of the current step.
-    pub retries: u32,
-    pub restarts: u32,
-    /// Outcome of the running attempt, written by the executor.
-    pub result: Option<Outcome>,
-    pub release_result: Option<Outcome>,
-    pub reclaim_result: Option<Outcome>,
-    pub next_attempt: Nanos,
-    pub isolated: bool,
-    /// Power-off verified: the only proof that allows a release.
-    pub fenced: bool,
-    pub released: bool,
-    pub reclaimed: bool,
-    pub canceled: bool,
-    /// The fencefailed tag is on the node.
-    pub tagged: bool,
-    /// When the collector went silent.
-    pub detected: Nanos,
-    pub created: Nanos,
-    pub updated: Nanos,
-    pub isolated_at: Option<Nanos>,
-    pub fenced_at: Option<Nanos>,
-    pub released_at: Option<Nanos>,
-    pub history: Vec<Transition>,
-    pub calls: Vec<Call>,
-    /// Self-fencing marked the node unschedulable (recovery clears it).
-    #[serde(default)]
-    pub marked: bool,
-    /// Self-fencing: the time from the start of the quiet window to the reset (isolation +
-    /// feed interval + watchdog timeout + margin, from the node's signed settings), and the
-    /// moment the node has reset by: an estimate until `safe_proven`, then the proven moment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub safe_time_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub safe_until: Option<Nanos>,
-    /// The node's starving is proven: `safe_until` stands for any later leader (a starved
-    /// watchdog is never fed again).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub safe_proven: bool,
-    /// The node's signed self-fencing settings, kept for a leader that never saw its report.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub self_fence_times: Option<crate::fencing::selffence::SelfFenceTimes>,
-    /// What declared the node dead when the flow started: recovery waits for each of them to
-    /// be healthy again.
-    #[serde(default = "Witnesses::legacy")]
-    pub witnesses: Witnesses,
-    /// Store version this copy was loaded at (a save of a stale copy is refused).
-    #[serde(skip)]
-    pub version: u64,
-}
-
-/// The witnesses that declared a node dead.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Witnesses {
-    /// The collector stopped answering the liveness probe.
-    pub collector: bool,
-    /// The node-condition fence rule that held, as `Ready=Unknown for 5s`.
-    pub condition: Option<String>,
-    /// The watchers that had lost the node too (the second opinion), each with its view.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub peers: Vec<PeerWitness>,
-}
-
-impl Witnesses {
-    /// Flows recorded before witnesses were: the collector decided, as it then always did.
-    fn legacy() -> Witnesses {
-        Witnesses {
-            collector: true,
-            condition: None,
-            peers: Vec::new(),
-        }
-    }
-
-    /// Whether every witness is healthy again after the power-off at `fenced_at`: a healthy
-    /// report diagnosed after it for the collector, the rule no longer holding for a condition.
-    fn recovered(&self, l: &Liveness, fenced_at: Option<Nanos>) -> bool {
-        let collector = !self.collector
-            || l.healthy_at
-                .zip(fenced_at)
-                .is_some_and(|(h, t)| h > t && !l.probe_silent);
-        let condition = self.condition.is_none() || !l.condition_fence;
-        collector && condition
-    }
-}
-
-impl Flow {
-    fn go(&mut self, now: Nanos, step: Step, status: FenceStatus, note: impl Into<String>) {
-        self.step = step;
-        self.status = status;
-        self.updated = now;
-        self.history.push(Transition {
-            at: now,
-            step,
-            status,
-            note: note.into(),
-        });
-    }
-
-    /// Still heading for a power-off (counts against the in-flight cap).
-    pub fn in_flight(&self, max_restarts: u32) -> bool {
-        !self.fenced
-            && match self.status {
-                FenceStatus::Final => false,
-                FenceStatus::Error => self.restarts < max_restarts && !self.canceled,
-                _ => self.step != Step::Recovery,
-            }
     }
 }
 
@@ -346,6 +204,7 @@ pub enum FenceAction {
         flow: Uuid,
         node: String,
         step: Step,
+        work: StepWork,
     },
     /// Release the node's workloads; `attempt` keys the job so it runs once per restart.
     Release {
@@ -366,6 +225,67 @@ pub enum FenceAction {
         unreachable: usize,
         total: usize,
     },
+}
+
+/// What running a step does, decided here so that the executor only acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepWork {
+    /// Self-fencing: mark the node unschedulable, so nothing new lands on it while its watchdog
+    /// resets it.
+    Mark,
+    /// Run the stage's fence agents; first clear a self-fencing mark (`unmark`), since the
+    /// node's recovery returns it to service.
+    Agents { unmark: bool },
+}
+
+impl FenceAction {
+    /// Runs `f`'s current step.
+    pub fn run_step(f: &Flow) -> FenceAction {
+        let work = match f.step {
+            Step::SelfFence => StepWork::Mark,
+            Step::Recovery => StepWork::Agents { unmark: f.marked },
+            _ => StepWork::Agents { unmark: false },
+        };
+        FenceAction::RunStep {
+            flow: f.id,
+            node: f.node.clone(),
+            step: f.step,
+            work,
+        }
+    }
+}
+
+/// Steps recorded as running without an outcome lost their executor (a restart, or the previous
+/// leader died): run them again. Every step is idempotent (off when off is still off), and the
+/// executor never runs one step of a flow twice at once.
+pub fn resume(flows: &[Flow]) -> Vec<FenceAction> {
+    flows
+        .iter()
+        .filter(|f| f.status == FenceStatus::Running && f.result.is_none())
+        .map(FenceAction::run_step)
+        .collect()
+}
+
+/// A node is silent if its collector does not answer the probe, or if a node-condition fence
+/// rule holds for it (then since the condition began, whichever is earlier).
+pub fn merge_liveness(
+    (answers, silent_since, answered): (bool, Option<Nanos>, bool),
+    fence_rule_since: Option<Nanos>,
+    healthy_at: Option<Nanos>,
+) -> Liveness {
+    let probe_since = if answers { None } else { silent_since };
+    let since = match (probe_since, fence_rule_since) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Liveness {
+        reachable: answers && fence_rule_since.is_none(),
+        answered: answered && fence_rule_since.is_none(),
+        unreachable_since: since,
+        healthy_at,
+        probe_silent: !answers,
+        condition_fence: fence_rule_since.is_some(),
+    }
 }
 
 /// Decides every fence action due now.
@@ -459,50 +379,13 @@ fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
             condition: rule,
             peers: agreed,
         };
-        let mut f = Flow {
-            id: Uuid::new_v5(&FLOW_NAMESPACE, format!("{node}\n{now}").as_bytes()),
-            node: node.clone(),
-            step,
-            status: FenceStatus::New,
-            retries: 0,
-            restarts: 0,
-            result: None,
-            release_result: None,
-            reclaim_result: None,
-            next_attempt: now,
-            isolated: false,
-            fenced: false,
-            marked: false,
-            safe_time_ms: None,
-            safe_until: None,
-            safe_proven: false,
-            self_fence_times: None,
-            released: false,
-            reclaimed: false,
-            canceled: false,
-            tagged: false,
-            detected: since,
-            created: now,
-            updated: now,
-            isolated_at: None,
-            fenced_at: None,
-            released_at: None,
-            history: Vec::new(),
-            calls: Vec::new(),
-            witnesses,
-            version: 0,
-        };
-        f.go(now, step, FenceStatus::New, why);
+        let f = Flow::new(node, since, now, step, witnesses, why);
         out.push(FenceAction::Start(f.clone()));
         // Start the first step at once rather than a tick later.
         let mut running = f.clone();
         running.go(now, step, FenceStatus::Running, "attempt 1");
+        out.push(FenceAction::run_step(&running));
         out.push(FenceAction::Save(running));
-        out.push(FenceAction::RunStep {
-            flow: f.id,
-            node: node.clone(),
-            step,
-        });
         in_flight += 1;
         last_start = Some(now);
     }
@@ -527,7 +410,9 @@ fn agreement(agreed: &[PeerWitness]) -> String {
     format!("; lost by its watchers {}", each.join(", "))
 }
 
+mod flow;
 mod transitions;
+pub use flow::{Call, Flow, Transition, Witnesses};
 use transitions::advance;
 
 #[cfg(test)]

@@ -13,13 +13,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
+
 use tracing::{info, warn};
 
 use super::agent::{AgentRunner, EXIT_OFF, EXIT_OK};
 use super::config::FencePlan;
 use crate::clock::Clock;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, EventReason};
 use crate::metrics::Metrics;
 use crate::sync::LockExt;
 use crate::ticker::Ticker;
@@ -36,37 +36,7 @@ pub struct CheckSettings {
     pub concurrency: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FencingState {
-    /// Every power-management device answered its status check.
-    Active,
-    /// At least one configured level would fail now: a device does not answer, or the node
-    /// meant to fence itself reports no armed watchdog.
-    Inactive,
-}
-
-/// One method's status check.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct MethodCheck {
-    pub method: String,
-    pub agent: String,
-    /// The agent's exit code; none when it was killed at the deadline.
-    pub code: Option<i32>,
-    pub ok: bool,
-}
-
-/// A node's last readiness check.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct DeviceCheck {
-    pub state: FencingState,
-    pub checked_at: Nanos,
-    /// `ok`, or what failed (agent output, redacted).
-    pub detail: String,
-    pub methods: Vec<MethodCheck>,
-}
+pub use crate::views::{DeviceCheck, FencingState, MethodCheck};
 
 /// The last check of every node with a fence plan, shared with the API.
 #[derive(Debug, Default)]
@@ -221,17 +191,17 @@ struct Parts {
 }
 
 pub struct Readiness<C: Cluster> {
-    pub board: Arc<Board>,
+    board: Arc<Board>,
     plans: BTreeMap<String, FencePlan>,
     runner: Arc<dyn AgentRunner>,
     cluster: Arc<C>,
     metrics: Metrics,
     leadership: Arc<crate::leader::Leadership>,
     settings: CheckSettings,
-    pub clock: Arc<dyn Clock>,
+    clock: Arc<dyn Clock>,
     /// The fencer's peer views, where each node's watchdog report is; without them a self-fence
     /// level is never judged.
-    pub views: Option<Arc<dyn WatchdogViews>>,
+    views: Option<Arc<dyn WatchdogViews>>,
     parts: Mutex<BTreeMap<String, Parts>>,
 }
 
@@ -240,22 +210,26 @@ impl<C: Cluster> Readiness<C> {
         settings: CheckSettings,
         plans: BTreeMap<String, FencePlan>,
         runner: Arc<dyn AgentRunner>,
-        cluster: Arc<C>,
-        metrics: Metrics,
-        leadership: Arc<crate::leader::Leadership>,
+        views: Option<Arc<dyn WatchdogViews>>,
+        shared: &crate::parts::Shared<C>,
     ) -> Readiness<C> {
         Readiness {
             board: Arc::new(Board::default()),
             plans,
             runner,
-            cluster,
-            metrics,
-            leadership,
+            cluster: shared.cluster.clone(),
+            metrics: shared.metrics.clone(),
+            leadership: shared.leadership.clone(),
             settings,
-            clock: Arc::new(crate::clock::SystemClock),
-            views: None,
+            clock: shared.clock.clone(),
+            views,
             parts: Mutex::default(),
         }
+    }
+
+    /// The checks' latest results, which the API serves.
+    pub fn board(&self) -> Arc<Board> {
+        self.board.clone()
     }
 
     /// Checks every node at once (bounded), then one node per `interval / nodes`, so each is
@@ -292,7 +266,7 @@ impl<C: Cluster> Readiness<C> {
         } else {
             step.min(SELF_FENCE_EVERY)
         };
-        let mut ticker = Ticker::new(tick, None);
+        let mut ticker = Ticker::new(tick);
         // The ticker's first tick is immediate, and the start-up pass has just checked everyone.
         if ticker.next(shutdown.as_mut()).await.is_none() {
             return;
@@ -392,7 +366,7 @@ impl<C: Cluster> Readiness<C> {
                 warn!(node = %node, detail = %check.detail, "fencing inactive: a configured fencing level fails its check");
                 let msg = format!("fencing inactive: {}", check.detail);
                 self.cluster
-                    .record(node, "FencingInactive", &msg, true)
+                    .record(node, EventReason::FencingInactive, &msg, true)
                     .await;
             }
             (Some(_), FencingState::Active) => {
@@ -400,7 +374,7 @@ impl<C: Cluster> Readiness<C> {
                 self.cluster
                     .record(
                         node,
-                        "FencingActive",
+                        EventReason::FencingActive,
                         "every configured fencing level answers its check again",
                         false,
                     )

@@ -27,12 +27,28 @@ impl RuleAction {
     }
 }
 
+/// A node condition's status, as Kubernetes states it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, strum::EnumString, strum::IntoStaticStr, strum::Display,
+)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+impl ConditionStatus {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 /// `(condition type, status) held for `after` -> steps[0]`; each further `escalate_after`
 /// during which the condition still holds moves one step up the ladder.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     pub condition: String,
-    pub status: String,
+    pub status: ConditionStatus,
     pub after: Nanos,
     pub steps: Vec<RuleAction>,
     pub escalate_after: Nanos,
@@ -68,12 +84,12 @@ impl Rule {
         if condition.is_empty() {
             return Err(RuleError::NoCondition);
         }
-        if !matches!(status, "True" | "False" | "Unknown") {
+        let Ok(status) = status.parse::<ConditionStatus>() else {
             return Err(RuleError::Status {
                 rule,
                 status: status.into(),
             });
-        }
+        };
         if steps.is_empty() {
             return Err(RuleError::NoAction { rule });
         }
@@ -96,7 +112,7 @@ impl Rule {
         };
         Ok(Rule {
             condition: condition.into(),
-            status: status.into(),
+            status,
             after,
             steps: parsed,
             escalate_after,
@@ -108,7 +124,7 @@ impl Rule {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeCondition {
     pub kind: String,
-    pub status: String,
+    pub status: ConditionStatus,
     /// `lastTransitionTime`: since when the condition has had this status.
     pub since: Nanos,
 }
@@ -177,7 +193,7 @@ pub fn evaluate(
                             "source": CONDITION_SOURCE,
                             "rule": i,
                             "condition": c.kind,
-                            "condition-status": c.status,
+                            "condition-status": c.status.as_str(),
                             "since": c.since,
                             "step": step,
                         },
@@ -203,7 +219,7 @@ mod tests {
             "n1".to_string(),
             vec![NodeCondition {
                 kind: kind.into(),
-                status: status.into(),
+                status: status.parse().unwrap(),
                 since,
             }],
         )])

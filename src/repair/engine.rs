@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, EventReason};
 use crate::repair::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
 use crate::store::Store;
 use crate::verdict::Outcome;
@@ -18,27 +18,32 @@ use crate::metrics::{JobLabel, Metrics};
 use crate::sync::LockExt;
 use crate::ticker::{Ticker, Wake};
 
-pub struct Engine<C: Cluster> {
-    pub store: Arc<Store>,
-    pub cluster: Arc<C>,
-    pub poller: Poller,
-    pub repairs: LiveRepairs,
+/// What the engine needs of the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineSettings {
     pub policy: Policy,
     pub poll_interval: Duration,
-    /// Wakes the loop for a decision without polling (a job ended, an operator acted).
-    pub wake: Arc<Notify>,
-    pub metrics: Metrics,
-    pub leadership: Arc<crate::leader::Leadership>,
-    /// Node conditions and membership (Kubernetes).
-    pub watch: Option<Arc<crate::members::NodeView>>,
     /// Cap on drains per round, when the backend supplies capacity facts.
     pub max_disruptions: usize,
+}
+
+pub struct Engine<C: Cluster> {
+    store: Arc<Store>,
+    cluster: Arc<C>,
+    poller: Poller,
+    repairs: LiveRepairs,
+    settings: EngineSettings,
+    /// Wakes the loop for a decision without polling (a job ended, an operator acted).
+    wake: Arc<Notify>,
+    metrics: Metrics,
+    leadership: Arc<crate::leader::Leadership>,
+    /// Node conditions and membership (Kubernetes).
+    watch: Option<Arc<crate::members::NodeView>>,
     /// The leadership term whose running jobs this replica has resumed.
-    pub resumed_term: std::sync::atomic::AtomicU64,
+    resumed_term: std::sync::atomic::AtomicU64,
     /// When the last decision completed, and why the last one did not; `/1/health` reads it.
-    pub health: Arc<Health>,
-    /// Read once per decision.
-    pub clock: Arc<dyn crate::clock::Clock>,
+    health: Arc<Health>,
+    clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// Why a decision was skipped; the next tick tries again.
@@ -153,10 +158,48 @@ fn drains(actions: &[Action]) -> bool {
 }
 
 impl<C: Cluster> Engine<C> {
+    pub fn new(
+        settings: EngineSettings,
+        poller: Poller,
+        repairs: LiveRepairs,
+        shared: &crate::parts::Shared<C>,
+    ) -> Engine<C> {
+        Engine {
+            store: shared.store.clone(),
+            cluster: shared.cluster.clone(),
+            poller,
+            repairs,
+            settings,
+            wake: Arc::new(Notify::new()),
+            metrics: shared.metrics.clone(),
+            leadership: shared.leadership.clone(),
+            watch: shared.watch.clone(),
+            resumed_term: std::sync::atomic::AtomicU64::new(0),
+            health: Arc::new(Health::new(shared.clock.now())),
+            clock: shared.clock.clone(),
+        }
+    }
+
+    /// Asks for a decision now (the API, after an operator's action).
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    pub fn health(&self) -> Arc<Health> {
+        self.health.clone()
+    }
+
+    /// The last accepted report sequences, which the API's reset clears.
+    pub fn seqs(&self) -> Arc<super::poller::Seqs> {
+        self.poller.seqs()
+    }
+
     /// Runs until `shutdown` resolves. Jobs run in detached runners or on collectors, so stopping
     /// the loop never abandons one half-way: a restart picks each up from its recorded state.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        let mut ticker = Ticker::new(self.poll_interval, Some(self.wake.clone()));
+        let mut ticker = Ticker::new(self.settings.poll_interval)
+            .notified_by(self.wake.clone())
+            .following(self.leadership.subscribe());
         let mut obs = Observations::new();
         tokio::pin!(shutdown);
         while let Some(wake) = ticker.next(shutdown.as_mut()).await {
@@ -208,7 +251,7 @@ impl<C: Cluster> Engine<C> {
             Ok(t) => t,
             Err(e) => return self.skip(TickError::Tags(e)),
         };
-        let mut state = match self.store.load_state(self.policy, tags) {
+        let mut state = match self.store.load_state(self.settings.policy, tags) {
             Ok(s) => s,
             Err(source) => {
                 let db = self.store.path().to_string();
@@ -228,7 +271,7 @@ impl<C: Cluster> Engine<C> {
                 Ok(Some(snapshot)) => {
                     state.capacity = Some(Capacity {
                         snapshot,
-                        max_disruptions: self.max_disruptions,
+                        max_disruptions: self.settings.max_disruptions,
                     });
                     actions = decide(&state, obs, now);
                 }
@@ -264,8 +307,13 @@ impl<C: Cluster> Engine<C> {
                 self.cluster
                     .record(
                         &e.node,
-                        "MaintdEventNoted",
-                        &format!("maintd:{} {}: {}", e.id, e.action, e.canonical),
+                        EventReason::EventNoted,
+                        &format!(
+                            "{} {}: {}",
+                            crate::tags::reference(&e.id),
+                            e.action,
+                            e.canonical
+                        ),
                         false,
                     )
                     .await;
@@ -304,11 +352,11 @@ impl<C: Cluster> Engine<C> {
                     .record(
                         node,
                         if failed {
-                            "MaintdRepairFailed"
+                            EventReason::RepairFailed
                         } else {
-                            "MaintdRepairReady"
+                            EventReason::RepairReady
                         },
-                        &format!("maintd:{event}: tag {tag}"),
+                        &format!("{}: tag {tag}", crate::tags::reference(event)),
                         failed,
                     )
                     .await;

@@ -7,13 +7,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::collector::{LiveRepairRecord, RepairRequest, RepairState};
 use crate::http::error_message;
-use crate::link::{Answer, CollectorLink, HttpLink, LinkError};
+use crate::link::{Answer, CollectorLink, LinkError};
 use crate::members::Members;
 use crate::node::NodeConfig;
 use crate::repair::{Event, Job};
-use crate::report::Key;
+use crate::report::live::{LiveRepairRecord, RepairRequest, RepairState};
 use crate::verdict::Outcome;
 
 const POLL: Duration = Duration::from_millis(250);
@@ -34,13 +33,8 @@ enum Progress {
 }
 
 impl LiveRepairs {
-    /// Live repairs over HTTP, signed with the cluster key.
-    pub fn new(key: Key, repair_timeout: Duration, members: Arc<Members>) -> LiveRepairs {
-        let link = Arc::new(HttpLink::new(key, Duration::from_secs(10)));
-        LiveRepairs::with_link(link, repair_timeout, members)
-    }
-
-    pub fn with_link(
+    /// Live repairs through `link`; the daemon waits `repair_timeout` and a margin.
+    pub fn new(
         link: Arc<dyn CollectorLink>,
         repair_timeout: Duration,
         members: Arc<Members>,
@@ -126,15 +120,10 @@ impl LiveRepairs {
                         (None, Some(c)) => format!("exit {c}"),
                         (None, None) => "no exit code".into(),
                     };
-                    return Outcome {
+                    return Outcome::of(
                         ok,
-                        detail: format!(
-                            "{} on {}: {what}: {}",
-                            s.command,
-                            job.node,
-                            s.output.trim()
-                        ),
-                    };
+                        format!("{} on {}: {what}: {}", s.command, job.node, s.output.trim()),
+                    );
                 }
                 Progress::Status(_) => accepted = true,
                 Progress::Missing if accepted => {

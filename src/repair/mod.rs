@@ -9,8 +9,6 @@ pub mod capacity;
 pub mod conditions;
 pub mod decide;
 pub mod engine;
-pub mod hooks;
-pub mod jobs;
 pub mod live;
 pub mod model;
 pub mod poller;

@@ -13,19 +13,17 @@ use crate::verdict::{Nanos, Status, Verdict};
 /// core stays deterministic without a random source.
 pub(super) const EVENT_NAMESPACE: Uuid = Uuid::from_u128(0x6d61_696e_7464_4576_656e_7473_0000_0001);
 
-pub const TAG_PREFIX: &str = "maintd:";
-
 pub fn ready_tag(id: &Uuid) -> String {
-    format!("maintd:repairready:{id}")
+    crate::tags::tag(crate::tags::TagKind::RepairReady, id)
 }
 
 pub fn failed_tag(id: &Uuid) -> String {
-    format!("maintd:repairfailed:{id}")
+    crate::tags::tag(crate::tags::TagKind::RepairFailed, id)
 }
 
 /// The reason trail every job carries to the backend.
 pub fn reason_trail(id: &impl std::fmt::Display) -> String {
-    format!("maintd:{id}")
+    crate::tags::reference(id)
 }
 
 #[derive(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
-use crate::link::{Answer, CollectorLink, HttpLink, LinkError};
+use crate::link::{Answer, CollectorLink, LinkError};
 use crate::node::NodeConfig;
 use crate::repair::{Observation, Observations};
 use crate::report::{Envelope, Key, ReportError, VerifyRules};
@@ -44,8 +44,9 @@ pub struct Poller {
     reach: Mutex<HashMap<String, (bool, Option<Instant>)>>,
     store: Arc<Store>,
     metrics: Metrics,
+    health: Arc<crate::members::NodeHealth>,
     /// Judges report freshness and stamps poll records.
-    pub clock: Arc<dyn crate::clock::Clock>,
+    clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// Reachability changes of one node are logged at most this often.
@@ -93,41 +94,29 @@ fn rejection_label(e: &ReportError) -> &'static str {
 }
 
 impl Poller {
-    /// A poller that reaches the collectors over HTTP.
-    pub fn new(
-        settings: PollSettings,
-        members: Arc<Members>,
-        key: Key,
-        store: Arc<Store>,
-        metrics: Metrics,
-    ) -> Result<Poller, StoreError> {
-        let link = Arc::new(HttpLink::new(key.clone(), settings.timeout));
-        Poller::with_link(settings, link, members, key, store, metrics)
-    }
-
-    pub fn with_link(
+    /// A poller that reaches the collectors through `link`, resuming from the stored sequences.
+    pub fn new<C>(
         settings: PollSettings,
         link: Arc<dyn CollectorLink>,
-        members: Arc<Members>,
         key: Key,
-        store: Arc<Store>,
-        metrics: Metrics,
+        shared: &crate::parts::Shared<C>,
     ) -> Result<Poller, StoreError> {
         let PollSettings {
             rules, concurrency, ..
         } = settings;
-        let seqs = store.last_seqs()?;
+        let seqs = shared.store.last_seqs()?;
         Ok(Poller {
             link,
             key,
-            members,
+            members: shared.members.clone(),
             rules,
             concurrency,
             seqs: Arc::new(Seqs(Mutex::new(seqs))),
             reach: Mutex::new(HashMap::new()),
-            store,
-            metrics,
-            clock: Arc::new(crate::clock::SystemClock),
+            store: shared.store.clone(),
+            metrics: shared.metrics.clone(),
+            health: shared.health.clone(),
+            clock: shared.clock.clone(),
         })
     }
 
@@ -169,6 +158,11 @@ impl Poller {
                     u.report = Some(canonical_json(&r.envelope.data));
                     u.diagnosed_ns = Some(r.envelope.diagnosed_at);
                     u.diagnose_error = r.envelope.diagnose_error.clone();
+                    let ok = r.verdict.status == crate::verdict::Status::Ok;
+                    self.health.reported(
+                        &name,
+                        (ok && u.diagnose_error.is_none()).then_some(r.envelope.diagnosed_at),
+                    );
                     // A broken diagnose says nothing about the hardware.
                     if r.envelope.diagnose_error.is_some() {
                         Observation::Unknown

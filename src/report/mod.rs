@@ -4,6 +4,7 @@
 
 pub mod heartbeat;
 mod key;
+pub mod live;
 mod request;
 
 pub use key::{Key, KeyError};

@@ -2,6 +2,7 @@
 //! keeps tags and runs jobs in simulated time, and fence agents that switch simulated power.
 
 use super::*;
+use std::sync::atomic::Ordering;
 
 pub(super) struct SimNode {
     pub(super) powered: bool,
@@ -395,13 +396,10 @@ impl Cluster for SimCluster {
             }
             _ => {}
         }
-        Outcome {
-            ok: true,
-            detail: format!("simulated {} done", job.kind.as_str()),
-        }
+        Outcome::done(format!("simulated {} done", job.kind.as_str()))
     }
 
-    async fn record(&self, node: &str, reason: &str, _message: &str, _warning: bool) {
+    async fn record(&self, node: &str, reason: EventReason, _message: &str, _warning: bool) {
         self.events
             .lock_unpoisoned()
             .push(format!("{node} {reason}"));
@@ -416,29 +414,20 @@ impl Cluster for SimCluster {
             .lock_unpoisoned()
             .push((node.into(), *flow, attempt));
         self.offline.lock_unpoisoned().insert(node.into());
-        Outcome {
-            ok: true,
-            detail: "simulated release".into(),
-        }
+        Outcome::done("simulated release")
     }
 
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
         self.reclaims.lock_unpoisoned().push((node.into(), *flow));
         self.offline.lock_unpoisoned().remove(node);
-        Outcome {
-            ok: true,
-            detail: "simulated reclaim".into(),
-        }
+        Outcome::done("simulated reclaim")
     }
 
     async fn mark_unschedulable(&self, node: &str, _flow: &Uuid, on: bool) -> Outcome {
         self.jobs
             .lock_unpoisoned()
             .push(format!("{} {node}", if on { "mark" } else { "unmark" }));
-        Outcome {
-            ok: true,
-            detail: format!("simulated {}", if on { "mark" } else { "unmark" }),
-        }
+        Outcome::done(format!("simulated {}", if on { "mark" } else { "unmark" }))
     }
 }
 

@@ -1,5 +1,5 @@
-//! The simulated-time harness: the engine, the fencer and the poller, wired as the daemon wires
-//! them, against in-memory collectors, an in-memory cluster and scripted fence agents, on
+//! The simulated-time harness: the engine, the fencer and the poller, built by the daemon's own
+//! assembly (`daemon::assembly`), against in-memory collectors, an in-memory cluster and scripted fence agents, on
 //! tokio's paused clock. No socket and no sleep: time moves only when every task waits, so a
 //! scenario over simulated minutes runs in milliseconds and always the same way. Reports are
 //! signed and verified and the store is real SQLite; what crosses a process or a network (hooks,
@@ -15,35 +15,34 @@ use fakes::SimNode;
 pub use fakes::{SimAgents, SimCluster, SimCollectors};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use serde_json::Value;
-use tokio::sync::{Notify, watch};
-use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::clock::{Clock, RuntimeClock};
-use crate::cluster::{Cluster, ClusterError};
-use crate::collector::{LiveRepairRecord, RepairRequest, RepairState};
+use crate::cluster::{Cluster, ClusterError, EventReason};
+use crate::daemon::assembly::{Deps, FencingSettings, Running, Settings, assemble};
 use crate::fencing::agent::{AgentRunner, EXIT_OFF, EXIT_OK};
 use crate::fencing::config::{ExecPolicy, FencePlan, FencingConfig, Method, Stage};
-use crate::fencing::executor::Fencer;
+use crate::fencing::executor::FencerSettings;
 use crate::fencing::machine::Flow;
 use crate::fencing::peering::PeeringSettings;
-use crate::fencing::readiness::{Board, CheckSettings, Readiness};
+use crate::fencing::readiness::{Board, CheckSettings};
 use crate::leader::Leadership;
-use crate::link::{Answer, CollectorLink, LinkError};
-use crate::members::Members;
+use crate::link::{Answer, CollectorLink, LinkError, Links};
+use crate::members::{Members, NodeHealth};
 use crate::metrics::Metrics;
 use crate::node::NodeConfig;
-use crate::repair::engine::{Engine, Health};
-use crate::repair::live::LiveRepairs;
-use crate::repair::poller::{PollSettings, Poller, REPORT_PATH};
+use crate::parts::Shared;
+use crate::repair::engine::EngineSettings;
+use crate::repair::poller::{PollSettings, REPORT_PATH};
 use crate::repair::{Event, Job, JobKind, Policy};
 use crate::report::heartbeat::{PeerSet, PeerState, PeerView, SignedView};
+use crate::report::live::{LiveRepairRecord, RepairRequest, RepairState};
 use crate::report::{Envelope, Key, VerifyRules};
 use crate::store::Store;
 use crate::sync::LockExt;
@@ -120,8 +119,7 @@ pub struct Sim {
     pub peering: Option<Arc<crate::fencing::peering::Peering>>,
     /// What the daemon's parts count.
     pub metrics: Metrics,
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    running: Running,
     _dir: tempfile::TempDir,
 }
 
@@ -188,56 +186,8 @@ impl Sim {
         });
         let store = Arc::new(Store::open(&dir.path().join("state.db")).expect("a store"));
         let metrics = Metrics::register(&mut Registry::default());
-        let sim_metrics = metrics.clone();
-        let members = Arc::new(Members::new(nodes));
         let link: Arc<dyn CollectorLink> = collectors.clone();
-        let wake = Arc::new(Notify::new());
-        let fence_wake = Arc::new(Notify::new());
-        let mut leadership = Leadership::single("sim".into(), store.clone());
-        leadership.wake = vec![wake.clone(), fence_wake.clone()];
-        let leadership = Arc::new(leadership);
-        let settings = PollSettings {
-            rules: VerifyRules {
-                window_s: 30,
-                max_bytes: 64 * 1024,
-            },
-            concurrency: 16,
-            timeout: Duration::from_secs(5),
-        };
-        let mut poller = Poller::with_link(
-            settings,
-            link.clone(),
-            members.clone(),
-            key.clone(),
-            store.clone(),
-            metrics.clone(),
-        )
-        .expect("a poller");
-        poller.clock = clock.clone();
-        let engine = Arc::new(Engine {
-            store: store.clone(),
-            cluster: cluster.clone(),
-            poller,
-            repairs: LiveRepairs::with_link(link.clone(), Duration::from_secs(60), members.clone()),
-            policy: o.policy,
-            poll_interval: o.poll_interval,
-            wake,
-            metrics: metrics.clone(),
-            leadership: leadership.clone(),
-            watch: None,
-            max_disruptions: 1,
-            resumed_term: AtomicU64::new(0),
-            health: Arc::new(Health::new(clock.now())),
-            clock: clock.clone(),
-        });
-        let (stop, stop_rx) = watch::channel(false);
-        let stopped = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|v| *v).await;
-        };
-        let mut tasks = vec![tokio::spawn(engine.clone().run(stopped(stop_rx.clone())))];
-        let mut readiness = None;
-        let mut peering = None;
-        if let Some(f) = &o.fencing {
+        let fencing = o.fencing.as_ref().map(|f| {
             let plans: BTreeMap<String, FencePlan> = names
                 .iter()
                 .map(|n| {
@@ -251,55 +201,65 @@ impl Sim {
                     (n.clone(), plan)
                 })
                 .collect();
-            let mut fencer = Fencer::new(
-                f,
-                plans.clone(),
-                store.clone(),
-                cluster.clone(),
-                agents.clone(),
-                link,
-                metrics.clone(),
-                leadership.clone(),
-                members,
-                PeeringSettings {
-                    watchers: f.watchers,
-                    window: Duration::from_secs(30),
-                    fresh_for: f.liveness_interval * 3,
-                },
-                key.clone(),
-            );
-            fencer.wake = fence_wake;
-            fencer.clock = clock.clone();
-            peering = Some(fencer.peering.clone());
-            let mut checks = Readiness::new(
-                CheckSettings {
+            FencingSettings {
+                fencer: FencerSettings::new(f, plans),
+                checks: CheckSettings {
                     interval: f.check_interval,
                     timeout: f.check_timeout,
                     concurrency: f.check_concurrency,
                 },
-                plans,
-                agents.clone(),
-                cluster.clone(),
-                metrics,
-                leadership,
-            );
-            checks.clock = clock.clone();
-            checks.views = Some(fencer.peering.clone());
-            readiness = Some(checks.board.clone());
-            tasks.push(tokio::spawn(Arc::new(checks).run(stopped(stop_rx.clone()))));
-            tasks.push(tokio::spawn(Arc::new(fencer).run(stopped(stop_rx))));
-        }
+                peering: PeeringSettings {
+                    watchers: f.watchers,
+                    window: Duration::from_secs(30),
+                    fresh_for: f.liveness_interval * 3,
+                },
+            }
+        });
+        let settings = Settings {
+            poll: PollSettings {
+                rules: VerifyRules {
+                    window_s: 30,
+                    max_bytes: 64 * 1024,
+                },
+                concurrency: 16,
+                timeout: Duration::from_secs(5),
+            },
+            engine: EngineSettings {
+                policy: o.policy,
+                poll_interval: o.poll_interval,
+                max_disruptions: 1,
+            },
+            repair_timeout: Duration::from_secs(60),
+            fencing,
+        };
+        let deps = Deps {
+            shared: Shared {
+                flows: store.clone(),
+                leadership: Arc::new(Leadership::single("sim".into(), store.clone())),
+                store: store.clone(),
+                cluster: cluster.clone(),
+                metrics: metrics.clone(),
+                clock: clock.clone(),
+                members: Arc::new(Members::new(nodes)),
+                watch: None,
+                health: Arc::new(NodeHealth::default()),
+            },
+            links: Links::same(link),
+            agents: agents.clone(),
+            key,
+        };
+        let parts = assemble(settings, deps).expect("the parts assemble");
+        let running = parts.spawn();
         Sim {
             clock,
             store,
             cluster,
             collectors,
             agents,
-            readiness,
-            peering,
-            metrics: sim_metrics,
-            stop,
-            tasks,
+            readiness: parts.readiness.as_ref().map(|r| r.board()),
+            peering: parts.peering.clone(),
+            metrics,
+            running,
             _dir: dir,
         }
     }
@@ -356,9 +316,8 @@ impl Sim {
 
     /// Stops every task as the daemon does on SIGTERM (running fence steps finish first).
     pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        for t in self.tasks {
-            t.await.expect("a task of the simulation panicked");
+        if let Err(e) = self.running.stop().await {
+            panic!("a task of the simulation panicked: {e}");
         }
     }
 }

@@ -1,7 +1,78 @@
-//! Fence flows: each flow as JSON with an optimistic version, the executor's outcomes, and
-//! operators' cancels.
+//! Fence flows: the `FlowStore` seam the fencer and the API read and write them through, and
+//! its SQLite implementation (each flow as JSON with an optimistic version).
 
 use super::*;
+
+#[cfg(test)]
+pub(crate) mod conformance;
+
+/// Where fence flows live. The fencer decides from what it reads here on every tick and writes
+/// back each decision and each effect's outcome, so a second implementation (fence state kept
+/// in cluster objects, say) slots in behind this trait and must pass `conformance::suite`.
+#[async_trait::async_trait]
+pub trait FlowStore: Send + Sync + 'static {
+    /// Records a new flow (version 0).
+    async fn insert(&self, f: &Flow) -> Result<()>;
+    /// Saves `f` unless it changed since it was read (its `version`); returns whether it did.
+    async fn save(&self, f: &Flow) -> Result<bool>;
+    /// Records what an effect saw: a step attempt (with its agent calls), a release or a reclaim.
+    async fn set_outcome(
+        &self,
+        id: &Uuid,
+        which: FlowOutcome,
+        outcome: Outcome,
+        calls: Vec<Call>,
+    ) -> Result<()>;
+    /// Notes that the node carries the flow's failure tag.
+    async fn mark_tagged(&self, id: &Uuid) -> Result<()>;
+    /// An operator's cancel: only before the node was powered off.
+    async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel>;
+    /// The flows the fencer decides on: every one not final, and final ones ended at or after
+    /// `since`, oldest first.
+    async fn active(&self, since: Nanos) -> Result<Vec<Flow>>;
+    /// Up to `limit` flows, newest first.
+    async fn recent(&self, limit: usize) -> Result<Vec<Flow>>;
+    async fn get(&self, id: &Uuid) -> Result<Option<Flow>>;
+    /// Where the flows are, for error messages.
+    fn location(&self) -> String;
+}
+
+#[async_trait::async_trait]
+impl FlowStore for Store {
+    async fn insert(&self, f: &Flow) -> Result<()> {
+        self.insert_flow(f)
+    }
+    async fn save(&self, f: &Flow) -> Result<bool> {
+        self.save_flow(f)
+    }
+    async fn set_outcome(
+        &self,
+        id: &Uuid,
+        which: FlowOutcome,
+        outcome: Outcome,
+        calls: Vec<Call>,
+    ) -> Result<()> {
+        self.set_flow_outcome(id, which, outcome, calls)
+    }
+    async fn mark_tagged(&self, id: &Uuid) -> Result<()> {
+        self.mark_flow_tagged(id)
+    }
+    async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
+        self.cancel_flow(id, now)
+    }
+    async fn active(&self, since: Nanos) -> Result<Vec<Flow>> {
+        self.fence_flows(since)
+    }
+    async fn recent(&self, limit: usize) -> Result<Vec<Flow>> {
+        self.all_flows(limit)
+    }
+    async fn get(&self, id: &Uuid) -> Result<Option<Flow>> {
+        self.flow(id)
+    }
+    fn location(&self) -> String {
+        self.path().to_string()
+    }
+}
 
 /// Outcome of an operator's cancel of a fence flow.
 #[derive(Debug, PartialEq)]
@@ -13,12 +84,20 @@ pub enum FenceCancel {
     AlreadyCanceled,
 }
 
-/// Which executor-written outcome of a flow to set.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Which executor-written outcome of a flow to set; also the key of an effect in progress (one
+/// of each kind per flow at a time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum FlowOutcome {
     Step,
     Release,
     Reclaim,
+}
+
+impl FlowOutcome {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 fn flow_from_row(r: &Row) -> Result<Flow> {

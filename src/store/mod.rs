@@ -30,7 +30,7 @@ mod nodes;
 mod tests;
 
 pub use events::CancelOutcome;
-pub use flows::{FenceCancel, FlowOutcome};
+pub use flows::{FenceCancel, FlowOutcome, FlowStore};
 pub use nodes::{NodeRow, NodeUpdate};
 
 #[derive(Debug, thiserror::Error)]

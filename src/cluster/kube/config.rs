@@ -34,6 +34,9 @@ pub struct KubeConfig {
     /// Node-condition rules, checked in order.
     pub conditions: Vec<ConditionRuleConfig>,
     pub leader_election: LeaderElectionConfig,
+    /// This replica's host name, as Events report it (resolved at load).
+    #[serde(skip)]
+    pub instance: String,
 }
 
 /// `(type, status) for <duration> -> actions`, escalating one step per `escalate-after`.
@@ -100,27 +103,26 @@ impl Default for LeaderElectionConfig {
 }
 
 impl LeaderElectionConfig {
+    /// Fills what the file left out from the environment, once, when the config loads: the
+    /// namespace from `POD_NAMESPACE` (else `default`), the identity from `POD_NAME`, else
+    /// `host`.
+    pub fn resolve(&mut self, host: &str) {
+        let env = |k: &str| std::env::var(k).ok().filter(|s| !s.is_empty());
+        if self.namespace.is_none() {
+            self.namespace = Some(env("POD_NAMESPACE").unwrap_or_else(|| "default".into()));
+        }
+        if self.identity.is_none() {
+            let host = (!host.is_empty()).then(|| host.to_string());
+            self.identity = Some(env("POD_NAME").or(host).unwrap_or_else(|| "maintd".into()));
+        }
+    }
+
     pub fn namespace(&self) -> String {
-        self.namespace
-            .clone()
-            .or_else(|| {
-                std::env::var("POD_NAMESPACE")
-                    .ok()
-                    .filter(|s| !s.is_empty())
-            })
-            .unwrap_or_else(|| "default".into())
+        self.namespace.clone().unwrap_or_else(|| "default".into())
     }
 
     pub fn identity(&self) -> String {
-        self.identity
-            .clone()
-            .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
-            .or_else(|| {
-                nix::unistd::gethostname()
-                    .ok()
-                    .and_then(|h| h.into_string().ok())
-            })
-            .unwrap_or_else(|| "maintd".into())
+        self.identity.clone().unwrap_or_else(|| "maintd".into())
     }
 }
 
@@ -183,6 +185,7 @@ impl Default for KubeConfig {
             max_disruptions: 1,
             conditions: vec![],
             leader_election: LeaderElectionConfig::default(),
+            instance: String::new(),
         }
     }
 }

@@ -11,7 +11,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use super::KubeCluster;
 use super::api_code;
 use crate::cluster::ClusterError;
-use crate::verdict::Outcome;
+use crate::verdict::{FailureKind, Outcome};
 
 pub(super) const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
@@ -106,7 +106,7 @@ impl KubeCluster {
     /// replacement that took the same name is never touched.
     pub async fn drain(&self, node: &str, respect_pdbs: bool) -> Outcome {
         if let Err(e) = self.cordon(node, true).await {
-            return Outcome::failed(format!("cordon {node}: {e}"));
+            return Outcome::failed_as(FailureKind::Backend, format!("cordon {node}: {e}"));
         }
         let deadline = tokio::time::Instant::now() + self.cfg.drain_deadline;
         let mut backoff = self.cfg.eviction_backoff;
@@ -114,13 +114,15 @@ impl KubeCluster {
         loop {
             let pods = match self.pods_on(node).await {
                 Ok(p) => p,
-                Err(e) => return Outcome::failed(format!("list pods on {node}: {e}")),
+                Err(e) => {
+                    return Outcome::failed_as(
+                        FailureKind::Backend,
+                        format!("list pods on {node}: {e}"),
+                    );
+                }
             };
             if pods.is_empty() {
-                return Outcome {
-                    ok: true,
-                    detail: format!("{node} drained ({} pods)", evicted.len()),
-                };
+                return Outcome::done(format!("{node} drained ({} pods)", evicted.len()));
             }
             let mut blocked = Vec::new();
             for p in pods
@@ -160,11 +162,14 @@ impl KubeCluster {
                 } else {
                     blocked
                 };
-                return Outcome::failed(format!(
-                    "drain of {node} missed its {:?} deadline; blocking pods: {}; the node stays cordoned (as kubectl drain leaves it): `kubectl uncordon {node}` once it may take work again",
-                    self.cfg.drain_deadline,
-                    still.join(", ")
-                ));
+                return Outcome::failed_as(
+                    FailureKind::Backend,
+                    format!(
+                        "drain of {node} missed its {:?} deadline; blocking pods: {}; the node stays cordoned (as kubectl drain leaves it): `kubectl uncordon {node}` once it may take work again",
+                        self.cfg.drain_deadline,
+                        still.join(", ")
+                    ),
+                );
             }
             tokio::time::sleep(backoff.min(deadline - tokio::time::Instant::now())).await;
             if !blocked.is_empty() {

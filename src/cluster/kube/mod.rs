@@ -15,7 +15,7 @@ mod nodes;
 mod snapshot;
 
 pub use config::{ConditionRuleConfig, KubeConfig, KubeConfigError, LeaderElectionConfig};
-pub use nodes::{OFFLINE_TAINT, OUT_OF_SERVICE, label_to_tag, tag_to_label};
+pub use nodes::{OFFLINE_TAINT, OUT_OF_SERVICE, TaintEffect, label_to_tag, tag_to_label};
 pub use snapshot::{quantity, snapshot};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,14 +31,14 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::{Cluster, ClusterError, KubeletLease, NodeFacts};
+use super::{Cluster, ClusterError, EventReason, KubeletLease, NodeFacts};
 
 /// Where every kubelet keeps its heartbeat Lease, named after its node.
 const KUBELET_LEASE_NAMESPACE: &str = "kube-node-lease";
 use crate::node::NodeConfig;
 use crate::repair::conditions::NodeCondition;
 use crate::repair::{Job, JobKind, capacity};
-use crate::verdict::Outcome;
+use crate::verdict::{FailureKind, Outcome};
 use cache::Watched;
 
 fn api_code(e: &kube::Error) -> Option<u16> {
@@ -211,11 +211,8 @@ impl KubeCluster {
 
 fn outcome(what: String, r: Result<(), ClusterError>) -> Outcome {
     match r {
-        Ok(()) => Outcome {
-            ok: true,
-            detail: what,
-        },
-        Err(e) => Outcome::failed(format!("{what}: {e}")),
+        Ok(()) => Outcome::done(what),
+        Err(e) => Outcome::failed_as(FailureKind::Backend, format!("{what}: {e}")),
     }
 }
 
@@ -277,12 +274,13 @@ impl Cluster for KubeCluster {
                 format!("{node} uncordoned"),
                 self.offline(node, false).await,
             ),
-            JobKind::LiveRepair => Outcome::failed("live repairs run on the collector"),
+            JobKind::LiveRepair => {
+                Outcome::failed_as(FailureKind::Backend, "live repairs run on the collector")
+            }
         };
-        let reason = format!("Maintd{}", job.kind.as_str().replace('-', ""));
         self.record(
             node,
-            &reason,
+            EventReason::Job(job.kind),
             &format!("{} ({}): {}", job.reason, job.kind.as_str(), o.detail),
             !o.ok,
         )
@@ -313,7 +311,7 @@ impl Cluster for KubeCluster {
                 node,
                 OUT_OF_SERVICE,
                 Some("nodeshutdown"),
-                "NoExecute",
+                TaintEffect::NoExecute,
                 true,
             )
             .await?;
@@ -322,16 +320,15 @@ impl Cluster for KubeCluster {
         }
         .await;
         let o = match r {
-            Ok(n) => Outcome {
-                ok: true,
-                detail: format!("{OUT_OF_SERVICE} taint set; {n} pods force-deleted"),
-            },
-            Err(e) => Outcome::failed(format!("release of {node}: {e}")),
+            Ok(n) => Outcome::done(format!(
+                "{OUT_OF_SERVICE} taint set; {n} pods force-deleted"
+            )),
+            Err(e) => Outcome::failed_as(FailureKind::Backend, format!("release of {node}: {e}")),
         };
         self.record(
             node,
-            "MaintdFenceRelease",
-            &format!("maintd:{flow}: {}", o.detail),
+            EventReason::FenceRelease,
+            &format!("{}: {}", crate::tags::reference(flow), o.detail),
             !o.ok,
         )
         .await;
@@ -350,13 +347,13 @@ impl Cluster for KubeCluster {
 
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
         let r = self
-            .set_taint(node, OUT_OF_SERVICE, None, "NoExecute", false)
+            .set_taint(node, OUT_OF_SERVICE, None, TaintEffect::NoExecute, false)
             .await;
         let o = outcome(format!("{OUT_OF_SERVICE} taint removed from {node}"), r);
         self.record(
             node,
-            "MaintdFenceRecovered",
-            &format!("maintd:{flow}: {}", o.detail),
+            EventReason::FenceRecovered,
+            &format!("{}: {}", crate::tags::reference(flow), o.detail),
             !o.ok,
         )
         .await;
@@ -375,14 +372,17 @@ impl Cluster for KubeCluster {
                 .and_then(|s| s.conditions.as_ref())
                 .into_iter()
                 .flatten()
-                .map(|c| NodeCondition {
-                    kind: c.type_.clone(),
-                    status: c.status.clone(),
-                    since: c
-                        .last_transition_time
-                        .as_ref()
-                        .map(|t| t.0.as_nanosecond() as i64)
-                        .unwrap_or(0),
+                // A status other than True, False or Unknown matches no rule.
+                .filter_map(|c| {
+                    Some(NodeCondition {
+                        kind: c.type_.clone(),
+                        status: c.status.parse().ok()?,
+                        since: c
+                            .last_transition_time
+                            .as_ref()
+                            .map(|t| t.0.as_nanosecond() as i64)
+                            .unwrap_or(0),
+                    })
                 })
                 .collect();
             facts.conditions.insert(m.name.clone(), conditions);
@@ -417,7 +417,7 @@ impl Cluster for KubeCluster {
         Ok(Some(snapshot(&nodes, &pods, &pdbs)))
     }
 
-    async fn record(&self, node: &str, reason: &str, message: &str, warning: bool) {
+    async fn record(&self, node: &str, reason: EventReason, message: &str, warning: bool) {
         let now = chrono_now();
         // `kubectl describe node` lists only Events whose involvedObject carries the Node's uid.
         let uid = match self.nodes.get(node).await {
@@ -425,7 +425,7 @@ impl Cluster for KubeCluster {
             Ok(Some(n)) => n.metadata.uid.clone(),
             Ok(None) => None,
             Err(e) => {
-                tracing::warn!(node, reason, error = %e, "cannot read the Node for its Event");
+                tracing::warn!(node, %reason, error = %e, "cannot read the Node for its Event");
                 None
             }
         };
@@ -442,26 +442,21 @@ impl Cluster for KubeCluster {
                 uid,
                 ..Default::default()
             },
-            reason: Some(reason.into()),
+            reason: Some(reason.as_str().into()),
             message: Some(message.chars().take(1024).collect()),
             type_: Some(if warning { "Warning" } else { "Normal" }.into()),
             reporting_component: Some("maintd".into()),
-            reporting_instance: Some(
-                nix::unistd::gethostname()
-                    .ok()
-                    .and_then(|h| h.into_string().ok())
-                    .unwrap_or_default(),
-            ),
+            reporting_instance: Some(self.cfg.instance.clone()),
             first_timestamp: Some(Time(now)),
             last_timestamp: Some(Time(now)),
             event_time: Some(MicroTime(now)),
-            action: Some(reason.into()),
+            action: Some(reason.as_str().into()),
             count: Some(1),
             ..Default::default()
         };
         let api: Api<Event> = Api::namespaced(self.client.clone(), &self.cfg.events_namespace);
         if let Err(e) = api.create(&PostParams::default(), &ev).await {
-            tracing::warn!(node, reason, error = %e, "cannot record a Kubernetes Event");
+            tracing::warn!(node, %reason, error = %e, "cannot record a Kubernetes Event");
         }
     }
 }

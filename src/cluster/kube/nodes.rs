@@ -25,8 +25,7 @@ pub(super) const CONFLICT_RETRIES: usize = 5;
 
 /// Maps a maintd tag to a node label key, and back.
 pub fn tag_to_label(tag: &str) -> Option<String> {
-    let rest = tag.strip_prefix("maintd:")?;
-    let (kind, id) = rest.split_once(':')?;
+    let (kind, id) = crate::tags::split(tag)?;
     let ok = |s: &str| {
         !s.is_empty()
             && s.len() <= 63
@@ -39,7 +38,22 @@ pub fn tag_to_label(tag: &str) -> Option<String> {
 pub fn label_to_tag(key: &str) -> Option<String> {
     let (prefix, id) = key.split_once('/')?;
     let kind = prefix.strip_suffix(LABEL_SUFFIX)?;
-    Some(format!("maintd:{kind}:{id}"))
+    Some(crate::tags::join(kind, id))
+}
+
+/// The taint effects maintd sets: `NoSchedule` on a node it takes out of service (nothing new
+/// lands there), `NoExecute` for the out-of-service taint after a proven power-off (workloads
+/// leave at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+pub enum TaintEffect {
+    NoSchedule,
+    NoExecute,
+}
+
+impl TaintEffect {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }
 
 impl KubeCluster {
@@ -105,7 +119,7 @@ impl KubeCluster {
         node: &str,
         key: &str,
         value: Option<&str>,
-        effect: &str,
+        effect: TaintEffect,
         present: bool,
     ) -> Result<(), ClusterError> {
         for attempt in 0.. {
@@ -116,11 +130,11 @@ impl KubeCluster {
                 .and_then(|s| s.taints.clone())
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|t| !(t.key == key && t.effect == effect))
+                .filter(|t| !(t.key == key && t.effect == effect.as_str()))
                 .map(|t| serde_json::to_value(t).unwrap_or(Value::Null))
                 .collect();
             if present {
-                let mut t = json!({"key": key, "effect": effect});
+                let mut t = json!({"key": key, "effect": effect.as_str()});
                 if let Some(v) = value {
                     t["value"] = json!(v);
                 }
@@ -144,7 +158,7 @@ impl KubeCluster {
 
     pub(super) async fn offline(&self, node: &str, on: bool) -> Result<(), ClusterError> {
         self.cordon(node, on).await?;
-        self.set_taint(node, OFFLINE_TAINT, None, "NoSchedule", on)
+        self.set_taint(node, OFFLINE_TAINT, None, TaintEffect::NoSchedule, on)
             .await
     }
 }

@@ -4,6 +4,8 @@
 //! and each node's answers to `Seen`. The leader pushes a collector its peer set when it holds
 //! another.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -12,13 +14,14 @@ use tracing::{debug, warn};
 use super::Fencer;
 use crate::cluster::Cluster;
 use crate::fencing::peering::VIEW_BODY_CAP;
+use crate::fencing::rtt::RttEstimate;
 use crate::metrics::{NodeLabel, ReasonLabel};
 use crate::sync::LockExt;
 use crate::verdict::Nanos;
 
 /// What the probe saw of one collector.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Seen {
+struct Seen {
     /// Since when probes have gone unanswered, and how many in a row.
     since: Option<Nanos>,
     misses: u32,
@@ -28,7 +31,7 @@ pub(super) struct Seen {
 
 impl Seen {
     /// Returns whether this probe made the collector count as silent (`misses` in a row).
-    pub(super) fn probed(&mut self, answered: bool, now: Nanos, misses: u32) -> bool {
+    fn probed(&mut self, answered: bool, now: Nanos, misses: u32) -> bool {
         if answered {
             *self = Seen {
                 answered: true,
@@ -47,8 +50,48 @@ impl Seen {
     /// unanswered probes in a row, one answer lost on a lossy link (and retransmitted too late)
     /// being no silence; counted from the first miss. Before the first probe a collector is
     /// taken to answer (nothing is fenced on start-up alone), but has not answered.
-    pub(super) fn liveness(self, misses: u32) -> (bool, Option<Nanos>, bool) {
+    fn liveness(self, misses: u32) -> (bool, Option<Nanos>, bool) {
         (self.misses < misses, self.since, self.answered)
+    }
+}
+
+/// What the probe learnt of one collector: its answers, and its round-trip estimate.
+#[derive(Debug, Clone, Default)]
+struct Probed {
+    seen: Seen,
+    rtt: RttEstimate,
+}
+
+/// The probe's memory: a cache of the collectors' answers, rebuilt by the next probes after a
+/// restart (until then every collector counts as answering, so nothing is fenced on start-up).
+#[derive(Default)]
+pub(super) struct Probes {
+    nodes: Mutex<BTreeMap<String, Probed>>,
+    /// Nodes marked for self-fencing (from the flow store at each tick), told to every
+    /// collector in the signed probe.
+    marked: Mutex<Vec<String>>,
+    /// The membership size last checked for a two-node cluster that can never fence.
+    warned_size: Mutex<usize>,
+}
+
+impl Probes {
+    /// (answers, silent since, answered) as `merge_liveness` takes them.
+    pub(super) fn liveness(&self, node: &str, misses: u32) -> (bool, Option<Nanos>, bool) {
+        let nodes = self.nodes.lock_unpoisoned();
+        nodes
+            .get(node)
+            .map(|p| p.seen)
+            .unwrap_or_default()
+            .liveness(misses)
+    }
+
+    pub(super) fn set_marked(&self, nodes: Vec<String>) {
+        *self.marked.lock_unpoisoned() = nodes;
+    }
+
+    fn patience(&self, node: &str, (floor, max): (Duration, Duration)) -> Duration {
+        let nodes = self.nodes.lock_unpoisoned();
+        nodes.get(node).map_or(floor, |p| p.rtt.timeout(floor, max))
     }
 }
 
@@ -56,16 +99,16 @@ impl<C: Cluster> Fencer<C> {
     /// Says so when a two-node cluster can never fence: one dead node is half of it, a storm
     /// at a threshold under 50 %.
     fn warn_two_nodes(&self, members: usize) {
-        let mut last = self.warned_size.lock_unpoisoned();
+        let mut last = self.probes.warned_size.lock_unpoisoned();
         if *last == members {
             return;
         }
         *last = members;
-        if members == 2 && self.policy.storm_percent < 50 {
+        let storm_percent = self.settings.policy.storm_percent;
+        if members == 2 && storm_percent < 50 {
             warn!(
-                storm_percent = self.policy.storm_percent,
-                "a two-node cluster never fences at storm-percent {}: one dead node is half of it, a storm; set fencing.storm-percent = 50 to make the master the tie-breaker",
-                self.policy.storm_percent
+                storm_percent,
+                "a two-node cluster never fences at storm-percent {storm_percent}: one dead node is half of it, a storm; set fencing.storm-percent = 50 to make the master the tie-breaker",
             );
         }
     }
@@ -74,17 +117,20 @@ impl<C: Cluster> Fencer<C> {
     /// answers and carries its signed view of its peers. A collector whose set is out of date
     /// gets it pushed (by the leader).
     pub(super) async fn probe(&self) {
-        let now = self.clock.now();
-        let targets = self.members.get();
+        let clock = &self.shared.clock;
+        let metrics = &self.shared.metrics;
+        let now = clock.now();
+        let targets = self.shared.members.get();
         self.warn_two_nodes(targets.len());
         self.peering.refresh(&targets).await;
         let targets = &targets;
-        let leader = self.leadership.is_leader();
+        let leader = self.shared.leadership.is_leader();
         self.peering.set_leading(leader, now);
-        self.rtt
+        self.probes
+            .nodes
             .lock_unpoisoned()
             .retain(|n, _| targets.iter().any(|t| &t.name == n));
-        let marked = self.marked.lock_unpoisoned().join(",");
+        let marked = self.probes.marked.lock_unpoisoned().join(",");
         let marked = &marked;
         let answers: Vec<(String, bool)> = futures::stream::iter(0..targets.len())
             .map(|i| async move {
@@ -95,36 +141,33 @@ impl<C: Cluster> Fencer<C> {
                 let probe = self.peering.next_probe();
                 let echo = self.peering.echo(&node.name);
                 let path = format!("/1/peers?echo={echo}&probe={probe}&marked={marked}");
-                let (floor, max) = self.patience;
-                let patience = self
-                    .rtt
-                    .lock_unpoisoned()
-                    .get(&node.name)
-                    .map_or(floor, |e| e.timeout(floor, max));
-                self.metrics
+                let patience = self.probes.patience(&node.name, self.settings.patience);
+                metrics
                     .probe_timeout_seconds
                     .get_or_create(&NodeLabel {
                         node: node.name.clone(),
                     })
                     .set(patience.as_secs_f64());
-                let sent_at = self.clock.now();
+                let sent_at = clock.now();
                 let call = self
                     .link
                     .signed(node, reqwest::Method::GET, &path, None, VIEW_BODY_CAP);
                 let answer = match tokio::time::timeout(patience, call).await {
                     Ok(Ok(a)) if a.status.is_success() => a,
                     _ => {
-                        self.metrics.probe_failures.inc();
+                        metrics.probe_failures.inc();
                         return (node.name.clone(), false);
                     }
                 };
                 // Read after the answer: the view was taken before this moment.
-                let received_at = self.clock.now();
+                let received_at = clock.now();
                 let rtt = Duration::from_nanos(received_at.saturating_sub(sent_at).max(0) as u64);
-                self.rtt
+                self.probes
+                    .nodes
                     .lock_unpoisoned()
                     .entry(node.name.clone())
                     .or_default()
+                    .rtt
                     .observe(rtt);
                 // A collector that answers is alive whatever its view says: a view that fails
                 // to verify (a wrong key, say) must not make a running node look dead.
@@ -136,7 +179,7 @@ impl<C: Cluster> Fencer<C> {
                     Ok(_) => {}
                     Err(e) => {
                         debug!(node = %node.name, error = %e, "peer view refused");
-                        self.metrics
+                        metrics
                             .views_rejected
                             .get_or_create(&ReasonLabel {
                                 reason: e.metric_label().into(),
@@ -149,21 +192,21 @@ impl<C: Cluster> Fencer<C> {
             .buffer_unordered(256)
             .collect()
             .await;
-        let mut seen = self.seen.lock_unpoisoned();
-        let mut rtt = self.rtt.lock_unpoisoned();
+        let mut nodes = self.probes.nodes.lock_unpoisoned();
         for (node, ok) in answers {
+            let p = nodes.entry(node).or_default();
             if !ok {
-                rtt.entry(node.clone()).or_default().missed();
+                p.rtt.missed();
             }
-            if seen.entry(node).or_default().probed(ok, now, self.misses) {
-                self.metrics.probe_silences.inc();
+            if p.seen.probed(ok, now, self.settings.misses) {
+                metrics.probe_silences.inc();
             }
         }
     }
 
     /// Pushes a node the peer set it should hold, when it holds another.
     async fn push_if_due(&self, node: &crate::node::NodeConfig, held: u64, now: Nanos) {
-        let retry = 5 * self.interval.as_nanos() as Nanos;
+        let retry = 5 * self.settings.interval.as_nanos() as Nanos;
         let Some(set) = self.peering.due_push(&node.name, held, now, retry) else {
             return;
         };
@@ -174,11 +217,11 @@ impl<C: Cluster> Fencer<C> {
             .await;
         match r {
             Ok(a) if a.status.is_success() => {
-                self.metrics.peer_sets_pushed.inc();
+                self.shared.metrics.peer_sets_pushed.inc();
                 debug!(node = %node.name, epoch = set.epoch, peers = set.peers.len(), "peer set pushed");
             }
             other => {
-                self.metrics.peer_set_push_failures.inc();
+                self.shared.metrics.peer_set_push_failures.inc();
                 let why = match other {
                     Ok(a) => format!(
                         "{}: {}",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::{Fencer, ns};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, EventReason};
 use crate::fencing::machine::{Liveness, SelfFenceFacts};
 use crate::fencing::opinion::{KubeletSays, PeerOpinion};
 use crate::fencing::selffence::SelfFenceTimes;
@@ -16,9 +16,14 @@ use crate::metrics::NodeLabel;
 use crate::sync::LockExt;
 use crate::verdict::Nanos;
 
+/// Each kubelet Lease's `renewTime` as last seen, and when (by this fencer's clock) it last
+/// changed: a cache of the node watch, rebuilt after a restart.
+#[derive(Default)]
+pub(super) struct Renewals(std::sync::Mutex<BTreeMap<String, Renewal>>);
+
 /// A kubelet Lease as the fencer follows it.
 #[derive(Debug, Clone)]
-pub(super) struct Renewal {
+struct Renewal {
     marker: String,
     /// When this fencer saw it change (`None`: not since it first saw it).
     at: Option<Nanos>,
@@ -63,9 +68,9 @@ impl<C: Cluster> Fencer<C> {
     /// Notes every kubelet Lease renewal the node cache shows, by this fencer's clock: no clock
     /// is ever compared with a node's.
     fn observe_renewals(&self, now: Nanos) -> Option<Nanos> {
-        let watch = self.watch.as_ref()?;
+        let watch = self.shared.watch.as_ref()?;
         let leases = watch.kubelet_leases()?;
-        let mut seen = self.renewals.lock_unpoisoned();
+        let mut seen = self.witnesses.0.lock_unpoisoned();
         seen.retain(|n, _| leases.contains_key(n));
         for (node, l) in leases {
             let every = ns(Duration::from_secs(l.duration_s.max(4) as u64 / 4));
@@ -99,7 +104,7 @@ impl<C: Cluster> Fencer<C> {
         now: Nanos,
     ) -> BTreeMap<String, PeerOpinion> {
         let lag = self.observe_renewals(now);
-        let renewals = self.renewals.lock_unpoisoned().clone();
+        let renewals = self.witnesses.0.lock_unpoisoned().clone();
         liveness
             .iter()
             .filter(|(_, l)| l.probe_silent)
@@ -150,26 +155,30 @@ impl<C: Cluster> Fencer<C> {
         };
         for (node, hearers) in began {
             warn!(node = %node, hearers = %hearers, "node partitioned from the master: its watchers still hear it, so nothing is fenced");
-            self.metrics
+            self.shared
+                .metrics
                 .partitioned
                 .get_or_create(&NodeLabel { node: node.clone() })
                 .set(1);
             let msg = format!(
                 "maintd cannot reach the collector, but its watchers {hearers} still hear the node: partitioned from the master, not fenced"
             );
-            self.cluster
-                .record(&node, "MaintdPartitioned", &msg, true)
+            self.shared
+                .cluster
+                .record(&node, EventReason::Partitioned, &msg, true)
                 .await;
         }
         for node in ended {
             info!(node = %node, "node no longer partitioned from the master");
-            self.metrics
+            self.shared
+                .metrics
                 .partitioned
                 .get_or_create(&NodeLabel { node: node.clone() })
                 .set(0);
             let msg = "maintd reaches the collector again, or its watchers lost it too";
-            self.cluster
-                .record(&node, "MaintdPartitionEnded", msg, false)
+            self.shared
+                .cluster
+                .record(&node, EventReason::PartitionEnded, msg, false)
                 .await;
         }
     }

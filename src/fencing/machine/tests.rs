@@ -117,14 +117,7 @@ fn tick(s: &mut FenceState, f: &Flow, now: Nanos) -> Vec<FenceAction> {
 
 fn with_result(f: &Flow, ok: bool) -> Flow {
     let mut f = f.clone();
-    f.result = Some(Outcome {
-        ok,
-        detail: if ok {
-            "ok".into()
-        } else {
-            "agent exit 1".into()
-        },
-    });
+    f.result = Some(Outcome::of(ok, if ok { "ok" } else { "agent exit 1" }));
     f
 }
 
@@ -187,10 +180,7 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
             attempt: 0
         }]
     );
-    f.release_result = Some(Outcome {
-        ok: true,
-        detail: "hook ok".into(),
-    });
+    f.release_result = Some(Outcome::done("hook ok"));
     f = saved(&tick(&mut s, &f, T0 + 8 * S));
     assert!(f.released);
     f = saved(&tick(&mut s, &f, T0 + 8 * S));
@@ -204,10 +194,7 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 22 * S));
     let a = tick(&mut s, &f, T0 + 22 * S);
     assert!(matches!(a[0], FenceAction::Reclaim { .. }));
-    f.reclaim_result = Some(Outcome {
-        ok: true,
-        detail: "ok".into(),
-    });
+    f.reclaim_result = Some(Outcome::done("ok"));
     f = saved(&tick(&mut s, &f, T0 + 23 * S));
     assert_eq!(f.status, FenceStatus::Final);
     let steps: Vec<_> = f.history.iter().map(|t| (t.step, t.status)).collect();
@@ -373,10 +360,7 @@ fn a_failed_release_is_an_error_and_the_restart_releases_under_a_new_attempt_key
     s.liveness.insert("n2".into(), down(T0));
     let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
     f = saved(&tick(&mut s, &with_result(&f, true), T0 + 6 * S));
-    f.release_result = Some(Outcome {
-        ok: false,
-        detail: "hook exit 1".into(),
-    });
+    f.release_result = Some(Outcome::failed("hook exit 1"));
     f = saved(&tick(&mut s, &f, T0 + 7 * S));
     assert_eq!(f.status, FenceStatus::Error);
     assert!(!f.released);
@@ -400,10 +384,7 @@ fn fenced_flow(s: &mut FenceState) -> Flow {
     let mut f = saved(&a);
     f = saved(&tick(s, &with_result(&f, true), T0 + 7 * S));
     assert!(f.fenced);
-    f.release_result = Some(Outcome {
-        ok: true,
-        detail: "ok".into(),
-    });
+    f.release_result = Some(Outcome::done("ok"));
     f = saved(&tick(s, &f, T0 + 8 * S));
     f = saved(&tick(s, &f, T0 + 8 * S));
     assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));

@@ -231,12 +231,8 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
         FenceStatus::Running,
         format!("attempt {}", f.retries + 1),
     );
+    out.push(FenceAction::run_step(&n));
     out.push(FenceAction::Save(n));
-    out.push(FenceAction::RunStep {
-        flow: f.id,
-        node: f.node.clone(),
-        step: f.step,
-    });
 }
 
 /// Power off the node if it is still silent; recover without a power-off if it answered.

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use super::model::reason_trail;
 use crate::exec::RunSpec;
+use crate::tags::reference as reason_trail;
 
 /// What a hook run is about. `job` and `action` are absent for live repairs, which run on the
 /// node itself and are not jobs of the backend.

@@ -187,10 +187,10 @@ pub async fn run_job_main(dir: &Path) -> std::io::Result<()> {
             let code = out
                 .code
                 .map_or("killed by a signal".into(), |c| format!("exit {c}"));
-            Outcome {
-                ok: out.success(),
-                detail: format!("{} {code}: {}", spec.program.display(), tail.trim()),
-            }
+            Outcome::of(
+                out.success(),
+                format!("{} {code}: {}", spec.program.display(), tail.trim()),
+            )
         }
         Err(e) => Outcome::failed(e.to_string()),
     };

@@ -1,5 +1,10 @@
 //! Whitelisted command lookup and bounded subprocess execution: stdin input, scrubbed environment,
-//! capped output, and a deadline that kills the command's whole process group.
+//! capped output, and a deadline that kills the command's whole process group. `hooks` builds a
+//! hook's call (arguments and environment), `jobs` runs a job as a detached runner process that
+//! survives a daemon restart; both the inventory backend and the collector use them.
+
+pub mod hooks;
+pub mod jobs;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,229 @@
+//! The one assembly of the daemon's long-running parts: the poller and live repairs into the
+//! engine, the peering, the fencer and the readiness checks, each built from its own settings
+//! and the dependencies every part shares. The daemon calls it with the production backend,
+//! HTTP links and fence agents; the simulated-time harness with its fakes, so the two can never
+//! be wired differently. `Running` stops the parts in the order a fence needs: the executors
+//! first (running fence steps finish), the election last (the final checkpoint and the lease
+//! release come after the last effect).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{Instrument, info, info_span};
+
+use crate::cluster::Cluster;
+use crate::fencing::agent::AgentRunner;
+use crate::fencing::executor::{Fencer, FencerSettings};
+use crate::fencing::peering::{Peering, PeeringSettings};
+use crate::fencing::readiness::{CheckSettings, Readiness, WatchdogViews};
+use crate::link::Links;
+use crate::parts::Shared;
+use crate::repair::engine::{Engine, EngineSettings};
+use crate::repair::live::LiveRepairs;
+use crate::repair::poller::{PollSettings, Poller};
+use crate::report::Key;
+use crate::store::StoreError;
+
+/// Every part's settings, resolved from the configuration (or set by a scenario).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub poll: PollSettings,
+    pub engine: EngineSettings,
+    /// How long a collector's live repair may take.
+    pub repair_timeout: Duration,
+    /// Fencing, when any node has a fence plan.
+    pub fencing: Option<FencingSettings>,
+}
+
+impl Settings {
+    /// Every part's settings, with the fence plans already loaded (none: no fencing).
+    pub fn from_config(
+        cfg: &crate::config::Config,
+        plans: std::collections::BTreeMap<String, crate::fencing::config::FencePlan>,
+    ) -> Settings {
+        let f = &cfg.fencing;
+        let fencing = (!plans.is_empty()).then(|| FencingSettings {
+            checks: crate::fencing::readiness::CheckSettings {
+                interval: f.check_interval,
+                timeout: f.check_timeout,
+                concurrency: f.check_concurrency,
+            },
+            peering: cfg.peering_settings(),
+            fencer: crate::fencing::executor::FencerSettings::new(f, plans),
+        });
+        Settings {
+            poll: cfg.poll_settings(),
+            engine: crate::repair::engine::EngineSettings {
+                policy: cfg.actions,
+                poll_interval: cfg.daemon.poll_interval,
+                max_disruptions: cfg.kubernetes.max_disruptions,
+            },
+            repair_timeout: cfg.daemon.live_repair_timeout,
+            fencing,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct FencingSettings {
+    pub fencer: FencerSettings,
+    pub checks: CheckSettings,
+    pub peering: PeeringSettings,
+}
+
+/// What the parts act through: the shared dependencies, the links to the collectors, the fence
+/// agents and the cluster key.
+pub struct Deps<C> {
+    pub shared: Shared<C>,
+    pub links: Links,
+    pub agents: Arc<dyn AgentRunner>,
+    pub key: Key,
+}
+
+/// The assembled parts, not yet running.
+pub struct Assembly<C: Cluster> {
+    pub engine: Arc<Engine<C>>,
+    pub fencer: Option<Arc<Fencer<C>>>,
+    pub readiness: Option<Arc<Readiness<C>>>,
+    /// The fencer's peer sets and views, which the API and readiness read.
+    pub peering: Option<Arc<Peering>>,
+    pub shared: Shared<C>,
+}
+
+pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembly<C>, StoreError> {
+    let Deps {
+        shared,
+        links,
+        agents,
+        key,
+    } = deps;
+    let poller = Poller::new(settings.poll, links.poll, key.clone(), &shared)?;
+    let repairs = LiveRepairs::new(
+        links.repair,
+        settings.repair_timeout,
+        shared.members.clone(),
+    );
+    let engine = Arc::new(Engine::new(settings.engine, poller, repairs, &shared));
+    let (mut fencer, mut readiness, mut peering) = (None, None, None);
+    if let Some(f) = settings.fencing {
+        let p = Arc::new(Peering::new(key, f.peering));
+        let views = Some(p.clone() as Arc<dyn WatchdogViews>);
+        let plans = f.fencer.plans.clone();
+        let checks = Readiness::new(f.checks, plans, agents.clone(), views, &shared);
+        readiness = Some(Arc::new(checks));
+        let fence = Fencer::new(f.fencer, &shared, agents, links.probe, p.clone());
+        fencer = Some(Arc::new(fence));
+        peering = Some(p);
+    }
+    Ok(Assembly {
+        engine,
+        fencer,
+        readiness,
+        peering,
+        shared,
+    })
+}
+
+impl<C: Cluster> Assembly<C> {
+    /// Starts every part on the current runtime.
+    pub fn spawn(&self) -> Running {
+        let (stop, rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|v| *v).await;
+        };
+        let engine = tokio::spawn(
+            self.engine
+                .clone()
+                .run(stopped(rx.clone()))
+                .instrument(info_span!("engine")),
+        );
+        let mut others = Vec::new();
+        if let Some(f) = &self.fencer {
+            info!(nodes = f.nodes(), "fencing enabled");
+            let run = f.clone().run(stopped(rx.clone()));
+            others.push(tokio::spawn(run.instrument(info_span!("fencer"))));
+        }
+        if let Some(r) = &self.readiness {
+            let run = r.clone().run(stopped(rx.clone()));
+            others.push(tokio::spawn(run.instrument(info_span!("readiness"))));
+        }
+        if let Some(w) = &self.shared.watch {
+            let (cluster, members) = (self.shared.cluster.clone(), self.shared.members.clone());
+            let run = w.clone().run(cluster, members, stopped(rx.clone()));
+            others.push(tokio::spawn(run.instrument(info_span!("nodes"))));
+        }
+        let (elect_stop, elect_rx) = watch::channel(false);
+        let election = tokio::spawn(
+            self.shared
+                .leadership
+                .clone()
+                .run(stopped(elect_rx))
+                .instrument(info_span!("election")),
+        );
+        Running {
+            stop,
+            engine: Some(engine),
+            others,
+            elect_stop,
+            election,
+        }
+    }
+}
+
+/// The running parts.
+pub struct Running {
+    stop: watch::Sender<bool>,
+    engine: Option<JoinHandle<()>>,
+    others: Vec<JoinHandle<()>>,
+    elect_stop: watch::Sender<bool>,
+    election: JoinHandle<()>,
+}
+
+impl Running {
+    /// A receiver that turns true when the parts are told to stop (for the API server).
+    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    }
+
+    /// Resolves if the engine ends on its own (it runs for the daemon's lifetime), with why.
+    pub async fn engine_ended(&mut self) -> String {
+        let Some(engine) = self.engine.as_mut() else {
+            return std::future::pending().await;
+        };
+        let r = engine.await;
+        self.engine = None;
+        match r {
+            Ok(()) => "returned".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Stops every part and waits for them; `Err` names a part that panicked. Running fence
+    /// steps reach a recorded state first.
+    pub async fn stop(self) -> Result<(), String> {
+        let _ = self.stop.send(true);
+        let mut panicked = None;
+        for t in self.engine.into_iter().chain(self.others) {
+            if let Err(e) = t.await {
+                panicked.get_or_insert(e.to_string());
+            }
+        }
+        let _ = self.elect_stop.send(true);
+        if let Err(e) = self.election.await {
+            panicked.get_or_insert(e.to_string());
+        }
+        panicked.map_or(Ok(()), Err)
+    }
+
+    /// Stops at once without waiting (the daemon is failing anyway): the election too, so a
+    /// held lease is released.
+    pub fn abort(self) {
+        let _ = self.stop.send(true);
+        let _ = self.elect_stop.send(true);
+    }
+}

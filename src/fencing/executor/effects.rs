@@ -1,0 +1,242 @@
+//! The fencer's effects: each action the fence state machine decides, carried out. Records go
+//! to the flow store at once; agent steps, marks, releases and reclaims run as tracked tasks
+//! (at most one of each kind per flow), whose outcomes are written back to the flow store for
+//! the next decision. Shutdown waits for them.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, error, info, info_span, warn};
+use uuid::Uuid;
+
+use super::Fencer;
+use crate::cluster::{Cluster, EventReason};
+use crate::fencing::agent::run_stage;
+use crate::fencing::machine::{Call, FenceAction, FenceStatus, Flow, StepWork};
+use crate::metrics::StepLabel;
+use crate::store::FlowOutcome;
+use crate::sync::LockExt;
+use crate::verdict::{Nanos, Outcome};
+
+/// Effects in progress and what was already observed of each flow.
+#[derive(Default)]
+pub(super) struct Effects {
+    /// At most one effect of each kind per flow runs at a time (transient: a restart issues
+    /// them again, and each is idempotent).
+    busy: Mutex<HashSet<(Uuid, FlowOutcome)>>,
+    /// Stage latencies already observed per flow, so each is observed once.
+    observed: Mutex<HashSet<(Uuid, &'static str)>>,
+    tasks: TaskTracker,
+}
+
+impl Effects {
+    fn claim(&self, flow: Uuid, kind: FlowOutcome) -> bool {
+        self.busy.lock_unpoisoned().insert((flow, kind))
+    }
+
+    fn done(&self, flow: Uuid, kind: FlowOutcome) {
+        self.busy.lock_unpoisoned().remove(&(flow, kind));
+    }
+
+    /// Waits (at most `limit`) for every running effect to record its outcome.
+    pub(super) async fn drain(&self, limit: Duration) {
+        self.tasks.close();
+        if tokio::time::timeout(limit, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                running = self.tasks.len(),
+                "fence effects still running at shutdown; they run again after a restart"
+            );
+        }
+    }
+}
+
+impl<C: Cluster> Fencer<C> {
+    pub(super) async fn execute(self: &Arc<Self>, a: FenceAction) {
+        let flows = &self.flows;
+        match a {
+            FenceAction::Start(f) => {
+                info!(flow = %f.id, node = %f.node, "fence flow started");
+                self.shared.metrics.fences_started.inc();
+                if let Err(e) = flows.insert(&f).await {
+                    error!(error = %e, at = %flows.location(), "cannot record a new fence flow");
+                }
+            }
+            FenceAction::Save(f) => self.save(f).await,
+            FenceAction::RunStep {
+                flow,
+                node,
+                step,
+                work,
+            } => {
+                let me = self.clone();
+                self.spawn(flow, FlowOutcome::Step, async move {
+                    let (o, calls) = me.run_step(flow, &node, step, work).await;
+                    if !o.ok {
+                        me.shared.metrics.fence_failed(step.as_str(), &o);
+                    }
+                    (o, calls)
+                });
+            }
+            FenceAction::Release {
+                flow,
+                node,
+                attempt,
+            } => {
+                let me = self.clone();
+                self.spawn(flow, FlowOutcome::Release, async move {
+                    (
+                        me.shared.cluster.release(&node, &flow, attempt).await,
+                        vec![],
+                    )
+                });
+            }
+            FenceAction::Reclaim { flow, node } => {
+                let me = self.clone();
+                self.spawn(flow, FlowOutcome::Reclaim, async move {
+                    (me.shared.cluster.reclaim(&node, &flow).await, vec![])
+                });
+            }
+            FenceAction::TagFailed { flow, node, tag } => {
+                warn!(flow = %flow, node = %node, tag = %tag, "fence flow failed for good; nothing released");
+                match self.shared.cluster.add_tag(&node, &tag).await {
+                    Ok(()) => {
+                        if let Err(e) = flows.mark_tagged(&flow).await {
+                            error!(error = %e, at = %flows.location(), "cannot record the fencefailed tag");
+                        }
+                    }
+                    Err(e) => error!(error = %e, "cannot tag the node"),
+                }
+            }
+            FenceAction::Storm { .. } => {}
+        }
+    }
+
+    async fn save(&self, f: Flow) {
+        let flows = &self.flows;
+        if let Some(t) = f.history.last() {
+            info!(flow = %f.id, node = %f.node, step = t.step.as_str(), status = t.status.as_str(), note = %t.note, "fence transition");
+        }
+        match flows.save(&f).await {
+            Ok(true) => {
+                self.observe_stages(&f);
+                if let Some(t) = f.history.last() {
+                    let warning = t.status == FenceStatus::Error;
+                    let msg = format!(
+                        "{} {} {}: {}",
+                        crate::tags::reference(&f.id),
+                        t.step.as_str(),
+                        t.status.as_str(),
+                        t.note
+                    );
+                    self.shared
+                        .cluster
+                        .record(&f.node, EventReason::Fence, &msg, warning)
+                        .await;
+                }
+            }
+            // Changed meanwhile (an operator's cancel): decide again from the store.
+            Ok(false) => self.wake.notify_one(),
+            Err(e) => error!(error = %e, at = %flows.location(), "cannot save a fence flow"),
+        }
+    }
+
+    /// One attempt of a step, as the machine said to run it.
+    async fn run_step(
+        &self,
+        flow: Uuid,
+        node: &str,
+        step: crate::fencing::machine::Step,
+        work: StepWork,
+    ) -> (Outcome, Vec<Call>) {
+        let cluster = &self.shared.cluster;
+        match work {
+            StepWork::Mark => (cluster.mark_unschedulable(node, &flow, true).await, vec![]),
+            StepWork::Agents { unmark } => {
+                if unmark {
+                    let o = cluster.mark_unschedulable(node, &flow, false).await;
+                    if !o.ok {
+                        return (o, vec![]);
+                    }
+                }
+                let stage = self.settings.plans.get(node).and_then(|p| p.stage(step));
+                let clock = self.shared.clock.as_ref();
+                let (o, calls) = run_stage(self.runner.as_ref(), clock, step, stage).await;
+                for c in &calls {
+                    info!(flow = %flow, node = %node, step = step.as_str(), agent = %c.agent, action = %c.action, code = ?c.code, elapsed_ms = c.elapsed_ms, "fence agent call");
+                }
+                (o, calls)
+            }
+        }
+    }
+
+    /// Per-stage latencies, each observed once, as soon as its stage is over (a flow that
+    /// never releases still shows its detection, isolation and power-off times).
+    fn observe_stages(&self, f: &Flow) {
+        let secs = |a: Nanos, b: Nanos| b.saturating_sub(a).max(0) as f64 / 1e9;
+        let isolated = f.isolated_at;
+        let start_of_power = isolated.unwrap_or(f.created);
+        let stages = [
+            ("detection", Some(secs(f.detected, f.created))),
+            ("isolation", isolated.map(|i| secs(f.created, i))),
+            ("power-off", f.fenced_at.map(|t| secs(start_of_power, t))),
+            (
+                "release",
+                f.released_at.zip(f.fenced_at).map(|(r, t)| secs(t, r)),
+            ),
+            ("total", f.released_at.map(|r| secs(f.detected, r))),
+        ];
+        let mut seen = self.effects.observed.lock_unpoisoned();
+        for (stage, v) in stages {
+            let Some(v) = v else { continue };
+            if !seen.insert((f.id, stage)) {
+                continue;
+            }
+            self.shared
+                .metrics
+                .fence_stage_seconds
+                .get_or_create(&StepLabel {
+                    stage: stage.into(),
+                })
+                .observe(v);
+        }
+        if f.status == FenceStatus::Final {
+            seen.retain(|(id, _)| *id != f.id);
+        }
+    }
+
+    /// Runs `fut` as a tracked task unless an effect of its kind already runs for `flow`, and
+    /// writes its outcome back to the flow store.
+    fn spawn(
+        self: &Arc<Self>,
+        flow: Uuid,
+        kind: FlowOutcome,
+        fut: impl std::future::Future<Output = (Outcome, Vec<Call>)> + Send + 'static,
+    ) {
+        if !self.effects.claim(flow, kind) {
+            return;
+        }
+        let me = self.clone();
+        let what = kind.as_str();
+        self.effects.tasks.spawn(
+            async move {
+                let (outcome, calls) = fut.await;
+                info!(ok = outcome.ok, detail = %outcome.detail, "fence effect finished");
+                // A step counts its failure under the step's own name (in `execute`).
+                if !outcome.ok && kind != FlowOutcome::Step {
+                    me.shared.metrics.fence_failed(what, &outcome);
+                }
+                if let Err(e) = me.flows.set_outcome(&flow, kind, outcome, calls).await {
+                    error!(error = %e, at = %me.flows.location(), "cannot record a fence outcome; it runs again after a restart");
+                }
+                me.effects.done(flow, kind);
+                me.wake.notify_one();
+            }
+            .instrument(info_span!("fence", flow = %flow, what)),
+        );
+    }
+}

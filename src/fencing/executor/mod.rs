@@ -1,0 +1,283 @@
+//! The fencer: each tick it reads the fence flows from the flow store, gathers what the probe,
+//! the node health, the condition rules and the witnesses say, hands it all to the pure fence
+//! state machine (`fencing::machine`) and carries out what it decides. The probe and the
+//! witnesses are in `probe` and `witnesses`; the effects (agent steps, marks, releases,
+//! reclaims, tags) in `effects`. What it keeps in memory is a cache of what the collectors said
+//! and of effects in progress: a restart rebuilds it, and decides again from the store.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tracing::{error, info, warn};
+
+use crate::cluster::Cluster;
+use crate::fencing::agent::AgentRunner;
+use crate::fencing::config::{FencePlan, FencingConfig};
+use crate::fencing::machine::{
+    FenceAction, FencePolicy, FenceState, FenceStatus, Liveness, PlanSummary, Step, decide_fencing,
+    merge_liveness, resume,
+};
+use crate::fencing::peering::Peering;
+use crate::link::CollectorLink;
+use crate::parts::Shared;
+use crate::store::FlowStore;
+use crate::sync::LockExt;
+use crate::ticker::{Ticker, Wake};
+use crate::verdict::Nanos;
+
+mod effects;
+mod probe;
+mod witnesses;
+
+fn ns(d: Duration) -> Nanos {
+    d.as_nanos() as Nanos
+}
+
+/// What the fencer needs of the configuration.
+#[derive(Debug, Clone)]
+pub struct FencerSettings {
+    pub plans: BTreeMap<String, FencePlan>,
+    pub policy: FencePolicy,
+    /// How often every collector is probed (and the fence decided).
+    pub interval: Duration,
+    /// Bounds of each probe's patience (its node's round-trip estimate in between).
+    pub patience: (Duration, Duration),
+    /// Unanswered probes in a row that make a collector silent.
+    pub misses: u32,
+}
+
+impl FencerSettings {
+    pub fn new(f: &FencingConfig, plans: BTreeMap<String, FencePlan>) -> FencerSettings {
+        FencerSettings {
+            plans,
+            policy: FencePolicy {
+                grace: ns(f.grace),
+                storm_percent: f.storm_percent,
+                max_in_flight: f.max_in_flight,
+                min_interval: ns(f.min_interval),
+                cooldown: ns(f.cooldown),
+                paused: f.paused,
+                max_restarts: f.max_restarts,
+                second_opinion: f.second_opinion,
+                self_fence_margin: ns(f.self_fence_margin),
+            },
+            interval: f.liveness_interval,
+            patience: (f.liveness_timeout, f.liveness_timeout_max),
+            misses: f.liveness_misses.max(1),
+        }
+    }
+}
+
+pub struct Fencer<C: Cluster> {
+    settings: FencerSettings,
+    /// Each plan as the machine needs it (derived once from `settings.plans`).
+    summaries: BTreeMap<String, PlanSummary>,
+    shared: Shared<C>,
+    flows: Arc<dyn FlowStore>,
+    runner: Arc<dyn AgentRunner>,
+    link: Arc<dyn CollectorLink>,
+    /// Peer sets and views: the second opinion.
+    peering: Arc<Peering>,
+    /// Wakes the loop for a decision now (an effect ended, a transition made the next one due).
+    wake: Arc<Notify>,
+    probes: probe::Probes,
+    witnesses: witnesses::Renewals,
+    effects: effects::Effects,
+    /// The last tick held by a storm (for the log line at its start and the storm-time counter).
+    storm_tick: Mutex<Option<Nanos>>,
+}
+
+impl<C: Cluster> Fencer<C> {
+    pub fn new(
+        settings: FencerSettings,
+        shared: &Shared<C>,
+        runner: Arc<dyn AgentRunner>,
+        link: Arc<dyn CollectorLink>,
+        peering: Arc<Peering>,
+    ) -> Fencer<C> {
+        Fencer {
+            summaries: settings
+                .plans
+                .iter()
+                .map(|(n, p)| (n.clone(), p.summary()))
+                .collect(),
+            settings,
+            flows: shared.flows.clone(),
+            shared: shared.clone(),
+            runner,
+            link,
+            peering,
+            wake: Arc::new(Notify::new()),
+            probes: probe::Probes::default(),
+            witnesses: witnesses::Renewals::default(),
+            effects: effects::Effects::default(),
+            storm_tick: Mutex::new(None),
+        }
+    }
+
+    /// The nodes with a fence plan.
+    pub fn nodes(&self) -> usize {
+        self.settings.plans.len()
+    }
+
+    /// Runs until `shutdown`; then waits for running effects, so no fence step is abandoned.
+    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        let mut ticker = Ticker::new(self.settings.interval)
+            .notified_by(self.wake.clone())
+            .following(self.shared.leadership.subscribe());
+        tokio::pin!(shutdown);
+        while let Some(wake) = ticker.next(shutdown.as_mut()).await {
+            if wake == Wake::Tick {
+                self.probe().await;
+            }
+            self.tick().await;
+        }
+        self.effects.drain(Duration::from_secs(120)).await;
+        info!("fencer stopped");
+    }
+
+    /// Every member's liveness, and the fence rule holding per node (for the flow's note).
+    fn liveness(&self, now: Nanos) -> (BTreeMap<String, Liveness>, BTreeMap<String, String>) {
+        let healthy = self.shared.health.all();
+        let fence_rules = self
+            .shared
+            .watch
+            .as_ref()
+            .and_then(|w| w.evaluate(now))
+            .map(|e| e.fence)
+            .unwrap_or_default();
+        let liveness = self
+            .shared
+            .members
+            .get()
+            .iter()
+            .map(|n| {
+                let probed = self.probes.liveness(&n.name, self.settings.misses);
+                let rule_since = fence_rules.get(&n.name).map(|f| f.since);
+                let l = merge_liveness(probed, rule_since, healthy.get(&n.name).copied());
+                (n.name.clone(), l)
+            })
+            .collect();
+        let rules = fence_rules.into_iter().map(|(n, f)| (n, f.rule)).collect();
+        (liveness, rules)
+    }
+
+    pub async fn tick(self: &Arc<Self>) {
+        let now = self.shared.clock.now();
+        let policy = self.settings.policy;
+        let flows = match self.flows.active(now.saturating_sub(policy.cooldown)).await {
+            Ok(f) => f,
+            Err(e) => {
+                error!(error = %e, at = %self.flows.location(), "cannot load fence flows");
+                return;
+            }
+        };
+        let tags = match self.shared.cluster.tags().await {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, "cannot read tags; skipping this fence decision");
+                return;
+            }
+        };
+        let (liveness, rules) = self.liveness(now);
+        let opinions = self.opinions(&liveness, now);
+        self.report_partitions(&opinions).await;
+        let self_fence = self.self_fence_facts(&flows);
+        self.probes.set_marked(
+            flows
+                .iter()
+                .filter(|f| f.step == Step::SelfFence && !f.fenced)
+                .filter(|f| {
+                    matches!(
+                        f.status,
+                        FenceStatus::New | FenceStatus::Running | FenceStatus::Done
+                    )
+                })
+                .map(|f| f.node.clone())
+                .collect(),
+        );
+        let state = FenceState {
+            flows,
+            liveness,
+            rules,
+            opinions,
+            self_fence,
+            plans: self.summaries.clone(),
+            tags,
+            policy,
+        };
+        let actions = decide_fencing(&state, now);
+        let metrics = &self.shared.metrics;
+        if !self.shared.leadership.is_leader() {
+            let n = actions
+                .iter()
+                .filter(|a| !matches!(a, FenceAction::Storm { .. }))
+                .count();
+            metrics.standby_dropped.inc_by(n as u64);
+            return;
+        }
+        for a in resume(&state.flows) {
+            self.execute(a).await;
+        }
+        // Records first, then one checkpoint, then effects: a successor knows of every effect.
+        let (records, effects): (Vec<_>, Vec<_>) = actions.into_iter().partition(|a| {
+            matches!(
+                a,
+                FenceAction::Start(_) | FenceAction::Save(_) | FenceAction::Storm { .. }
+            )
+        });
+        let mut storm = None;
+        let mut moved = false;
+        for a in records {
+            moved |= matches!(a, FenceAction::Save(_) | FenceAction::Start(_));
+            match a {
+                FenceAction::Storm { unreachable, total } => storm = Some((unreachable, total)),
+                other => self.execute(other).await,
+            }
+        }
+        if !effects.is_empty()
+            && let Err(e) = self.shared.leadership.checkpoint().await
+        {
+            self.shared
+                .leadership
+                .abdicate(format!("fence effect not shared: {e}"));
+            return;
+        }
+        for a in effects {
+            self.execute(a).await;
+        }
+        self.count_storm(storm, now);
+        if moved {
+            if let Err(e) = self.shared.leadership.checkpoint().await {
+                warn!(error = %e, "state checkpoint failed; retried on the next change");
+            }
+            // A transition may make the next one due at once (isolated -> power off): decide
+            // again now rather than a liveness interval later. Each save moves a flow forward,
+            // so this settles.
+            self.wake.notify_one();
+        }
+    }
+
+    /// A storm's start is logged once; its time is counted tick by tick while it lasts.
+    fn count_storm(&self, storm: Option<(usize, usize)>, now: Nanos) {
+        let metrics = &self.shared.metrics;
+        let mut last = self.storm_tick.lock_unpoisoned();
+        match (storm, *last) {
+            (Some((unreachable, total)), None) => {
+                warn!(
+                    unreachable,
+                    total, "fencing storm: no fence starts while it lasts"
+                );
+            }
+            (Some(_), Some(at)) => {
+                let held = now.saturating_sub(at).max(0) as f64 / 1e9;
+                metrics.fencing_storm_seconds.inc_by(held);
+            }
+            (None, _) => {}
+        }
+        *last = storm.map(|_| now);
+        metrics.fencing_storm.set(storm.is_some() as i64);
+    }
+}

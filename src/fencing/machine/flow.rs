@@ -1,0 +1,199 @@
+//! A fence flow as it is stored: its step and status, the proofs it gathered, its history and
+//! agent calls, and what declared the node dead.
+
+use super::*;
+
+const FLOW_NAMESPACE: Uuid = Uuid::from_u128(0x6d61_696e_7464_4665_6e63_6500_0000_0001);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    pub at: Nanos,
+    pub step: Step,
+    pub status: FenceStatus,
+    pub note: String,
+}
+
+/// One agent call, as recorded for the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Call {
+    pub at: Nanos,
+    pub step: Step,
+    pub method: String,
+    pub agent: String,
+    pub action: String,
+    pub code: Option<i32>,
+    pub ok: bool,
+    #[serde(rename = "elapsed-ms")]
+    pub elapsed_ms: u64,
+    pub output: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Flow {
+    pub id: Uuid,
+    pub node: String,
+    pub step: Step,
+    pub status: FenceStatus,
+    /// Failed attempts of the current step.
+    pub retries: u32,
+    pub restarts: u32,
+    /// Outcome of the running attempt, written by the executor.
+    pub result: Option<Outcome>,
+    pub release_result: Option<Outcome>,
+    pub reclaim_result: Option<Outcome>,
+    pub next_attempt: Nanos,
+    pub isolated: bool,
+    /// Power-off verified: the only proof that allows a release.
+    pub fenced: bool,
+    pub released: bool,
+    pub reclaimed: bool,
+    pub canceled: bool,
+    /// The fencefailed tag is on the node.
+    pub tagged: bool,
+    /// When the collector went silent.
+    pub detected: Nanos,
+    pub created: Nanos,
+    pub updated: Nanos,
+    pub isolated_at: Option<Nanos>,
+    pub fenced_at: Option<Nanos>,
+    pub released_at: Option<Nanos>,
+    pub history: Vec<Transition>,
+    pub calls: Vec<Call>,
+    /// Self-fencing marked the node unschedulable (recovery clears it).
+    #[serde(default)]
+    pub marked: bool,
+    /// Self-fencing: the time from the start of the quiet window to the reset (isolation +
+    /// feed interval + watchdog timeout + margin, from the node's signed settings), and the
+    /// moment the node has reset by: an estimate until `safe_proven`, then the proven moment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_time_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_until: Option<Nanos>,
+    /// The node's starving is proven: `safe_until` stands for any later leader (a starved
+    /// watchdog is never fed again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub safe_proven: bool,
+    /// The node's signed self-fencing settings, kept for a leader that never saw its report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_fence_times: Option<crate::fencing::selffence::SelfFenceTimes>,
+    /// What declared the node dead when the flow started: recovery waits for each of them to
+    /// be healthy again.
+    #[serde(default = "Witnesses::legacy")]
+    pub witnesses: Witnesses,
+    /// Store version this copy was loaded at (a save of a stale copy is refused).
+    #[serde(skip)]
+    pub version: u64,
+}
+
+/// The witnesses that declared a node dead.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Witnesses {
+    /// The collector stopped answering the liveness probe.
+    pub collector: bool,
+    /// The node-condition fence rule that held, as `Ready=Unknown for 5s`.
+    pub condition: Option<String>,
+    /// The watchers that had lost the node too (the second opinion), each with its view.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<PeerWitness>,
+}
+
+impl Witnesses {
+    /// Flows recorded before witnesses were: the collector decided, as it then always did.
+    fn legacy() -> Witnesses {
+        Witnesses {
+            collector: true,
+            condition: None,
+            peers: Vec::new(),
+        }
+    }
+
+    /// Whether every witness is healthy again after the power-off at `fenced_at`: a healthy
+    /// report diagnosed after it for the collector, the rule no longer holding for a condition.
+    pub(super) fn recovered(&self, l: &Liveness, fenced_at: Option<Nanos>) -> bool {
+        let collector = !self.collector
+            || l.healthy_at
+                .zip(fenced_at)
+                .is_some_and(|(h, t)| h > t && !l.probe_silent);
+        let condition = self.condition.is_none() || !l.condition_fence;
+        collector && condition
+    }
+}
+
+impl Flow {
+    /// A new flow for `node`, silent since `detected`, starting at `step` (its id is derived
+    /// from the node and the moment, so a decision made twice names the same flow).
+    pub fn new(
+        node: &str,
+        detected: Nanos,
+        now: Nanos,
+        step: Step,
+        witnesses: Witnesses,
+        why: impl Into<String>,
+    ) -> Flow {
+        let mut f = Flow {
+            id: Uuid::new_v5(&FLOW_NAMESPACE, format!("{node}\n{now}").as_bytes()),
+            node: node.to_string(),
+            step,
+            status: FenceStatus::New,
+            retries: 0,
+            restarts: 0,
+            result: None,
+            release_result: None,
+            reclaim_result: None,
+            next_attempt: now,
+            isolated: false,
+            fenced: false,
+            marked: false,
+            safe_time_ms: None,
+            safe_until: None,
+            safe_proven: false,
+            self_fence_times: None,
+            released: false,
+            reclaimed: false,
+            canceled: false,
+            tagged: false,
+            detected,
+            created: now,
+            updated: now,
+            isolated_at: None,
+            fenced_at: None,
+            released_at: None,
+            history: Vec::new(),
+            calls: Vec::new(),
+            witnesses,
+            version: 0,
+        };
+        f.go(now, step, FenceStatus::New, why);
+        f
+    }
+
+    pub(super) fn go(
+        &mut self,
+        now: Nanos,
+        step: Step,
+        status: FenceStatus,
+        note: impl Into<String>,
+    ) {
+        self.step = step;
+        self.status = status;
+        self.updated = now;
+        self.history.push(Transition {
+            at: now,
+            step,
+            status,
+            note: note.into(),
+        });
+    }
+
+    /// Still heading for a power-off (counts against the in-flight cap).
+    pub fn in_flight(&self, max_restarts: u32) -> bool {
+        !self.fenced
+            && match self.status {
+                FenceStatus::Final => false,
+                FenceStatus::Error => self.restarts < max_restarts && !self.canceled,
+                _ => self.step != Step::Recovery,
+            }
+    }
+}

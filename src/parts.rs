@@ -1,0 +1,63 @@
+//! What every long-running part of the daemon is built from: the store, the backend, the
+//! metrics, the leadership, the clock and the membership. One value, handed to each part's
+//! constructor, so adding a dependency changes one struct rather than every signature.
+
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::leader::Leadership;
+use crate::members::{Members, NodeHealth, NodeView};
+use crate::metrics::Metrics;
+use crate::store::{FlowStore, Store};
+
+pub struct Shared<C> {
+    pub store: Arc<Store>,
+    /// Where fence flows are read and written (the SQLite store by default).
+    pub flows: Arc<dyn FlowStore>,
+    pub cluster: Arc<C>,
+    pub metrics: Metrics,
+    pub leadership: Arc<Leadership>,
+    /// Read once per decision; simulated in the harness.
+    pub clock: Arc<dyn Clock>,
+    /// The managed nodes (kept current by the node watch on Kubernetes).
+    pub members: Arc<Members>,
+    /// Node conditions and kubelet Leases (Kubernetes only).
+    pub watch: Option<Arc<NodeView>>,
+    /// When each node last reported itself healthy (written by the poller).
+    pub health: Arc<NodeHealth>,
+}
+
+// Derived `Clone` would require `C: Clone`; only the `Arc` is cloned.
+impl<C> Clone for Shared<C> {
+    fn clone(&self) -> Self {
+        Shared {
+            store: self.store.clone(),
+            flows: self.flows.clone(),
+            cluster: self.cluster.clone(),
+            metrics: self.metrics.clone(),
+            leadership: self.leadership.clone(),
+            clock: self.clock.clone(),
+            members: self.members.clone(),
+            watch: self.watch.clone(),
+            health: self.health.clone(),
+        }
+    }
+}
+
+impl Shared<()> {
+    /// The dependencies of a part run on its own (the benchmarks): no backend, one replica that
+    /// leads, the system clock, nothing known of the nodes' health.
+    pub fn standalone(store: Arc<Store>, members: Arc<Members>, metrics: Metrics) -> Shared<()> {
+        Shared {
+            flows: store.clone(),
+            leadership: Arc::new(Leadership::single("bench".into(), store.clone())),
+            store,
+            cluster: Arc::new(()),
+            metrics,
+            clock: Arc::new(crate::clock::SystemClock),
+            members,
+            watch: None,
+            health: Arc::new(NodeHealth::default()),
+        }
+    }
+}

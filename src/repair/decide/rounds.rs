@@ -1,0 +1,213 @@
+//! Rounds: once every job of the previous round has finished, per node the most invasive active
+//! event gets its next job, drains are admitted against the capacity facts, and milder events
+//! are superseded. Pure.
+
+use super::*;
+
+/// Starts the next round once every job of the previous one has finished: per node the most
+/// invasive active event (ties: the oldest) gets its next job; milder events are superseded.
+pub(super) fn plan_round(d: &mut Draft, observations: &Observations) {
+    let events = std::mem::take(&mut d.events);
+    let specs = plan_nodes(d, &events, observations);
+    d.events = events;
+    if let Some(mut specs) = specs {
+        admit_evacuations(d, &mut specs);
+        if !specs.is_empty() {
+            d.out.push(Action::StartRound {
+                round: d.state.last_round + 1,
+                jobs: specs,
+            });
+        }
+    }
+}
+
+/// Per node, the job its winning event needs next; `None` while a round runs.
+fn plan_nodes(
+    d: &mut Draft,
+    events: &[Event],
+    observations: &Observations,
+) -> Option<Vec<JobSpec>> {
+    let mut nodes: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
+    for e in events.iter().filter(|e| !d.cleared.contains(&e.id)) {
+        nodes.entry(e.node.as_str()).or_default().push(e);
+    }
+    if let Some(round) = d.state.round_running {
+        for evs in nodes.values() {
+            for e in evs {
+                if d.status(e) == RepairStatus::Noted {
+                    d.note(e, Some(format!("waiting for round {round} to finish")));
+                }
+            }
+        }
+        return None;
+    }
+    let mut specs = Vec::new();
+    for (node, evs) in &nodes {
+        let active: Vec<&Event> = evs
+            .iter()
+            .copied()
+            .filter(|e| d.status(e).is_active())
+            .collect();
+        if let Some(why) = node_block(d, evs, observations, &active, &mut specs) {
+            for e in &active {
+                d.note(e, Some(why.clone()));
+            }
+            continue;
+        }
+        let Some(winner) = active.iter().copied().min_by(|a, b| {
+            b.action
+                .cmp(&a.action)
+                .then(a.created.cmp(&b.created))
+                .then(a.id.cmp(&b.id))
+        }) else {
+            continue;
+        };
+        for e in &active {
+            if e.id == winner.id {
+                continue;
+            }
+            if e.action < winner.action {
+                d.status.insert(e.id, RepairStatus::Canceled);
+                d.out.push(Action::Cancel {
+                    event: e.id,
+                    superseded_by: winner.id,
+                });
+            } else {
+                d.note(e, Some(format!("waiting behind older event {}", winner.id)));
+            }
+        }
+        if !d.state.policy.allows(winner.action) {
+            d.note(
+                winner,
+                Some(format!(
+                    "action {} is disabled by configuration",
+                    winner.action
+                )),
+            );
+            continue;
+        }
+        match d.next_step(winner) {
+            Some(kind) => specs.push(JobSpec {
+                event: winner.id,
+                node: node.to_string(),
+                kind,
+                command: winner.command.clone(),
+            }),
+            // Nothing to run (a live repair without a command): ready for the operator now.
+            None if d.jobs_of(&winner.id).is_empty() => {
+                d.finalize(winner, RepairStatus::Completed, None)
+            }
+            None => {}
+        }
+    }
+    Some(specs)
+}
+
+/// With capacity facts, keeps only the drains that `capacity::admit` lets through together; the
+/// others wait, and their events say why. Failovers go first and ignore PodDisruptionBudgets.
+fn admit_evacuations(d: &mut Draft, specs: &mut Vec<JobSpec>) {
+    let Some(cap) = &d.state.capacity else {
+        return;
+    };
+    let by_id: HashMap<Uuid, &Event> = d.events.iter().map(|e| (e.id, e)).collect();
+    let mut drains: Vec<(&Event, bool)> = specs
+        .iter()
+        .filter(|s| matches!(s.kind, JobKind::Evacuate | JobKind::EvacuateFailover))
+        .filter_map(|s| {
+            by_id
+                .get(&s.event)
+                .map(|e| (*e, s.kind == JobKind::Evacuate))
+        })
+        .collect();
+    if drains.is_empty() {
+        return;
+    }
+    drains.sort_by(|(a, _), (b, _)| {
+        b.action
+            .cmp(&a.action)
+            .then(a.created.cmp(&b.created))
+            .then(a.id.cmp(&b.id))
+    });
+    let candidates: Vec<capacity::Candidate> = drains
+        .iter()
+        .map(|(e, pdbs)| capacity::Candidate {
+            node: e.node.clone(),
+            respects_pdbs: *pdbs,
+        })
+        .collect();
+    let verdict = capacity::admit(&cap.snapshot, &candidates, cap.max_disruptions);
+    // One drain per node at most (rounds never take a node twice).
+    let by_node: HashMap<&str, &Event> =
+        drains.iter().map(|(e, _)| (e.node.as_str(), *e)).collect();
+    let mut waiting = HashSet::new();
+    let mut notes = Vec::new();
+    for (node, why) in &verdict.waiting {
+        if let Some(e) = by_node.get(node.as_str()) {
+            waiting.insert(e.id);
+            let note = Some(format!("waiting to drain: {why}"));
+            if e.note != note {
+                notes.push(Action::Note { event: e.id, note });
+            }
+        }
+    }
+    d.out.extend(notes);
+    specs.retain(|s| !waiting.contains(&s.event));
+}
+
+/// Why a node takes no new job this round, if it must wait. May schedule the online job of an
+/// acknowledged evacuation instead.
+fn node_block(
+    d: &mut Draft,
+    evs: &[&Event],
+    observations: &Observations,
+    active: &[&Event],
+    specs: &mut Vec<JobSpec>,
+) -> Option<String> {
+    for e in evs {
+        let st = d.status(e);
+        if st == RepairStatus::Failed {
+            return Some(format!(
+                "node has failed event {}; remove tag {} to acknowledge",
+                e.id,
+                failed_tag(&e.id)
+            ));
+        }
+        if st != RepairStatus::Completed || !e.takes_node_offline() {
+            continue;
+        }
+        if !d.acked(e) {
+            return Some(format!(
+                "node was evacuated for event {}; remove tag {} to acknowledge",
+                e.id, e.tag
+            ));
+        }
+        if observed(observations, e) {
+            return Some(format!(
+                "acknowledged event {} is still observed; waiting for the report to change",
+                e.id
+            ));
+        }
+        if active.iter().any(|a| a.takes_node_offline()) {
+            // Another evacuation is due: the node stays offline for it.
+            d.clear(
+                e.id,
+                "acknowledged; node stays offline for a newer evacuation",
+            );
+            continue;
+        }
+        let online_running = d
+            .jobs_of(&e.id)
+            .iter()
+            .any(|j| j.kind == JobKind::Online && j.status == JobStatus::Running);
+        if !online_running {
+            specs.push(JobSpec {
+                event: e.id,
+                node: e.node.clone(),
+                kind: JobKind::Online,
+                command: None,
+            });
+        }
+        return Some(format!("bringing the node back online for event {}", e.id));
+    }
+    None
+}

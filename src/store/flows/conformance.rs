@@ -1,0 +1,141 @@
+//! What every `FlowStore` must do, as one suite any implementation runs against a fresh, empty
+//! store of its own: insert and read back, optimistic saves that refuse a stale copy, outcomes
+//! and tags that keep the rest of the flow, the operator's cancel and its refusals, and the
+//! fencer's and the API's listings.
+
+use uuid::Uuid;
+
+use super::{FenceCancel, FlowOutcome, FlowStore};
+use crate::fencing::machine::{Call, FenceStatus, Flow, Step, Witnesses};
+use crate::verdict::{Nanos, Outcome};
+
+const S: Nanos = 1_000_000_000;
+
+fn flow(node: &str, at: Nanos) -> Flow {
+    let w = Witnesses {
+        collector: true,
+        condition: None,
+        peers: Vec::new(),
+    };
+    Flow::new(node, at - 5 * S, at, Step::PowerManagement, w, "silent")
+}
+
+fn call() -> Call {
+    Call {
+        at: 1_700_000_001 * S,
+        step: Step::PowerManagement,
+        method: "switch#0".into(),
+        agent: "fence_sim".into(),
+        action: "off".into(),
+        code: Some(0),
+        ok: true,
+        elapsed_ms: 12,
+        output: "Success: Powered OFF".into(),
+    }
+}
+
+/// Runs every case against `store`, which must start empty.
+pub(crate) async fn suite(store: &dyn FlowStore) {
+    let t0 = 1_700_000_000 * S;
+    let a = flow("node1", t0);
+    let b = flow("node2", t0 + S);
+    let c = flow("node3", t0 + 2 * S);
+
+    // Inserted flows read back whole, at version 0, and a second insert of one id is refused.
+    store.insert(&a).await.expect("insert");
+    store.insert(&b).await.expect("insert");
+    store.insert(&c).await.expect("insert");
+    assert_eq!(store.get(&a.id).await.unwrap().as_ref(), Some(&a));
+    assert!(store.insert(&a).await.is_err(), "an id is inserted once");
+    assert_eq!(store.get(&Uuid::from_u128(1)).await.unwrap(), None);
+
+    // A save of the copy read succeeds and bumps the version; a save of a stale copy is
+    // refused and changes nothing.
+    let mut a1 = store.get(&a.id).await.unwrap().unwrap();
+    a1.status = FenceStatus::Running;
+    a1.updated = t0 + 3 * S;
+    assert!(store.save(&a1).await.unwrap(), "the current copy saves");
+    let stale = a1.clone();
+    let a2 = store.get(&a.id).await.unwrap().unwrap();
+    assert_eq!(a2.status, FenceStatus::Running);
+    assert!(a2.version > a1.version, "a save moves the version");
+    let mut stale = stale;
+    stale.status = FenceStatus::Error;
+    assert!(
+        !store.save(&stale).await.unwrap(),
+        "a stale copy is refused"
+    );
+    let kept = store.get(&a.id).await.unwrap().unwrap();
+    assert_eq!(kept.status, FenceStatus::Running);
+
+    // Outcomes land in their own field, keep the rest, and append the agent calls; each also
+    // moves the version, so a copy read before one can no longer be saved.
+    let before = store.get(&a.id).await.unwrap().unwrap();
+    store
+        .set_outcome(&a.id, FlowOutcome::Step, Outcome::done("off"), vec![call()])
+        .await
+        .unwrap();
+    store
+        .set_outcome(&a.id, FlowOutcome::Release, Outcome::failed("busy"), vec![])
+        .await
+        .unwrap();
+    let after = store.get(&a.id).await.unwrap().unwrap();
+    assert_eq!(after.result, Some(Outcome::done("off")));
+    assert_eq!(after.release_result, Some(Outcome::failed("busy")));
+    assert_eq!(after.reclaim_result, None);
+    assert_eq!(after.calls, vec![call()]);
+    assert_eq!(after.status, FenceStatus::Running);
+    assert!(
+        !store.save(&before).await.unwrap(),
+        "an outcome makes older copies stale"
+    );
+    store.mark_tagged(&a.id).await.unwrap();
+    assert!(store.get(&a.id).await.unwrap().unwrap().tagged);
+
+    // The operator's cancel: once, never after the power-off, never of a final flow, and an
+    // unknown id says so.
+    match store.cancel(&b.id, t0 + 4 * S).await.unwrap() {
+        FenceCancel::Canceled(f) => {
+            assert!(f.canceled);
+            assert_eq!(f.history.last().unwrap().note, "canceled by operator");
+        }
+        other => panic!("cancel: {other:?}"),
+    }
+    assert_eq!(
+        store.cancel(&b.id, t0 + 5 * S).await.unwrap(),
+        FenceCancel::AlreadyCanceled
+    );
+    let mut fenced = store.get(&c.id).await.unwrap().unwrap();
+    fenced.fenced = true;
+    assert!(store.save(&fenced).await.unwrap());
+    assert_eq!(
+        store.cancel(&c.id, t0 + 5 * S).await.unwrap(),
+        FenceCancel::PoweredOff
+    );
+    assert_eq!(
+        store.cancel(&Uuid::from_u128(2), t0).await.unwrap(),
+        FenceCancel::NotFound
+    );
+
+    // The fencer's listing: every flow not final, and final ones ended since the given time,
+    // oldest first; the API's: newest first, capped.
+    let mut done = store.get(&b.id).await.unwrap().unwrap();
+    done.status = FenceStatus::Final;
+    done.updated = t0 + 10 * S;
+    assert!(store.save(&done).await.unwrap());
+    let ids = |v: Vec<Flow>| v.into_iter().map(|f| f.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.active(t0 + 10 * S).await.unwrap()),
+        [a.id, b.id, c.id]
+    );
+    assert_eq!(ids(store.active(t0 + 11 * S).await.unwrap()), [a.id, c.id]);
+    assert_eq!(ids(store.recent(2).await.unwrap()), [c.id, b.id]);
+    assert!(!store.location().is_empty());
+}
+
+#[tokio::test]
+async fn the_sqlite_store_passes_the_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::Store::open(&dir.path().join("state.db")).unwrap();
+    suite(&store).await;
+}
