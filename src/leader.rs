@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 
 use crate::cluster::kube::LeaderElectionConfig;
 use crate::cluster::{Coordination, LeaseRecord};
-use crate::store::Store;
+use crate::store::Checkpoint;
 use crate::sync::LockExt;
 
 /// Exit code of a replica that lost the lease: its supervisor restarts it as a standby.
@@ -92,7 +92,8 @@ impl CheckpointError {
 pub struct Leadership {
     identity: String,
     election: Option<(Arc<dyn Coordination>, LeaderElectionConfig)>,
-    store: Arc<Store>,
+    /// Where the decision state is exported to and imported from.
+    state: Arc<dyn Checkpoint>,
     leader: AtomicBool,
     /// Increments each time this replica becomes leader: the executors resume work per term.
     term: AtomicU64,
@@ -111,8 +112,8 @@ pub struct Leadership {
 
 impl Leadership {
     /// The only replica: leads from the start.
-    pub fn single(identity: String, store: Arc<Store>) -> Leadership {
-        let l = Leadership::new(identity, None, store);
+    pub fn single(identity: String, state: Arc<dyn Checkpoint>) -> Leadership {
+        let l = Leadership::new(identity, None, state);
         l.leader.store(true, Ordering::SeqCst);
         l.term.store(1, Ordering::SeqCst);
         l.term_tx.send_replace(1);
@@ -122,20 +123,20 @@ impl Leadership {
     pub fn elected(
         coord: Arc<dyn Coordination>,
         cfg: LeaderElectionConfig,
-        store: Arc<Store>,
+        state: Arc<dyn Checkpoint>,
     ) -> Leadership {
-        Leadership::new(cfg.identity(), Some((coord, cfg)), store)
+        Leadership::new(cfg.identity(), Some((coord, cfg)), state)
     }
 
     fn new(
         identity: String,
         election: Option<(Arc<dyn Coordination>, LeaderElectionConfig)>,
-        store: Arc<Store>,
+        state: Arc<dyn Checkpoint>,
     ) -> Leadership {
         Leadership {
             identity,
             election,
-            store,
+            state,
             leader: AtomicBool::new(false),
             term: AtomicU64::new(0),
             holder: Mutex::new(None),
@@ -231,10 +232,7 @@ impl Leadership {
         }
         // One writer at a time keeps the resourceVersion chain in order.
         let mut last = self.last_written.lock().await;
-        let data = self
-            .store
-            .export_checkpoint()
-            .map_err(CheckpointError::Export)?;
+        let data = self.state.export().map_err(CheckpointError::Export)?;
         if *last == data {
             return Ok(());
         }
@@ -273,9 +271,7 @@ impl Leadership {
             return Ok(false);
         }
         if !data.is_empty() {
-            self.store
-                .import_checkpoint(&data)
-                .map_err(CheckpointError::Import)?;
+            self.state.import(&data).map_err(CheckpointError::Import)?;
         }
         *self.state_version.lock_unpoisoned() = Some(version);
         *self.last_written.lock().await = data;

@@ -412,7 +412,7 @@ fn agreement(agreed: &[PeerWitness]) -> String {
 
 mod flow;
 mod transitions;
-pub use flow::{Call, Flow, Transition, Witnesses};
+pub use flow::{Call, CancelRefused, Flow, Transition, Witnesses};
 use transitions::advance;
 
 #[cfg(test)]

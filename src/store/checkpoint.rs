@@ -1,7 +1,31 @@
 //! The leader's checkpoint of the decision state (events, jobs, rounds, fence flows) as one
-//! JSON document, and its import by a new leader.
+//! JSON document, and its import by a new leader: the `Checkpoint` seam leader election uses,
+//! and its SQLite implementation.
 
 use super::*;
+
+#[cfg(test)]
+pub(crate) mod conformance;
+
+/// Where the decision state a successor resumes from is exported and imported. Leader election
+/// calls only this, so another home for the state implements it and passes
+/// `conformance::suite`.
+pub trait Checkpoint: Send + Sync + 'static {
+    /// The decision state as one document.
+    fn export(&self) -> Result<String>;
+    /// Replaces the decision state with `text`, or, if `text` is malformed, refuses it as a
+    /// whole and keeps the state as it was.
+    fn import(&self, text: &str) -> Result<()>;
+}
+
+impl Checkpoint for Store {
+    fn export(&self) -> Result<String> {
+        self.export_checkpoint()
+    }
+    fn import(&self, text: &str) -> Result<()> {
+        self.import_checkpoint(text)
+    }
+}
 
 /// The events a checkpoint keeps: every live one, those with a running job, and the 100 most
 /// recently cleared (for the status history).
@@ -92,10 +116,10 @@ impl Store {
             .as_i64()
             .ok_or_else(|| bad("no schema".into()))?;
         if schema > MIGRATIONS.len() as i64 {
-            return Err(StoreError::TooNew {
-                found: schema,
-                known: MIGRATIONS.len() as i64,
-            });
+            return Err(bad(format!(
+                "schema version {schema}, newer than this maintd ({}); upgrade this replica",
+                MIGRATIONS.len()
+            )));
         }
         let mut c = self.conn();
         let tx = c.transaction()?;

@@ -190,30 +190,16 @@ impl Store {
 
     /// An operator's cancel: only before the node was powered off.
     pub fn cancel_flow(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
+        use crate::fencing::machine::CancelRefused;
         let mut verdict = FenceCancel::NotFound;
         let f = self.update_flow(id, |f| {
-            if f.status == FenceStatus::Final {
-                verdict = FenceCancel::Final;
-                false
-            } else if f.fenced {
-                verdict = FenceCancel::PoweredOff;
-                false
-            } else if f.canceled {
-                // A repeated cancel changes nothing and says so, as an event's does.
-                verdict = FenceCancel::AlreadyCanceled;
-                false
-            } else {
-                f.canceled = true;
-                f.updated = now;
-                f.history.push(crate::fencing::machine::Transition {
-                    at: now,
-                    step: f.step,
-                    status: f.status,
-                    note: "canceled by operator".into(),
-                });
-                verdict = FenceCancel::Canceled(Box::new(f.clone()));
-                true
-            }
+            verdict = match f.cancel(now) {
+                Ok(()) => FenceCancel::Canceled(Box::new(f.clone())),
+                Err(CancelRefused::Final) => FenceCancel::Final,
+                Err(CancelRefused::PoweredOff) => FenceCancel::PoweredOff,
+                Err(CancelRefused::AlreadyCanceled) => FenceCancel::AlreadyCanceled,
+            };
+            matches!(verdict, FenceCancel::Canceled(_))
         })?;
         Ok(if f.is_none() {
             FenceCancel::NotFound

@@ -12,7 +12,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::fencing::machine::{Call, FenceStatus, Flow};
+use crate::fencing::machine::{Call, Flow};
 use crate::repair::{
     Action, Event, Job, JobKind, JobSpec, JobStatus, Policy, RepairStatus, State, reason_trail,
 };
@@ -29,6 +29,7 @@ mod nodes;
 #[cfg(test)]
 mod tests;
 
+pub use checkpoint::Checkpoint;
 pub use events::CancelOutcome;
 pub use flows::{FenceCancel, FlowOutcome, FlowStore};
 pub use nodes::{NodeRow, NodeUpdate};

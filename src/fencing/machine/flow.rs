@@ -86,6 +86,14 @@ pub struct Flow {
     pub version: u64,
 }
 
+/// Why an operator's cancel of a flow is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelRefused {
+    Final,
+    PoweredOff,
+    AlreadyCanceled,
+}
+
 /// The witnesses that declared a node dead.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -185,6 +193,29 @@ impl Flow {
             status,
             note: note.into(),
         });
+    }
+
+    /// An operator's cancel: only before the node was powered off (after it, only recovery
+    /// brings the node back); a repeated cancel changes nothing and says so.
+    pub fn cancel(&mut self, now: Nanos) -> Result<(), CancelRefused> {
+        if self.status == FenceStatus::Final {
+            return Err(CancelRefused::Final);
+        }
+        if self.fenced {
+            return Err(CancelRefused::PoweredOff);
+        }
+        if self.canceled {
+            return Err(CancelRefused::AlreadyCanceled);
+        }
+        self.canceled = true;
+        self.updated = now;
+        self.history.push(Transition {
+            at: now,
+            step: self.step,
+            status: self.status,
+            note: "canceled by operator".into(),
+        });
+        Ok(())
     }
 
     /// Still heading for a power-off (counts against the in-flight cap).
