@@ -18,19 +18,19 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    pub reason: String,
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabel {
-    pub reason: String,
+    pub reason: &'static str,
     pub node: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabel {
-    pub kind: String,
-    pub outcome: String,
+    pub kind: &'static str,
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -40,14 +40,14 @@ pub struct NodeLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StepLabel {
-    pub stage: String,
+    pub stage: &'static str,
 }
 
 /// A failed fence effect: its stage and its failure's kind (`agent`, `still-on`,
 /// `unconfirmed`, `backend`, `other`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailLabel {
-    pub stage: String,
+    pub stage: &'static str,
     pub kind: &'static str,
 }
 
@@ -263,29 +263,25 @@ impl Metrics {
     }
 
     /// A failed fence effect, under its stage and the kind of its failure.
-    pub fn fence_failed(&self, stage: &str, o: &crate::verdict::Outcome) {
+    pub fn fence_failed(&self, stage: &'static str, o: &crate::verdict::Outcome) {
         let kind = o.failure().unwrap_or(crate::verdict::FailureKind::Other);
         self.fence_failures
             .get_or_create(&FailLabel {
-                stage: stage.into(),
+                stage,
                 kind: kind.as_str(),
             })
             .inc();
     }
 
-    pub fn action_failed(&self, reason: &str) {
+    pub fn action_failed(&self, reason: &'static str) {
         self.action_failures
-            .get_or_create(&ReasonLabel {
-                reason: reason.into(),
-            })
+            .get_or_create(&ReasonLabel { reason })
             .inc();
     }
 
-    pub fn tick_failed(&self, reason: &str) {
+    pub fn tick_failed(&self, reason: &'static str) {
         self.tick_failures
-            .get_or_create(&ReasonLabel {
-                reason: reason.into(),
-            })
+            .get_or_create(&ReasonLabel { reason })
             .inc();
     }
 }

@@ -409,8 +409,8 @@ impl<C: Cluster> Engine<C> {
                 self.metrics
                     .jobs_finished
                     .get_or_create(&JobLabel {
-                        kind: job.kind.as_str().into(),
-                        outcome: if outcome.ok { "succeeded" } else { "failed" }.into(),
+                        kind: job.kind.as_str(),
+                        outcome: if outcome.ok { "succeeded" } else { "failed" },
                     })
                     .inc();
                 if let Err(e) = self

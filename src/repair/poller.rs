@@ -261,7 +261,7 @@ impl Poller {
         self.metrics
             .reports_rejected
             .get_or_create(&RejectLabel {
-                reason: rejection_label(&e).into(),
+                reason: rejection_label(&e),
                 node: t.name.clone(),
             })
             .inc();

@@ -199,9 +199,7 @@ impl<C: Cluster> Fencer<C> {
             self.shared
                 .metrics
                 .fence_stage_seconds
-                .get_or_create(&StepLabel {
-                    stage: stage.into(),
-                })
+                .get_or_create(&StepLabel { stage })
                 .observe(v);
         }
         if f.status == FenceStatus::Final {

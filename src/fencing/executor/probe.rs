@@ -182,7 +182,7 @@ impl<C: Cluster> Fencer<C> {
                         metrics
                             .views_rejected
                             .get_or_create(&ReasonLabel {
-                                reason: e.metric_label().into(),
+                                reason: e.metric_label(),
                             })
                             .inc();
                     }
