@@ -480,6 +480,27 @@ impl Config {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_environment_is_resolved_once_and_explicit_values_stay() {
+        let mut cfg = Config::default();
+        cfg.resolve_environment();
+        assert!(!cfg.host.is_empty(), "the host name is known");
+        let le = &cfg.kubernetes.leader_election;
+        let pod = std::env::var("POD_NAME").ok().filter(|s| !s.is_empty());
+        assert_eq!(le.identity, Some(pod.unwrap_or_else(|| cfg.host.clone())));
+        assert!(le.namespace.as_deref().is_some_and(|n| !n.is_empty()));
+        assert_eq!(cfg.collector.node.as_deref(), Some(cfg.host.as_str()));
+        assert_eq!(cfg.kubernetes.instance, cfg.host);
+        let mut explicit = Config::default();
+        explicit.collector.node = Some("n7".into());
+        explicit.kubernetes.leader_election.identity = Some("replica-a".into());
+        explicit.kubernetes.leader_election.namespace = Some("ops".into());
+        explicit.resolve_environment();
+        assert_eq!(explicit.node_name(), "n7");
+        assert_eq!(explicit.kubernetes.leader_election.identity(), "replica-a");
+        assert_eq!(explicit.kubernetes.leader_election.namespace(), "ops");
+    }
+
     /// The `toml` block after the README heading `heading`.
     fn readme_block(heading: &str) -> &'static str {
         let readme = include_str!("../README.md");

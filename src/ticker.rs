@@ -102,4 +102,25 @@ mod tests {
         wake.notify_one();
         assert_eq!(t.next(shutdown.as_mut()).await, None);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_term_wakes_a_follower_at_once() {
+        let (tx, rx) = watch::channel(0u64);
+        let mut t = Ticker::new(Duration::from_secs(10)).following(rx);
+        let shutdown = std::future::pending::<()>();
+        tokio::pin!(shutdown);
+        assert_eq!(t.next(shutdown.as_mut()).await, Some(Wake::Tick));
+        let start = tokio::time::Instant::now();
+        tx.send_replace(1);
+        assert_eq!(t.next(shutdown.as_mut()).await, Some(Wake::Notified));
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "woken by the term, not the interval"
+        );
+        // The election ended (the sender is gone): only the interval wakes it from now on.
+        drop(tx);
+        assert_eq!(t.next(shutdown.as_mut()).await, Some(Wake::Tick));
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+    }
 }

@@ -244,3 +244,20 @@ async fn malformed_config_and_key_files_are_refused_with_a_clear_message() {
     assert_eq!(code, Some(1));
     assert!(err.contains("chmod 600"), "{err}");
 }
+
+/// Every configuration error is reported before the daemon opens anything: a `[fencing]` section
+/// that names an unknown template leaves neither a lock nor a database behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_fencing_section_is_refused_before_anything_is_opened() {
+    let mut c = Cluster::new(1);
+    c.extra_daemon_toml =
+        "[fencing.nodes.node1.power-management]\nmethods = [{ template = \"nope\" }]\n".into();
+    let (code, err) = c.daemon_exit(&c.daemon_config(), &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("unknown template \"nope\""), "{err}");
+    assert!(!c.path("state/maintd.lock").exists(), "the lock was taken");
+    assert!(
+        !c.path("state/state.db").exists(),
+        "the database was opened"
+    );
+}
