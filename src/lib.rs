@@ -3,28 +3,32 @@
 //!
 //! Two rooms hold the two things maintd does, each with its pure decisions beside their executor:
 //! - `repair`: collector reports become repair events and rounds of jobs (`model`, `decide`,
-//!   `capacity` and `conditions` are pure; `poller`, `engine`, `live` and `jobs` act).
+//!   `capacity` and `conditions` are pure; `poller`, `engine` and `live` act).
 //! - `fencing`: a silent node is fenced in stages (`machine` is pure; `executor`, `agent`,
 //!   `config` and `redact` act or configure).
 //!
 //! What they share:
 //! - `verdict`: the shared vocabulary (`Status`, `Verdict`, `Outcome`, `Nanos`), pure.
-//! - `report`: the wire protocol: the signed report envelope, keys and request signatures.
+//! - `report`: the wire protocol: the signed report envelope, keys, request signatures, peer
+//!   heartbeats and the live-repair request and record.
 //! - `clock`: the clock seam of the shells (pure code is handed `now`); `ticker`: the periodic loop.
 //! - `config`: file, environment and flags resolved once into validated per-component settings.
 //! - `parts`: what every long-running part is built from (store, backend, metrics, leadership,
 //!   clock, membership).
 //! - `node`, `members`: a managed node; the membership and node conditions every task reads.
-//! - `exec`: whitelisted command lookup and bounded subprocess runs.
+//! - `exec`: whitelisted command lookup and bounded subprocess runs; hook calls and detached hook
+//!   jobs (`exec::hooks`, `exec::jobs`).
 //! - `http`: JSON errors, signed-request middleware, and the bounded listener.
 //! - `fsutil`: atomic writes of state files.
 //! - `secret`: reading owner-only secret files (the cluster key, agent passwords).
-//! - `store`: SQLite persistence, one file per table group, and the leader's checkpoint.
+//! - `store`: SQLite persistence, one file per table group; the `FlowStore` and `Checkpoint`
+//!   seams.
 //! - `cluster`: the backend traits, the inventory backend and the Kubernetes backend (`kube`).
 //! - `leader`: which replica acts, and the checkpoint a successor resumes from.
 //! - `metrics`: the Prometheus registry of the daemon.
 //! - `collector`: the node agent (`maintd collector`).
-//! - `daemon`: the master process: lock, wiring, the HTTP API, shutdown.
+//! - `daemon`: the master process: lock, the one assembly of its parts (shared with the
+//!   simulated-time harness), the HTTP API, shutdown.
 //! - `cli`: argument parsing, the operator commands, and `maintd bench poll|plan` (`cli::bench`).
 //! - `tags`: maintd's tag names and `maintd:<id>` references, built in one place, pure.
 //! - `sync`: lock access that survives a poisoned lock.

@@ -1,6 +1,7 @@
-//! The cluster backend trait (tags, evacuate, offline, online, release) and the local inventory
-//! backend: nodes from the config file, tags and offline flags in SQLite, actions as whitelisted
-//! hooks. `kube` holds the Kubernetes implementation of the same trait.
+//! The cluster backend trait (tags, evacuate, offline, online, release), the `Coordination`
+//! trait of leader election, and `EventReason`. `inventory` holds the local inventory backend
+//! (nodes from the config file, tags and offline flags in SQLite, actions as whitelisted hooks);
+//! `kube` the Kubernetes implementation of the same traits.
 
 mod inventory;
 pub mod kube;

@@ -1,6 +1,7 @@
 //! Fencing: what happens when a node stops answering. The pure part is `machine` (the staged
 //! fence state machine: isolation, power-management, recovery, storm protection); the shell is
-//! `executor` (the liveness probe and the executor of the machine's calls), `agent` (running a
+//! `executor` (the liveness probe, and the executor of the machine's actions over the
+//! `FlowStore`), `agent` (running a
 //! ClusterLabs fence agent with a verified power-off), `config` (devices and stages), `readiness`
 //! (status checks of every device before anything fails), `redact` (keeping secrets out of
 //! agent output) and `peering` (peer sets pushed to collectors, their views read back). The
