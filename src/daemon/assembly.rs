@@ -45,11 +45,7 @@ impl Settings {
     ) -> Settings {
         let f = &cfg.fencing;
         let fencing = (!plans.is_empty()).then(|| FencingSettings {
-            checks: crate::fencing::readiness::CheckSettings {
-                interval: f.check_interval,
-                timeout: f.check_timeout,
-                concurrency: f.check_concurrency,
-            },
+            checks: CheckSettings::new(f),
             peering: cfg.peering_settings(),
             fencer: crate::fencing::executor::FencerSettings::new(f, plans),
         });
@@ -182,7 +178,7 @@ pub struct Running {
 }
 
 impl Running {
-    /// A receiver that turns true when the parts are told to stop (for the API server).
+    /// Resolves when the parts are told to stop (the API server stops with them).
     pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.stop.subscribe();
         async move {

@@ -64,13 +64,14 @@ pub async fn run(
     cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    // Every configuration error is reported before anything is opened: `[fencing]` is checked
-    // against its own nodes here, and against the membership once that is known.
-    let fenced: Vec<String> = cfg.fencing.nodes.keys().cloned().collect();
-    cfg.fencing
-        .plans(&fenced)
+    // Every configuration error is reported before anything is opened: `[fencing]` is loaded
+    // here (its secrets read once), and checked against the membership once that is known.
+    let plans = cfg
+        .fencing
+        .load_plans()
         .map_err(crate::config::ConfigError::from)?;
-    let key = Key::load(&cfg.cluster.key_file)?;
+    // Read from files before anything is opened: the cluster key and the fence plans.
+    let loaded = (Key::load(&cfg.cluster.key_file)?, plans);
     let lock = lock::acquire(&cfg.daemon.state_dir, &cfg.host)?;
     warn_lost_database(&cfg);
     let store = Arc::new(Store::open(&cfg.db_path())?);
@@ -100,13 +101,13 @@ pub async fn run(
                 Leadership::single(le.identity(), store.clone())
             };
             let parts = (nodes, leadership, Some(Arc::new(watch)));
-            run_with(&cfg, key, store, k, parts, lock, shutdown).await
+            run_with(&cfg, loaded, store, k, parts, lock, shutdown).await
         }
         Backend::Inventory => {
             let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
             let leadership = Leadership::single(cfg.host.clone(), store.clone());
             let parts = (cfg.nodes.clone(), leadership, None);
-            run_with(&cfg, key, store, inv, parts, lock, shutdown).await
+            run_with(&cfg, loaded, store, inv, parts, lock, shutdown).await
         }
     }
 }
@@ -130,6 +131,9 @@ fn warn_lost_database(cfg: &Config) {
     }
 }
 
+/// Each fenced node's plan, secrets loaded.
+type Plans = std::collections::BTreeMap<String, crate::fencing::config::FencePlan>;
+
 /// The managed nodes, who leads, and the node watch (Kubernetes).
 type Membership = (
     Vec<NodeConfig>,
@@ -141,7 +145,7 @@ type Membership = (
 /// together.
 async fn run_with<C: Cluster>(
     cfg: &Config,
-    key: Key,
+    (key, plans): (Key, Plans),
     store: Arc<Store>,
     cluster: Arc<C>,
     (nodes, leadership, watch): Membership,
@@ -149,9 +153,8 @@ async fn run_with<C: Cluster>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    let plans = cfg
-        .fencing
-        .plans(&names)
+    cfg.fencing
+        .check_members(&names)
         .map_err(crate::config::ConfigError::from)?;
     let listener = crate::http::bind(cfg.daemon.listen)
         .await

@@ -302,11 +302,27 @@ fn check_inline(where_: &str, k: &str) -> Result<(), FencingConfigError> {
 }
 
 impl FencingConfig {
-    /// Validates everything and loads the secrets: one plan per fenced node.
+    /// Validates everything and loads the secrets: one plan per fenced node, each a known node.
     pub fn plans(
         &self,
         known_nodes: &[String],
     ) -> Result<BTreeMap<String, FencePlan>, FencingConfigError> {
+        self.check_members(known_nodes)?;
+        self.load_plans()
+    }
+
+    /// Every fenced node is one of `known_nodes` (the membership, once it is known).
+    pub fn check_members(&self, known_nodes: &[String]) -> Result<(), FencingConfigError> {
+        match self.nodes.keys().find(|n| !known_nodes.contains(n)) {
+            Some(node) => Err(FencingConfigError(format!(
+                "fencing.nodes.{node}: no such node in [[nodes]]"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Validates everything but the membership and loads the secrets: one plan per fenced node.
+    pub fn load_plans(&self) -> Result<BTreeMap<String, FencePlan>, FencingConfigError> {
         let bad = |m: String| Err(FencingConfigError(m));
         if self.storm_percent > 100 {
             return bad("fencing.storm-percent must be 0-100".into());
@@ -356,9 +372,6 @@ impl FencingConfig {
         }
         let mut plans = BTreeMap::new();
         for (node, nc) in &self.nodes {
-            if !known_nodes.contains(node) {
-                return bad(format!("fencing.nodes.{node}: no such node in [[nodes]]"));
-            }
             let stage = |step: Step, sc: &StageConfig| -> Result<Stage, FencingConfigError> {
                 let where_ = format!("fencing.nodes.{node}.{}", step.as_str());
                 if sc.methods.is_empty() {

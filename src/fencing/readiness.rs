@@ -36,6 +36,16 @@ pub struct CheckSettings {
     pub concurrency: usize,
 }
 
+impl CheckSettings {
+    pub fn new(f: &crate::fencing::config::FencingConfig) -> CheckSettings {
+        CheckSettings {
+            interval: f.check_interval,
+            timeout: f.check_timeout,
+            concurrency: f.check_concurrency,
+        }
+    }
+}
+
 pub use crate::views::{DeviceCheck, FencingState, MethodCheck};
 
 /// The last check of every node with a fence plan, shared with the API.

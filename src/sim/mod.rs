@@ -203,11 +203,7 @@ impl Sim {
                 .collect();
             FencingSettings {
                 fencer: FencerSettings::new(f, plans),
-                checks: CheckSettings {
-                    interval: f.check_interval,
-                    timeout: f.check_timeout,
-                    concurrency: f.check_concurrency,
-                },
+                checks: CheckSettings::new(f),
                 peering: PeeringSettings {
                     watchers: f.watchers,
                     window: Duration::from_secs(30),

@@ -57,7 +57,7 @@ impl Effects {
 
 impl<C: Cluster> Fencer<C> {
     pub(super) async fn execute(self: &Arc<Self>, a: FenceAction) {
-        let flows = &self.flows;
+        let flows = &self.shared.flows;
         match a {
             FenceAction::Start(f) => {
                 info!(flow = %f.id, node = %f.node, "fence flow started");
@@ -117,7 +117,7 @@ impl<C: Cluster> Fencer<C> {
     }
 
     async fn save(&self, f: Flow) {
-        let flows = &self.flows;
+        let flows = &self.shared.flows;
         if let Some(t) = f.history.last() {
             info!(flow = %f.id, node = %f.node, step = t.step.as_str(), status = t.status.as_str(), note = %t.note, "fence transition");
         }
@@ -228,8 +228,8 @@ impl<C: Cluster> Fencer<C> {
                 if !outcome.ok && kind != FlowOutcome::Step {
                     me.shared.metrics.fence_failed(what, &outcome);
                 }
-                if let Err(e) = me.flows.set_outcome(&flow, kind, outcome, calls).await {
-                    error!(error = %e, at = %me.flows.location(), "cannot record a fence outcome; it runs again after a restart");
+                if let Err(e) = me.shared.flows.set_outcome(&flow, kind, outcome, calls).await {
+                    error!(error = %e, at = %me.shared.flows.location(), "cannot record a fence outcome; it runs again after a restart");
                 }
                 me.effects.done(flow, kind);
                 me.wake.notify_one();

@@ -22,7 +22,6 @@ use crate::fencing::machine::{
 use crate::fencing::peering::Peering;
 use crate::link::CollectorLink;
 use crate::parts::Shared;
-use crate::store::FlowStore;
 use crate::sync::LockExt;
 use crate::ticker::{Ticker, Wake};
 use crate::verdict::Nanos;
@@ -75,7 +74,6 @@ pub struct Fencer<C: Cluster> {
     /// Each plan as the machine needs it (derived once from `settings.plans`).
     summaries: BTreeMap<String, PlanSummary>,
     shared: Shared<C>,
-    flows: Arc<dyn FlowStore>,
     runner: Arc<dyn AgentRunner>,
     link: Arc<dyn CollectorLink>,
     /// Peer sets and views: the second opinion.
@@ -104,7 +102,6 @@ impl<C: Cluster> Fencer<C> {
                 .map(|(n, p)| (n.clone(), p.summary()))
                 .collect(),
             settings,
-            flows: shared.flows.clone(),
             shared: shared.clone(),
             runner,
             link,
@@ -167,10 +164,11 @@ impl<C: Cluster> Fencer<C> {
     pub async fn tick(self: &Arc<Self>) {
         let now = self.shared.clock.now();
         let policy = self.settings.policy;
-        let flows = match self.flows.active(now.saturating_sub(policy.cooldown)).await {
+        let store = &self.shared.flows;
+        let flows = match store.active(now.saturating_sub(policy.cooldown)).await {
             Ok(f) => f,
             Err(e) => {
-                error!(error = %e, at = %self.flows.location(), "cannot load fence flows");
+                error!(error = %e, at = %store.location(), "cannot load fence flows");
                 return;
             }
         };
