@@ -465,7 +465,8 @@ impl Config {
             self.collector.node = Some(host.unwrap_or_else(|| "localhost".into()));
         }
         self.kubernetes.leader_election.resolve(&self.host);
-        self.kubernetes.instance = self.host.clone();
+        // Events name the replica (its Pod), not the host it runs on.
+        self.kubernetes.instance = self.kubernetes.leader_election.identity();
     }
 
     pub fn node_name(&self) -> String {
@@ -490,7 +491,7 @@ mod tests {
         assert_eq!(le.identity, Some(pod.unwrap_or_else(|| cfg.host.clone())));
         assert!(le.namespace.as_deref().is_some_and(|n| !n.is_empty()));
         assert_eq!(cfg.collector.node.as_deref(), Some(cfg.host.as_str()));
-        assert_eq!(cfg.kubernetes.instance, cfg.host);
+        assert_eq!(cfg.kubernetes.instance, le.identity());
         let mut explicit = Config::default();
         explicit.collector.node = Some("n7".into());
         explicit.kubernetes.leader_election.identity = Some("replica-a".into());

@@ -73,7 +73,15 @@ pub enum CheckpointError {
     Read(#[source] crate::cluster::ClusterError),
     #[error("cannot import the state checkpoint: {0}")]
     Import(#[source] crate::store::StoreError),
+    #[error(
+        "the state checkpoint would be {bytes} bytes, over its limit of {limit} (a Kubernetes object holds at most 1 MiB); fewer live events, or fence flows kept as NodeFences, keep it smaller"
+    )]
+    TooLarge { bytes: usize, limit: usize },
 }
+
+/// The largest checkpoint written: well below the 1 MiB an object (and etcd's request) holds,
+/// so the limit is met with a clear error and never by a rejected write.
+pub const CHECKPOINT_LIMIT: usize = 768 * 1024;
 
 impl CheckpointError {
     /// A stable label for metrics and logs.
@@ -85,6 +93,7 @@ impl CheckpointError {
             CheckpointError::Write(_) => "write",
             CheckpointError::Read(_) => "read",
             CheckpointError::Import(_) => "import",
+            CheckpointError::TooLarge { .. } => "too-large",
         }
     }
 }
@@ -235,6 +244,12 @@ impl Leadership {
         let data = self.state.export().map_err(CheckpointError::Export)?;
         if *last == data {
             return Ok(());
+        }
+        if data.len() > CHECKPOINT_LIMIT {
+            return Err(CheckpointError::TooLarge {
+                bytes: data.len(),
+                limit: CHECKPOINT_LIMIT,
+            });
         }
         let version = self.state_version.lock_unpoisoned().clone();
         match coord.put_state(version.as_deref(), &data).await {

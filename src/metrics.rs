@@ -61,6 +61,8 @@ pub struct Metrics {
     pub jobs_finished: Family<JobLabel, Counter>,
     pub events_created: Counter,
     pub fences_started: Counter,
+    /// Fence flows not final, by step and status, as the fencer last read them.
+    pub fence_flows: Family<FlowLabel, Gauge>,
     pub fencing_storm: Gauge,
     /// Seconds during which a storm held every fence start (f64 counter).
     pub fencing_storm_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
@@ -106,6 +108,7 @@ impl Metrics {
             jobs_finished: Family::default(),
             events_created: Counter::default(),
             fences_started: Counter::default(),
+            fence_flows: Family::default(),
             fencing_storm: Gauge::default(),
             fencing_storm_seconds: Counter::default(),
             probe_timeout_seconds: Family::default(),
@@ -167,6 +170,11 @@ impl Metrics {
             "maintd_fences_started",
             "Fence flows started",
             m.fences_started.clone(),
+        );
+        reg.register(
+            "maintd_fence_flows",
+            "Fence flows not final yet, by step and status",
+            m.fence_flows.clone(),
         );
         reg.register(
             "maintd_fencing_storm",
@@ -292,9 +300,40 @@ struct RepairStatusLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FlowLabel {
+pub struct FlowLabel {
     step: &'static str,
     status: &'static str,
+}
+
+impl Metrics {
+    /// Sets the flow gauges from the flows just read (every step and status present, 0 when
+    /// none), so the gauge follows the store of record, wherever it is.
+    pub fn count_flows(&self, flows: &[crate::fencing::machine::Flow]) {
+        for step in [
+            Step::Isolation,
+            Step::PowerManagement,
+            Step::SelfFence,
+            Step::Recovery,
+        ] {
+            for status in [
+                FenceStatus::New,
+                FenceStatus::Running,
+                FenceStatus::Done,
+                FenceStatus::Error,
+            ] {
+                let n = flows
+                    .iter()
+                    .filter(|f| f.step == step && f.status == status)
+                    .count() as i64;
+                self.fence_flows
+                    .get_or_create(&FlowLabel {
+                        step: step.as_str(),
+                        status: status.as_str(),
+                    })
+                    .set(n);
+            }
+        }
+    }
 }
 
 /// Gauges read from the store at each scrape, so they can never drift from the state: events
@@ -341,31 +380,6 @@ impl Collector for StateGauges {
                 None,
                 MetricType::Gauge,
             )?)?;
-        }
-        if let Ok(flows) = self.store.fence_flows(i64::MAX) {
-            let mut family = encoder.encode_descriptor(
-                "maintd_fence_flows",
-                "Fence flows not final yet, by step and status",
-                None,
-                MetricType::Gauge,
-            )?;
-            for step in [Step::Isolation, Step::PowerManagement, Step::Recovery] {
-                for status in [
-                    FenceStatus::New,
-                    FenceStatus::Running,
-                    FenceStatus::Done,
-                    FenceStatus::Error,
-                ] {
-                    let n = flows
-                        .iter()
-                        .filter(|f| f.step == step && f.status == status)
-                        .count() as i64;
-                    ConstGauge::new(n).encode(family.encode_family(&FlowLabel {
-                        step: step.as_str(),
-                        status: status.as_str(),
-                    })?)?;
-                }
-            }
         }
         Ok(())
     }

@@ -179,7 +179,7 @@ fn write_canonical(value: &Value, out: &mut String) {
 pub type Nanos = i64;
 
 /// How an effect (a job, a fence step attempt, a release) ended, as its executor recorded it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Outcome {
     pub ok: bool,
     pub detail: String,
@@ -190,7 +190,18 @@ pub struct Outcome {
 
 /// Why an effect failed: a stable label for metrics and for decisions that must tell the
 /// failures apart (a device that still reports power is not a device that did not answer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
 pub enum FailureKind {

@@ -69,6 +69,13 @@ fn rbac_grants_only_the_verbs_maintd_uses() {
         "/pods/eviction:create[]",
         "policy/poddisruptionbudgets:list[]",
         "policy/poddisruptionbudgets:watch[]",
+        "maintd.io/nodefences:get[]",
+        "maintd.io/nodefences:list[]",
+        "maintd.io/nodefences:watch[]",
+        "maintd.io/nodefences:create[]",
+        "maintd.io/nodefences:patch[]",
+        "maintd.io/nodefences:delete[]",
+        "maintd.io/nodefences/status:update[]",
     ]
     .map(String::from)
     .into();
@@ -175,4 +182,33 @@ fn the_release_build_parses_floats_exactly() {
             .any(|f| f.as_str() == Some("float_roundtrip")),
         "serde_json needs the float_roundtrip feature: {features:?}"
     );
+}
+
+/// The CRD in deploy/ is what `maintd crd` prints from the Rust types, so it cannot drift.
+#[test]
+fn the_shipped_crd_is_the_one_derived_from_the_types() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_maintd"))
+        .arg("crd")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml")).unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        shipped,
+        "deploy/crd.yaml is stale: run `maintd crd > deploy/crd.yaml`"
+    );
+    let crd: Value = serde_yaml_ng::from_str(&shipped).unwrap();
+    assert_eq!(crd["spec"]["group"], "maintd.io");
+    assert_eq!(crd["spec"]["scope"], "Cluster");
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(v["subresources"]["status"], serde_json::json!({}));
+    let columns: Vec<&str> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(columns[..4], ["Node", "Step", "Status", "Age"]);
 }

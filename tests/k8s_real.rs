@@ -30,6 +30,8 @@ async fn against_a_real_control_plane() {
         out.contains("clusterrole.rbac.authorization.k8s.io/maintd"),
         "{out}"
     );
+    nodefences_pass_the_flow_store_suite_under_the_deploy_rbac(&cp).await;
+    nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence_with(&cp).await;
     events_show_in_kubectl_describe_node_under_the_deploy_rbac(&cp).await;
     a_fence_release_never_deletes_the_replacement_pod(&cp).await;
     a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
@@ -97,13 +99,195 @@ async fn wait_recovered(cp: &ControlPlane, c: &Cluster, node: &str) {
     .await;
 }
 
-/// Ends a scenario: its daemon stops, and its nodes stop heartbeating and are deleted.
+/// Ends a scenario: its daemon stops, its nodes stop heartbeating and are deleted, and so are
+/// its NodeFences (their finalizers first: no daemon is left to remove them).
 fn remove_nodes(cp: &ControlPlane, c: &mut Cluster, nodes: &[String]) {
     c.kill_daemon();
     for n in nodes {
         cp.heartbeats.alive(n, false);
         cp.kubectl(&["delete", "node", n, "--wait=false"]);
     }
+    clear_nodefences(cp);
+}
+
+fn clear_nodefences(cp: &ControlPlane) {
+    let names = cp.kubectl_ok(&["get", "nodefences", "-o", "name"]);
+    for n in names.lines().filter(|l| !l.is_empty()) {
+        cp.kubectl(&[
+            "patch",
+            n,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ]);
+        cp.kubectl(&["delete", n, "--wait=false"]);
+    }
+}
+
+/// A client authenticated as maintd's ServiceAccount, as deploy/ installs it.
+async fn maintd_client(cp: &ControlPlane) -> kube::Client {
+    let path = cp.service_account_kubeconfig("maintd", "maintd");
+    let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(cfg).unwrap()
+}
+
+/// The suite every flow store passes (inserts, optimistic saves, outcomes, cancels, listings,
+/// pruning), run against NodeFence objects on the real apiserver with deploy/'s RBAC.
+async fn nodefences_pass_the_flow_store_suite_under_the_deploy_rbac(cp: &ControlPlane) {
+    maintd::cluster::kube::nodefence_conformance(maintd_client(cp).await).await;
+    clear_nodefences(cp);
+}
+
+/// `kubectl get nodefences` output for one node: (step, status), from the printer columns.
+fn nodefence_row(cp: &ControlPlane, node: &str) -> Option<(String, String)> {
+    let out = cp.kubectl_ok(&["get", "nodefences"]);
+    out.lines().skip(1).find_map(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        (cols.get(1) == Some(&node)).then(|| (cols[2].to_string(), cols[3].to_string()))
+    })
+}
+
+/// A dead node's fence is a NodeFence that `kubectl get nodefences` shows moving through its
+/// steps. The daemon dies after the release and its database is wiped: the next one resumes the
+/// flow from the object alone, with no second flow, and recovers the node once it is back. An
+/// operator's NodeFence fences a live node (power-off by the agent, workloads released) and
+/// recovers it on its next healthy report; one for a node without fence configuration is
+/// refused, with the reason in its status. All under deploy/'s RBAC.
+async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence_with(
+    cp: &ControlPlane,
+) {
+    let (mut c, nodes) = managed_cluster(cp, "nf").await;
+    let refs: Vec<&str> = nodes[..3].iter().map(String::as_str).collect();
+    c.extra_daemon_toml = format!(
+        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
+        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs)
+    );
+    c.env.push((
+        "KUBECONFIG".into(),
+        cp.service_account_kubeconfig("maintd", "maintd")
+            .display()
+            .to_string(),
+    ));
+    c.start_collectors();
+    c.wait_collectors_ready().await;
+    c.start_kube_daemon();
+    c.wait_api().await;
+    let victim = nodes[0].clone();
+    wait_for("the peers to hear the victim", || async {
+        let w = c.node(&victim).await["witnesses"].clone();
+        (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
+    })
+    .await;
+    use nix::sys::signal::{Signal, kill};
+    let pid = nix::unistd::Pid::from_raw(c.collectors[0].as_ref().unwrap().child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    cp.heartbeats.alive(&victim, false);
+    let f = c
+        .wait_flow("the release", |f| {
+            f["node"] == victim.as_str() && f["released"] == true
+        })
+        .await;
+    let (step, status) = nodefence_row(cp, &victim).expect("kubectl get nodefences shows it");
+    assert!(
+        ["power-management", "recovery"].contains(&step.as_str()) && status != "final",
+        "{step} {status}"
+    );
+    let nf: serde_json::Value = serde_json::from_str(&cp.kubectl_ok(&[
+        "get",
+        "nf",
+        "-l",
+        &format!("maintd.io/flow={}", f["id"].as_str().unwrap()),
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let st = &nf["items"][0]["status"];
+    assert_eq!(st["fenced"], true, "{nf:#}");
+    assert!(
+        st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "PoweredOff" && c["status"] == "True"),
+        "{nf:#}"
+    );
+    assert_eq!(st["jobs"][0]["action"], "off", "{nf:#}");
+
+    // The daemon dies and its database goes: the NodeFence alone carries the flow on.
+    c.kill_daemon();
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(c.path("state").join(f));
+    }
+    c.start_kube_daemon();
+    c.wait_api().await;
+    let again = c
+        .wait_flow("the resumed flow", |g| g["id"] == f["id"])
+        .await;
+    assert_eq!(again["released"], true, "{again:#}");
+    kill(pid, Signal::SIGCONT).unwrap();
+    cp.heartbeats.alive(&victim, true);
+    wait_recovered(cp, &c, &victim).await;
+    let all = c.get("/1/fences").await.1;
+    let mine = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["node"] == victim.as_str())
+        .count();
+    assert_eq!(mine, 1, "one flow, resumed, never a second: {all:#}");
+    assert_eq!(nodefence_row(cp, &victim).unwrap().1, "final");
+
+    // An operator fences a live node with kubectl.
+    let live = nodes[1].clone();
+    let manifest = c.path("manual.yaml");
+    std::fs::write(
+        &manifest,
+        format!("apiVersion: maintd.io/v1alpha1\nkind: NodeFence\nmetadata:\n  name: by-hand\nspec:\n  node: {live}\n"),
+    )
+    .unwrap();
+    cp.kubectl_ok(&["create", "-f", manifest.to_str().unwrap()]);
+    let m = c
+        .wait_flow("the operator's fence released", |g| {
+            g["node"] == live.as_str() && g["released"] == true
+        })
+        .await;
+    assert_eq!(m["witnesses"]["manual"], "NodeFence/by-hand", "{m:#}");
+    assert!(taints(cp, &live).contains("out-of-service"));
+    // Its collector never stopped: the next healthy report recovers it.
+    wait_recovered(cp, &c, &live).await;
+    let uid = cp.kubectl_ok(&["get", "nf", "by-hand", "-o", "jsonpath={.metadata.uid}"]);
+    assert_eq!(
+        m["id"],
+        uid.as_str(),
+        "the request became the flow in place"
+    );
+
+    // One for a node without fence configuration is refused, said in its status.
+    let other = nodes[3].clone();
+    std::fs::write(
+        &manifest,
+        format!("apiVersion: maintd.io/v1alpha1\nkind: NodeFence\nmetadata:\n  name: refused\nspec:\n  node: {other}\n"),
+    )
+    .unwrap();
+    cp.kubectl_ok(&["create", "-f", manifest.to_str().unwrap()]);
+    cp.wait_for("the refusal in the NodeFence's status", |cp| {
+        cp.kubectl_ok(&["get", "nf", "refused", "-o", "jsonpath={.status.message}"])
+            .contains("has no fence configuration")
+    })
+    .await;
+    let reason = cp.kubectl_ok(&[
+        "get",
+        "nf",
+        "refused",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Accepted\")].reason}",
+    ]);
+    assert_eq!(reason, "Refused");
+    assert!(!taints(cp, &other).contains("out-of-service"));
+    remove_nodes(cp, &mut c, &nodes);
 }
 
 /// The collector dies but the kubelet keeps renewing its Lease: the node runs, so its silent

@@ -85,6 +85,8 @@ pub enum Command {
     },
     /// Write a fresh cluster key (mode 0600) to the key file.
     Keygen,
+    /// Print the NodeFence CustomResourceDefinition (YAML), e.g. `maintd crd | kubectl apply -f -`.
+    Crd,
     /// Run the local diagnose and print the signed report envelope.
     Diagnose {
         /// Run once and print (the only mode).
@@ -373,6 +375,9 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 println!("removed {tag} from {node}");
             }
         },
+        Command::Crd => {
+            print!("{}", crate::cluster::kube::nodefence::crd_yaml());
+        }
         Command::Keygen => {
             let cfg = cli.load_config()?;
             Key::generate(&cfg.cluster.key_file)?;

@@ -22,7 +22,8 @@ use crate::members::NodeHealth;
 use crate::node::NodeConfig;
 use crate::parts::Shared;
 use crate::report::{Key, KeyError};
-use crate::store::{Store, StoreError};
+use crate::store::checkpoint::WithoutFlows;
+use crate::store::{FlowStore, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -95,18 +96,33 @@ pub async fn run(
                 .collect::<Result<Vec<_>, _>>()?;
             let watch = crate::members::NodeView::new(rules, cfg.kubernetes.node_interval);
             let le = cfg.kubernetes.leader_election.clone();
+            // With NodeFences the flows are shared by the objects themselves: the checkpoint
+            // carries the rest of the decision state only.
+            let (flows, state): (Arc<dyn FlowStore>, Arc<dyn crate::store::Checkpoint>) =
+                if cfg.kubernetes.nodefences {
+                    let fences = k.node_fences();
+                    fences.check_installed().await?;
+                    (Arc::new(fences), Arc::new(WithoutFlows(store.clone())))
+                } else {
+                    (store.clone(), store.clone())
+                };
             let leadership = if le.enabled {
-                Leadership::elected(k.clone(), le, store.clone())
+                Leadership::elected(k.clone(), le, state)
             } else {
-                Leadership::single(le.identity(), store.clone())
+                Leadership::single(le.identity(), state)
             };
-            let parts = (nodes, leadership, Some(Arc::new(watch)));
+            let parts = (nodes, leadership, Some(Arc::new(watch)), flows);
             run_with(&cfg, loaded, store, k, parts, lock, shutdown).await
         }
         Backend::Inventory => {
             let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
             let leadership = Leadership::single(cfg.host.clone(), store.clone());
-            let parts = (cfg.nodes.clone(), leadership, None);
+            let parts = (
+                cfg.nodes.clone(),
+                leadership,
+                None,
+                store.clone() as Arc<dyn FlowStore>,
+            );
             run_with(&cfg, loaded, store, inv, parts, lock, shutdown).await
         }
     }
@@ -134,11 +150,12 @@ fn warn_lost_database(cfg: &Config) {
 /// Each fenced node's plan, secrets loaded.
 type Plans = std::collections::BTreeMap<String, crate::fencing::config::FencePlan>;
 
-/// The managed nodes, who leads, and the node watch (Kubernetes).
+/// The managed nodes, who leads, the node watch (Kubernetes), and where fence flows live.
 type Membership = (
     Vec<NodeConfig>,
     Leadership,
     Option<Arc<crate::members::NodeView>>,
+    Arc<dyn FlowStore>,
 );
 
 /// Builds the parts with the production links and agents, serves the API, and stops it all
@@ -148,7 +165,7 @@ async fn run_with<C: Cluster>(
     (key, plans): (Key, Plans),
     store: Arc<Store>,
     cluster: Arc<C>,
-    (nodes, leadership, watch): Membership,
+    (nodes, leadership, watch, flows): Membership,
     _lock: lock::MasterLock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
@@ -168,7 +185,7 @@ async fn run_with<C: Cluster>(
     let deps = assembly::Deps {
         shared: Shared {
             health: Arc::new(NodeHealth::from_store(&store)),
-            flows: store.clone(),
+            flows,
             store,
             cluster,
             metrics: crate::metrics::Metrics::register(&mut registry),

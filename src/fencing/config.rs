@@ -49,6 +49,10 @@ pub struct FencingConfig {
     /// A node is not fenced again within this time after its last flow ended.
     #[serde(with = "humantime_serde")]
     pub cooldown: Duration,
+    /// Final flows are kept this long (for the API, `kubectl get nodefences` and the cooldown),
+    /// then deleted.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
     /// Global pause: no fence starts and no isolation or power step runs.
     pub paused: bool,
     /// How often a flow in error restarts from the beginning.
@@ -86,6 +90,7 @@ impl Default for FencingConfig {
             max_in_flight: 1,
             min_interval: Duration::ZERO,
             cooldown: Duration::from_secs(600),
+            retention: Duration::from_secs(7 * 24 * 3600),
             paused: false,
             max_restarts: 1,
             check_interval: Duration::from_secs(600),
@@ -413,6 +418,14 @@ impl FencingConfig {
                         secrets.push(v.clone());
                         params.insert(k.clone(), v);
                     }
+                    // An inline value secret by its name (an SNMP community, say) is redacted
+                    // like one read from a file.
+                    secrets.extend(
+                        params
+                            .iter()
+                            .filter(|(k, _)| crate::fencing::redact::secret_by_name(k))
+                            .map(|(_, v)| v.clone()),
+                    );
                     methods.push(Method {
                         name: format!("{}#{i}", m.template),
                         agent: t.agent.clone(),
@@ -517,6 +530,28 @@ methods = [{{ template = "ipmi" }}]
         assert!(
             !format!("{m:?}").contains("s3cret"),
             "secrets never show in Debug output"
+        );
+    }
+
+    /// An SNMP community given inline (as the README's switch example does) is redacted like a
+    /// password from a file: from agent output, and so from the log and the API.
+    #[test]
+    fn inline_values_secret_by_name_are_redacted() {
+        let c = cfg(r#"
+[fencing.templates.switch]
+agent = "fence_ifmib"
+params = { ip = "10.0.0.2", community = "private-c0mm", snmp_version = "2c" }
+[fencing.nodes.n1.power-management]
+methods = [{ template = "switch", params = { plug = "12" } }]
+"#);
+        let plans = c.fencing.plans(&["n1".into()]).unwrap();
+        assert!(plans["n1"].secrets().any(|s| s == "private-c0mm"));
+        let r = crate::fencing::redact::Redactor::new(plans["n1"].secrets().cloned());
+        let out = r.redact("snmpget -v2c -c private-c0mm 10.0.0.2 (community private-c0mm)");
+        assert!(!out.contains("private-c0mm"), "{out}");
+        assert!(
+            !r.redact("10.0.0.2 plug 12").contains("redacted"),
+            "only secrets go"
         );
     }
 

@@ -27,6 +27,7 @@ pub fn fence_failed_tag(id: &Uuid) -> String {
     Ord,
     strum::IntoStaticStr,
     strum::EnumString,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
@@ -55,6 +56,7 @@ impl Step {
     Deserialize,
     strum::IntoStaticStr,
     strum::EnumString,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
@@ -193,11 +195,33 @@ pub struct FenceState {
     pub opinions: BTreeMap<String, PeerOpinion>,
     /// Self-fencing nodes with a flow waiting for the proof of their reset.
     pub self_fence: BTreeMap<String, SelfFenceFacts>,
+    /// Fences operators asked for that have no flow yet, oldest first.
+    pub requests: Vec<FenceRequest>,
+}
+
+/// An operator's request to fence a node (on Kubernetes, a NodeFence object created with
+/// kubectl): once its gates pass it becomes a flow with the request's id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FenceRequest {
+    pub id: Uuid,
+    pub node: String,
+    /// Who asked, for the flow's witnesses and notes (as `NodeFence/web-3`).
+    pub by: String,
+    /// Why it was held last time, so an unchanged reason is not written again.
+    pub held: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum FenceAction {
+    /// Record a new flow (already at its first transition's status) and say why it started.
     Start(Flow),
+    /// An operator's request does not start now: `why` names the gate; a `refused` request
+    /// never will (no fence configuration, a flow already on the node).
+    Hold {
+        request: Uuid,
+        why: String,
+        refused: bool,
+    },
     /// Persist the flow as given (its history carries the new transition).
     Save(Flow),
     RunStep {
@@ -301,118 +325,35 @@ pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
     for f in &s.flows {
         advance(s, f, hold_power, now, &mut out);
     }
+    let mut gates = Gates {
+        in_flight: s
+            .flows
+            .iter()
+            .filter(|f| f.in_flight(s.policy.max_restarts))
+            .count(),
+        last_start: s.flows.iter().map(|f| f.created).max(),
+    };
+    let held = if storm {
+        Some(format!(
+            "fencing storm: {unreachable} of {total} nodes unreachable"
+        ))
+    } else if s.policy.paused {
+        Some("fencing is paused".to_string())
+    } else {
+        None
+    };
+    requested_flows(s, held, &mut gates, now, &mut out);
     if !hold_power {
-        start_flows(s, now, &mut out);
+        start_flows(s, &mut gates, now, &mut out);
     }
     out
 }
 
-fn start_flows(s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
-    let p = &s.policy;
-    let mut in_flight = s
-        .flows
-        .iter()
-        .filter(|f| f.in_flight(p.max_restarts))
-        .count();
-    let mut last_start = s.flows.iter().map(|f| f.created).max();
-    let mut candidates: Vec<(&String, Nanos)> = s
-        .liveness
-        .iter()
-        .filter(|(n, l)| !l.reachable && s.plans.contains_key(*n))
-        .filter_map(|(n, l)| l.unreachable_since.map(|t| (n, t)))
-        .filter(|(_, since)| now.saturating_sub(*since) >= p.grace)
-        .collect();
-    candidates.sort_by_key(|(n, since)| (*since, (*n).clone()));
-    for (node, since) in candidates {
-        let mine = s.flows.iter().filter(|f| &f.node == node);
-        let mut busy = false;
-        let mut cooling = false;
-        for f in mine {
-            if f.status != FenceStatus::Final {
-                busy = true;
-            } else if f.updated + p.cooldown > now {
-                cooling = true;
-            }
-        }
-        if busy || cooling {
-            continue;
-        }
-        if in_flight >= p.max_in_flight {
-            break;
-        }
-        if last_start.is_some_and(|t| now.saturating_sub(t) < p.min_interval) {
-            break;
-        }
-        let l = s.liveness.get(node).copied().unwrap_or_default();
-        let rule = s.rules.get(node).filter(|_| l.condition_fence).cloned();
-        // An operator's node-condition rule decides on its own; a silent collector needs its
-        // watchers' agreement.
-        let opinion = s.opinions.get(node).cloned().unwrap_or_default();
-        let agreed = match (&rule, &opinion) {
-            (Some(_), _) => Vec::new(),
-            (None, PeerOpinion::Lost { agreed }) => agreed.clone(),
-            (None, _) if p.second_opinion => continue,
-            (None, _) => Vec::new(),
-        };
-        let plan = &s.plans[node];
-        let step = plan.first_step();
-        let why = match &rule {
-            Some(r) => format!(
-                "node condition rule {r} holds for {:.1} s (grace {:.1} s){}",
-                now.saturating_sub(since) as f64 / 1e9,
-                p.grace as f64 / 1e9,
-                if l.probe_silent {
-                    "; the collector is silent too"
-                } else {
-                    "; the collector still answers"
-                }
-            ),
-            None => format!(
-                "collector silent for {:.1} s (grace {:.1} s){}",
-                now.saturating_sub(since) as f64 / 1e9,
-                p.grace as f64 / 1e9,
-                agreement(&agreed)
-            ),
-        };
-        let witnesses = Witnesses {
-            collector: l.probe_silent,
-            condition: rule,
-            peers: agreed,
-        };
-        let f = Flow::new(node, since, now, step, witnesses, why);
-        out.push(FenceAction::Start(f.clone()));
-        // Start the first step at once rather than a tick later.
-        let mut running = f.clone();
-        running.go(now, step, FenceStatus::Running, "attempt 1");
-        out.push(FenceAction::run_step(&running));
-        out.push(FenceAction::Save(running));
-        in_flight += 1;
-        last_start = Some(now);
-    }
-}
-
-/// `; lost by its watchers n2 (last heard 4.1 s before), n3 (never heard)`, for the flow's note.
-fn agreement(agreed: &[PeerWitness]) -> String {
-    if agreed.is_empty() {
-        return String::new();
-    }
-    let each: Vec<String> = agreed
-        .iter()
-        .map(|w| match w.last_heard {
-            Some(h) => format!(
-                "{} (last heard {:.1} s before its view)",
-                w.watcher,
-                w.view_at.saturating_sub(h) as f64 / 1e9
-            ),
-            None => format!("{} (never heard)", w.watcher),
-        })
-        .collect();
-    format!("; lost by its watchers {}", each.join(", "))
-}
-
 mod flow;
+mod start;
 mod transitions;
 pub use flow::{Call, CancelRefused, Flow, Transition, Witnesses};
+use start::{Gates, requested_flows, start_flows};
 use transitions::advance;
 
 #[cfg(test)]

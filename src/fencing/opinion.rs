@@ -29,7 +29,7 @@ pub struct Testimony {
 }
 
 /// A watcher that agreed the node is gone, recorded in the flow.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub struct PeerWitness {
     pub watcher: String,

@@ -242,10 +242,24 @@ impl<C: Cluster> Readiness<C> {
         self.board.clone()
     }
 
+    /// Every node's devices at once (bounded by `check-concurrency`).
+    async fn full_pass(self: &Arc<Self>) {
+        futures::stream::iter(self.plans.keys().cloned())
+            .map(|n| {
+                let me = self.clone();
+                async move { me.check(&n).await }
+            })
+            .buffer_unordered(self.settings.concurrency.max(1))
+            .collect::<Vec<()>>()
+            .await;
+    }
+
     /// Checks every node at once (bounded), then one node per `interval / nodes`, so each is
     /// checked once per interval and the devices are never asked all together again; self-fence
-    /// levels every `SELF_FENCE_EVERY`. Only the leader checks: a standby's checks would double
-    /// the load on the devices, and only the leader holds the nodes' views.
+    /// levels every `SELF_FENCE_EVERY`. The start-up pass runs on every replica, so readiness is
+    /// known while the election runs; after it only the leader checks (a standby's checks would
+    /// double the load on the devices, and only the leader holds the nodes' views), and a
+    /// replica that becomes leader checks every node again at once.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         if self.settings.interval.is_zero() || self.plans.is_empty() {
             return;
@@ -259,31 +273,34 @@ impl<C: Cluster> Readiness<C> {
             .map(|(n, _)| n.clone())
             .collect();
         let step = (self.settings.interval / nodes.len() as u32).max(Duration::from_millis(100));
-        let first = futures::stream::iter(nodes.clone())
-            .map(|n| {
-                let me = self.clone();
-                async move { me.check(&n).await }
-            })
-            .buffer_unordered(self.settings.concurrency.max(1))
-            .collect::<Vec<()>>();
         tokio::select! {
             biased;
             _ = &mut shutdown => return,
-            _ = first => {}
+            _ = self.full_pass() => {}
         }
         let tick = if self_fencing.is_empty() {
             step
         } else {
             step.min(SELF_FENCE_EVERY)
         };
-        let mut ticker = Ticker::new(tick);
+        let mut ticker = Ticker::new(tick).following(self.leadership.subscribe());
         // The ticker's first tick is immediate, and the start-up pass has just checked everyone.
         if ticker.next(shutdown.as_mut()).await.is_none() {
             return;
         }
         let mut next_power = tokio::time::Instant::now() + step;
         let mut order = nodes.iter().cycle();
-        while ticker.next(shutdown.as_mut()).await.is_some() {
+        while let Some(wake) = ticker.next(shutdown.as_mut()).await {
+            if wake == crate::ticker::Wake::Notified {
+                // A new term: this replica may have just become the leader.
+                if self.leadership.is_leader() {
+                    self.full_pass().await;
+                }
+                continue;
+            }
+            if !self.leadership.is_leader() {
+                continue;
+            }
             for n in &self_fencing {
                 self.check_watchdog(n).await;
             }
@@ -298,9 +315,6 @@ impl<C: Cluster> Readiness<C> {
 
     /// Checks every level of one node: its devices' status and its reported watchdog.
     async fn check(&self, node: &str) {
-        if !self.leadership.is_leader() {
-            return;
-        }
         let Some(plan) = self.plans.get(node) else {
             return;
         };
@@ -375,12 +389,17 @@ impl<C: Cluster> Readiness<C> {
             (_, FencingState::Inactive) => {
                 warn!(node = %node, detail = %check.detail, "fencing inactive: a configured fencing level fails its check");
                 let msg = format!("fencing inactive: {}", check.detail);
-                self.cluster
-                    .record(node, EventReason::FencingInactive, &msg, true)
-                    .await;
+                if self.leadership.is_leader() {
+                    self.cluster
+                        .record(node, EventReason::FencingInactive, &msg, true)
+                        .await;
+                }
             }
             (Some(_), FencingState::Active) => {
                 info!(node = %node, "fencing active again: every configured level answers its check");
+                if !self.leadership.is_leader() {
+                    return;
+                }
                 self.cluster
                     .record(
                         node,

@@ -16,6 +16,18 @@ static KEY_VALUE: LazyLock<Regex> = LazyLock::new(|| {
     )
     .expect("the pattern compiles")
 });
+/// A parameter name whose value is secret (`password`, `community`, `snmp_priv_passwd`…).
+static SECRET_NAME: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)passw(?:or)?d|passphrase|secret|token|community|priv_?key|_key$")
+        .expect("the pattern compiles")
+});
+
+/// Whether a parameter's value is secret by its name: such a value is redacted wherever it
+/// appears (agent output, the log, the API), however it was given.
+pub fn secret_by_name(k: &str) -> bool {
+    SECRET_NAME.is_match(k)
+}
+
 static FLAG_VALUE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"((?:^|\s)(?:-P|--password|--passwd|--community)\s+)(\S+)")
         .expect("the pattern compiles")

@@ -136,7 +136,7 @@ pub fn decide_feed(i: &FeedInputs, s: &FeedSettings) -> Feed {
 }
 
 /// What a node reports of its self-fencing (signed in its view), all in nanoseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub struct SelfFenceTimes {
     /// A watcher's echo counts for this long (and a peer unheard for this long is lost).

@@ -20,10 +20,23 @@ pub trait Checkpoint: Send + Sync + 'static {
 
 impl Checkpoint for Store {
     fn export(&self) -> Result<String> {
-        self.export_checkpoint()
+        self.export_checkpoint(true)
     }
     fn import(&self, text: &str) -> Result<()> {
-        self.import_checkpoint(text)
+        self.import_checkpoint(text, true)
+    }
+}
+
+/// The checkpoint without fence flows, for a backend that keeps them in objects of their own
+/// (NodeFences): a successor reads them there, and the checkpoint stays small.
+pub struct WithoutFlows(pub std::sync::Arc<Store>);
+
+impl Checkpoint for WithoutFlows {
+    fn export(&self) -> Result<String> {
+        self.0.export_checkpoint(false)
+    }
+    fn import(&self, text: &str) -> Result<()> {
+        self.0.import_checkpoint(text, false)
     }
 }
 
@@ -69,6 +82,15 @@ const CHECKPOINT: &[(&str, &str)] = &[
     ),
 ];
 
+/// The checkpoint's tables, with or without the fence flows.
+fn tables(
+    with_flows: bool,
+) -> impl DoubleEndedIterator<Item = &'static (&'static str, &'static str)> {
+    CHECKPOINT
+        .iter()
+        .filter(move |(t, _)| with_flows || *t != "fences")
+}
+
 fn sql_to_json(v: rusqlite::types::ValueRef<'_>) -> serde_json::Value {
     use rusqlite::types::ValueRef;
     match v {
@@ -83,11 +105,11 @@ fn sql_to_json(v: rusqlite::types::ValueRef<'_>) -> serde_json::Value {
 impl Store {
     /// The decision state (events, jobs, rounds, fence flows) as one JSON document, for the
     /// leader's checkpoint. Poll state stays per replica.
-    pub fn export_checkpoint(&self) -> Result<String> {
+    pub fn export_checkpoint(&self, with_flows: bool) -> Result<String> {
         let c = self.conn();
         let mut doc = serde_json::Map::new();
         doc.insert("schema".into(), (MIGRATIONS.len() as i64).into());
-        for (table, query) in CHECKPOINT {
+        for (table, query) in tables(with_flows) {
             let mut stmt = c.prepare_cached(query)?;
             let cols: Vec<String> = stmt.column_names().iter().map(|s| s.to_string()).collect();
             let mut rows = stmt.query([])?;
@@ -108,7 +130,7 @@ impl Store {
 
     /// Replaces the decision state with a checkpoint, in one transaction: a malformed one is
     /// refused as a whole and the state stays as it was.
-    pub fn import_checkpoint(&self, text: &str) -> Result<()> {
+    pub fn import_checkpoint(&self, text: &str, with_flows: bool) -> Result<()> {
         let bad = |m: String| StoreError::Corrupt(format!("checkpoint: {m}"));
         let doc: serde_json::Value =
             serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
@@ -123,10 +145,10 @@ impl Store {
         }
         let mut c = self.conn();
         let tx = c.transaction()?;
-        for table in ["jobs", "rounds", "events", "fences"] {
+        for (table, _) in tables(with_flows).rev() {
             tx.execute(&format!("DELETE FROM {table}"), [])?;
         }
-        for (table, _) in CHECKPOINT {
+        for (table, _) in tables(with_flows) {
             let t = &doc[*table];
             let known: BTreeSet<String> = tx
                 .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?

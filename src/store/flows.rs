@@ -3,8 +3,10 @@
 
 use super::*;
 
-#[cfg(test)]
-pub(crate) mod conformance;
+/// The suite every `FlowStore` passes; public so that the real-control-plane tests run it
+/// against NodeFences.
+#[doc(hidden)]
+pub mod conformance;
 
 /// Where fence flows live. The fencer decides from what it reads here on every tick and writes
 /// back each decision and each effect's outcome, so a second implementation (fence state kept
@@ -33,8 +35,34 @@ pub trait FlowStore: Send + Sync + 'static {
     /// Up to `limit` flows, newest first.
     async fn recent(&self, limit: usize) -> Result<Vec<Flow>>;
     async fn get(&self, id: &Uuid) -> Result<Option<Flow>>;
+    /// Deletes final flows that ended before `ended_before`; returns how many, so the store
+    /// of record never grows without bound.
+    async fn prune(&self, ended_before: Nanos) -> Result<usize>;
+    /// What operators asked for outside the API (on Kubernetes: NodeFence objects created,
+    /// deleted or annotated with kubectl). A store without such objects has none.
+    async fn requests(&self) -> Result<Requests> {
+        Ok(Requests::default())
+    }
+    /// Records why a request did not start (yet): its gate, or its refusal for good.
+    async fn hold(&self, _request: &Uuid, _why: &str, _refused: bool) -> Result<()> {
+        Ok(())
+    }
+    /// Whether every replica reads the same flows (cluster objects): a write is then shared
+    /// when it returns, with no checkpoint needed before an effect.
+    fn shared(&self) -> bool {
+        false
+    }
     /// Where the flows are, for error messages.
     fn location(&self) -> String;
+}
+
+/// Operators' requests found in the flow store.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Requests {
+    /// Fences to start, oldest first.
+    pub start: Vec<FenceRequest>,
+    /// Flows to cancel (the same rules as the API's cancel).
+    pub cancel: Vec<Uuid>,
 }
 
 #[async_trait::async_trait]
@@ -69,6 +97,12 @@ impl FlowStore for Store {
     async fn get(&self, id: &Uuid) -> Result<Option<Flow>> {
         self.flow(id)
     }
+    async fn prune(&self, ended_before: Nanos) -> Result<usize> {
+        Ok(self.conn().execute(
+            "DELETE FROM fences WHERE status = 'final' AND updated_ns < ?1",
+            [ended_before],
+        )?)
+    }
     fn location(&self) -> String {
         self.path().to_string()
     }
@@ -82,6 +116,21 @@ pub enum FenceCancel {
     Final,
     PoweredOff,
     AlreadyCanceled,
+}
+
+impl FenceCancel {
+    /// What the cancel did, or why it was refused, for the log and the flow's record.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            FenceCancel::Canceled(_) => "canceled",
+            FenceCancel::NotFound => "no such fence flow",
+            FenceCancel::Final => "the flow is already final",
+            FenceCancel::PoweredOff => {
+                "the node is already powered off; only its recovery returns it to service"
+            }
+            FenceCancel::AlreadyCanceled => "already canceled",
+        }
+    }
 }
 
 /// Which executor-written outcome of a flow to set; also the key of an effect in progress (one

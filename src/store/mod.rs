@@ -12,7 +12,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::fencing::machine::{Call, Flow};
+use crate::fencing::machine::{Call, FenceRequest, Flow};
 use crate::repair::{
     Action, Event, Job, JobKind, JobSpec, JobStatus, Policy, RepairStatus, State, reason_trail,
 };
@@ -21,7 +21,7 @@ use crate::verdict::Nanos;
 use crate::verdict::Outcome;
 use crate::verdict::Status;
 
-mod checkpoint;
+pub mod checkpoint;
 mod events;
 mod flows;
 mod inventory;
@@ -31,7 +31,9 @@ mod tests;
 
 pub use checkpoint::Checkpoint;
 pub use events::CancelOutcome;
-pub use flows::{FenceCancel, FlowOutcome, FlowStore};
+#[doc(hidden)]
+pub(crate) use flows::conformance as flow_conformance;
+pub use flows::{FenceCancel, FlowOutcome, FlowStore, Requests};
 pub use nodes::{NodeRow, NodeUpdate};
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +54,9 @@ pub enum StoreError {
     Integrity { path: String, detail: String },
     #[error("state database has schema version {found}, newer than this maintd ({known})")]
     TooNew { found: i64, known: i64 },
+    /// A store kept in cluster objects (NodeFences) failed or refused a request.
+    #[error("{what}: {detail}")]
+    Remote { what: String, detail: String },
 }
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;

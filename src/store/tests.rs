@@ -76,9 +76,9 @@ fn a_checkpoint_carries_the_decision_state_and_a_bad_one_changes_nothing() {
         &obs("n1", r#"{"status":"evacuate","details":{"x":[1,2.5]}}"#),
         100,
     );
-    let text = leader.export_checkpoint().unwrap();
+    let text = leader.export_checkpoint(true).unwrap();
     let standby = Store::open_in_memory().unwrap();
-    standby.import_checkpoint(&text).unwrap();
+    standby.import_checkpoint(&text, true).unwrap();
     let (a, b) = (
         leader.events_with_jobs().unwrap(),
         standby.events_with_jobs().unwrap(),
@@ -89,7 +89,7 @@ fn a_checkpoint_carries_the_decision_state_and_a_bad_one_changes_nothing() {
         .unwrap();
     assert_eq!(state.round_running, Some(1), "the running job came along");
     // Importing again replaces rather than duplicates.
-    standby.import_checkpoint(&text).unwrap();
+    standby.import_checkpoint(&text, true).unwrap();
     assert_eq!(standby.events_with_jobs().unwrap().len(), 1);
 
     let mut wrong_column: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -105,7 +105,10 @@ fn a_checkpoint_carries_the_decision_state_and_a_bad_one_changes_nothing() {
         (odd_value.to_string(), "unexpected value"),
         (r#"{"schema": 99}"#.to_string(), "newer than this maintd"),
     ] {
-        let err = standby.import_checkpoint(&bad).unwrap_err().to_string();
+        let err = standby
+            .import_checkpoint(&bad, true)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(why), "{why}: {err}");
         assert_eq!(
             standby.events_with_jobs().unwrap(),

@@ -342,6 +342,13 @@ impl ControlPlane {
                 .success()
         })
         .await;
+        // maintd's CRD, as deploy/ ships it: NodeFences are the fence flows' record.
+        let crd = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml");
+        cp.kubectl_ok(&["apply", "-f", crd]);
+        cp.wait_for("the NodeFence CRD", |cp| {
+            cp.kubectl(&["get", "nodefences"]).status.success()
+        })
+        .await;
         cp.tasks.push(tokio::spawn(heartbeat_loop(
             cp.client.clone(),
             cp.heartbeats.clone(),

@@ -34,6 +34,10 @@ pub struct KubeConfig {
     /// Node-condition rules, checked in order.
     pub conditions: Vec<ConditionRuleConfig>,
     pub leader_election: LeaderElectionConfig,
+    /// Fence flows are NodeFence objects (`maintd.io/v1alpha1`, the CRD in `deploy/crd.yaml`):
+    /// visible with kubectl, triggerable and cancelable with it, and resumed by any leader from
+    /// the objects alone. `false` keeps them in the local database and the state checkpoint.
+    pub nodefences: bool,
     /// This replica's host name, as Events report it (resolved at load).
     #[serde(skip)]
     pub instance: String,
@@ -185,6 +189,7 @@ impl Default for KubeConfig {
             max_disruptions: 1,
             conditions: vec![],
             leader_election: LeaderElectionConfig::default(),
+            nodefences: true,
             instance: String::new(),
         }
     }

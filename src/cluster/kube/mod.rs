@@ -11,10 +11,13 @@ pub mod cache;
 mod config;
 mod drain;
 mod election;
+mod fences;
+pub mod nodefence;
 mod nodes;
 mod snapshot;
 
 pub use config::{ConditionRuleConfig, KubeConfig, KubeConfigError, LeaderElectionConfig};
+pub use fences::{NodeFences, conformance as nodefence_conformance};
 pub use nodes::{OFFLINE_TAINT, OUT_OF_SERVICE, TaintEffect, label_to_tag, tag_to_label};
 pub use snapshot::{quantity, snapshot};
 

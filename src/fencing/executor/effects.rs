@@ -60,10 +60,36 @@ impl<C: Cluster> Fencer<C> {
         let flows = &self.shared.flows;
         match a {
             FenceAction::Start(f) => {
-                info!(flow = %f.id, node = %f.node, "fence flow started");
+                // The first note says why the node is fenced: the rule, the witnesses or the
+                // operator's request.
+                let why = f
+                    .history
+                    .first()
+                    .map(|t| t.note.clone())
+                    .unwrap_or_default();
+                info!(flow = %f.id, node = %f.node, why = %why, "fence flow started");
                 self.shared.metrics.fences_started.inc();
-                if let Err(e) = flows.insert(&f).await {
-                    error!(error = %e, at = %flows.location(), "cannot record a new fence flow");
+                match flows.insert(&f).await {
+                    Ok(()) => {
+                        let msg = format!("{} started: {why}", crate::tags::reference(&f.id));
+                        self.shared
+                            .cluster
+                            .record(&f.node, EventReason::Fence, &msg, true)
+                            .await;
+                    }
+                    Err(e) => {
+                        error!(error = %e, at = %flows.location(), "cannot record a new fence flow")
+                    }
+                }
+            }
+            FenceAction::Hold {
+                request,
+                why,
+                refused,
+            } => {
+                info!(request = %request, refused, why = %why, "operator's fence request held");
+                if let Err(e) = flows.hold(&request, &why, refused).await {
+                    warn!(error = %e, at = %flows.location(), "cannot record why a fence request waits");
                 }
             }
             FenceAction::Save(f) => self.save(f).await,

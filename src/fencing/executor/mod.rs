@@ -45,6 +45,8 @@ pub struct FencerSettings {
     pub patience: (Duration, Duration),
     /// Unanswered probes in a row that make a collector silent.
     pub misses: u32,
+    /// How long final flows are kept.
+    pub retention: Duration,
 }
 
 impl FencerSettings {
@@ -65,6 +67,7 @@ impl FencerSettings {
             interval: f.liveness_interval,
             patience: (f.liveness_timeout, f.liveness_timeout_max),
             misses: f.liveness_misses.max(1),
+            retention: f.retention,
         }
     }
 }
@@ -85,6 +88,8 @@ pub struct Fencer<C: Cluster> {
     effects: effects::Effects,
     /// The last tick held by a storm (for the log line at its start and the storm-time counter).
     storm_tick: Mutex<Option<Nanos>>,
+    /// When final flows past their retention were last deleted.
+    pruned: Mutex<Option<Nanos>>,
 }
 
 impl<C: Cluster> Fencer<C> {
@@ -111,6 +116,7 @@ impl<C: Cluster> Fencer<C> {
             witnesses: witnesses::Renewals::default(),
             effects: effects::Effects::default(),
             storm_tick: Mutex::new(None),
+            pruned: Mutex::new(None),
         }
     }
 
@@ -172,6 +178,7 @@ impl<C: Cluster> Fencer<C> {
                 return;
             }
         };
+        self.shared.metrics.count_flows(&flows);
         let tags = match self.shared.cluster.tags().await {
             Ok(t) => t,
             Err(e) => {
@@ -179,6 +186,7 @@ impl<C: Cluster> Fencer<C> {
                 return;
             }
         };
+        let requests = self.requests(now).await;
         let (liveness, rules) = self.liveness(now);
         let opinions = self.opinions(&liveness, now);
         self.report_partitions(&opinions).await;
@@ -205,6 +213,7 @@ impl<C: Cluster> Fencer<C> {
             plans: self.summaries.clone(),
             tags,
             policy,
+            requests,
         };
         let actions = decide_fencing(&state, now);
         let metrics = &self.shared.metrics;
@@ -223,7 +232,10 @@ impl<C: Cluster> Fencer<C> {
         let (records, effects): (Vec<_>, Vec<_>) = actions.into_iter().partition(|a| {
             matches!(
                 a,
-                FenceAction::Start(_) | FenceAction::Save(_) | FenceAction::Storm { .. }
+                FenceAction::Start(_)
+                    | FenceAction::Save(_)
+                    | FenceAction::Storm { .. }
+                    | FenceAction::Hold { .. }
             )
         });
         let mut storm = None;
@@ -235,7 +247,9 @@ impl<C: Cluster> Fencer<C> {
                 other => self.execute(other).await,
             }
         }
+        // Flows kept in shared objects (NodeFences) are already shared by their own write.
         if !effects.is_empty()
+            && !store.shared()
             && let Err(e) = self.shared.leadership.checkpoint().await
         {
             self.shared
@@ -247,6 +261,7 @@ impl<C: Cluster> Fencer<C> {
             self.execute(a).await;
         }
         self.count_storm(storm, now);
+        self.prune(now).await;
         if moved {
             if let Err(e) = self.shared.leadership.checkpoint().await {
                 warn!(error = %e, "state checkpoint failed; retried on the next change");
@@ -255,6 +270,54 @@ impl<C: Cluster> Fencer<C> {
             // again now rather than a liveness interval later. Each save moves a flow forward,
             // so this settles.
             self.wake.notify_one();
+        }
+    }
+
+    /// Operators' requests from the flow store (leader only): cancels are carried out at once
+    /// with the API's rules; fences to start go to the machine with the rest.
+    async fn requests(&self, now: Nanos) -> Vec<crate::fencing::machine::FenceRequest> {
+        if !self.shared.leadership.is_leader() {
+            return Vec::new();
+        }
+        let store = &self.shared.flows;
+        let r = match store.requests().await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, at = %store.location(), "cannot read operators' fence requests");
+                return Vec::new();
+            }
+        };
+        for id in r.cancel {
+            match store.cancel(&id, now).await {
+                Ok(c) => {
+                    info!(flow = %id, outcome = c.describe(), "operator's cancel of a fence flow")
+                }
+                Err(e) => warn!(flow = %id, error = %e, "cannot cancel a fence flow"),
+            }
+        }
+        r.start
+    }
+
+    /// Deletes final flows past their retention, once a minute at most.
+    async fn prune(&self, now: Nanos) {
+        {
+            let mut last = self.pruned.lock_unpoisoned();
+            if last.is_some_and(|t| now.saturating_sub(t) < 60_000_000_000) {
+                return;
+            }
+            *last = Some(now);
+        }
+        let store = &self.shared.flows;
+        match store
+            .prune(now.saturating_sub(ns(self.settings.retention)))
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => info!(
+                deleted = n,
+                "final fence flows past their retention deleted"
+            ),
+            Err(e) => warn!(error = %e, at = %store.location(), "cannot delete old fence flows"),
         }
     }
 

@@ -163,10 +163,13 @@ impl<C: Cluster> Fencer<C> {
             let msg = format!(
                 "maintd cannot reach the collector, but its watchers {hearers} still hear the node: partitioned from the master, not fenced"
             );
-            self.shared
-                .cluster
-                .record(&node, EventReason::Partitioned, &msg, true)
-                .await;
+            // Only the leader writes Events: a standby's would duplicate them.
+            if self.shared.leadership.is_leader() {
+                self.shared
+                    .cluster
+                    .record(&node, EventReason::Partitioned, &msg, true)
+                    .await;
+            }
         }
         for node in ended {
             info!(node = %node, "node no longer partitioned from the master");
@@ -176,10 +179,12 @@ impl<C: Cluster> Fencer<C> {
                 .get_or_create(&NodeLabel { node: node.clone() })
                 .set(0);
             let msg = "maintd reaches the collector again, or its watchers lost it too";
-            self.shared
-                .cluster
-                .record(&node, EventReason::PartitionEnded, msg, false)
-                .await;
+            if self.shared.leadership.is_leader() {
+                self.shared
+                    .cluster
+                    .record(&node, EventReason::PartitionEnded, msg, false)
+                    .await;
+            }
         }
     }
 }

@@ -5,7 +5,7 @@ use super::*;
 
 const FLOW_NAMESPACE: Uuid = Uuid::from_u128(0x6d61_696e_7464_4665_6e63_6500_0000_0001);
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Transition {
     pub at: Nanos,
     pub step: Step,
@@ -14,7 +14,7 @@ pub struct Transition {
 }
 
 /// One agent call, as recorded for the API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Call {
     pub at: Nanos,
     pub step: Step,
@@ -95,7 +95,7 @@ pub enum CancelRefused {
 }
 
 /// The witnesses that declared a node dead.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub struct Witnesses {
     /// The collector stopped answering the liveness probe.
@@ -105,6 +105,11 @@ pub struct Witnesses {
     /// The watchers that had lost the node too (the second opinion), each with its view.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<PeerWitness>,
+    /// An operator asked for this fence (the request's name, as `NodeFence/web-3`): the node
+    /// may well be alive, so only a cancel stands the flow down before the power-off, and it
+    /// returns to service only on a healthy report diagnosed after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manual: Option<String>,
 }
 
 impl Witnesses {
@@ -114,13 +119,14 @@ impl Witnesses {
             collector: true,
             condition: None,
             peers: Vec::new(),
+            manual: None,
         }
     }
 
     /// Whether every witness is healthy again after the power-off at `fenced_at`: a healthy
     /// report diagnosed after it for the collector, the rule no longer holding for a condition.
     pub(super) fn recovered(&self, l: &Liveness, fenced_at: Option<Nanos>) -> bool {
-        let collector = !self.collector
+        let collector = !(self.collector || self.manual.is_some())
             || l.healthy_at
                 .zip(fenced_at)
                 .is_some_and(|(h, t)| h > t && !l.probe_silent);
@@ -130,6 +136,12 @@ impl Witnesses {
 }
 
 impl Flow {
+    /// Whether the node's answer stands the flow down before the power-off: not for an
+    /// operator's fence, which asked for a node that may well answer.
+    pub(super) fn yields_to_answer(&self) -> bool {
+        self.witnesses.manual.is_none()
+    }
+
     /// A new flow for `node`, silent since `detected`, starting at `step` (its id is derived
     /// from the node and the moment, so a decision made twice names the same flow).
     pub fn new(

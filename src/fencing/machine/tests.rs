@@ -78,6 +78,7 @@ fn state() -> FenceState {
         rules: BTreeMap::new(),
         opinions: BTreeMap::new(),
         self_fence: BTreeMap::new(),
+        requests: vec![],
     }
 }
 
@@ -90,11 +91,12 @@ fn started(a: &[FenceAction]) -> Vec<Flow> {
         .collect()
 }
 
+/// The flow as last recorded (a start records it at its first step's attempt).
 fn saved(a: &[FenceAction]) -> Flow {
     a.iter()
         .rev()
         .find_map(|x| match x {
-            FenceAction::Save(f) => Some(f.clone()),
+            FenceAction::Save(f) | FenceAction::Start(f) => Some(f.clone()),
             _ => None,
         })
         .expect("a saved flow")
@@ -415,6 +417,7 @@ fn a_condition_fence_recovers_only_once_the_condition_clears_and_says_which_rule
             collector: false,
             condition: Some("Ready=Unknown for 5s".into()),
             peers: vec![],
+            manual: None,
         }
     );
     let note = &f.history[0].note;
@@ -780,5 +783,150 @@ mod self_fencing {
                 }
             }
         }
+    }
+}
+
+mod requests {
+    use super::*;
+
+    fn request(node: &str, n: u128) -> FenceRequest {
+        FenceRequest {
+            id: Uuid::from_u128(n),
+            node: node.into(),
+            by: format!("NodeFence/{node}-manual"),
+            held: None,
+        }
+    }
+
+    fn holds(a: &[FenceAction]) -> Vec<(Uuid, String, bool)> {
+        a.iter()
+            .filter_map(|x| match x {
+                FenceAction::Hold {
+                    request,
+                    why,
+                    refused,
+                } => Some((*request, why.clone(), *refused)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// An operator's fence of a live node runs the whole flow: the node's answers never stand
+    /// it down, only a cancel does, and it returns only on a healthy report after the off.
+    #[test]
+    fn a_request_fences_a_live_node_and_only_a_cancel_or_proof_of_health_ends_it() {
+        let mut s = state();
+        s.requests = vec![request("n2", 9)];
+        let a = decide_fencing(&s, T0);
+        let f = &started(&a)[0];
+        assert_eq!(f.id, Uuid::from_u128(9), "the flow takes the request's id");
+        assert_eq!(f.node, "n2");
+        assert_eq!(f.status, FenceStatus::Running);
+        assert_eq!(f.witnesses.manual.as_deref(), Some("NodeFence/n2-manual"));
+        assert!(f.history[0].note.contains("requested by an operator"));
+        assert_eq!(runs(&a), [Step::PowerManagement]);
+        s.requests.clear();
+
+        // The node answers throughout: the power-off still goes on.
+        let mut f = saved(&tick(&mut s, &with_result(f, false), T0 + S));
+        assert_eq!(f.status, FenceStatus::New, "a retry, not a stand-down");
+        f = saved(&tick(&mut s, &f, T0 + 3 * S));
+        assert_eq!(f.status, FenceStatus::Running);
+        let off = saved(&tick(&mut s, &with_result(&f, true), T0 + 4 * S));
+        assert!(off.fenced);
+        // Released, then recovery waits for a healthy report diagnosed after the power-off.
+        let mut r = off.clone();
+        r.released = true;
+        r = saved(&tick(&mut s, &r, T0 + 5 * S));
+        assert_eq!((r.step, r.status), (Step::Recovery, FenceStatus::New));
+        let mut l = up();
+        l.healthy_at = Some(T0 + 2 * S);
+        s.liveness.insert("n2".into(), l);
+        assert!(
+            runs(&tick(&mut s, &r, T0 + 6 * S)).is_empty(),
+            "a report from before the off proves nothing"
+        );
+        l.healthy_at = Some(T0 + 6 * S);
+        s.liveness.insert("n2".into(), l);
+        assert_eq!(runs(&tick(&mut s, &r, T0 + 7 * S)), [Step::Recovery]);
+
+        // A cancel before the power-off does stand it down.
+        let mut s = state();
+        s.requests = vec![request("n2", 10)];
+        let mut f = started(&decide_fencing(&s, T0))[0].clone();
+        s.requests.clear();
+        f = saved(&tick(&mut s, &with_result(&f, false), T0 + S));
+        f.cancel(T0 + 2 * S).unwrap();
+        let end = saved(&tick(&mut s, &f, T0 + 3 * S));
+        assert_eq!(end.status, FenceStatus::Final);
+    }
+
+    /// Requests pass the gates automatic flows pass; the reason is written once per change, and
+    /// a request that can never run is refused for good.
+    #[test]
+    fn requests_wait_at_every_gate_and_are_refused_when_they_can_never_run() {
+        let mut s = state();
+        s.requests = vec![request("n7", 1)];
+        assert_eq!(
+            holds(&decide_fencing(&s, T0)),
+            [(
+                Uuid::from_u128(1),
+                "n7 has no fence configuration".to_string(),
+                true
+            )]
+        );
+        s.plans.insert(
+            "n7".into(),
+            PlanSummary {
+                power_management: None,
+                self_fence: true,
+                ..plan(false)
+            },
+        );
+        let h = holds(&decide_fencing(&s, T0));
+        assert!(h[0].2 && h[0].1.contains("watchdog"), "{h:?}");
+
+        s.requests = vec![request("n1", 2)];
+        s.policy.paused = true;
+        let h = holds(&decide_fencing(&s, T0));
+        assert_eq!(
+            h,
+            [(Uuid::from_u128(2), "fencing is paused".to_string(), false)]
+        );
+        assert!(started(&decide_fencing(&s, T0)).is_empty());
+        // The same reason, already recorded, is not written again.
+        s.requests[0].held = Some("fencing is paused".into());
+        assert!(holds(&decide_fencing(&s, T0)).is_empty());
+        s.policy.paused = false;
+
+        for i in 4..8 {
+            s.liveness.insert(format!("n{i}"), down(T0));
+        }
+        let h = holds(&decide_fencing(&s, T0 + S));
+        assert!(
+            h[0].1.starts_with("fencing storm: 4 of 10") && !h[0].2,
+            "{h:?}"
+        );
+        for i in 4..8 {
+            s.liveness.insert(format!("n{i}"), up());
+        }
+
+        // One flow in flight already (the cap is 1): the request waits, then starts.
+        let mut other = state();
+        other.liveness.insert("n3".into(), down(T0));
+        let running = started(&decide_fencing(&other, T0 + 5 * S))[0].clone();
+        s.flows = vec![running.clone()];
+        let h = holds(&decide_fencing(&s, T0 + 6 * S));
+        assert!(h[0].1.contains("max-in-flight 1") && !h[0].2, "{h:?}");
+        // A flow already on the node refuses the request: the node is being fenced.
+        s.requests = vec![request("n3", 3)];
+        let h = holds(&decide_fencing(&s, T0 + 6 * S));
+        assert!(h[0].1.contains("already runs on n3") && h[0].2, "{h:?}");
+        s.flows.clear();
+        s.requests = vec![request("n1", 2)];
+        assert_eq!(
+            started(&decide_fencing(&s, T0 + 6 * S))[0].id,
+            Uuid::from_u128(2)
+        );
     }
 }

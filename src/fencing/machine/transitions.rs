@@ -199,7 +199,7 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
     } = *c;
     let mut n = f.clone();
     let power_step = f.step != Step::Recovery;
-    if power_step && !f.fenced && (l.answered || f.canceled) {
+    if power_step && !f.fenced && ((l.answered && f.yields_to_answer()) || f.canceled) {
         let why = if f.canceled {
             "canceled before power-off"
         } else {
@@ -239,7 +239,7 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
 fn isolated(c: &Ctx, out: &mut Vec<FenceAction>) {
     let Ctx { f, l, now, .. } = *c;
     let mut n = f.clone();
-    if l.answered || f.canceled {
+    if (l.answered && f.yields_to_answer()) || f.canceled {
         n.go(
             now,
             Step::Recovery,
@@ -315,7 +315,7 @@ fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
         ..
     } = *c;
     let mut n = f.clone();
-    if l.answered || f.canceled {
+    if (l.answered && f.yields_to_answer()) || f.canceled {
         let why = if f.canceled {
             "canceled before its safe time"
         } else {

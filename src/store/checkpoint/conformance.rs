@@ -45,6 +45,7 @@ fn the_sqlite_store_passes_the_suite() {
         collector: true,
         condition: None,
         peers: Vec::new(),
+        manual: None,
     };
     let f = Flow::new(
         "node1",
@@ -57,4 +58,45 @@ fn the_sqlite_store_passes_the_suite() {
     leader.insert_flow(&f).unwrap();
     let standby = crate::store::Store::open_in_memory().unwrap();
     suite(&leader, &standby);
+}
+
+/// Without flows (they live in NodeFences), the checkpoint passes the same suite, carries no
+/// flow, and an import leaves the successor's own flow table alone.
+#[test]
+fn the_flowless_checkpoint_passes_the_suite_and_leaves_flows_alone() {
+    use crate::fencing::machine::{Flow, Step, Witnesses};
+    use crate::store::checkpoint::WithoutFlows;
+    use std::sync::Arc;
+    let f = Flow::new(
+        "node1",
+        1,
+        5_000_000_000,
+        Step::PowerManagement,
+        Witnesses::default(),
+        "silent",
+    );
+    let leader = Arc::new(crate::store::Store::open_in_memory().unwrap());
+    leader.insert_flow(&f).unwrap();
+    // Some decision state besides the flow: a round.
+    leader
+        .conn()
+        .execute("INSERT INTO rounds (id, started_ns) VALUES (1, 5)", [])
+        .unwrap();
+    let standby = Arc::new(crate::store::Store::open_in_memory().unwrap());
+    let other = Flow::new(
+        "node2",
+        1,
+        6_000_000_000,
+        Step::PowerManagement,
+        Witnesses::default(),
+        "x",
+    );
+    standby.insert_flow(&other).unwrap();
+    let text = WithoutFlows(leader.clone()).export().unwrap();
+    assert!(!text.contains("fences"), "{text}");
+    suite(&WithoutFlows(leader), &WithoutFlows(standby.clone()));
+    assert!(
+        standby.flow(&other.id).unwrap().is_some(),
+        "the successor's flows stay"
+    );
 }

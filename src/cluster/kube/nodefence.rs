@@ -1,0 +1,428 @@
+//! The NodeFence custom resource (`maintd.io/v1alpha1`, cluster-scoped): one object per fence
+//! flow, so that `kubectl get nodefences` shows every fence and an operator can create one to
+//! fence a node or delete or annotate one to cancel it. Its schema is derived from these types;
+//! this module also maps a flow to the object's status and back.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::fencing::machine::{Call, FenceStatus, Flow, Step, Transition, Witnesses};
+use crate::fencing::selffence::SelfFenceTimes;
+use crate::verdict::{Nanos, Outcome};
+
+/// The API group of maintd's own resources: never `*.k8s.io`, which needs API review.
+pub const GROUP: &str = "maintd.io";
+/// Label naming the flow an object records (absent on an operator's request not yet started).
+pub const FLOW_LABEL: &str = "maintd.io/flow";
+/// Finalizer on every flow's object until the flow is final: a delete before then is an
+/// operator's cancel, which maintd must see and answer, not a record lost.
+pub const FINALIZER: &str = "maintd.io/fence";
+/// Annotation an operator sets (any value) to cancel a flow before the power-off.
+pub const CANCEL_ANNOTATION: &str = "maintd.io/cancel";
+
+/// A fence of one node, as maintd runs it or as an operator asks for it.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "maintd.io",
+    version = "v1alpha1",
+    kind = "NodeFence",
+    plural = "nodefences",
+    shortname = "nf",
+    category = "maintd",
+    status = "NodeFenceStatus",
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.node"}"#,
+    printcolumn = r#"{"name":"Step","type":"string","jsonPath":".status.step"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.message"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFenceSpec {
+    /// The Node to fence.
+    pub node: String,
+}
+
+/// The flow's record: written by maintd before every effect, read back by any later leader.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFenceStatus {
+    /// The flow's id (an operator's request takes the object's uid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<Step>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<FenceStatus>,
+    /// Failed attempts of the current step, and restarts of the whole flow.
+    #[serde(default)]
+    pub retries: u32,
+    #[serde(default)]
+    pub restarts: u32,
+    /// Why a request waits or was refused, else the flow's latest note.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The fence agent calls: method, action, result, times.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<Call>,
+    /// What declared the node dead (or the operator who asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub witnesses: Option<Witnesses>,
+    /// Proof of the power-off (the verified `status` read OFF) or of a self-fencing reset.
+    #[serde(default)]
+    pub fenced: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced_at: Option<String>,
+    /// A self-fencing node has reset by this moment (an estimate until `safeProven`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_until: Option<String>,
+    #[serde(default)]
+    pub safe_proven: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_time_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_fence_times: Option<SelfFenceTimes>,
+    #[serde(default)]
+    pub isolated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolated_at: Option<String>,
+    #[serde(default)]
+    pub released: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<String>,
+    #[serde(default)]
+    pub reclaimed: bool,
+    #[serde(default)]
+    pub canceled: bool,
+    #[serde(default)]
+    pub marked: bool,
+    /// The node carries the flow's fencefailed tag.
+    #[serde(default)]
+    pub tagged: bool,
+    /// Outcomes the executor recorded and the next decision reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Outcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_result: Option<Outcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_result: Option<Outcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detected: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Transition>,
+    /// `Accepted`, `PoweredOff`, `Released`, `Canceled`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<FenceCondition>,
+}
+
+/// A standard condition (type, status, reason, message, lastTransitionTime).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// True, False or Unknown.
+    pub status: String,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    pub last_transition_time: String,
+}
+
+/// The CRD as YAML, for `maintd crd` and `deploy/crd.yaml`.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let yaml = serde_yaml_ng::to_string(&NodeFence::crd()).expect("the CRD serializes");
+    format!("# Generated by `maintd crd` from maintd's own types; a test keeps it in step.\n{yaml}")
+}
+
+/// A time as the status shows it: RFC 3339 in UTC, to the nanosecond (lossless).
+pub fn time(t: Nanos) -> String {
+    k8s_openapi::jiff::Timestamp::from_nanosecond(t as i128)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| t.to_string())
+}
+
+fn parse_time(field: &str, s: &Option<String>) -> Result<Option<Nanos>, String> {
+    s.as_deref()
+        .map(|s| {
+            s.parse::<k8s_openapi::jiff::Timestamp>()
+                .map(|t| t.as_nanosecond() as Nanos)
+                .map_err(|e| format!("status.{field} {s:?} is not an RFC 3339 time: {e}"))
+        })
+        .transpose()
+}
+
+/// The flow id an object records: its label, else (an operator's request) its uid.
+pub fn flow_id(nf: &NodeFence) -> Option<Uuid> {
+    let labelled = nf
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(FLOW_LABEL))
+        .and_then(|v| v.parse().ok());
+    labelled.or_else(|| nf.metadata.uid.as_deref().and_then(|u| u.parse().ok()))
+}
+
+/// The object's name for a new flow: the node and the id's first eight hex digits, within the
+/// 253 characters of a name.
+pub fn name_for(f: &Flow) -> String {
+    let id = f.id.simple().to_string();
+    let node: String = f.node.chars().take(240).collect();
+    format!("{node}-{}", &id[..8])
+}
+
+/// The status recording `f`; conditions carry over their transition times from `old`.
+pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
+    let now = time(f.updated);
+    let mut conditions = old.map(|o| o.conditions.clone()).unwrap_or_default();
+    let (off_reason, off_msg) = if f.fenced {
+        if f.step == Step::SelfFence || f.safe_proven {
+            ("ResetProven", "the node's watchdog reset is proven")
+        } else {
+            ("Verified", "power-off verified by the agents' status")
+        }
+    } else {
+        ("NotYet", "the node has not been powered off")
+    };
+    set_condition(
+        &mut conditions,
+        "Accepted",
+        true,
+        "Started",
+        "the flow runs",
+        &now,
+    );
+    set_condition(
+        &mut conditions,
+        "PoweredOff",
+        f.fenced,
+        off_reason,
+        off_msg,
+        &now,
+    );
+    let (rel_reason, rel_msg) = if f.released {
+        (
+            "Released",
+            "workloads released after the verified power-off",
+        )
+    } else {
+        (
+            "NotReleased",
+            "workloads are released only after a verified power-off",
+        )
+    };
+    set_condition(
+        &mut conditions,
+        "Released",
+        f.released,
+        rel_reason,
+        rel_msg,
+        &now,
+    );
+    if f.canceled {
+        set_condition(
+            &mut conditions,
+            "Canceled",
+            true,
+            "Canceled",
+            "canceled by an operator",
+            &now,
+        );
+    }
+    NodeFenceStatus {
+        flow: Some(f.id.to_string()),
+        step: Some(f.step),
+        status: Some(f.status),
+        retries: f.retries,
+        restarts: f.restarts,
+        message: f
+            .history
+            .last()
+            .map(|t| t.note.chars().take(1024).collect()),
+        jobs: f.calls.clone(),
+        witnesses: Some(f.witnesses.clone()),
+        fenced: f.fenced,
+        fenced_at: f.fenced_at.map(time),
+        safe_until: f.safe_until.map(time),
+        safe_proven: f.safe_proven,
+        safe_time_ms: f.safe_time_ms,
+        self_fence_times: f.self_fence_times,
+        isolated: f.isolated,
+        isolated_at: f.isolated_at.map(time),
+        released: f.released,
+        released_at: f.released_at.map(time),
+        reclaimed: f.reclaimed,
+        canceled: f.canceled,
+        marked: f.marked,
+        tagged: f.tagged,
+        result: f.result.clone(),
+        release_result: f.release_result.clone(),
+        reclaim_result: f.reclaim_result.clone(),
+        detected: Some(time(f.detected)),
+        created: Some(time(f.created)),
+        updated: Some(now.clone()),
+        next_attempt: Some(time(f.next_attempt)),
+        history: f.history.clone(),
+        conditions,
+    }
+}
+
+/// Sets condition `kind`, keeping its transition time unless its status changes.
+pub fn set_condition(
+    conditions: &mut Vec<FenceCondition>,
+    kind: &str,
+    on: bool,
+    reason: &str,
+    message: &str,
+    now: &str,
+) {
+    let status = if on { "True" } else { "False" };
+    let at = conditions
+        .iter()
+        .find(|c| c.type_ == kind && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.to_string());
+    conditions.retain(|c| c.type_ != kind);
+    conditions.push(FenceCondition {
+        type_: kind.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        last_transition_time: at,
+    });
+}
+
+/// The condition `kind` if it holds with `reason`.
+pub fn has_condition(s: Option<&NodeFenceStatus>, kind: &str, reason: &str) -> bool {
+    s.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == kind && c.reason == reason)
+    })
+}
+
+/// The flow an object records, at `version` (its resourceVersion); `Ok(None)` for an
+/// operator's request not yet started; an error names the field that makes it unreadable.
+pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, String> {
+    let Some(s) = &nf.status else { return Ok(None) };
+    let (Some(step), Some(status)) = (s.step, s.status) else {
+        return Ok(None);
+    };
+    let id = flow_id(nf).ok_or("no flow id (label maintd.io/flow or uid)")?;
+    let need = |field: &str, v: Option<Nanos>| v.ok_or(format!("status.{field} is missing"));
+    let version = nf
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok())
+        .ok_or("its resourceVersion is not a number")?;
+    Ok(Some(Flow {
+        id,
+        node: nf.spec.node.clone(),
+        step,
+        status,
+        retries: s.retries,
+        restarts: s.restarts,
+        result: s.result.clone(),
+        release_result: s.release_result.clone(),
+        reclaim_result: s.reclaim_result.clone(),
+        next_attempt: need("nextAttempt", parse_time("nextAttempt", &s.next_attempt)?)?,
+        isolated: s.isolated,
+        fenced: s.fenced,
+        released: s.released,
+        reclaimed: s.reclaimed,
+        canceled: s.canceled,
+        tagged: s.tagged,
+        detected: need("detected", parse_time("detected", &s.detected)?)?,
+        created: need("created", parse_time("created", &s.created)?)?,
+        updated: need("updated", parse_time("updated", &s.updated)?)?,
+        isolated_at: parse_time("isolatedAt", &s.isolated_at)?,
+        fenced_at: parse_time("fencedAt", &s.fenced_at)?,
+        released_at: parse_time("releasedAt", &s.released_at)?,
+        history: s.history.clone(),
+        calls: s.jobs.clone(),
+        marked: s.marked,
+        safe_time_ms: s.safe_time_ms,
+        safe_until: parse_time("safeUntil", &s.safe_until)?,
+        safe_proven: s.safe_proven,
+        self_fence_times: s.self_fence_times,
+        witnesses: s.witnesses.clone().unwrap_or_default(),
+        version,
+    }))
+}
+
+/// Labels of a flow's object.
+pub fn labels(f: &Flow) -> BTreeMap<String, String> {
+    BTreeMap::from([(FLOW_LABEL.to_string(), f.id.to_string())])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fencing::machine::Witnesses;
+
+    #[test]
+    fn a_flow_survives_the_round_trip_through_the_status() {
+        let w = Witnesses {
+            collector: true,
+            ..Witnesses::default()
+        };
+        let t0 = 1_780_000_000_123_456_789;
+        let mut f = Flow::new("web-3", t0 - 5, t0, Step::PowerManagement, w, "silent");
+        f.fenced = true;
+        f.fenced_at = Some(t0 + 7);
+        f.result = Some(Outcome::done("off"));
+        let nf = NodeFence {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name_for(&f)),
+                labels: Some(labels(&f)),
+                resource_version: Some("42".into()),
+                ..Default::default()
+            },
+            spec: NodeFenceSpec {
+                node: "web-3".into(),
+            },
+            status: Some(status_of(&f, None)),
+        };
+        let back = flow_of(&nf).unwrap().unwrap();
+        assert_eq!(back.version, 42);
+        f.version = 42;
+        assert_eq!(back, f);
+        let s = nf.status.as_ref().unwrap();
+        assert!(has_condition(Some(s), "PoweredOff", "Verified"));
+        assert_eq!(
+            s.fenced_at.as_deref(),
+            Some("2026-05-28T20:26:40.123456796Z")
+        );
+    }
+
+    #[test]
+    fn a_request_without_status_is_no_flow_and_a_bad_time_is_named() {
+        let mut nf = NodeFence::new("manual", NodeFenceSpec { node: "n1".into() });
+        assert_eq!(flow_of(&nf).unwrap(), None);
+        nf.status = Some(NodeFenceStatus {
+            step: Some(Step::Isolation),
+            status: Some(FenceStatus::New),
+            next_attempt: Some(time(1)),
+            detected: Some("yesterday".into()),
+            ..Default::default()
+        });
+        nf.metadata.uid = Some(Uuid::from_u128(7).to_string());
+        nf.metadata.resource_version = Some("3".into());
+        let e = flow_of(&nf).unwrap_err();
+        assert!(
+            e.contains("status.detected") && e.contains("yesterday"),
+            "{e}"
+        );
+    }
+}
