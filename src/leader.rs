@@ -83,6 +83,17 @@ pub enum CheckpointError {
 /// so the limit is met with a clear error and never by a rejected write.
 pub const CHECKPOINT_LIMIT: usize = 768 * 1024;
 
+/// A checkpoint over the limit is never sent: the error says why, before the apiserver would.
+fn within_limit(data: &str) -> Result<(), CheckpointError> {
+    if data.len() > CHECKPOINT_LIMIT {
+        return Err(CheckpointError::TooLarge {
+            bytes: data.len(),
+            limit: CHECKPOINT_LIMIT,
+        });
+    }
+    Ok(())
+}
+
 impl CheckpointError {
     /// A stable label for metrics and logs.
     pub fn metric_label(&self) -> &'static str {
@@ -245,12 +256,7 @@ impl Leadership {
         if *last == data {
             return Ok(());
         }
-        if data.len() > CHECKPOINT_LIMIT {
-            return Err(CheckpointError::TooLarge {
-                bytes: data.len(),
-                limit: CHECKPOINT_LIMIT,
-            });
-        }
+        within_limit(&data)?;
         let version = self.state_version.lock_unpoisoned().clone();
         match coord.put_state(version.as_deref(), &data).await {
             Ok(Some(v)) => {
@@ -489,6 +495,18 @@ mod tests {
         assert_eq!(
             lease_step(Some(&lease(None)), "a", s(0), d),
             LeaseStep::Acquire { transitions: 4 }
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_over_its_limit_is_refused_with_a_clear_error() {
+        assert!(within_limit(&"x".repeat(CHECKPOINT_LIMIT)).is_ok());
+        let e = within_limit(&"x".repeat(CHECKPOINT_LIMIT + 1)).unwrap_err();
+        assert_eq!(e.metric_label(), "too-large");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("786433 bytes") && msg.contains("1 MiB"),
+            "{msg}"
         );
     }
 }

@@ -333,6 +333,34 @@ pub struct MethodCheck {
     pub ok: bool,
 }
 
+/// Whether fencing can act on every configured node (`/1/fences/summary`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FencingSummary {
+    pub state: FencingState,
+    pub nodes: usize,
+    pub inactive: Vec<String>,
+}
+
+impl FencingSummary {
+    /// Inactive while any node's readiness is.
+    pub fn of(checks: &BTreeMap<String, DeviceCheck>) -> FencingSummary {
+        let inactive: Vec<String> = checks
+            .iter()
+            .filter(|(_, c)| c.state == FencingState::Inactive)
+            .map(|(n, _)| n.clone())
+            .collect();
+        FencingSummary {
+            state: if inactive.is_empty() {
+                FencingState::Active
+            } else {
+                FencingState::Inactive
+            },
+            nodes: checks.len(),
+            inactive,
+        }
+    }
+}
+
 /// A node's last readiness check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -348,6 +376,24 @@ pub struct DeviceCheck {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_fencing_summary_is_inactive_while_any_node_is() {
+        let check = |state| DeviceCheck {
+            state,
+            checked_at: 1,
+            detail: String::new(),
+            methods: vec![],
+        };
+        let mut all = BTreeMap::from([("a".to_string(), check(FencingState::Active))]);
+        assert_eq!(FencingSummary::of(&all).state, FencingState::Active);
+        all.insert("b".into(), check(FencingState::Inactive));
+        let s = FencingSummary::of(&all);
+        assert_eq!(
+            (s.state, s.nodes, s.inactive),
+            (FencingState::Inactive, 2, vec!["b".to_string()])
+        );
+    }
 
     #[test]
     fn an_event_action_reads_back_as_a_verdict_status_or_fence() {

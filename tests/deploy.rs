@@ -90,9 +90,12 @@ fn rbac_grants_only_the_verbs_maintd_uses() {
         "coordination.k8s.io/leases:update[maintd]",
         "/configmaps:create[]",
         "/configmaps:get[maintd-state]",
-        "/configmaps:list[maintd-state]",
-        "/configmaps:watch[maintd-state]",
+        "/configmaps:list[]",
+        "/configmaps:watch[]",
         "/configmaps:update[maintd-state]",
+        "/secrets:get[]",
+        "events.k8s.io/events:create[]",
+        "events.k8s.io/events:patch[]",
     ]
     .map(String::from)
     .into();
@@ -104,7 +107,11 @@ fn rbac_grants_only_the_verbs_maintd_uses() {
         .expect("a Role in default for Node Events");
     assert_eq!(
         rules(events.rules.as_deref().unwrap()),
-        ["/events:create[]".to_string()].into()
+        [
+            "events.k8s.io/events:create[]".to_string(),
+            "events.k8s.io/events:patch[]".to_string()
+        ]
+        .into()
     );
     // The kubelets' Leases are read, never written.
     let leases = ns

@@ -32,6 +32,7 @@ async fn against_a_real_control_plane() {
     );
     nodefences_pass_the_flow_store_suite_under_the_deploy_rbac(&cp).await;
     nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence_with(&cp).await;
+    configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets(&cp).await;
     events_show_in_kubectl_describe_node_under_the_deploy_rbac(&cp).await;
     a_fence_release_never_deletes_the_replacement_pod(&cp).await;
     a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
@@ -255,8 +256,9 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
         })
         .await;
     assert_eq!(m["witnesses"]["manual"], "NodeFence/by-hand", "{m:#}");
-    assert!(taints(cp, &live).contains("out-of-service"));
-    // Its collector never stopped: the next healthy report recovers it.
+    assert!(m["fenced-at"].as_i64().is_some(), "{m:#}");
+    // Its collector never stopped (the stub agent powers nothing off): its next healthy report,
+    // diagnosed after the power-off, recovers it.
     wait_recovered(cp, &c, &live).await;
     let uid = cp.kubectl_ok(&["get", "nf", "by-hand", "-o", "jsonpath={.metadata.uid}"]);
     assert_eq!(
@@ -758,5 +760,124 @@ async fn drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(
     .await;
     assert_eq!(unschedulable(&nodes[1]), "true");
     cp.kubectl_ok(&["delete", "namespace", "drain", "--wait=false"]);
+    remove_nodes(cp, &mut c, &nodes);
+}
+
+/// Fencing configured only by ConfigMaps, created after the daemon started: the node becomes
+/// fenceable (its readiness check runs the real fence_ipmilan against ipmi_sim) and is fenced
+/// with it, its password read from a Secret. A ConfigMap with an inline password leaves its node
+/// inactive, with the ConfigMap and the key named in the readiness, the log and an Event on the
+/// ConfigMap, and the password nowhere. All under deploy/'s RBAC.
+async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets(
+    cp: &ControlPlane,
+) {
+    if !common::sims::available() {
+        return;
+    }
+    let (mut c, nodes) = managed_cluster(cp, "cm").await;
+    let ipmi = common::sims::Ipmi::start(c.dir.path(), "cm0");
+    c.extra_daemon_toml = "[fencing]\ngrace = \"2s\"\nliveness-interval = \"200ms\"\nliveness-timeout = \"1s\"\nstorm-percent = 50\ncheck-interval = \"1h\"\n[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\nnamespace = \"maintd\"\n".into();
+    c.env.push((
+        "KUBECONFIG".into(),
+        cp.service_account_kubeconfig("maintd", "maintd")
+            .display()
+            .to_string(),
+    ));
+    c.start_collectors();
+    c.wait_collectors_ready().await;
+    c.start_kube_daemon();
+    c.wait_api().await;
+    let (victim, bad) = (nodes[0].clone(), nodes[1].clone());
+    let file = c.path("fence-configmaps.yaml");
+    let cm = |name: &str, key: &str, body: &str| {
+        let body: String = body.lines().map(|l| format!("    {l}\n")).collect();
+        format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: maintd\ndata:\n  {key}: |\n{body}"
+        )
+    };
+    let yaml = [
+        "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: bmc\n  namespace: maintd\nstringData:\n  password: s3cret\n".to_string(),
+        cm(
+            "fence-method-template-ipmi",
+            "template.properties",
+            &format!("agent_name=fence_ipmilan\nip=127.0.0.1\nipport={}\nusername={}\nlanplus=1\ncipher=3\npower_wait=0\npassword_secret=bmc/password\n", ipmi.port, ipmi.user),
+        ),
+        cm(&format!("fence-method-ipmi-off-{victim}"), "method.properties", "template=ipmi\n"),
+        cm(&format!("fence-config-{victim}"), "config.properties", &format!("node_name={victim}\npower_management=ipmi-off\n")),
+        cm(
+            "fence-method-template-leaky",
+            "template.properties",
+            "agent_name=fence_ipmilan\nip=127.0.0.1\npassword=hunter2-inline\n",
+        ),
+        cm(&format!("fence-method-leaky-{bad}"), "method.properties", "template=leaky\n"),
+        cm(&format!("fence-config-{bad}"), "config.properties", &format!("node_name={bad}\npower_management=leaky\n")),
+    ]
+    .concat();
+    std::fs::write(&file, yaml).unwrap();
+    cp.kubectl_ok(&["apply", "-f", file.to_str().unwrap()]);
+    // Within seconds, without a restart: the victim's BMC answers its check; the leaky one is
+    // refused, saying where and why.
+    let r = wait_for("readiness from the ConfigMaps", || async {
+        let (_, r) = c.get("/1/fences/readiness").await;
+        (r[&victim]["state"] == "active" && r[&bad]["state"] == "inactive").then_some(r)
+    })
+    .await;
+    let why = r[&bad]["detail"].as_str().unwrap();
+    assert!(
+        why.contains("fence-method-template-leaky") && why.contains("password is given inline"),
+        "{why}"
+    );
+    cp.wait_for("the Event on the refused ConfigMap", |cp| {
+        cp.kubectl_ok(&[
+            "get",
+            "events",
+            "-n",
+            "maintd",
+            "--field-selector",
+            "involvedObject.name=fence-method-template-leaky",
+            "-o",
+            "json",
+        ])
+        .contains("MaintdFenceConfigRefused")
+    })
+    .await;
+    // The victim dies and is fenced by the real agent.
+    use nix::sys::signal::{Signal, kill};
+    let pid = nix::unistd::Pid::from_raw(c.collectors[0].as_ref().unwrap().child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    cp.heartbeats.alive(&victim, false);
+    let f = c
+        .wait_flow("the release", |f| {
+            f["node"] == victim.as_str() && f["released"] == true
+        })
+        .await;
+    assert!(!ipmi.powered_on(), "the BMC powered the node off");
+    let calls: Vec<(&str, &str)> = f["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["agent"].as_str().unwrap(), c["action"].as_str().unwrap()))
+        .collect();
+    assert!(
+        calls.contains(&("fence_ipmilan", "off")) && calls.contains(&("fence_ipmilan", "status")),
+        "{f:#}"
+    );
+    // Neither password anywhere an operator or an attacker reads.
+    let events = cp.kubectl_ok(&["get", "events", "-A", "-o", "json"]);
+    let fences = cp.kubectl_ok(&["get", "nodefences", "-o", "json"]);
+    let (_, api) = c.get("/1/fences").await;
+    for (what, text) in [
+        ("the log", c.daemon_log()),
+        ("the Events", events),
+        ("the NodeFences", fences),
+        ("the API", api.to_string()),
+    ] {
+        assert!(
+            !text.contains("hunter2-inline") && !text.contains("s3cret"),
+            "a password in {what}"
+        );
+    }
+    kill(pid, Signal::SIGCONT).unwrap();
+    cp.kubectl(&["delete", "-f", file.to_str().unwrap(), "--wait=false"]);
     remove_nodes(cp, &mut c, &nodes);
 }

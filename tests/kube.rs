@@ -288,7 +288,7 @@ async fn kube_cluster(n: usize, toml: &str) -> (common::Cluster, String, fake_ku
     }
     c.inventory_nodes = false;
     c.extra_daemon_toml = format!(
-        "[kubernetes]\napi-url = \"{url}\"\nnodefences = false\ndrain-deadline = \"20s\"\nnode-interval = \"300ms\"\n{toml}"
+        "[kubernetes]\napi-url = \"{url}\"\nnodefences = false\nfence-configmaps = false\ndrain-deadline = \"20s\"\nnode-interval = \"300ms\"\n{toml}"
     );
     (c, url, w)
 }

@@ -101,6 +101,8 @@ pub enum EventReason {
     /// The node's fencing can or cannot act (readiness checks).
     FencingInactive,
     FencingActive,
+    /// A node's fence configuration in ConfigMaps is refused (recorded on the ConfigMap).
+    FenceConfigRefused,
 }
 
 impl EventReason {
@@ -122,6 +124,7 @@ impl EventReason {
             EventReason::PartitionEnded => "MaintdPartitionEnded",
             EventReason::FencingInactive => "FencingInactive",
             EventReason::FencingActive => "FencingActive",
+            EventReason::FenceConfigRefused => "MaintdFenceConfigRefused",
         }
     }
 }
@@ -174,6 +177,8 @@ pub trait Cluster: Send + Sync + 'static {
     async fn mark_unschedulable(&self, node: &str, flow: &Uuid, on: bool) -> Outcome;
     /// Records a human-readable event on the node (Kubernetes Events); a no-op by default.
     async fn record(&self, _node: &str, _reason: EventReason, _message: &str, _warning: bool) {}
+    /// Records a Warning on a configuration object (a fence ConfigMap); a no-op by default.
+    async fn record_config(&self, _configmap: &str, _reason: EventReason, _message: &str) {}
     /// Current membership and node conditions, for backends that have them.
     async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
         Ok(None)

@@ -127,6 +127,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/tags", get(tags::<C>))
         .route("/1/fences", get(fences::<C>))
         .route("/1/fences/readiness", get(readiness::<C>))
+        .route("/1/fences/summary", get(fencing_summary::<C>))
         .route("/1/leader", get(leader::<C>))
         .route("/1/health", get(health::<C>))
         .route("/metrics", get(metrics::<C>))
@@ -187,6 +188,11 @@ async fn status<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Event>>, A
 async fn fences<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Fence>>, ApiError> {
     let flows = s.flows.recent(1000).await.map_err(|e| flows_error(&s, e))?;
     Ok(Json(flows.iter().map(views::Fence::of).collect()))
+}
+
+async fn fencing_summary<C: Cluster>(State(s): S<C>) -> Json<views::FencingSummary> {
+    let checks = s.readiness.as_ref().map(|b| b.all()).unwrap_or_default();
+    Json(views::FencingSummary::of(&checks))
 }
 
 async fn readiness<C: Cluster>(State(s): S<C>) -> Json<views::Readiness> {

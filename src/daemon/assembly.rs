@@ -38,16 +38,17 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Every part's settings, with the fence plans already loaded (none: no fencing).
+    /// Every part's settings, with the fence plans in force (none now or to come from
+    /// ConfigMaps: no fencing).
     pub fn from_config(
         cfg: &crate::config::Config,
-        plans: std::collections::BTreeMap<String, crate::fencing::config::FencePlan>,
+        book: Arc<crate::fencing::book::PlanBook>,
     ) -> Settings {
         let f = &cfg.fencing;
-        let fencing = (!plans.is_empty()).then(|| FencingSettings {
+        let fencing = book.active().then(|| FencingSettings {
             checks: CheckSettings::new(f),
             peering: cfg.peering_settings(),
-            fencer: crate::fencing::executor::FencerSettings::new(f, plans),
+            fencer: crate::fencing::executor::FencerSettings::new(f, book),
         });
         Settings {
             poll: cfg.poll_settings(),
@@ -106,8 +107,8 @@ pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembl
     if let Some(f) = settings.fencing {
         let p = Arc::new(Peering::new(key, f.peering));
         let views = Some(p.clone() as Arc<dyn WatchdogViews>);
-        let plans = f.fencer.plans.clone();
-        let checks = Readiness::new(f.checks, plans, agents.clone(), views, &shared);
+        let book = f.fencer.book.clone();
+        let checks = Readiness::new(f.checks, book, agents.clone(), views, &shared);
         readiness = Some(Arc::new(checks));
         let fence = Fencer::new(f.fencer, &shared, agents, links.probe, p.clone());
         fencer = Some(Arc::new(fence));

@@ -15,6 +15,7 @@ use crate::cluster::kube::KubeCluster;
 use crate::cluster::{Cluster, ClusterError, Inventory};
 use crate::config::{Backend, Config};
 use crate::fencing::agent::Agents;
+use crate::fencing::book::PlanBook;
 use crate::fencing::redact::Redactor;
 use crate::leader::Leadership;
 use crate::link::Links;
@@ -112,7 +113,16 @@ pub async fn run(
                 Leadership::single(le.identity(), state)
             };
             let parts = (nodes, leadership, Some(Arc::new(watch)), flows);
-            run_with(&cfg, loaded, store, k, parts, lock, shutdown).await
+            let (key, plans) = loaded;
+            let (book, _configs) = if cfg.kubernetes.fence_configmaps {
+                let book = Arc::new(PlanBook::with_configmaps(plans));
+                let defaults = crate::fencing::configmaps::StageDefaults::default();
+                let configs = k.watch_fence_configs(book.clone(), defaults);
+                (book, Some(configs))
+            } else {
+                (Arc::new(PlanBook::fixed(plans)), None)
+            };
+            run_with(&cfg, (key, book), store, k, parts, lock, shutdown).await
         }
         Backend::Inventory => {
             let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
@@ -123,7 +133,9 @@ pub async fn run(
                 None,
                 store.clone() as Arc<dyn FlowStore>,
             );
-            run_with(&cfg, loaded, store, inv, parts, lock, shutdown).await
+            let (key, plans) = loaded;
+            let book = Arc::new(PlanBook::fixed(plans));
+            run_with(&cfg, (key, book), store, inv, parts, lock, shutdown).await
         }
     }
 }
@@ -147,9 +159,6 @@ fn warn_lost_database(cfg: &Config) {
     }
 }
 
-/// Each fenced node's plan, secrets loaded.
-type Plans = std::collections::BTreeMap<String, crate::fencing::config::FencePlan>;
-
 /// The managed nodes, who leads, the node watch (Kubernetes), and where fence flows live.
 type Membership = (
     Vec<NodeConfig>,
@@ -162,7 +171,7 @@ type Membership = (
 /// together.
 async fn run_with<C: Cluster>(
     cfg: &Config,
-    (key, plans): (Key, Plans),
+    (key, book): (Key, Arc<PlanBook>),
     store: Arc<Store>,
     cluster: Arc<C>,
     (nodes, leadership, watch, flows): Membership,
@@ -177,7 +186,7 @@ async fn run_with<C: Cluster>(
         .await
         .map_err(DaemonError::Listen)?;
     let mut registry = Registry::default();
-    let redact = Redactor::new(plans.values().flat_map(|p| p.secrets()).cloned());
+    let redact = Redactor::new(book.secrets());
     let agents = Arc::new(Agents {
         dir: cfg.fencing.agents_dir.clone(),
         redact,
@@ -202,7 +211,7 @@ async fn run_with<C: Cluster>(
         agents,
         key: key.clone(),
     };
-    let parts = assembly::assemble(assembly::Settings::from_config(cfg, plans), deps)?;
+    let parts = assembly::assemble(assembly::Settings::from_config(cfg, book), deps)?;
     let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
     let app = api::router(Arc::new(api::ApiState::new(
         &parts,

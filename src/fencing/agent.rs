@@ -73,7 +73,10 @@ impl AgentRunner for Agents {
         match exec::run(&spec).await {
             Ok(out) => (
                 out.code,
-                self.redact.summarize(&out.tail(OUTPUT_READ), OUTPUT_KEPT),
+                // The method's own secrets too: a ConfigMap's come and go after start-up.
+                self.redact
+                    .with(&method.secrets)
+                    .summarize(&out.tail(OUTPUT_READ), OUTPUT_KEPT),
             ),
             Err(ExecError::Timeout { timeout, .. }) => (
                 None,
@@ -101,6 +104,7 @@ pub async fn run_stage(
     let mut failures = Vec::new();
     let mut kind = None;
     let mut successes = Vec::new();
+    let mut optional_failures = Vec::new();
     for m in &stage.methods {
         let ok = run_method(runner, clock, step, m, stage.timeout, &mut calls).await;
         match ok {
@@ -109,6 +113,10 @@ pub async fn run_stage(
                 if stage.policy == ExecPolicy::Any {
                     break;
                 }
+            }
+            Err(why) if !m.required => {
+                // An optional method (must_success=no): noted, and the stage goes on.
+                optional_failures.push(format!("{} (optional): {why}", m.name));
             }
             Err(why) => {
                 // A device that still reports power outranks any other failure.
@@ -122,12 +130,20 @@ pub async fn run_stage(
             }
         }
     }
+    // Optional methods never decide a stage alone: one method must have succeeded.
     let ok = match stage.policy {
-        ExecPolicy::All => failures.is_empty(),
+        ExecPolicy::All => failures.is_empty() && !successes.is_empty(),
         ExecPolicy::Any => !successes.is_empty(),
     };
+    if failures.is_empty() && !ok {
+        failures = std::mem::take(&mut optional_failures);
+    }
     let detail = if ok {
-        format!("{} ok ({})", step.as_str(), successes.join(", "))
+        let mut d = format!("{} ok ({})", step.as_str(), successes.join(", "));
+        if !optional_failures.is_empty() {
+            d.push_str(&format!("; {}", optional_failures.join("; ")));
+        }
+        d
     } else {
         failures.join("; ")
     };
@@ -284,6 +300,7 @@ mod tests {
                     action: action.into(),
                     params: BTreeMap::new(),
                     secrets: vec![],
+                    required: true,
                 })
                 .collect(),
         }
@@ -350,6 +367,7 @@ mod tests {
             .into_iter()
             .collect(),
             secrets: vec!["pw".into()],
+            required: true,
         };
         assert_eq!(
             String::from_utf8(stdin_params(&m, "status")).unwrap(),

@@ -186,6 +186,9 @@ pub struct Method {
     pub params: BTreeMap<String, String>,
     /// The values read from secret files, for redaction of agent output.
     pub secrets: Vec<String>,
+    /// Its failure fails the stage (`must_success`); an optional method's failure is noted
+    /// and the stage still needs one success.
+    pub required: bool,
 }
 
 impl std::fmt::Debug for Method {
@@ -432,6 +435,7 @@ impl FencingConfig {
                         action,
                         params,
                         secrets,
+                        required: true,
                     });
                 }
                 Ok(Stage {

@@ -10,7 +10,9 @@
 //! reset), and the probe's patience (`rtt`: a round-trip estimate per node).
 
 pub mod agent;
+pub mod book;
 pub mod config;
+pub mod configmaps;
 pub mod executor;
 pub mod machine;
 pub mod opinion;

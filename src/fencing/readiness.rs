@@ -57,6 +57,11 @@ impl Board {
         self.0.lock_unpoisoned().clone()
     }
 
+    /// Forgets nodes no longer configured.
+    fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.0.lock_unpoisoned().retain(|n, _| keep(n));
+    }
+
     pub fn get(&self, node: &str) -> Option<DeviceCheck> {
         self.0.lock_unpoisoned().get(node).cloned()
     }
@@ -200,9 +205,79 @@ struct Parts {
     self_fence: Option<Part>,
 }
 
+/// Which node's devices are checked next: one per `interval / nodes`, following the plans in
+/// force as they change.
+struct Rotation {
+    version: u64,
+    plans: Arc<crate::fencing::book::Plans>,
+    nodes: Vec<String>,
+    self_fencing: Vec<String>,
+    step: Duration,
+    next: tokio::time::Instant,
+    at: usize,
+}
+
+impl Rotation {
+    fn new(book: &crate::fencing::book::PlanBook, interval: Duration) -> Rotation {
+        let plans = book.current();
+        let nodes: Vec<String> = plans.keys().cloned().collect();
+        let step = (interval / nodes.len().max(1) as u32).max(Duration::from_millis(100));
+        Rotation {
+            version: book.version(),
+            self_fencing: plans
+                .iter()
+                .filter(|(_, p)| p.self_fence)
+                .map(|(n, _)| n.clone())
+                .collect(),
+            plans,
+            nodes,
+            step,
+            next: tokio::time::Instant::now() + step,
+            at: 0,
+        }
+    }
+
+    /// The loop's period: the rotation's step, or the watchdog checks' if shorter, and never
+    /// longer than that while plans may still come from ConfigMaps.
+    fn tick(&self) -> Duration {
+        self.step.min(SELF_FENCE_EVERY)
+    }
+
+    /// The nodes whose plan is new or changed since the last look, if the book changed.
+    fn refresh(
+        &mut self,
+        book: &crate::fencing::book::PlanBook,
+        interval: Duration,
+    ) -> Option<Vec<String>> {
+        if book.version() == self.version {
+            return None;
+        }
+        let old = self.plans.clone();
+        *self = Rotation::new(book, interval);
+        Some(
+            self.plans
+                .iter()
+                .filter(|(n, p)| old.get(*n) != Some(*p))
+                .map(|(n, _)| n.clone())
+                .collect(),
+        )
+    }
+
+    /// The nodes due for their check now.
+    fn due(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        while tokio::time::Instant::now() >= self.next && !self.nodes.is_empty() {
+            self.next += self.step;
+            out.push(self.nodes[self.at % self.nodes.len()].clone());
+            self.at += 1;
+        }
+        out
+    }
+}
+
 pub struct Readiness<C: Cluster> {
     board: Arc<Board>,
-    plans: BTreeMap<String, FencePlan>,
+    book: Arc<crate::fencing::book::PlanBook>,
     runner: Arc<dyn AgentRunner>,
     cluster: Arc<C>,
     metrics: Metrics,
@@ -218,14 +293,14 @@ pub struct Readiness<C: Cluster> {
 impl<C: Cluster> Readiness<C> {
     pub fn new(
         settings: CheckSettings,
-        plans: BTreeMap<String, FencePlan>,
+        book: Arc<crate::fencing::book::PlanBook>,
         runner: Arc<dyn AgentRunner>,
         views: Option<Arc<dyn WatchdogViews>>,
         shared: &crate::parts::Shared<C>,
     ) -> Readiness<C> {
         Readiness {
             board: Arc::new(Board::default()),
-            plans,
+            book,
             runner,
             cluster: shared.cluster.clone(),
             metrics: shared.metrics.clone(),
@@ -244,7 +319,8 @@ impl<C: Cluster> Readiness<C> {
 
     /// Every node's devices at once (bounded by `check-concurrency`).
     async fn full_pass(self: &Arc<Self>) {
-        futures::stream::iter(self.plans.keys().cloned())
+        self.report_problems().await;
+        futures::stream::iter(self.book.current().keys().cloned().collect::<Vec<_>>())
             .map(|n| {
                 let me = self.clone();
                 async move { me.check(&n).await }
@@ -261,35 +337,21 @@ impl<C: Cluster> Readiness<C> {
     /// double the load on the devices, and only the leader holds the nodes' views), and a
     /// replica that becomes leader checks every node again at once.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        if self.settings.interval.is_zero() || self.plans.is_empty() {
+        if self.settings.interval.is_zero() || !self.book.active() {
             return;
         }
         tokio::pin!(shutdown);
-        let nodes: Vec<String> = self.plans.keys().cloned().collect();
-        let self_fencing: Vec<String> = self
-            .plans
-            .iter()
-            .filter(|(_, p)| p.self_fence)
-            .map(|(n, _)| n.clone())
-            .collect();
-        let step = (self.settings.interval / nodes.len() as u32).max(Duration::from_millis(100));
         tokio::select! {
             biased;
             _ = &mut shutdown => return,
             _ = self.full_pass() => {}
         }
-        let tick = if self_fencing.is_empty() {
-            step
-        } else {
-            step.min(SELF_FENCE_EVERY)
-        };
-        let mut ticker = Ticker::new(tick).following(self.leadership.subscribe());
+        let mut rotation = Rotation::new(&self.book, self.settings.interval);
+        let mut ticker = Ticker::new(rotation.tick()).following(self.leadership.subscribe());
         // The ticker's first tick is immediate, and the start-up pass has just checked everyone.
         if ticker.next(shutdown.as_mut()).await.is_none() {
             return;
         }
-        let mut next_power = tokio::time::Instant::now() + step;
-        let mut order = nodes.iter().cycle();
         while let Some(wake) = ticker.next(shutdown.as_mut()).await {
             if wake == crate::ticker::Wake::Notified {
                 // A new term: this replica may have just become the leader.
@@ -301,21 +363,55 @@ impl<C: Cluster> Readiness<C> {
             if !self.leadership.is_leader() {
                 continue;
             }
-            for n in &self_fencing {
-                self.check_watchdog(n).await;
-            }
-            if tokio::time::Instant::now() >= next_power {
-                next_power += step;
-                if let Some(n) = order.next() {
-                    self.check(n).await;
+            // The ConfigMaps changed: new and changed nodes are checked at once.
+            if let Some(fresh) = rotation.refresh(&self.book, self.settings.interval) {
+                self.report_problems().await;
+                for n in fresh {
+                    self.check(&n).await;
                 }
+            }
+            for n in rotation.self_fencing.clone() {
+                self.check_watchdog(&n).await;
+            }
+            for n in rotation.due() {
+                self.check(&n).await;
+            }
+        }
+    }
+
+    /// Nodes whose ConfigMaps have a problem are inactive with it as the reason, said in the log
+    /// and, by the leader, as an Event on the ConfigMap.
+    async fn report_problems(&self) {
+        let problems = self.book.problems();
+        let plans = self.book.current();
+        self.board
+            .retain(|n| plans.contains_key(n) || problems.contains_key(n));
+        for (node, p) in problems {
+            let detail = p.to_string();
+            let check = DeviceCheck {
+                state: FencingState::Inactive,
+                checked_at: self.clock.now(),
+                detail: detail.clone(),
+                methods: vec![],
+            };
+            self.metrics.fencing_ready(&node, false);
+            let before = self.board.set(&node, check);
+            if before.is_some_and(|b| b.detail == detail) {
+                continue;
+            }
+            warn!(node = %node, configmap = %p.configmap, key = %p.key, problem = %p.problem, "fencing inactive: its fence configuration is refused");
+            if self.leadership.is_leader() {
+                self.cluster
+                    .record_config(&p.configmap, EventReason::FenceConfigRefused, &detail)
+                    .await;
             }
         }
     }
 
     /// Checks every level of one node: its devices' status and its reported watchdog.
     async fn check(&self, node: &str) {
-        let Some(plan) = self.plans.get(node) else {
+        let plans = self.book.current();
+        let Some(plan) = plans.get(node) else {
             return;
         };
         let power = check_power(
@@ -339,7 +435,8 @@ impl<C: Cluster> Readiness<C> {
         if !self.leadership.is_leader() {
             return;
         }
-        let Some(plan) = self.plans.get(node) else {
+        let plans = self.book.current();
+        let Some(plan) = plans.get(node) else {
             return;
         };
         // No view (yet, or since this leader took over): the last judgement stands.

@@ -67,6 +67,11 @@ impl Redactor {
         Redactor { secrets }
     }
 
+    /// This redactor with `extra` secrets as well.
+    pub fn with(&self, extra: &[String]) -> Redactor {
+        Redactor::new(self.secrets.iter().chain(extra).cloned())
+    }
+
     pub fn redact(&self, text: &str) -> String {
         let mut out = text.to_string();
         for s in &self.secrets {

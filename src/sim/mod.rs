@@ -98,6 +98,7 @@ fn stage(node: &str, action: &str, retries: u32) -> Stage {
             action: action.into(),
             params: BTreeMap::from([("node".to_string(), node.to_string())]),
             secrets: vec![],
+            required: true,
         }],
     }
 }
@@ -202,7 +203,10 @@ impl Sim {
                 })
                 .collect();
             FencingSettings {
-                fencer: FencerSettings::new(f, plans),
+                fencer: FencerSettings::new(
+                    f,
+                    Arc::new(crate::fencing::book::PlanBook::fixed(plans)),
+                ),
                 checks: CheckSettings::new(f),
                 peering: PeeringSettings {
                     watchers: f.watchers,

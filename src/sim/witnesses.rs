@@ -155,3 +155,40 @@ async fn a_node_with_the_wrong_key_is_never_fenced_for_it() {
     assert!(!w.partitioned);
     sim.stop().await;
 }
+
+/// No false alarms: a node that dies is never first called partitioned (its watchers' judgement
+/// is in before the grace ends), and a cut from the master shorter than the grace, however often
+/// it flickers, says nothing.
+#[tokio::test(start_paused = true)]
+async fn a_dead_node_or_a_flickering_cut_is_never_called_partitioned() {
+    let sim = Sim::start(SimOptions {
+        nodes: 5,
+        fencing: Some(fencing(30)),
+        ..SimOptions::default()
+    });
+    sim.run_for(Duration::from_secs(10)).await;
+    for _ in 0..5 {
+        sim.collectors.cut_from_master("node3", true);
+        sim.run_for(Duration::from_secs(3)).await;
+        sim.collectors.cut_from_master("node3", false);
+        sim.run_for(Duration::from_secs(4)).await;
+    }
+    assert!(
+        events_of(&sim, "node3").is_empty(),
+        "{:?}",
+        events_of(&sim, "node3")
+    );
+    sim.collectors.silence("node2");
+    sim.until("the release", MIN, |s| {
+        s.flows().into_iter().find(|f| f.released)
+    })
+    .await;
+    sim.run_for(Duration::from_secs(30)).await;
+    let events = events_of(&sim, "node2");
+    assert!(!events.is_empty(), "the fence says so");
+    assert!(
+        !events.iter().any(|e| e.starts_with("MaintdPartitioned")),
+        "{events:?}"
+    );
+    sim.stop().await;
+}

@@ -674,6 +674,48 @@ async fn create_event(State(w): State<Shared>, Path(ns): Path<String>, body: Byt
     (StatusCode::CREATED, axum::Json(ev)).into_response()
 }
 
+/// events.k8s.io/v1, as kube's recorder writes them: stored as the core/v1 Event the same
+/// object reads as (`regarding` is `involvedObject`, `note` is `message`), as the apiserver does.
+async fn create_event_v1(State(w): State<Shared>, Path(ns): Path<String>, body: Bytes) -> Response {
+    let Ok(mut ev) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "invalid Event");
+    };
+    if ev["regarding"]["kind"] == "Node" && !matches!(ns.as_str(), "default" | "kube-system") {
+        return status(
+            422,
+            "Invalid",
+            "Event.regarding.namespace: Invalid value: \"\": does not match event.namespace",
+        );
+    }
+    ev["involvedObject"] = ev["regarding"].clone();
+    ev["message"] = ev["note"].clone();
+    ev["metadata"]["namespace"] = json!(ns);
+    let mut w = w.lock().unwrap();
+    w.events.push(ev.clone());
+    (StatusCode::CREATED, axum::Json(ev)).into_response()
+}
+
+/// A series update of a recorded Event (merge patch by name).
+async fn patch_event_v1(
+    State(w): State<Shared>,
+    Path((_ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "invalid patch");
+    };
+    let mut w = w.lock().unwrap();
+    let Some(ev) = w
+        .events
+        .iter_mut()
+        .find(|e| e["metadata"]["name"] == name.as_str())
+    else {
+        return status(404, "NotFound", "no such Event");
+    };
+    merge(ev, &patch);
+    (StatusCode::OK, axum::Json(ev.clone())).into_response()
+}
+
 async fn list_pdbs(State(w): State<Shared>, Query(q): Query<BTreeMap<String, String>>) -> Response {
     let select: Select = Arc::new(|w: &World| w.pdbs.clone());
     list_or_watch(&w, "PodDisruptionBudget", "policy/v1", &q, select)
@@ -842,6 +884,14 @@ pub async fn start() -> (String, Shared) {
                 post(evict_pod),
             )
             .route("/api/v1/namespaces/{ns}/events", post(create_event))
+            .route(
+                "/apis/events.k8s.io/v1/namespaces/{ns}/events",
+                post(create_event_v1),
+            )
+            .route(
+                "/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}",
+                axum::routing::patch(patch_event_v1),
+            )
             .fallback(|uri: axum::http::Uri| async move {
                 status(404, "NotFound", &format!("the fake does not serve {uri}"))
             })

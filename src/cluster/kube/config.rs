@@ -38,6 +38,10 @@ pub struct KubeConfig {
     /// visible with kubectl, triggerable and cancelable with it, and resumed by any leader from
     /// the objects alone. `false` keeps them in the local database and the state checkpoint.
     pub nodefences: bool,
+    /// Fence configuration is also read from ConfigMaps in the leader-election namespace
+    /// (`fence-config-<node>`, `fence-method-…`, `fence-stage-…`), hot-reloaded; the TOML
+    /// `[fencing]` section wins for a node it configures.
+    pub fence_configmaps: bool,
     /// This replica's host name, as Events report it (resolved at load).
     #[serde(skip)]
     pub instance: String,
@@ -190,6 +194,7 @@ impl Default for KubeConfig {
             conditions: vec![],
             leader_election: LeaderElectionConfig::default(),
             nodefences: true,
+            fence_configmaps: true,
             instance: String::new(),
         }
     }

@@ -11,12 +11,15 @@ pub mod cache;
 mod config;
 mod drain;
 mod election;
+mod events;
+mod fenceconfig;
 mod fences;
 pub mod nodefence;
 mod nodes;
 mod snapshot;
 
 pub use config::{ConditionRuleConfig, KubeConfig, KubeConfigError, LeaderElectionConfig};
+pub use fenceconfig::FenceConfigs;
 pub use fences::{NodeFences, conformance as nodefence_conformance};
 pub use nodes::{OFFLINE_TAINT, OUT_OF_SERVICE, TaintEffect, label_to_tag, tag_to_label};
 pub use snapshot::{quantity, snapshot};
@@ -25,11 +28,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -64,6 +66,8 @@ pub struct KubeCluster {
     state: Option<Watched<ConfigMap>>,
     /// The kubelets' Leases in `kube-node-lease`: a further witness of a node's life.
     kubelet_leases: Watched<Lease>,
+    /// Events, through kube's recorder and a budget.
+    events: events::Events,
     /// Nodes as this replica last wrote them, until the watch catches up (as client-go's
     /// mutation cache): a tag applied one tick must not read as removed by an operator the
     /// next, only because its watch event is still on the way.
@@ -134,6 +138,7 @@ impl KubeCluster {
             (None, None)
         };
         Ok(KubeCluster {
+            events: events::Events::new(client.clone(), &cfg.instance),
             client,
             cfg,
             selector,
@@ -420,9 +425,13 @@ impl Cluster for KubeCluster {
         Ok(Some(snapshot(&nodes, &pods, &pdbs)))
     }
 
+    async fn record_config(&self, configmap: &str, reason: EventReason, message: &str) {
+        self.record_on_configmap(configmap, reason, message).await;
+    }
+
     async fn record(&self, node: &str, reason: EventReason, message: &str, warning: bool) {
-        let now = chrono_now();
-        // `kubectl describe node` lists only Events whose involvedObject carries the Node's uid.
+        // `kubectl describe node` lists only Events whose object reference carries the Node's
+        // uid.
         let uid = match self.nodes.get(node).await {
             // The uid never changes: no need for this replica's own writes.
             Ok(Some(n)) => n.metadata.uid.clone(),
@@ -432,35 +441,17 @@ impl Cluster for KubeCluster {
                 None
             }
         };
-        let ev = Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{node}.maintd.")),
-                namespace: Some(self.cfg.events_namespace.clone()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(node.into()),
-                uid,
-                ..Default::default()
-            },
-            reason: Some(reason.as_str().into()),
-            message: Some(message.chars().take(1024).collect()),
-            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
-            reporting_component: Some("maintd".into()),
-            reporting_instance: Some(self.cfg.instance.clone()),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            event_time: Some(MicroTime(now)),
-            action: Some(reason.as_str().into()),
-            count: Some(1),
+        // Nodes have no namespace: their Events go to `events-namespace` (default).
+        let ns = &self.cfg.events_namespace;
+        let object = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            uid,
+            namespace: (ns != "default").then(|| ns.clone()),
             ..Default::default()
         };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &self.cfg.events_namespace);
-        if let Err(e) = api.create(&PostParams::default(), &ev).await {
-            tracing::warn!(node, %reason, error = %e, "cannot record a Kubernetes Event");
-        }
+        self.events.publish(&object, reason, message, warning).await;
     }
 }
 

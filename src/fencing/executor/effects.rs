@@ -68,6 +68,7 @@ impl<C: Cluster> Fencer<C> {
                     .map(|t| t.note.clone())
                     .unwrap_or_default();
                 info!(flow = %f.id, node = %f.node, why = %why, "fence flow started");
+                self.pin(f.id, &f.node);
                 self.shared.metrics.fences_started.inc();
                 match flows.insert(&f).await {
                     Ok(()) => {
@@ -189,7 +190,8 @@ impl<C: Cluster> Fencer<C> {
                         return (o, vec![]);
                     }
                 }
-                let stage = self.settings.plans.get(node).and_then(|p| p.stage(step));
+                let plan = self.plan_of(&flow, node);
+                let stage = plan.as_ref().and_then(|p| p.stage(step));
                 let clock = self.shared.clock.as_ref();
                 let (o, calls) = run_stage(self.runner.as_ref(), clock, step, stage).await;
                 for c in &calls {

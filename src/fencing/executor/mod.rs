@@ -14,6 +14,7 @@ use tracing::{error, info, warn};
 
 use crate::cluster::Cluster;
 use crate::fencing::agent::AgentRunner;
+use crate::fencing::book::PlanBook;
 use crate::fencing::config::{FencePlan, FencingConfig};
 use crate::fencing::machine::{
     FenceAction, FencePolicy, FenceState, FenceStatus, Liveness, PlanSummary, Step, decide_fencing,
@@ -37,7 +38,8 @@ fn ns(d: Duration) -> Nanos {
 /// What the fencer needs of the configuration.
 #[derive(Debug, Clone)]
 pub struct FencerSettings {
-    pub plans: BTreeMap<String, FencePlan>,
+    /// The plans in force (the file's, and the ConfigMaps' as they change).
+    pub book: Arc<PlanBook>,
     pub policy: FencePolicy,
     /// How often every collector is probed (and the fence decided).
     pub interval: Duration,
@@ -50,9 +52,9 @@ pub struct FencerSettings {
 }
 
 impl FencerSettings {
-    pub fn new(f: &FencingConfig, plans: BTreeMap<String, FencePlan>) -> FencerSettings {
+    pub fn new(f: &FencingConfig, book: Arc<PlanBook>) -> FencerSettings {
         FencerSettings {
-            plans,
+            book,
             policy: FencePolicy {
                 grace: ns(f.grace),
                 storm_percent: f.storm_percent,
@@ -74,8 +76,11 @@ impl FencerSettings {
 
 pub struct Fencer<C: Cluster> {
     settings: FencerSettings,
-    /// Each plan as the machine needs it (derived once from `settings.plans`).
-    summaries: BTreeMap<String, PlanSummary>,
+    /// Each plan in force as the machine needs it, with the book's version it was derived at.
+    summaries: Mutex<(u64, Arc<BTreeMap<String, PlanSummary>>)>,
+    /// Each open flow's plan, as it was when the flow started: a changed configuration takes
+    /// effect for the next flow, never mid-flow.
+    pinned: Mutex<BTreeMap<uuid::Uuid, FencePlan>>,
     shared: Shared<C>,
     runner: Arc<dyn AgentRunner>,
     link: Arc<dyn CollectorLink>,
@@ -90,6 +95,8 @@ pub struct Fencer<C: Cluster> {
     storm_tick: Mutex<Option<Nanos>>,
     /// When final flows past their retention were last deleted.
     pruned: Mutex<Option<Nanos>>,
+    /// Nodes called partitioned that no longer are, since when (the hysteresis of the end).
+    partition_clear: Mutex<BTreeMap<String, Nanos>>,
 }
 
 impl<C: Cluster> Fencer<C> {
@@ -101,11 +108,8 @@ impl<C: Cluster> Fencer<C> {
         peering: Arc<Peering>,
     ) -> Fencer<C> {
         Fencer {
-            summaries: settings
-                .plans
-                .iter()
-                .map(|(n, p)| (n.clone(), p.summary()))
-                .collect(),
+            summaries: Mutex::new((u64::MAX, Arc::default())),
+            pinned: Mutex::new(BTreeMap::new()),
             settings,
             shared: shared.clone(),
             runner,
@@ -117,12 +121,65 @@ impl<C: Cluster> Fencer<C> {
             effects: effects::Effects::default(),
             storm_tick: Mutex::new(None),
             pruned: Mutex::new(None),
+            partition_clear: Mutex::new(BTreeMap::new()),
         }
     }
 
     /// The nodes with a fence plan.
     pub fn nodes(&self) -> usize {
-        self.settings.plans.len()
+        self.settings.book.current().len()
+    }
+
+    /// The plan a flow runs by: the one pinned at its start, else the node's current one.
+    pub(super) fn plan_of(&self, flow: &uuid::Uuid, node: &str) -> Option<FencePlan> {
+        if let Some(p) = self.pinned.lock_unpoisoned().get(flow) {
+            return Some(p.clone());
+        }
+        self.settings.book.current().get(node).cloned()
+    }
+
+    /// Pins `node`'s current plan for a flow that starts now.
+    pub(super) fn pin(&self, flow: uuid::Uuid, node: &str) {
+        if let Some(p) = self.settings.book.current().get(node) {
+            self.pinned.lock_unpoisoned().insert(flow, p.clone());
+        }
+    }
+
+    /// The machine's view of the plans: the current ones, and each open flow's pinned plan for
+    /// its node (pinning flows this process resumes, and unpinning ended ones).
+    fn summaries(&self, flows: &[crate::fencing::machine::Flow]) -> BTreeMap<String, PlanSummary> {
+        let current = {
+            let mut cached = self.summaries.lock_unpoisoned();
+            let v = self.settings.book.version();
+            if cached.0 != v {
+                let plans = self.settings.book.current();
+                let s = plans
+                    .iter()
+                    .map(|(n, p)| (n.clone(), p.summary()))
+                    .collect();
+                *cached = (v, Arc::new(s));
+            }
+            cached.1.clone()
+        };
+        let mut out = (*current).clone();
+        let plans = self.settings.book.current();
+        let mut pins = self.pinned.lock_unpoisoned();
+        pins.retain(|id, _| {
+            flows
+                .iter()
+                .any(|f| f.id == *id && f.status != FenceStatus::Final)
+        });
+        for f in flows.iter().filter(|f| f.status != FenceStatus::Final) {
+            if !pins.contains_key(&f.id)
+                && let Some(p) = plans.get(&f.node)
+            {
+                pins.insert(f.id, p.clone());
+            }
+            if let Some(p) = pins.get(&f.id) {
+                out.insert(f.node.clone(), p.summary());
+            }
+        }
+        out
     }
 
     /// Runs until `shutdown`; then waits for running effects, so no fence step is abandoned.
@@ -189,7 +246,13 @@ impl<C: Cluster> Fencer<C> {
         let requests = self.requests(now).await;
         let (liveness, rules) = self.liveness(now);
         let opinions = self.opinions(&liveness, now);
-        self.report_partitions(&opinions).await;
+        let fenced: std::collections::BTreeSet<String> = flows
+            .iter()
+            .filter(|f| f.fenced && f.status != FenceStatus::Final)
+            .map(|f| f.node.clone())
+            .collect();
+        self.report_partitions(&opinions, &liveness, &fenced, now)
+            .await;
         let self_fence = self.self_fence_facts(&flows);
         self.probes.set_marked(
             flows
@@ -204,13 +267,14 @@ impl<C: Cluster> Fencer<C> {
                 .map(|f| f.node.clone())
                 .collect(),
         );
+        let plans = self.summaries(&flows);
         let state = FenceState {
             flows,
             liveness,
             rules,
             opinions,
             self_fence,
-            plans: self.summaries.clone(),
+            plans,
             tags,
             policy,
             requests,

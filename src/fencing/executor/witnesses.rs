@@ -129,28 +129,60 @@ impl<C: Cluster> Fencer<C> {
     }
 
     /// Says so, once, when the master loses a node that its watchers still hear, and when that
-    /// ends: in the log, as a metric and as an Event on the node.
-    pub(super) async fn report_partitions(&self, opinions: &BTreeMap<String, PeerOpinion>) {
-        let now: BTreeMap<&String, &Vec<String>> = opinions
+    /// ends: in the log, as a metric and as an Event on the node. With hysteresis: a node is
+    /// called partitioned only once it has been silent to the master for the fence grace (the
+    /// watchers' judgement is in by then: a dead node's watchers lose it too), and no longer
+    /// only after it has not been for as long, so a witness that flickers (a kubelet Lease
+    /// renewed a little late) says nothing. A node whose flow is past its power-off is never
+    /// called partitioned: it is off.
+    pub(super) async fn report_partitions(
+        &self,
+        opinions: &BTreeMap<String, PeerOpinion>,
+        liveness: &BTreeMap<String, Liveness>,
+        fenced: &std::collections::BTreeSet<String>,
+        now: Nanos,
+    ) {
+        let hold = self.settings.policy.grace;
+        let candidates: BTreeMap<&String, &Vec<String>> = opinions
             .iter()
+            .filter(|(n, _)| !fenced.contains(*n))
             .filter_map(|(n, o)| match o {
                 PeerOpinion::Partitioned { hearers } => Some((n, hearers)),
                 _ => None,
             })
+            .filter(|(n, _)| {
+                liveness
+                    .get(*n)
+                    .and_then(|l| l.unreachable_since)
+                    .is_some_and(|t| now.saturating_sub(t) >= hold)
+            })
             .collect();
         let (began, ended) = {
+            let mut clear = self.partition_clear.lock_unpoisoned();
             let mut was = self.peering.partitioned.lock_unpoisoned();
-            let began: Vec<(String, String)> = now
+            let began: Vec<(String, String)> = candidates
                 .iter()
                 .filter(|(n, _)| !was.contains(n.as_str()))
                 .map(|(n, h)| ((*n).clone(), h.join(", ")))
                 .collect();
-            let ended: Vec<String> = was
-                .iter()
-                .filter(|n| !now.contains_key(n))
-                .cloned()
-                .collect();
-            *was = now.keys().map(|n| (*n).clone()).collect();
+            for n in candidates.keys() {
+                clear.remove(*n);
+            }
+            // Ended: at once when its watchers lost it too (their judgement: gone) or it was
+            // powered off; else once it has been clear for the hold.
+            let mut ended = Vec::new();
+            for n in was.iter().filter(|n| !candidates.contains_key(n)) {
+                let since = *clear.entry(n.clone()).or_insert(now);
+                let lost = matches!(opinions.get(n), Some(PeerOpinion::Lost { .. }));
+                if lost || fenced.contains(n) || now.saturating_sub(since) >= hold {
+                    ended.push(n.clone());
+                }
+            }
+            for n in &ended {
+                was.remove(n);
+                clear.remove(n);
+            }
+            was.extend(began.iter().map(|(n, _)| n.clone()));
             (began, ended)
         };
         for (node, hearers) in began {

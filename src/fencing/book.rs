@@ -1,0 +1,193 @@
+//! The fence plans in force: those of the TOML file, fixed at start-up, and those of the
+//! cluster's ConfigMaps, replaced whenever they change. The fencer, the readiness checks and
+//! the agents' redaction read the current set; the fencer pins each flow's plan when the flow
+//! starts, so a change takes effect for the next flow, never mid-flow.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use crate::fencing::config::FencePlan;
+use crate::fencing::configmaps::{Parsed, Problem};
+use crate::sync::RwLockExt;
+
+pub type Plans = BTreeMap<String, FencePlan>;
+
+#[derive(Default)]
+struct Dynamic {
+    plans: Plans,
+    problems: BTreeMap<String, Problem>,
+    kdump: std::collections::BTreeSet<String>,
+}
+
+impl std::fmt::Debug for PlanBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Plans hold secrets: only their count.
+        write!(f, "PlanBook({} plans)", self.current().len())
+    }
+}
+
+/// The plans in force, and the ConfigMap problems that leave nodes unfenced.
+pub struct PlanBook {
+    fixed: Plans,
+    /// Whether plans may come from ConfigMaps (then fencing runs even with no plan yet).
+    dynamic_source: bool,
+    dynamic: RwLock<Dynamic>,
+    merged: RwLock<Arc<Plans>>,
+    /// Bumped at every change, so readers rebuild what they derive only then.
+    version: std::sync::atomic::AtomicU64,
+}
+
+impl PlanBook {
+    /// The TOML plans only.
+    pub fn fixed(plans: Plans) -> PlanBook {
+        PlanBook::new(plans, false)
+    }
+
+    /// The TOML plans, with ConfigMap plans to come (`set_dynamic`).
+    pub fn with_configmaps(plans: Plans) -> PlanBook {
+        PlanBook::new(plans, true)
+    }
+
+    fn new(plans: Plans, dynamic_source: bool) -> PlanBook {
+        PlanBook {
+            merged: RwLock::new(Arc::new(plans.clone())),
+            fixed: plans,
+            dynamic_source,
+            dynamic: RwLock::new(Dynamic::default()),
+            version: Default::default(),
+        }
+    }
+
+    /// Whether fencing has anything to do now or may have later.
+    pub fn active(&self) -> bool {
+        self.dynamic_source || !self.fixed.is_empty()
+    }
+
+    /// Every plan in force: the file's, and the ConfigMaps' for nodes the file does not name.
+    pub fn current(&self) -> Arc<Plans> {
+        self.merged.read_unpoisoned().clone()
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Replaces the ConfigMaps' plans; returns the nodes whose plan or problem changed. A node
+    /// the file configures keeps the file's plan (its ConfigMap is a problem that says so).
+    pub fn set_dynamic(&self, mut parsed: Parsed) -> Vec<String> {
+        for node in self.fixed.keys() {
+            if parsed.plans.remove(node).is_some() {
+                parsed.problems.insert(
+                    node.clone(),
+                    Problem {
+                        configmap: format!("{}{node}", crate::fencing::configmaps::NODE_PREFIX),
+                        key: "-".into(),
+                        problem: "ignored: the node is configured in maintd's own [fencing] section, which wins".into(),
+                    },
+                );
+            }
+        }
+        let mut d = self.dynamic.write_unpoisoned();
+        let mut changed: Vec<String> = parsed
+            .plans
+            .keys()
+            .chain(d.plans.keys())
+            .chain(parsed.problems.keys())
+            .chain(d.problems.keys())
+            .filter(|n| {
+                parsed.plans.get(*n) != d.plans.get(*n)
+                    || parsed.problems.get(*n) != d.problems.get(*n)
+            })
+            .cloned()
+            .collect();
+        changed.sort();
+        changed.dedup();
+        if changed.is_empty() && parsed.kdump == d.kdump {
+            return changed;
+        }
+        let mut merged = parsed.plans.clone();
+        merged.extend(self.fixed.clone());
+        *d = Dynamic {
+            plans: parsed.plans,
+            problems: parsed.problems,
+            kdump: parsed.kdump,
+        };
+        *self.merged.write_unpoisoned() = Arc::new(merged);
+        self.version
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        changed
+    }
+
+    /// Nodes left unfenced by a problem in their ConfigMaps.
+    pub fn problems(&self) -> BTreeMap<String, Problem> {
+        self.dynamic.read_unpoisoned().problems.clone()
+    }
+
+    /// Nodes whose configuration enables kdump detection.
+    pub fn kdump(&self) -> std::collections::BTreeSet<String> {
+        self.dynamic.read_unpoisoned().kdump.clone()
+    }
+
+    /// Every secret value of every plan in force, for redaction.
+    pub fn secrets(&self) -> Vec<String> {
+        self.current()
+            .values()
+            .flat_map(|p| p.secrets().cloned())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fencing::config::{ExecPolicy, Method, Stage};
+
+    fn plan(ip: &str) -> FencePlan {
+        FencePlan {
+            isolation: None,
+            power_management: Some(Stage {
+                policy: ExecPolicy::All,
+                timeout: std::time::Duration::from_secs(1),
+                retries: 0,
+                retry_interval: std::time::Duration::from_secs(1),
+                methods: vec![Method {
+                    name: "m#0".into(),
+                    agent: "fence_x".into(),
+                    action: "off".into(),
+                    params: BTreeMap::from([("ip".into(), ip.into())]),
+                    secrets: vec![format!("pw-{ip}")],
+                    required: true,
+                }],
+            }),
+            recovery: None,
+            self_fence: false,
+        }
+    }
+
+    #[test]
+    fn configmap_plans_come_and_go_and_the_file_wins() {
+        let book = PlanBook::with_configmaps(BTreeMap::from([("a".into(), plan("1"))]));
+        assert!(book.active());
+        let v0 = book.version();
+        let parsed = Parsed {
+            plans: BTreeMap::from([("a".into(), plan("9")), ("b".into(), plan("2"))]),
+            ..Parsed::default()
+        };
+        assert_eq!(book.set_dynamic(parsed.clone()), ["a", "b"]);
+        assert!(book.version() > v0);
+        let now = book.current();
+        assert_eq!(now["a"], plan("1"), "the file wins");
+        assert_eq!(now["b"], plan("2"));
+        assert!(book.problems()["a"].problem.contains("wins"));
+        assert!(book.secrets().contains(&"pw-2".to_string()));
+        // The same again: nothing changed, no new version.
+        let v1 = book.version();
+        assert!(book.set_dynamic(parsed).is_empty());
+        assert_eq!(book.version(), v1);
+        // The ConfigMap goes: the node is no longer configured.
+        assert_eq!(book.set_dynamic(Parsed::default()), ["a", "b"]);
+        assert!(!book.current().contains_key("b"));
+        assert!(book.current().contains_key("a"));
+        assert!(!PlanBook::fixed(BTreeMap::new()).active());
+    }
+}
