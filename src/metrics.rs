@@ -22,6 +22,11 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KdumpLabel {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabel {
     pub reason: &'static str,
     pub node: String,
@@ -56,6 +61,8 @@ pub struct Metrics {
     pub poll_cycle_seconds: Histogram,
     pub reports_accepted: Counter,
     pub reports_rejected: Family<RejectLabel, Counter>,
+    /// kdump notifications heard, accepted or refused (with the reason; node "" when unknown).
+    pub kdump_notifications: Family<KdumpLabel, Counter>,
     pub nodes_unreachable: Gauge,
     pub jobs_started: Counter,
     pub jobs_finished: Family<JobLabel, Counter>,
@@ -103,6 +110,7 @@ impl Metrics {
             poll_cycle_seconds: Histogram::new([0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0]),
             reports_accepted: Counter::default(),
             reports_rejected: Family::default(),
+            kdump_notifications: Family::default(),
             nodes_unreachable: Gauge::default(),
             jobs_started: Counter::default(),
             jobs_finished: Family::default(),
@@ -145,6 +153,11 @@ impl Metrics {
             "maintd_reports_rejected",
             "Reports rejected, by reason and node",
             m.reports_rejected.clone(),
+        );
+        reg.register(
+            "maintd_kdump_notifications",
+            "kdump notifications heard: accepted (from a silent kdump node) or refused, by reason",
+            m.kdump_notifications.clone(),
         );
         reg.register(
             "maintd_nodes_unreachable",

@@ -16,7 +16,6 @@ pub type Plans = BTreeMap<String, FencePlan>;
 struct Dynamic {
     plans: Plans,
     problems: BTreeMap<String, Problem>,
-    kdump: std::collections::BTreeSet<String>,
 }
 
 impl std::fmt::Debug for PlanBook {
@@ -102,7 +101,7 @@ impl PlanBook {
             .collect();
         changed.sort();
         changed.dedup();
-        if changed.is_empty() && parsed.kdump == d.kdump {
+        if changed.is_empty() {
             return changed;
         }
         let mut merged = parsed.plans.clone();
@@ -110,7 +109,6 @@ impl PlanBook {
         *d = Dynamic {
             plans: parsed.plans,
             problems: parsed.problems,
-            kdump: parsed.kdump,
         };
         *self.merged.write_unpoisoned() = Arc::new(merged);
         self.version
@@ -121,11 +119,6 @@ impl PlanBook {
     /// Nodes left unfenced by a problem in their ConfigMaps.
     pub fn problems(&self) -> BTreeMap<String, Problem> {
         self.dynamic.read_unpoisoned().problems.clone()
-    }
-
-    /// Nodes whose configuration enables kdump detection.
-    pub fn kdump(&self) -> std::collections::BTreeSet<String> {
-        self.dynamic.read_unpoisoned().kdump.clone()
     }
 
     /// Every secret value of every plan in force, for redaction.
@@ -161,6 +154,7 @@ mod tests {
             }),
             recovery: None,
             self_fence: false,
+            kdump: false,
         }
     }
 

@@ -73,6 +73,12 @@ pub struct FencingConfig {
     /// Added to a self-fencing node's proven reset time for clock rates and scheduling.
     #[serde(with = "humantime_serde")]
     pub self_fence_margin: Duration,
+    /// Where kdump notifications (`fence_kdump_send` in a node's crash kernel, UDP) are heard,
+    /// when any node is configured for kdump.
+    pub kdump_listen: std::net::SocketAddr,
+    /// After a kdump notification, power-management waits this long for the dump to finish.
+    #[serde(with = "humantime_serde")]
+    pub kdump_timeout: Duration,
     pub templates: BTreeMap<String, TemplateConfig>,
     pub nodes: BTreeMap<String, NodeFenceConfig>,
 }
@@ -99,6 +105,8 @@ impl Default for FencingConfig {
             second_opinion: true,
             watchers: crate::fencing::watchers::DEFAULT_WATCHERS,
             self_fence_margin: Duration::from_secs(5),
+            kdump_listen: std::net::SocketAddr::from(([0, 0, 0, 0], 7410)),
+            kdump_timeout: Duration::from_secs(600),
             templates: BTreeMap::new(),
             nodes: BTreeMap::new(),
         }
@@ -126,6 +134,9 @@ pub struct NodeFenceConfig {
     /// The node's collector arms a watchdog: the last level, after power-management when it
     /// has one, and the only one when it has none.
     pub self_fence: bool,
+    /// The node's crash kernel sends kdump notifications (fence_kdump_send): one heard after
+    /// it went silent releases its workloads at once.
+    pub kdump: bool,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
@@ -218,6 +229,8 @@ pub struct FencePlan {
     pub power_management: Option<Stage>,
     pub recovery: Option<Stage>,
     pub self_fence: bool,
+    /// kdump notifications from the node count (see `NodeFenceConfig::kdump`).
+    pub kdump: bool,
 }
 
 impl FencePlan {
@@ -470,6 +483,7 @@ impl FencingConfig {
                         .map(|s| stage(Step::Recovery, s))
                         .transpose()?,
                     self_fence: nc.self_fence,
+                    kdump: nc.kdump,
                 },
             );
         }

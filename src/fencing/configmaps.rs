@@ -47,8 +47,6 @@ impl std::fmt::Display for Problem {
 pub struct Parsed {
     pub plans: BTreeMap<String, FencePlan>,
     pub problems: BTreeMap<String, Problem>,
-    /// Nodes whose configuration enables kdump detection.
-    pub kdump: BTreeSet<String>,
 }
 
 /// Whether a ConfigMap's name is part of the fence configuration.
@@ -159,13 +157,11 @@ pub fn parse(
             .cloned()
             .unwrap_or_else(|| suffix.to_string());
         match ctx.node(name, &key, &node, &props) {
-            Ok(plan) => {
-                if matches!(
+            Ok(mut plan) => {
+                plan.kdump = matches!(
                     props.get("kdump").map(String::as_str),
                     Some("yes" | "true" | "on")
-                ) {
-                    out.kdump.insert(node.clone());
-                }
+                );
                 out.plans.insert(node, plan);
             }
             Err(p) => {
@@ -259,6 +255,7 @@ impl Ctx<'_> {
             power_management: power,
             recovery,
             self_fence: false,
+            kdump: false,
         })
     }
 

@@ -178,6 +178,8 @@ pub struct FencePolicy {
     pub second_opinion: bool,
     /// Added to each self-fencing node's proven reset time.
     pub self_fence_margin: Nanos,
+    /// How long power-management waits after a kdump notification, for the dump to finish.
+    pub kdump_timeout: Nanos,
 }
 
 #[derive(Debug, Clone)]
@@ -197,6 +199,8 @@ pub struct FenceState {
     pub self_fence: BTreeMap<String, SelfFenceFacts>,
     /// Fences operators asked for that have no flow yet, oldest first.
     pub requests: Vec<FenceRequest>,
+    /// The latest kdump notification from each node configured for kdump.
+    pub kdump: BTreeMap<String, Nanos>,
 }
 
 /// An operator's request to fence a node (on Kubernetes, a NodeFence object created with

@@ -520,6 +520,7 @@ mod tests {
             power_management: None,
             recovery: None,
             self_fence,
+            kdump: false,
         }
     }
 

@@ -198,6 +198,7 @@ impl Sim {
                         power_management: power.then(|| stage(n, "off", o.power_retries)),
                         recovery: power.then(|| stage(n, "on", 0)),
                         self_fence: o.self_fence.contains(n),
+                        kdump: false,
                     };
                     (n.clone(), plan)
                 })

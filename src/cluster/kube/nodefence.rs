@@ -85,6 +85,10 @@ pub struct NodeFenceStatus {
     pub safe_time_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_fence_times: Option<SelfFenceTimes>,
+    /// A kdump notification said the node runs its crash kernel (its workloads were released
+    /// then; power-management waited for the dump).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kdump_at: Option<String>,
     #[serde(default)]
     pub isolated: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -257,6 +261,7 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
         safe_proven: f.safe_proven,
         safe_time_ms: f.safe_time_ms,
         self_fence_times: f.self_fence_times,
+        kdump_at: f.kdump_at.map(time),
         isolated: f.isolated,
         isolated_at: f.isolated_at.map(time),
         released: f.released,
@@ -356,6 +361,7 @@ pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, String> {
         safe_until: parse_time("safeUntil", &s.safe_until)?,
         safe_proven: s.safe_proven,
         self_fence_times: s.self_fence_times,
+        kdump_at: parse_time("kdumpAt", &s.kdump_at)?,
         witnesses: s.witnesses.clone().unwrap_or_default(),
         version,
     }))

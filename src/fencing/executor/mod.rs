@@ -28,6 +28,7 @@ use crate::ticker::{Ticker, Wake};
 use crate::verdict::Nanos;
 
 mod effects;
+mod kdump;
 mod probe;
 mod witnesses;
 
@@ -49,6 +50,8 @@ pub struct FencerSettings {
     pub misses: u32,
     /// How long final flows are kept.
     pub retention: Duration,
+    /// Where kdump notifications are heard (when any plan has kdump).
+    pub kdump_listen: std::net::SocketAddr,
 }
 
 impl FencerSettings {
@@ -65,11 +68,13 @@ impl FencerSettings {
                 max_restarts: f.max_restarts,
                 second_opinion: f.second_opinion,
                 self_fence_margin: ns(f.self_fence_margin),
+                kdump_timeout: ns(f.kdump_timeout),
             },
             interval: f.liveness_interval,
             patience: (f.liveness_timeout, f.liveness_timeout_max),
             misses: f.liveness_misses.max(1),
             retention: f.retention,
+            kdump_listen: f.kdump_listen,
         }
     }
 }
@@ -97,6 +102,8 @@ pub struct Fencer<C: Cluster> {
     pruned: Mutex<Option<Nanos>>,
     /// Nodes called partitioned that no longer are, since when (the hysteresis of the end).
     partition_clear: Mutex<BTreeMap<String, Nanos>>,
+    /// kdump notifications heard, and the listener once a plan needs it.
+    kdump: kdump::Kdump,
 }
 
 impl<C: Cluster> Fencer<C> {
@@ -122,6 +129,7 @@ impl<C: Cluster> Fencer<C> {
             storm_tick: Mutex::new(None),
             pruned: Mutex::new(None),
             partition_clear: Mutex::new(BTreeMap::new()),
+            kdump: kdump::Kdump::default(),
         }
     }
 
@@ -194,6 +202,7 @@ impl<C: Cluster> Fencer<C> {
             }
             self.tick().await;
         }
+        self.kdump.stop();
         self.effects.drain(Duration::from_secs(120)).await;
         info!("fencer stopped");
     }
@@ -244,6 +253,7 @@ impl<C: Cluster> Fencer<C> {
             }
         };
         let requests = self.requests(now).await;
+        self.listen_for_kdump().await;
         let (liveness, rules) = self.liveness(now);
         let opinions = self.opinions(&liveness, now);
         let fenced: std::collections::BTreeSet<String> = flows
@@ -278,6 +288,7 @@ impl<C: Cluster> Fencer<C> {
             tags,
             policy,
             requests,
+            kdump: self.kdump.heard(),
         };
         let actions = decide_fencing(&state, now);
         let metrics = &self.shared.metrics;

@@ -77,6 +77,10 @@ pub struct Flow {
     /// The node's signed self-fencing settings, kept for a leader that never saw its report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_fence_times: Option<crate::fencing::selffence::SelfFenceTimes>,
+    /// When a kdump notification from the node (after it went silent) said it runs its crash
+    /// kernel: its workloads are released at once, and power-management waits for the dump.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kdump_at: Option<Nanos>,
     /// What declared the node dead when the flow started: recovery waits for each of them to
     /// be healthy again.
     #[serde(default = "Witnesses::legacy")]
@@ -170,6 +174,7 @@ impl Flow {
             safe_until: None,
             safe_proven: false,
             self_fence_times: None,
+            kdump_at: None,
             released: false,
             reclaimed: false,
             canceled: false,

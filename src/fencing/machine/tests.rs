@@ -34,6 +34,7 @@ fn policy() -> FencePolicy {
         // The gates below are the master's own; the second opinion has its tests at the end.
         second_opinion: false,
         self_fence_margin: 5 * S,
+        kdump_timeout: 30 * S,
     }
 }
 
@@ -79,6 +80,7 @@ fn state() -> FenceState {
         opinions: BTreeMap::new(),
         self_fence: BTreeMap::new(),
         requests: vec![],
+        kdump: BTreeMap::new(),
     }
 }
 
@@ -928,5 +930,87 @@ mod requests {
             started(&decide_fencing(&s, T0 + 6 * S))[0].id,
             Uuid::from_u128(2)
         );
+    }
+}
+
+mod kdump {
+    use super::*;
+
+    fn releases(a: &[FenceAction]) -> usize {
+        a.iter()
+            .filter(|x| matches!(x, FenceAction::Release { .. }))
+            .count()
+    }
+
+    /// A kdump notification heard after the node went silent releases its workloads at once;
+    /// the power-off waits for the dump, then runs as ever (n2 has no isolation).
+    #[test]
+    fn a_notification_releases_at_once_and_holds_the_power_off_for_the_dump() {
+        let mut s = state();
+        s.liveness.insert("n2".into(), down(T0));
+        let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
+        assert_eq!(f.step, Step::PowerManagement);
+        // The running attempt fails; a retry is due in a second.
+        f = saved(&tick(&mut s, &with_result(&f, false), T0 + 6 * S));
+        assert_eq!(f.status, FenceStatus::New);
+        // A notification from before the node went silent proves nothing.
+        s.kdump.insert("n2".into(), T0 - S);
+        assert!(
+            tick(&mut s, &f, T0 + 6 * S)
+                .iter()
+                .all(|a| !matches!(a, FenceAction::Save(n) if n.kdump_at.is_some()))
+        );
+        s.kdump.insert("n2".into(), T0 + 6 * S);
+        f = saved(&tick(&mut s, &f, T0 + 6 * S));
+        assert_eq!(f.kdump_at, Some(T0 + 6 * S));
+        assert!(f.history.last().unwrap().note.contains("crash kernel"));
+        // Released now, before any power-off; the retry of the power-off waits for the dump.
+        let a = tick(&mut s, &f, T0 + 7 * S);
+        assert_eq!(releases(&a), 1);
+        assert!(runs(&a).is_empty(), "power-off held during the dump: {a:?}");
+        f.release_result = Some(Outcome::done("released"));
+        f = saved(&tick(&mut s, &f, T0 + 8 * S));
+        assert!(f.released && !f.fenced);
+        assert!(
+            runs(&tick(&mut s, &f, T0 + 35 * S)).is_empty(),
+            "30 s dump timeout"
+        );
+        let a = tick(&mut s, &f, T0 + 37 * S);
+        assert_eq!(runs(&a), [Step::PowerManagement]);
+        f = saved(&a);
+        // Verified off: nothing to release again; recovery.
+        f = saved(&tick(&mut s, &with_result(&f, true), T0 + 38 * S));
+        assert!(f.fenced);
+        let a = tick(&mut s, &f, T0 + 38 * S);
+        assert_eq!(releases(&a), 0);
+        assert_eq!(saved(&a).step, Step::Recovery);
+    }
+
+    /// The node reboots after its dump and answers before the power-off: its released workloads
+    /// are reclaimed through recovery (never left released), once a report diagnosed after the
+    /// notification is healthy.
+    #[test]
+    fn a_node_back_after_its_dump_goes_through_recovery() {
+        let mut s = state();
+        s.liveness.insert("n2".into(), down(T0));
+        let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
+        f = saved(&tick(&mut s, &with_result(&f, false), T0 + 6 * S));
+        s.kdump.insert("n2".into(), T0 + 6 * S);
+        f = saved(&tick(&mut s, &f, T0 + 6 * S));
+        f.release_result = Some(Outcome::done("released"));
+        f = saved(&tick(&mut s, &f, T0 + 7 * S));
+        assert!(f.released);
+        let mut l = up();
+        l.healthy_at = Some(T0 + 5 * S);
+        s.liveness.insert("n2".into(), l);
+        f = saved(&tick(&mut s, &f, T0 + 10 * S));
+        assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
+        assert!(
+            runs(&tick(&mut s, &f, T0 + 11 * S)).is_empty(),
+            "a report from before the dump"
+        );
+        l.healthy_at = Some(T0 + 11 * S);
+        s.liveness.insert("n2".into(), l);
+        assert_eq!(runs(&tick(&mut s, &f, T0 + 12 * S)), [Step::Recovery]);
     }
 }

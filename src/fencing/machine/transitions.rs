@@ -82,6 +82,9 @@ pub(super) fn advance(
         hold_power,
         now,
     };
+    if kdump(&c, out) {
+        return;
+    }
     match f.phase() {
         Phase::Final => {}
         Phase::Failed => failed(&c, out),
@@ -91,6 +94,73 @@ pub(super) fn advance(
         Phase::PoweredOff => powered_off(&c, out),
         Phase::AwaitingReset => awaiting_reset(&c, out),
         Phase::Recovered => recovered(&c, out),
+    }
+}
+
+/// A node that sends a kdump notification after it went silent runs its crash kernel, and no
+/// workload: its workloads are released at once (power-management waits for the dump, in
+/// `pending`). Returns whether it decided the flow's record for this tick.
+fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
+    let Ctx { s, f, now, .. } = *c;
+    if f.fenced || f.canceled || matches!(f.status, FenceStatus::Final | FenceStatus::Error) {
+        return false;
+    }
+    let mut n = f.clone();
+    if f.kdump_at.is_none() {
+        let Some(&t) = s.kdump.get(&f.node).filter(|t| **t > f.detected) else {
+            return false;
+        };
+        n.kdump_at = Some(t);
+        n.updated = now;
+        n.history.push(super::Transition {
+            at: now,
+            step: f.step,
+            status: f.status,
+            note: format!(
+                "kdump notification: the node runs its crash kernel; its workloads are released now, power-management waits {:.0} s for the dump",
+                s.policy.kdump_timeout as f64 / 1e9
+            ),
+        });
+        out.push(FenceAction::Save(n));
+        return true;
+    }
+    if f.released {
+        return false;
+    }
+    match &f.release_result {
+        None => {
+            out.push(FenceAction::Release {
+                flow: f.id,
+                node: f.node.clone(),
+                attempt: f.restarts,
+            });
+            false
+        }
+        Some(r) => {
+            n.release_result = None;
+            n.updated = now;
+            let note = if r.ok {
+                n.released = true;
+                n.released_at = Some(now);
+                format!(
+                    "workloads released after the kdump notification: {}",
+                    r.detail
+                )
+            } else {
+                format!(
+                    "release after the kdump notification failed ({}); retried",
+                    r.detail
+                )
+            };
+            n.history.push(super::Transition {
+                at: now,
+                step: f.step,
+                status: f.status,
+                note,
+            });
+            out.push(FenceAction::Save(n));
+            true
+        }
     }
 }
 
@@ -205,12 +275,12 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
         } else {
             "node answered again before power-off"
         };
-        if f.isolated {
+        if f.isolated || f.released {
             n.go(
                 now,
                 Step::Recovery,
                 FenceStatus::New,
-                format!("{why}; undoing isolation"),
+                format!("{why}; undoing isolation and release"),
             );
         } else {
             n.go(now, f.step, FenceStatus::Final, why);
@@ -221,7 +291,18 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
     if (power_step && hold_power) || now < f.next_attempt {
         return;
     }
-    if f.step == Step::Recovery && f.fenced && !f.witnesses.recovered(&l, f.fenced_at) {
+    let dumping = f
+        .kdump_at
+        .is_some_and(|t| now < t.saturating_add(c.s.policy.kdump_timeout));
+    if dumping && matches!(f.step, Step::PowerManagement | Step::SelfFence) {
+        // The crash kernel writes its dump: power-off waits for it.
+        return;
+    }
+    let proven = f.fenced_at.or(f.kdump_at);
+    if f.step == Step::Recovery
+        && (f.fenced || f.kdump_at.is_some())
+        && !f.witnesses.recovered(&l, proven)
+    {
         // Powered off: wait until every witness that declared it dead is healthy again.
         return;
     }
