@@ -3,7 +3,10 @@
 //! ipmi_sim → out-of-service taint and force delete → the replacement pod scheduled on another
 //! node → Running. Default fencing grace (5 s) and probe, default node-monitor-grace-period.
 //! Prints each run, p50/p99 to scheduled and to Running, each stage's share, and how often a
-//! replacement pod was deleted. Run: `cargo bench --bench k8s_e2e` (MAINTD_BENCH_RUNS, default 10).
+//! replacement pod was deleted. Each flow is a NodeFence: the apiserver requests maintd sends
+//! from death to recovery are counted from the audit log, and at the end the daemon restarts
+//! beside 1,000 finished NodeFences to time its resume. Run: `cargo bench --bench k8s_e2e`
+//! (MAINTD_BENCH_RUNS, default 10).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -30,7 +33,8 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
     // The controller-manager's default node-monitor-grace-period (50 s).
-    let cp = ControlPlane::start(Duration::from_secs(50)).await;
+    // The daemon runs as the admin user here: the audit log records what it sends.
+    let cp = ControlPlane::start_audited(Duration::from_secs(50), "admin").await;
     let mut c = Cluster::new(4);
     let nodes = c.nodes.clone();
     let bmcs: Vec<Ipmi> = nodes.iter().map(|n| Ipmi::start(c.dir.path(), n)).collect();
@@ -65,6 +69,7 @@ async fn main() {
     let mut shares = [0.0f64; 4];
     let mut replacement_deletions = 0;
     let mut seen_flows = std::collections::HashSet::new();
+    let mut per_flow: Vec<(usize, usize)> = Vec::new();
     for run in 1..=runs {
         let p = k8s::running_pod(&pods, "db-0").await;
         let victim = p.spec.as_ref().unwrap().node_name.clone().unwrap();
@@ -162,6 +167,14 @@ async fn main() {
         })
         .await;
         assert!(bmcs[i].powered_on());
+        // What the daemon sent from the death to the end of recovery: all of it, and the part
+        // that was the flow's own record.
+        let sent = cp.audited(died);
+        let fences = sent
+            .iter()
+            .filter(|e| e["objectRef"]["resource"] == "nodefences")
+            .count();
+        per_flow.push((fences, sent.len()));
     }
     to_sched.sort_by(f64::total_cmp);
     to_run.sort_by(f64::total_cmp);
@@ -181,5 +194,81 @@ async fn main() {
         100.0 * shares[3] / sum
     );
     println!("replacement pods deleted: {replacement_deletions}");
+    let n = per_flow.len().max(1) as f64;
+    println!(
+        "apiserver requests per flow, death to recovery: {:.1} on NodeFences, {:.1} in all (runs: {:?})",
+        per_flow.iter().map(|p| p.0).sum::<usize>() as f64 / n,
+        per_flow.iter().map(|p| p.1).sum::<usize>() as f64 / n,
+        per_flow
+    );
+    resume_beside_finished_fences(&cp, &mut c).await;
     c.kill_daemon();
+}
+
+/// The daemon stops; 1,000 finished NodeFences appear (as a week of fences would leave); the
+/// daemon starts again. Times the start to its API and to its first listing of the flows, with
+/// and without them.
+async fn resume_beside_finished_fences(cp: &ControlPlane, c: &mut Cluster) {
+    c.kill_daemon();
+    c.start_kube_daemon();
+    let (api0, listed0, n0) = timed_start(c).await;
+    c.kill_daemon();
+    let api: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+        cp.client.clone(),
+        &kube::api::ApiResource {
+            group: "maintd.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "maintd.io/v1alpha1".into(),
+            kind: "NodeFence".into(),
+            plural: "nodefences".into(),
+        },
+    );
+    let t = Instant::now();
+    let old = "2026-01-01T00:00:00Z";
+    for i in 0..1000 {
+        let name = format!("old-{i}");
+        let obj = serde_json::json!({
+            "apiVersion": "maintd.io/v1alpha1", "kind": "NodeFence",
+            "metadata": {"name": name, "labels": {"maintd.io/flow": uuid::Uuid::new_v4().to_string()}},
+            "spec": {"node": "gone"},
+        });
+        let made = api
+            .create(
+                &kube::api::PostParams::default(),
+                &serde_json::from_value(obj).unwrap(),
+            )
+            .await
+            .unwrap();
+        let mut with = made.clone();
+        with.data["status"] = serde_json::json!({
+            "step": "recovery", "status": "final", "retries": 0, "restarts": 0,
+            "detected": old, "created": old, "updated": old, "nextAttempt": old,
+        });
+        api.replace_status(&name, &kube::api::PostParams::default(), &with)
+            .await
+            .unwrap();
+    }
+    println!(
+        "1,000 finished NodeFences written in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    c.start_kube_daemon();
+    let (api1, listed1, n1) = timed_start(c).await;
+    println!(
+        "start to API: {api0:.2} s with {n0} flows, {api1:.2} s beside 1,000 finished NodeFences; to the first listing: {listed0:.2} s / {listed1:.2} s ({n1} flows listed)"
+    );
+}
+
+/// Seconds from now to the daemon's API answering and to its first listing of the flows, and
+/// how many it listed.
+async fn timed_start(c: &Cluster) -> (f64, f64, usize) {
+    let t0 = Instant::now();
+    c.wait_api().await;
+    let api = t0.elapsed().as_secs_f64();
+    let n = wait_for("the flows listed", || async {
+        let (code, v) = c.get("/1/fences").await;
+        (code == 200).then(|| v.as_array().map(Vec::len).unwrap_or(0))
+    })
+    .await;
+    (api, t0.elapsed().as_secs_f64(), n)
 }

@@ -108,11 +108,23 @@ impl NodeView {
         self.interval * 2 + Duration::from_secs(1)
     }
 
-    /// Each node's kubelet Lease, from a recent node list (Kubernetes).
-    pub fn kubelet_leases(&self) -> Option<std::collections::BTreeMap<String, KubeletLease>> {
+    /// Every Lease that witnesses a node's life (its kubelet's, and the storage Leases the
+    /// operator names), by node and witness name, from a recent node list (Kubernetes).
+    pub fn leases(&self) -> Option<std::collections::BTreeMap<(String, String), KubeletLease>> {
         let facts = self.facts.lock_unpoisoned().clone();
         let (at, facts) = facts?;
-        (at.elapsed() <= self.max_age).then(|| facts.kubelet_leases.clone())
+        if at.elapsed() > self.max_age {
+            return None;
+        }
+        let kubelets = facts.kubelet_leases.iter().map(|(n, l)| {
+            let witness = crate::fencing::opinion::KUBELET_WITNESS.to_string();
+            ((n.clone(), witness), l.clone())
+        });
+        let storage = facts.storage_leases.iter().flat_map(|(n, v)| {
+            v.iter()
+                .map(move |(w, l)| ((n.clone(), w.clone()), l.clone()))
+        });
+        Some(kubelets.chain(storage).collect())
     }
 
     /// Records a fresh node list; returns the new membership if it changed.

@@ -294,22 +294,50 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
 
 /// The collector dies but the kubelet keeps renewing its Lease: the node runs, so its silent
 /// collector and its peers (which lose the collector's heartbeats) are outvoted and nothing is
-/// fenced. Once the kubelet stops too and its Lease goes stale, the node is fenced, with the
-/// Lease among the witnesses.
+/// fenced. The kubelet stops too, but a storage Lease the operator named is still renewed (by
+/// a storage agent, here the test): still nothing. Once that stops and goes stale as well, the
+/// node is fenced, with both Leases among the witnesses.
 async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &ControlPlane) {
     let (mut c, nodes) = managed_cluster(cp, "l").await;
     let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
     // A grace longer than the test kubelet's 2 s renewals plus the 2 s it takes to see one.
     c.extra_daemon_toml = format!(
-        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
+        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[[kubernetes.storage-leases]]\nnamespace = \"storage\"\nname = \"{{node}}-storage\"\n[kubernetes.leader-election]\nenabled = false\n",
         c.stub_fencing("fence_ok", OK_AGENT, "6s", &refs)
     );
     c.env
         .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+    let victim = nodes[0].clone();
+    // The storage agent's Lease: 8 s long, renewed every 2 s while `storage` holds.
+    cp.kubectl(&["create", "namespace", "storage"]);
+    let storage = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let renewer = {
+        let (client, storage, name) = (
+            cp.client.clone(),
+            storage.clone(),
+            format!("{victim}-storage"),
+        );
+        tokio::spawn(async move {
+            let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+                kube::Api::namespaced(client, "storage");
+            while storage.load(std::sync::atomic::Ordering::SeqCst) {
+                let lease = json!({
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": name, "namespace": "storage"},
+                    "spec": {"holderIdentity": "storage-agent", "leaseDurationSeconds": 8,
+                        "renewTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
+                });
+                let pp = kube::api::PatchParams::apply("maintd-test-storage").force();
+                let _ = leases
+                    .patch(&name, &pp, &kube::api::Patch::Apply(&lease))
+                    .await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+    };
     c.start_collectors();
     c.start_kube_daemon();
     c.wait_api().await;
-    let victim = nodes[0].clone();
     wait_for("the peers to hear the victim", || async {
         let w = c.node(&victim).await["witnesses"].clone();
         (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
@@ -325,8 +353,18 @@ async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &Contro
     let flows = c.get("/1/fences").await.1;
     assert_eq!(flows, serde_json::json!([]), "{flows:#}");
     assert_eq!(c.node(&victim).await["witnesses"]["partitioned"], true);
-    // The kubelet stops: within one renew interval (10 s for a 40 s Lease) the Lease is stale.
+    // The kubelet stops: its Lease goes stale, but the storage Lease is still renewed.
     cp.heartbeats.alive(&victim, false);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let flows = c.get("/1/fences").await.1;
+    assert_eq!(
+        flows,
+        serde_json::json!([]),
+        "the storage Lease vetoes: {flows:#}"
+    );
+    // The storage agent stops too.
+    storage.store(false, std::sync::atomic::Ordering::SeqCst);
+    renewer.await.unwrap();
     let f = c
         .wait_flow("the release", |f| {
             f["node"] == victim.as_str() && f["released"] == true
@@ -339,7 +377,10 @@ async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &Contro
         .map(|w| w["watcher"].as_str().unwrap())
         .collect();
     assert!(witnesses.contains(&"lease:kubelet"), "{f:#}");
-    assert_eq!(witnesses.len(), 4, "three peers and the Lease: {f:#}");
+    let storage_witness = format!("lease:storage/{victim}-storage");
+    assert!(witnesses.contains(&storage_witness.as_str()), "{f:#}");
+    assert_eq!(witnesses.len(), 5, "three peers and two Leases: {f:#}");
+    cp.kubectl(&["delete", "namespace", "storage", "--wait=false"]);
     remove_nodes(cp, &mut c, &nodes);
 }
 

@@ -175,7 +175,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
     let t = Instant::now();
     let silent = nodes / 100;
     for (n, _) in sample.iter().take(silent) {
-        let _ = verifier.opinion(n, now, None);
+        let _ = verifier.opinion(n, now, &[]);
     }
     let opinions = t.elapsed().as_secs_f64();
     println!(

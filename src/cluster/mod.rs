@@ -55,6 +55,9 @@ pub struct NodeFacts {
     pub conditions: BTreeMap<String, Vec<crate::repair::conditions::NodeCondition>>,
     /// Each node's kubelet Lease, by node name (Kubernetes; empty when unknown).
     pub kubelet_leases: BTreeMap<String, KubeletLease>,
+    /// Each node's storage Leases the operator names, by node name, each with its witness name
+    /// (`lease:<namespace>/<name>`).
+    pub storage_leases: BTreeMap<String, Vec<(String, KubeletLease)>>,
 }
 
 /// A kubelet's Lease as the fencer reads it: only whether it was renewed, never its time

@@ -68,20 +68,29 @@ pub enum KubeletSays {
     },
 }
 
-/// Judges a node from its watchers' testimony and, on Kubernetes, its kubelet's Lease. A single
-/// witness that still hears the node outweighs any number that lost it: a power-off kills a
-/// running node, waiting does not. A node without watchers (a one-node cluster) cannot be
-/// judged. The Lease never makes up for missing watchers: it can only veto or add its word.
-pub fn second_opinion(testimony: &[Testimony], kubelet: Option<&KubeletSays>) -> PeerOpinion {
+/// The name a storage Lease goes by among the witnesses: `lease:<namespace>/<name>`.
+pub fn lease_witness(namespace: &str, name: &str) -> String {
+    format!("lease:{namespace}/{name}")
+}
+
+/// Judges a node from its watchers' testimony and, on Kubernetes, its Leases (the kubelet's,
+/// and any storage Lease the operator names, each with its witness name). A single witness that
+/// still hears the node outweighs any number that lost it: a power-off kills a running node,
+/// waiting does not. A node without watchers (a one-node cluster) cannot be judged. A Lease
+/// never makes up for missing watchers: it can only veto or add its word.
+pub fn second_opinion(testimony: &[Testimony], leases: &[(String, KubeletSays)]) -> PeerOpinion {
     let watchers = testimony.len();
     let mut hearers: Vec<String> = testimony
         .iter()
         .filter(|t| matches!(t.says, Says::Hears { .. }))
         .map(|t| t.watcher.clone())
         .collect();
-    if kubelet == Some(&KubeletSays::RenewedSinceLoss) {
-        hearers.push(KUBELET_WITNESS.into());
-    }
+    hearers.extend(
+        leases
+            .iter()
+            .filter(|(_, says)| *says == KubeletSays::RenewedSinceLoss)
+            .map(|(name, _)| name.clone()),
+    );
     if !hearers.is_empty() {
         return PeerOpinion::Partitioned { hearers };
     }
@@ -103,16 +112,18 @@ pub fn second_opinion(testimony: &[Testimony], kubelet: Option<&KubeletSays>) ->
     if heard == 0 || heard * 2 < watchers {
         return PeerOpinion::TooFew { heard, watchers };
     }
-    if let Some(KubeletSays::NotSinceLoss {
-        checked_at,
-        last_renewal,
-    }) = kubelet
-    {
-        agreed.push(PeerWitness {
-            watcher: KUBELET_WITNESS.into(),
-            view_at: *checked_at,
-            last_heard: *last_renewal,
-        });
+    for (name, says) in leases {
+        if let KubeletSays::NotSinceLoss {
+            checked_at,
+            last_renewal,
+        } = says
+        {
+            agreed.push(PeerWitness {
+                watcher: name.clone(),
+                view_at: *checked_at,
+                last_heard: *last_renewal,
+            });
+        }
     }
     PeerOpinion::Lost { agreed }
 }
@@ -140,7 +151,7 @@ mod tests {
     fn all_heard_watchers_lost_it_is_a_verdict_of_lost_with_each_witness() {
         let o = second_opinion(
             &[t("a", lost(10)), t("b", lost(11)), t("c", Says::Unheard)],
-            None,
+            &[],
         );
         let PeerOpinion::Lost { agreed } = o else {
             panic!("{o:?}")
@@ -163,7 +174,7 @@ mod tests {
                 t("b", lost(10)),
                 t("c", Says::Hears { view_at: 10 }),
             ],
-            None,
+            &[],
         );
         assert_eq!(
             o,
@@ -181,7 +192,7 @@ mod tests {
                 t("b", Says::Unheard),
                 t("c", Says::Unheard),
             ],
-            None,
+            &[],
         );
         assert_eq!(
             o,
@@ -191,7 +202,7 @@ mod tests {
             }
         );
         assert_eq!(
-            second_opinion(&[], None),
+            second_opinion(&[], &[]),
             PeerOpinion::TooFew {
                 heard: 0,
                 watchers: 0
@@ -200,16 +211,56 @@ mod tests {
         // Half is enough: in a three-node cluster one dead node leaves one of two watchers of
         // the next.
         assert!(matches!(
-            second_opinion(&[t("a", lost(1)), t("b", Says::Unheard)], None),
+            second_opinion(&[t("a", lost(1)), t("b", Says::Unheard)], &[]),
             PeerOpinion::Lost { .. }
         ));
+    }
+
+    /// A storage Lease the node still renews is a witness of its life like the kubelet's: it
+    /// vetoes the fence even when the kubelet's Lease is stale; stale, each adds its word.
+    #[test]
+    fn a_renewed_storage_lease_vetoes_and_stale_leases_each_add_their_word() {
+        let peers = [t("a", lost(10)), t("b", lost(10))];
+        let stale = KubeletSays::NotSinceLoss {
+            checked_at: 20,
+            last_renewal: Some(4),
+        };
+        let storage = lease_witness("storage", "n1-lease");
+        assert_eq!(storage, "lease:storage/n1-lease");
+        let o = second_opinion(
+            &peers,
+            &[
+                (KUBELET_WITNESS.into(), stale.clone()),
+                (storage.clone(), KubeletSays::RenewedSinceLoss),
+            ],
+        );
+        assert_eq!(
+            o,
+            PeerOpinion::Partitioned {
+                hearers: vec![storage.clone()]
+            }
+        );
+        let PeerOpinion::Lost { agreed } = second_opinion(
+            &peers,
+            &[
+                (KUBELET_WITNESS.into(), stale.clone()),
+                (storage.clone(), stale),
+            ],
+        ) else {
+            panic!()
+        };
+        let names: Vec<&str> = agreed.iter().map(|w| w.watcher.as_str()).collect();
+        assert_eq!(names, ["a", "b", KUBELET_WITNESS, storage.as_str()]);
     }
 
     #[test]
     fn a_kubelet_lease_renewed_since_the_loss_vetoes_and_a_stale_one_adds_its_word() {
         let peers = [t("a", lost(10)), t("b", lost(10))];
         assert_eq!(
-            second_opinion(&peers, Some(&KubeletSays::RenewedSinceLoss)),
+            second_opinion(
+                &peers,
+                &[(KUBELET_WITNESS.into(), KubeletSays::RenewedSinceLoss)]
+            ),
             PeerOpinion::Partitioned {
                 hearers: vec![KUBELET_WITNESS.into()]
             }
@@ -218,7 +269,9 @@ mod tests {
             checked_at: 20,
             last_renewal: Some(4),
         };
-        let PeerOpinion::Lost { agreed } = second_opinion(&peers, Some(&stale)) else {
+        let PeerOpinion::Lost { agreed } =
+            second_opinion(&peers, &[(KUBELET_WITNESS.into(), stale.clone())])
+        else {
             panic!()
         };
         assert_eq!(agreed.len(), 3);
@@ -226,7 +279,10 @@ mod tests {
         assert_eq!(agreed[2].last_heard, Some(4));
         // It never stands in for the watchers.
         assert!(matches!(
-            second_opinion(&[t("a", Says::Unheard)], Some(&stale)),
+            second_opinion(
+                &[t("a", Says::Unheard)],
+                &[(KUBELET_WITNESS.into(), stale.clone())]
+            ),
             PeerOpinion::TooFew { .. }
         ));
     }
@@ -249,7 +305,7 @@ mod tests {
         fn lost_needs_half_and_nobody_hearing(v in prop::collection::vec(says(), 0..12)) {
             let ts: Vec<Testimony> = v.iter().enumerate()
                 .map(|(i, s)| t(&format!("w{i}"), s.clone())).collect();
-            let o = second_opinion(&ts, None);
+            let o = second_opinion(&ts, &[]);
             let hears = v.iter().any(|s| matches!(s, Says::Hears { .. }));
             let lost = v.iter().filter(|s| matches!(s, Says::Lost { .. })).count();
             if let PeerOpinion::Lost { agreed } = &o {
@@ -259,7 +315,7 @@ mod tests {
             }
             let mut rev = ts.clone();
             rev.reverse();
-            prop_assert_eq!(std::mem::discriminant(&o), std::mem::discriminant(&second_opinion(&rev, None)));
+            prop_assert_eq!(std::mem::discriminant(&o), std::mem::discriminant(&second_opinion(&rev, &[])));
         }
     }
 }

@@ -430,8 +430,8 @@ impl Peering {
     }
 
     /// The second opinion on `node`, with its kubelet's Lease when there is one.
-    pub fn opinion(&self, node: &str, now: Nanos, kubelet: Option<&KubeletSays>) -> PeerOpinion {
-        crate::fencing::opinion::second_opinion(&self.testimony(node, now), kubelet)
+    pub fn opinion(&self, node: &str, now: Nanos, leases: &[(String, KubeletSays)]) -> PeerOpinion {
+        crate::fencing::opinion::second_opinion(&self.testimony(node, now), leases)
     }
 
     /// A node's last reported watchdog, from its own last view: `None` if it never had one or
@@ -644,7 +644,7 @@ mod tests {
         ));
         assert!(matches!(t[1].says, Says::Hears { .. }));
         assert!(matches!(
-            p.opinion("n1", NOW + S, None),
+            p.opinion("n1", NOW + S, &[]),
             PeerOpinion::Partitioned { .. }
         ));
         // Views older than `fresh-for` say nothing.

@@ -10,14 +10,25 @@ use super::model::CONDITION_SOURCE;
 use crate::verdict::Nanos;
 use crate::verdict::{Status, Verdict};
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RuleAction {
     Repair(Status),
+    /// A whitelisted live repair on the node's collector (`live-repair:restart-kubelet`): a
+    /// living node is repaired before anything more invasive.
+    LiveRepair(String),
     Fence,
 }
 
 impl RuleAction {
     pub fn parse(s: &str) -> Option<RuleAction> {
+        if let Some(cmd) = s.strip_prefix("live-repair:") {
+            let ok = !cmd.is_empty()
+                && cmd.len() <= 64
+                && cmd
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            return ok.then(|| RuleAction::LiveRepair(cmd.to_string()));
+        }
         Some(match s {
             "fence" => RuleAction::Fence,
             "evacuate" => RuleAction::Repair(Status::Evacuate),
@@ -63,7 +74,9 @@ pub enum RuleError {
     Status { rule: String, status: String },
     #[error("{rule}: needs at least one action")]
     NoAction { rule: String },
-    #[error("{rule}: unknown action {action:?} (expected evacuate, evacuate-failover or fence)")]
+    #[error(
+        "{rule}: unknown action {action:?} (expected live-repair:<command>, evacuate, evacuate-failover or fence)"
+    )]
     UnknownAction { rule: String, action: String },
     #[error("{rule}: fence can only be the last step (nothing escalates past a power-off)")]
     FenceNotLast { rule: String },
@@ -144,6 +157,32 @@ pub struct FenceRule {
     pub rule: String,
 }
 
+/// The verdict a rule's repair step stands for. `since` is part of its identity: a condition
+/// that clears and comes back is a new event.
+fn condition_verdict(
+    status: Status,
+    command: Option<&str>,
+    rule: usize,
+    c: &NodeCondition,
+    step: usize,
+) -> Verdict {
+    let mut v = json!({
+        "status": status.to_string(),
+        "details": {
+            "source": CONDITION_SOURCE,
+            "rule": rule,
+            "condition": c.kind,
+            "condition-status": c.status.as_str(),
+            "since": c.since,
+            "step": step,
+        },
+    });
+    if let Some(cmd) = command {
+        v["command"] = json!(cmd);
+    }
+    Verdict::from_value(v).expect("a built verdict is valid")
+}
+
 pub fn evaluate(
     rules: &[Rule],
     nodes: &BTreeMap<String, Vec<NodeCondition>>,
@@ -168,7 +207,7 @@ pub fn evaluate(
                 0
             }
             .min(rule.steps.len() - 1);
-            match rule.steps[step] {
+            match &rule.steps[step] {
                 RuleAction::Fence => {
                     let rule = format!(
                         "{}={} for {}",
@@ -185,20 +224,11 @@ pub fn evaluate(
                     e.since = e.since.min(c.since);
                 }
                 RuleAction::Repair(status) => {
-                    // `since` is part of the identity: a condition that clears and comes back
-                    // is a new event.
-                    let v = Verdict::from_value(json!({
-                        "status": status.to_string(),
-                        "details": {
-                            "source": CONDITION_SOURCE,
-                            "rule": i,
-                            "condition": c.kind,
-                            "condition-status": c.status.as_str(),
-                            "since": c.since,
-                            "step": step,
-                        },
-                    }))
-                    .expect("a built verdict is valid");
+                    let v = condition_verdict(*status, None, i, c, step);
+                    out.verdicts.entry(node.clone()).or_default().push(v);
+                }
+                RuleAction::LiveRepair(cmd) => {
+                    let v = condition_verdict(Status::LiveRepair, Some(cmd), i, c, step);
                     out.verdicts.entry(node.clone()).or_default().push(v);
                 }
             }
@@ -223,6 +253,39 @@ mod tests {
                 since,
             }],
         )])
+    }
+
+    /// The shipped rule for a node whose kubelet stopped: a live repair that restarts it
+    /// first, and a fence only if Ready is still Unknown after the escalation.
+    #[test]
+    fn a_living_node_is_repaired_before_a_rule_fences_it() {
+        let r = Rule::new(
+            "Ready",
+            "Unknown",
+            5 * S,
+            &["live-repair:restart-kubelet".into(), "fence".into()],
+            Some(60 * S),
+        )
+        .unwrap();
+        let nodes = cond("Ready", "Unknown", NOW - 10 * S);
+        let e = evaluate(std::slice::from_ref(&r), &nodes, NOW);
+        assert!(e.fence.is_empty(), "no fence before the escalation");
+        let v = &e.verdicts["n1"][0];
+        assert_eq!(v.status, Status::LiveRepair);
+        assert_eq!(v.command.as_deref(), Some("restart-kubelet"));
+        let later = evaluate(std::slice::from_ref(&r), &nodes, NOW + 60 * S);
+        assert!(later.fence.contains_key("n1"));
+        assert!(later.verdicts.is_empty());
+        for bad in ["live-repair:", "live-repair:rm -rf /", "live-repair:../x"] {
+            let e = Rule::new(
+                "Ready",
+                "Unknown",
+                0,
+                &[bad.into(), "fence".into()],
+                Some(S),
+            );
+            assert!(matches!(e, Err(RuleError::UnknownAction { .. })), "{bad}");
+        }
     }
 
     fn disk() -> Rule {

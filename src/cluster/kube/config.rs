@@ -42,9 +42,21 @@ pub struct KubeConfig {
     /// (`fence-config-<node>`, `fence-method-…`, `fence-stage-…`), hot-reloaded; the TOML
     /// `[fencing]` section wins for a node it configures.
     pub fence_configmaps: bool,
+    /// Leases that prove a node alive, as its kubelet's does: a storage agent's or SBD-like
+    /// software's, one per node, named by a pattern. A renewal seen after the node's collector
+    /// went silent vetoes its fence; a stale one joins the witnesses.
+    pub storage_leases: Vec<StorageLeaseConfig>,
     /// This replica's host name, as Events report it (resolved at load).
     #[serde(skip)]
     pub instance: String,
+}
+
+/// A node's storage Lease: `name` with `{node}` replaced by the node's name, in `namespace`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct StorageLeaseConfig {
+    pub namespace: String,
+    pub name: String,
 }
 
 /// `(type, status) for <duration> -> actions`, escalating one step per `escalate-after`.
@@ -195,6 +207,7 @@ impl Default for KubeConfig {
             leader_election: LeaderElectionConfig::default(),
             nodefences: true,
             fence_configmaps: true,
+            storage_leases: vec![],
             instance: String::new(),
         }
     }

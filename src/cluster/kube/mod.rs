@@ -18,7 +18,9 @@ pub mod nodefence;
 mod nodes;
 mod snapshot;
 
-pub use config::{ConditionRuleConfig, KubeConfig, KubeConfigError, LeaderElectionConfig};
+pub use config::{
+    ConditionRuleConfig, KubeConfig, KubeConfigError, LeaderElectionConfig, StorageLeaseConfig,
+};
 pub use fenceconfig::FenceConfigs;
 pub use fences::{NodeFences, conformance as nodefence_conformance};
 pub use nodes::{OFFLINE_TAINT, OUT_OF_SERVICE, TaintEffect, label_to_tag, tag_to_label};
@@ -66,6 +68,8 @@ pub struct KubeCluster {
     state: Option<Watched<ConfigMap>>,
     /// The kubelets' Leases in `kube-node-lease`: a further witness of a node's life.
     kubelet_leases: Watched<Lease>,
+    /// The storage Leases' namespaces, each watched (`storage-leases`).
+    storage_leases: BTreeMap<String, Watched<Lease>>,
     /// Events, through kube's recorder and a budget.
     events: events::Events,
     /// Nodes as this replica last wrote them, until the watch catches up (as client-go's
@@ -116,6 +120,22 @@ impl KubeCluster {
             any(),
             cache::trim_meta,
         );
+        let storage_leases = cfg
+            .storage_leases
+            .iter()
+            .map(|l| l.namespace.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .map(|ns| {
+                let w = Watched::spawn(
+                    "storage leases",
+                    Api::namespaced(client.clone(), &ns),
+                    any(),
+                    cache::trim_meta,
+                );
+                (ns, w)
+            })
+            .collect();
         let le = &cfg.leader_election;
         let one = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
         let (lease, state) = if le.enabled {
@@ -148,6 +168,7 @@ impl KubeCluster {
             lease,
             state,
             kubelet_leases,
+            storage_leases,
             written: Default::default(),
         })
     }
@@ -214,6 +235,44 @@ impl KubeCluster {
             return None;
         }
         Some(NodeConfig { name, collector })
+    }
+}
+
+impl KubeCluster {
+    /// Each member's storage Leases, from watches that are current (an optional witness, like
+    /// the kubelet's: a broken watch only removes it).
+    fn storage_lease_facts(&self, facts: &mut NodeFacts) {
+        for l in &self.cfg.storage_leases {
+            let Some(leases) = self
+                .storage_leases
+                .get(&l.namespace)
+                .and_then(|w| w.if_current())
+            else {
+                continue;
+            };
+            for m in &facts.members {
+                let name = l.name.replace("{node}", &m.name);
+                let Some(spec) = leases
+                    .iter()
+                    .find(|x| x.metadata.name.as_deref() == Some(name.as_str()))
+                    .and_then(|x| x.spec.as_ref())
+                else {
+                    continue;
+                };
+                if let Some(t) = &spec.renew_time {
+                    let witness = crate::fencing::opinion::lease_witness(&l.namespace, &name);
+                    let lease = KubeletLease {
+                        renew_marker: format!("{:?}", t.0),
+                        duration_s: spec.lease_duration_seconds.unwrap_or(40),
+                    };
+                    facts
+                        .storage_leases
+                        .entry(m.name.clone())
+                        .or_default()
+                        .push((witness, lease));
+                }
+            }
+        }
     }
 }
 
@@ -414,6 +473,7 @@ impl Cluster for KubeCluster {
                 }
             }
         }
+        self.storage_lease_facts(&mut facts);
         Ok(Some(facts))
     }
 

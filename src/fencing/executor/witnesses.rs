@@ -16,10 +16,10 @@ use crate::metrics::NodeLabel;
 use crate::sync::LockExt;
 use crate::verdict::Nanos;
 
-/// Each kubelet Lease's `renewTime` as last seen, and when (by this fencer's clock) it last
-/// changed: a cache of the node watch, rebuilt after a restart.
+/// Each witnessing Lease's `renewTime` as last seen (by node and witness name), and when (by
+/// this fencer's clock) it last changed: a cache of the node watch, rebuilt after a restart.
 #[derive(Default)]
-pub(super) struct Renewals(std::sync::Mutex<BTreeMap<String, Renewal>>);
+pub(super) struct Renewals(std::sync::Mutex<BTreeMap<(String, String), Renewal>>);
 
 /// A kubelet Lease as the fencer follows it.
 #[derive(Debug, Clone)]
@@ -69,7 +69,7 @@ impl<C: Cluster> Fencer<C> {
     /// is ever compared with a node's.
     fn observe_renewals(&self, now: Nanos) -> Option<Nanos> {
         let watch = self.shared.watch.as_ref()?;
-        let leases = watch.kubelet_leases()?;
+        let leases = watch.leases()?;
         let mut seen = self.witnesses.0.lock_unpoisoned();
         seen.retain(|n, _| leases.contains_key(n));
         for (node, l) in leases {
@@ -109,21 +109,30 @@ impl<C: Cluster> Fencer<C> {
             .iter()
             .filter(|(_, l)| l.probe_silent)
             .map(|(n, l)| {
-                let kubelet = lag.and_then(|lag| {
-                    let r = renewals.get(n)?;
-                    let since = l.unreachable_since.unwrap_or(now);
-                    let alive =
-                        r.at.is_some_and(|t| t > since + lag && now - t <= r.every + lag);
-                    Some(if alive {
-                        KubeletSays::RenewedSinceLoss
-                    } else {
-                        KubeletSays::NotSinceLoss {
-                            checked_at: now,
-                            last_renewal: r.at,
-                        }
+                let leases: Vec<(String, KubeletSays)> = lag
+                    .map(|lag| {
+                        renewals
+                            .range((n.clone(), String::new())..)
+                            .take_while(|((node, _), _)| node == n)
+                            .map(|((_, witness), r)| {
+                                let since = l.unreachable_since.unwrap_or(now);
+                                let alive = r
+                                    .at
+                                    .is_some_and(|t| t > since + lag && now - t <= r.every + lag);
+                                let says = if alive {
+                                    KubeletSays::RenewedSinceLoss
+                                } else {
+                                    KubeletSays::NotSinceLoss {
+                                        checked_at: now,
+                                        last_renewal: r.at,
+                                    }
+                                };
+                                (witness.clone(), says)
+                            })
+                            .collect()
                     })
-                });
-                (n.clone(), self.peering.opinion(n, now, kubelet.as_ref()))
+                    .unwrap_or_default();
+                (n.clone(), self.peering.opinion(n, now, &leases))
             })
             .collect()
     }

@@ -114,6 +114,10 @@ pub struct Witnesses {
     /// returns to service only on a healthy report diagnosed after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manual: Option<String>,
+    /// Who still heard the node when a condition rule started the flow (`collector`, its
+    /// watchers, its Leases): a rule decides, but the record says the node looked alive.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alive: Vec<String>,
 }
 
 impl Witnesses {
@@ -124,6 +128,7 @@ impl Witnesses {
             condition: None,
             peers: Vec::new(),
             manual: None,
+            alive: Vec::new(),
         }
     }
 

@@ -188,11 +188,22 @@ pub(super) fn start_flows(
                 agreement(&agreed)
             ),
         };
+        // Under a rule, who still heard the node goes on record.
+        let mut alive = Vec::new();
+        if rule.is_some() {
+            if !l.probe_silent {
+                alive.push("collector".to_string());
+            }
+            if let PeerOpinion::Partitioned { hearers } = &opinion {
+                alive.extend(hearers.iter().cloned());
+            }
+        }
         let witnesses = Witnesses {
             collector: l.probe_silent,
             condition: rule,
             peers: agreed,
             manual: None,
+            alive,
         };
         gates.start(Flow::new(node, since, now, step, witnesses, why), now, out);
     }

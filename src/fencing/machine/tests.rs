@@ -420,6 +420,8 @@ fn a_condition_fence_recovers_only_once_the_condition_clears_and_says_which_rule
             condition: Some("Ready=Unknown for 5s".into()),
             peers: vec![],
             manual: None,
+            // The record says the node looked alive: its collector still answered.
+            alive: vec!["collector".into()],
         }
     );
     let note = &f.history[0].note;

@@ -46,6 +46,7 @@ fn the_sqlite_store_passes_the_suite() {
         condition: None,
         peers: Vec::new(),
         manual: None,
+        alive: vec![],
     };
     let f = Flow::new(
         "node1",

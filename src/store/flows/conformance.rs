@@ -17,6 +17,7 @@ fn flow(node: &str, at: Nanos) -> Flow {
         condition: None,
         peers: Vec::new(),
         manual: None,
+        alive: vec![],
     };
     Flow::new(node, at - 5 * S, at, Step::PowerManagement, w, "silent")
 }
