@@ -117,8 +117,10 @@ pub async fn run(
             let (book, _configs) = if cfg.kubernetes.fence_configmaps {
                 let book = Arc::new(PlanBook::with_configmaps(plans));
                 let defaults = crate::fencing::configmaps::StageDefaults::default();
-                let configs = k.watch_fence_configs(book.clone(), defaults);
-                (book, Some(configs))
+                let maps = k.watch_configmaps(crate::fencing::configmaps::is_fence_map);
+                let follow =
+                    tokio::spawn(crate::fencing::book::follow(book.clone(), maps, defaults));
+                (book, Some(AbortOnDrop(follow.abort_handle())))
             } else {
                 (Arc::new(PlanBook::fixed(plans)), None)
             };
@@ -137,6 +139,15 @@ pub async fn run(
             let book = Arc::new(PlanBook::fixed(plans));
             run_with(&cfg, (key, book), store, inv, parts, lock, shutdown).await
         }
+    }
+}
+
+/// Stops a background task when the daemon's run ends.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

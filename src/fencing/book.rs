@@ -130,6 +130,54 @@ impl PlanBook {
     }
 }
 
+/// How often the ConfigMaps are looked at (a change shows within this), and how often the
+/// Secrets they name are read again even when no map changed.
+const LOOK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+const SECRETS_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Follows the fence ConfigMaps into `book` until dropped: whenever a map changes (or a minute
+/// has passed, for the Secrets), the maps are parsed again with the Secret values they name, so
+/// a node becomes fenceable within seconds of its ConfigMap, without a restart.
+pub async fn follow(
+    book: Arc<PlanBook>,
+    maps: crate::cluster::kube::ConfigMaps,
+    defaults: crate::fencing::configmaps::StageDefaults,
+) {
+    use crate::fencing::configmaps::{parse, secret_refs};
+    let mut seen = None;
+    let mut secrets_read = std::time::Instant::now();
+    let mut broken = false;
+    loop {
+        match maps.snapshot().await {
+            Err(e) => {
+                if !broken {
+                    tracing::warn!(namespace = %maps.namespace, error = %e, "cannot read the fence ConfigMaps; the plans in force stay");
+                }
+                broken = true;
+            }
+            Ok((data, versions)) => {
+                broken = false;
+                let stale = secrets_read.elapsed() >= SECRETS_EVERY;
+                if seen.as_ref() != Some(&versions) || stale {
+                    let mut values = BTreeMap::new();
+                    for (s, k) in secret_refs(&data) {
+                        if let Some(v) = maps.secret(&s, &k).await {
+                            values.insert((s, k), v);
+                        }
+                    }
+                    secrets_read = std::time::Instant::now();
+                    seen = Some(versions);
+                    let changed = book.set_dynamic(parse(&data, &values, defaults));
+                    if !changed.is_empty() {
+                        tracing::info!(namespace = %maps.namespace, nodes = ?changed, "fence configuration from ConfigMaps changed; it applies to the next flow of each node");
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(LOOK_EVERY).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -354,6 +354,7 @@ pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
 }
 
 mod flow;
+mod kdump;
 mod start;
 mod transitions;
 pub use flow::{Call, CancelRefused, Flow, Transition, Witnesses};

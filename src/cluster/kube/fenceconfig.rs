@@ -1,46 +1,72 @@
-//! Fence configuration from the cluster's ConfigMaps: watches the fence ConfigMaps in maintd's
-//! namespace, reads the Secret keys they refer to, and replaces the ConfigMaps' plans in the
-//! plan book whenever either changes (a node becomes fenceable within seconds, without a
-//! restart). The parsing is `fencing::configmaps`; this is only the reading.
+//! The fence configuration's raw material on Kubernetes: the ConfigMaps of maintd's namespace
+//! (watched), the Secrets they refer to (read on demand), and Events on a refused ConfigMap.
+//! What they mean is `fencing::configmaps`; following them into the plan book is
+//! `fencing::book::follow`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use kube::api::Api;
 use kube::runtime::watcher;
-use tracing::{info, warn};
+use tracing::warn;
 
 use super::KubeCluster;
 use super::cache::Watched;
-use crate::cluster::EventReason;
-use crate::fencing::book::PlanBook;
-use crate::fencing::configmaps::{Maps, StageDefaults, is_fence_map, parse, secret_refs};
+use crate::cluster::{ClusterError, EventReason};
 
-/// How often the maps are looked at (a change shows within this), and how often the Secrets
-/// they name are read again even when no map changed.
-const LOOK_EVERY: Duration = Duration::from_secs(1);
-const SECRETS_EVERY: Duration = Duration::from_secs(60);
-
-/// The watch and its reader; both stop when this is dropped.
-pub struct FenceConfigs {
-    task: tokio::task::AbortHandle,
+/// The ConfigMaps of one namespace whose names `keep` selects (the others are kept without
+/// their data: the namespace may hold large maps the cache has no use for), and the Secrets of
+/// that namespace, read on demand. The watch stops when this is dropped.
+pub struct ConfigMaps {
+    cache: Watched<ConfigMap>,
+    secrets: Api<Secret>,
+    keep: fn(&str) -> bool,
+    pub namespace: String,
 }
 
-impl Drop for FenceConfigs {
-    fn drop(&mut self) {
-        self.task.abort();
+/// Each kept map's data by name, and each one's resourceVersion (a change shows there).
+pub type MapSnapshot = (
+    BTreeMap<String, BTreeMap<String, String>>,
+    Vec<(String, String)>,
+);
+
+impl ConfigMaps {
+    /// The kept maps, failing while the watch is broken (the plans in force then stay).
+    pub async fn snapshot(&self) -> Result<MapSnapshot, ClusterError> {
+        let objs = self.cache.objects().await?;
+        let kept = objs
+            .iter()
+            .filter(|c| c.metadata.name.as_deref().is_some_and(self.keep));
+        let mut maps = BTreeMap::new();
+        let mut versions = Vec::new();
+        for c in kept {
+            let name = c.metadata.name.clone().unwrap_or_default();
+            versions.push((
+                name.clone(),
+                c.metadata.resource_version.clone().unwrap_or_default(),
+            ));
+            maps.insert(name, c.data.clone().unwrap_or_default());
+        }
+        Ok((maps, versions))
     }
-}
 
-/// Keeps a fence map's data, and of any other ConfigMap only its name: the namespace may hold
-/// large maps (the state checkpoint) the cache has no use for.
-fn trim(cm: &mut ConfigMap) {
-    cm.metadata.managed_fields = None;
-    if !cm.metadata.name.as_deref().is_some_and(is_fence_map) {
-        cm.data = None;
-        cm.binary_data = None;
+    /// One key of one Secret, as text (a trailing newline dropped); `None` when either is
+    /// missing or cannot be read (said in the log, without the value).
+    pub async fn secret(&self, name: &str, key: &str) -> Option<String> {
+        match self.secrets.get_opt(name).await {
+            Ok(sec) => sec
+                .and_then(|s| s.data)
+                .and_then(|d| d.get(key).cloned())
+                .map(|v| {
+                    String::from_utf8_lossy(&v.0)
+                        .trim_end_matches(['\n', '\r'])
+                        .to_string()
+                }),
+            Err(e) => {
+                warn!(secret = name, error = %e, "cannot read a Secret a fence ConfigMap refers to");
+                None
+            }
+        }
     }
 }
 
@@ -50,91 +76,27 @@ impl KubeCluster {
         self.cfg.leader_election.namespace()
     }
 
-    /// Starts reading the fence ConfigMaps into `book`.
-    pub fn watch_fence_configs(
-        &self,
-        book: Arc<PlanBook>,
-        defaults: StageDefaults,
-    ) -> FenceConfigs {
-        let ns = self.fence_namespace();
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &ns);
-        let task = tokio::spawn(async move {
-            let cache = Watched::spawn(
+    /// Watches the fence namespace's ConfigMaps that `keep` selects.
+    pub fn watch_configmaps(&self, keep: fn(&str) -> bool) -> ConfigMaps {
+        let namespace = self.fence_namespace();
+        let trim = move |cm: &mut ConfigMap| {
+            cm.metadata.managed_fields = None;
+            if !cm.metadata.name.as_deref().is_some_and(keep) {
+                cm.data = None;
+                cm.binary_data = None;
+            }
+        };
+        ConfigMaps {
+            cache: Watched::spawn(
                 "fence configmaps",
-                cms,
+                Api::namespaced(self.client.clone(), &namespace),
                 watcher::Config::default().any_semantic(),
                 trim,
-            );
-            let mut seen: Option<Vec<(String, String)>> = None;
-            let mut secrets_read = Instant::now();
-            let mut broken = false;
-            loop {
-                let objs = match cache.objects().await {
-                    Ok(o) => {
-                        broken = false;
-                        o
-                    }
-                    Err(e) => {
-                        if !broken {
-                            warn!(namespace = %ns, error = %e, "cannot read the fence ConfigMaps; the plans in force stay");
-                        }
-                        broken = true;
-                        tokio::time::sleep(LOOK_EVERY).await;
-                        continue;
-                    }
-                };
-                let fence: Vec<&Arc<ConfigMap>> = objs
-                    .iter()
-                    .filter(|c| c.metadata.name.as_deref().is_some_and(is_fence_map))
-                    .collect();
-                let print: Vec<(String, String)> = fence
-                    .iter()
-                    .map(|c| {
-                        (
-                            c.metadata.name.clone().unwrap_or_default(),
-                            c.metadata.resource_version.clone().unwrap_or_default(),
-                        )
-                    })
-                    .collect();
-                if seen.as_ref() == Some(&print) && secrets_read.elapsed() < SECRETS_EVERY {
-                    tokio::time::sleep(LOOK_EVERY).await;
-                    continue;
-                }
-                let maps: Maps = fence
-                    .iter()
-                    .map(|c| {
-                        (
-                            c.metadata.name.clone().unwrap_or_default(),
-                            c.data.clone().unwrap_or_default(),
-                        )
-                    })
-                    .collect();
-                let mut values = BTreeMap::new();
-                for (s, k) in secret_refs(&maps) {
-                    match secrets.get_opt(&s).await {
-                        Ok(Some(sec)) => {
-                            if let Some(v) = sec.data.as_ref().and_then(|d| d.get(&k)) {
-                                let text = String::from_utf8_lossy(&v.0);
-                                values.insert((s, k), text.trim_end_matches(['\n', '\r']).to_string());
-                            }
-                        }
-                        Ok(None) => {}
-                        // The node that needs it is refused, naming the Secret.
-                        Err(e) => warn!(secret = %s, error = %e, "cannot read a Secret a fence ConfigMap refers to"),
-                    }
-                }
-                secrets_read = Instant::now();
-                seen = Some(print);
-                let changed = book.set_dynamic(parse(&maps, &values, defaults));
-                if !changed.is_empty() {
-                    info!(namespace = %ns, nodes = ?changed, "fence configuration from ConfigMaps changed; it applies to the next flow of each node");
-                }
-                tokio::time::sleep(LOOK_EVERY).await;
-            }
-        })
-        .abort_handle();
-        FenceConfigs { task }
+            ),
+            secrets: Api::namespaced(self.client.clone(), &namespace),
+            keep,
+            namespace,
+        }
     }
 
     /// A Warning Event on a ConfigMap in the fence namespace.

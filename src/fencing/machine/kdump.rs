@@ -1,0 +1,72 @@
+//! kdump in a flow: a notification heard after the node went silent releases its workloads
+//! at once (the power-off waits for the dump, in `transitions::pending`). Pure.
+
+use super::transitions::Ctx;
+use super::{FenceAction, FenceStatus};
+
+/// A node that sends a kdump notification after it went silent runs its crash kernel, and no
+/// workload: its workloads are released at once (power-management waits for the dump, in
+/// `pending`). Returns whether it decided the flow's record for this tick.
+pub(super) fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
+    let Ctx { s, f, now, .. } = *c;
+    if f.fenced || f.canceled || matches!(f.status, FenceStatus::Final | FenceStatus::Error) {
+        return false;
+    }
+    let mut n = f.clone();
+    if f.kdump_at.is_none() {
+        let Some(&t) = s.kdump.get(&f.node).filter(|t| **t > f.detected) else {
+            return false;
+        };
+        n.kdump_at = Some(t);
+        n.updated = now;
+        n.history.push(super::Transition {
+            at: now,
+            step: f.step,
+            status: f.status,
+            note: format!(
+                "kdump notification: the node runs its crash kernel; its workloads are released now, power-management waits {:.0} s for the dump",
+                s.policy.kdump_timeout as f64 / 1e9
+            ),
+        });
+        out.push(FenceAction::Save(n));
+        return true;
+    }
+    if f.released {
+        return false;
+    }
+    match &f.release_result {
+        None => {
+            out.push(FenceAction::Release {
+                flow: f.id,
+                node: f.node.clone(),
+                attempt: f.restarts,
+            });
+            false
+        }
+        Some(r) => {
+            n.release_result = None;
+            n.updated = now;
+            let note = if r.ok {
+                n.released = true;
+                n.released_at = Some(now);
+                format!(
+                    "workloads released after the kdump notification: {}",
+                    r.detail
+                )
+            } else {
+                format!(
+                    "release after the kdump notification failed ({}); retried",
+                    r.detail
+                )
+            };
+            n.history.push(super::Transition {
+                at: now,
+                step: f.step,
+                status: f.status,
+                note,
+            });
+            out.push(FenceAction::Save(n));
+            true
+        }
+    }
+}
