@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::k8s::{self, ControlPlane};
 use common::*;
+use nix::sys::signal::{Signal, kill};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,6 +89,25 @@ async fn one_open_flow(c: &Cluster, node: &str) -> serde_json::Value {
     assert_eq!(mine.len(), 1, "{flows:#}");
     assert_ne!(mine[0]["status"], "final", "{:#}", mine[0]);
     mine[0].clone()
+}
+
+/// Node `i` dies as a hung node does: its collector freezes (SIGSTOP) and its kubelet stops.
+/// Returns the frozen collector (SIGCONT wakes it) and its flow once released.
+async fn freeze_until_released(
+    cp: &ControlPlane,
+    c: &Cluster,
+    i: usize,
+) -> (nix::unistd::Pid, serde_json::Value) {
+    let victim = c.nodes[i].clone();
+    let pid = nix::unistd::Pid::from_raw(c.collectors[i].as_ref().unwrap().child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    cp.heartbeats.alive(&victim, false);
+    let f = c
+        .wait_flow("the release", |f| {
+            f["node"] == victim.as_str() && f["released"] == true
+        })
+        .await;
+    (pid, f)
 }
 
 /// The node's flow ends in recovery and its out-of-service taint goes.
@@ -182,15 +202,7 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
         (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
     })
     .await;
-    use nix::sys::signal::{Signal, kill};
-    let pid = nix::unistd::Pid::from_raw(c.collectors[0].as_ref().unwrap().child.id() as i32);
-    kill(pid, Signal::SIGSTOP).unwrap();
-    cp.heartbeats.alive(&victim, false);
-    let f = c
-        .wait_flow("the release", |f| {
-            f["node"] == victim.as_str() && f["released"] == true
-        })
-        .await;
+    let (pid, f) = freeze_until_released(cp, &c, 0).await;
     let (step, status) = nodefence_row(cp, &victim).expect("kubectl get nodefences shows it");
     assert!(
         ["power-management", "recovery"].contains(&step.as_str()) && status != "final",
@@ -643,7 +655,6 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
 /// recovers nor removes the out-of-service taint. Only a report diagnosed after the power-off
 /// (the diagnose finishes) recovers it.
 async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane) {
-    use nix::sys::signal::{Signal, kill};
     let (mut c, nodes) = managed_cluster(cp, "s").await;
     stub_fenced_admin_daemon(cp, &mut c, &nodes);
     // The diagnose hangs while a hold file exists; a long diagnose timeout keeps it hanging
@@ -674,14 +685,7 @@ async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane
         (c.node(&victim).await["reachable"] == true).then_some(())
     })
     .await;
-    let pid = nix::unistd::Pid::from_raw(c.collectors[0].as_ref().unwrap().child.id() as i32);
-    kill(pid, Signal::SIGSTOP).unwrap();
-    cp.heartbeats.alive(&victim, false);
-    let f = c
-        .wait_flow("the release", |f| {
-            f["node"] == victim.as_str() && f["released"] == true
-        })
-        .await;
+    let (pid, f) = freeze_until_released(cp, &c, 0).await;
     assert_eq!(f["witnesses"]["collector"], true, "{f:#}");
     assert!(f["witnesses"]["condition"].is_null(), "{f:#}");
     assert!(taints(cp, &victim).contains("out-of-service"));
@@ -883,15 +887,7 @@ async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets
     })
     .await;
     // The victim dies and is fenced by the real agent.
-    use nix::sys::signal::{Signal, kill};
-    let pid = nix::unistd::Pid::from_raw(c.collectors[0].as_ref().unwrap().child.id() as i32);
-    kill(pid, Signal::SIGSTOP).unwrap();
-    cp.heartbeats.alive(&victim, false);
-    let f = c
-        .wait_flow("the release", |f| {
-            f["node"] == victim.as_str() && f["released"] == true
-        })
-        .await;
+    let (pid, f) = freeze_until_released(cp, &c, 0).await;
     assert!(!ipmi.powered_on(), "the BMC powered the node off");
     let calls: Vec<(&str, &str)> = f["calls"]
         .as_array()

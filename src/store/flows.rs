@@ -118,6 +118,28 @@ pub enum FenceCancel {
     AlreadyCanceled,
 }
 
+/// What an effect saw, in its own field of `f`, its agent calls appended: the same in every
+/// flow store.
+pub(crate) fn record_outcome(f: &mut Flow, which: FlowOutcome, outcome: Outcome, calls: Vec<Call>) {
+    match which {
+        FlowOutcome::Step => f.result = Some(outcome),
+        FlowOutcome::Release => f.release_result = Some(outcome),
+        FlowOutcome::Reclaim => f.reclaim_result = Some(outcome),
+    }
+    f.calls.extend(calls);
+}
+
+/// An operator's cancel of `f` at `now`, and what it came to: the same in every flow store.
+pub(crate) fn apply_cancel(f: &mut Flow, now: Nanos) -> FenceCancel {
+    use crate::fencing::machine::CancelRefused;
+    match f.cancel(now) {
+        Ok(()) => FenceCancel::Canceled(Box::new(f.clone())),
+        Err(CancelRefused::Final) => FenceCancel::Final,
+        Err(CancelRefused::PoweredOff) => FenceCancel::PoweredOff,
+        Err(CancelRefused::AlreadyCanceled) => FenceCancel::AlreadyCanceled,
+    }
+}
+
 impl FenceCancel {
     /// What the cancel did, or why it was refused, for the log and the flow's record.
     pub fn describe(&self) -> &'static str {
@@ -218,12 +240,7 @@ impl Store {
         calls: Vec<Call>,
     ) -> Result<()> {
         self.update_flow(id, |f| {
-            match which {
-                FlowOutcome::Step => f.result = Some(outcome),
-                FlowOutcome::Release => f.release_result = Some(outcome),
-                FlowOutcome::Reclaim => f.reclaim_result = Some(outcome),
-            }
-            f.calls.extend(calls);
+            record_outcome(f, which, outcome, calls);
             true
         })?;
         Ok(())
@@ -239,15 +256,9 @@ impl Store {
 
     /// An operator's cancel: only before the node was powered off.
     pub fn cancel_flow(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
-        use crate::fencing::machine::CancelRefused;
         let mut verdict = FenceCancel::NotFound;
         let f = self.update_flow(id, |f| {
-            verdict = match f.cancel(now) {
-                Ok(()) => FenceCancel::Canceled(Box::new(f.clone())),
-                Err(CancelRefused::Final) => FenceCancel::Final,
-                Err(CancelRefused::PoweredOff) => FenceCancel::PoweredOff,
-                Err(CancelRefused::AlreadyCanceled) => FenceCancel::AlreadyCanceled,
-            };
+            verdict = apply_cancel(f, now);
             matches!(verdict, FenceCancel::Canceled(_))
         })?;
         Ok(if f.is_none() {

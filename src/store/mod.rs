@@ -34,6 +34,7 @@ pub use events::CancelOutcome;
 #[doc(hidden)]
 pub(crate) use flows::conformance as flow_conformance;
 pub use flows::{FenceCancel, FlowOutcome, FlowStore, Requests};
+pub(crate) use flows::{apply_cancel, record_outcome};
 pub use nodes::{NodeRow, NodeUpdate};
 
 #[derive(Debug, thiserror::Error)]

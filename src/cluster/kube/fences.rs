@@ -335,12 +335,7 @@ impl FlowStore for NodeFences {
         calls: Vec<Call>,
     ) -> Result<()> {
         self.update(id, |f| {
-            match which {
-                FlowOutcome::Step => f.result = Some(outcome.clone()),
-                FlowOutcome::Release => f.release_result = Some(outcome.clone()),
-                FlowOutcome::Reclaim => f.reclaim_result = Some(outcome.clone()),
-            }
-            f.calls.extend(calls.iter().cloned());
+            crate::store::record_outcome(f, which, outcome.clone(), calls.clone());
             true
         })
         .await
@@ -355,15 +350,9 @@ impl FlowStore for NodeFences {
     }
 
     async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
-        use crate::fencing::machine::CancelRefused;
         let mut verdict = FenceCancel::NotFound;
         self.update(id, |f| {
-            verdict = match f.cancel(now) {
-                Ok(()) => FenceCancel::Canceled(Box::new(f.clone())),
-                Err(CancelRefused::Final) => FenceCancel::Final,
-                Err(CancelRefused::PoweredOff) => FenceCancel::PoweredOff,
-                Err(CancelRefused::AlreadyCanceled) => FenceCancel::AlreadyCanceled,
-            };
+            verdict = crate::store::apply_cancel(f, now);
             matches!(verdict, FenceCancel::Canceled(_))
         })
         .await?;
