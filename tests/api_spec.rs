@@ -294,6 +294,13 @@ async fn real_responses_match_the_openapi_spec() {
     let r = "/1/fences/readiness";
     let (_, ready) = api.call(false, &base, "GET", r, r, None).await;
     assert_eq!(ready, json!({}), "no fence plans, no readiness checks");
+    let r = "/1/fences/summary";
+    let (_, summary) = api.call(false, &base, "GET", r, r, None).await;
+    assert_eq!(
+        summary,
+        json!({"state": "active", "nodes": 0, "inactive": []}),
+        "nothing configured, nothing inactive"
+    );
 
     // The collector's endpoints.
     let col = format!("http://127.0.0.1:{}", c.ports[0]);
