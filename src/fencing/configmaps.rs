@@ -226,7 +226,7 @@ impl Ctx<'_> {
                 .transpose()?;
             (stages.pop(), power, recovery)
         };
-        // A power-management method that powers on (a seed-style reboot: off, then on) is the
+        // A power-management method that powers on (a reboot written as off, then on) is the
         // recovery's: a power-off counts only as verified off, never as a reboot.
         if let Some(p) = power.as_mut() {
             let (off, on): (Vec<Method>, Vec<Method>) =

@@ -20,10 +20,10 @@ fn secrets() -> BTreeMap<(String, String), String> {
     BTreeMap::from([(("pdu".into(), "password".into()), "eaton-pw".into())])
 }
 
-/// The seed's own example (a brocade switch and an Eaton PDU), with its passwords as Secret
+/// A two-device cluster's configuration (a Brocade switch and an Eaton PDU), with its passwords as Secret
 /// references: isolation by the switch, power off by the PDU (its `on` method becomes the
 /// recovery's), per-node plugs over the templates' defaults.
-fn seed_style() -> Maps {
+fn two_devices() -> Maps {
     maps(&[
         (
             "fence-method-template-fc-switch-brocade",
@@ -78,8 +78,8 @@ fn seed_style() -> Maps {
 }
 
 #[test]
-fn the_seed_format_becomes_a_staged_plan_with_secrets_from_secrets() {
-    let m = seed_style();
+fn the_node_method_template_format_becomes_a_staged_plan_with_secrets_from_secrets() {
+    let m = two_devices();
     let refs = secret_refs(&m);
     assert_eq!(
         refs,
@@ -116,7 +116,7 @@ fn the_seed_format_becomes_a_staged_plan_with_secrets_from_secrets() {
 
 #[test]
 fn the_stage_format_maps_onto_isolation_power_off_and_recovery() {
-    let mut m = seed_style();
+    let mut m = two_devices();
     m.remove("fence-config-host0");
     m.extend(maps(&[
         (
@@ -161,7 +161,7 @@ fn the_stage_format_maps_onto_isolation_power_off_and_recovery() {
 
 #[test]
 fn must_success_no_makes_a_method_optional() {
-    let mut m = seed_style();
+    let mut m = two_devices();
     m.insert(
         "fence-method-template-fc-switch-brocade".into(),
         BTreeMap::from([
@@ -178,7 +178,7 @@ fn must_success_no_makes_a_method_optional() {
 /// unfenced.
 #[test]
 fn problems_name_the_configmap_and_the_key_and_touch_no_other_node() {
-    let base = seed_style();
+    let base = two_devices();
     let check = |m: Maps, cm: &str, what: &str| {
         let p = parse(&m, &secrets(), StageDefaults::default());
         let pr = p
