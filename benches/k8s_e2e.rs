@@ -6,7 +6,9 @@
 //! replacement pod was deleted. Each flow is a NodeFence: the apiserver requests maintd sends
 //! from death to recovery are counted from the audit log, and at the end the daemon restarts
 //! beside 1,000 finished NodeFences to time its resume. Run: `cargo bench --bench k8s_e2e`
-//! (MAINTD_BENCH_RUNS, default 10).
+//! (MAINTD_BENCH_RUNS, default 10). With `MAINTD_BENCH_EXECUTOR=job` every agent call runs as a
+//! Job on another node (the tests' kubelet stand-in runs its pod on this host); each call's
+//! latency is printed either way, to compare the two.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -40,8 +42,9 @@ async fn main() {
     let bmcs: Vec<Ipmi> = nodes.iter().map(|n| Ipmi::start(c.dir.path(), n)).collect();
     cp.add_managed_nodes(&c, &nodes).await;
     let pw = c.secret("bmc.pw", &bmcs[0].password);
+    let executor = std::env::var("MAINTD_BENCH_EXECUTOR").unwrap_or_else(|_| "local".into());
     let mut toml = format!(
-        "[fencing]\ncooldown = \"1s\"\nstorm-percent = 50\n[fencing.templates.ipmi]\nagent = \"fence_ipmilan\"\nsecrets = {{ password = \"{}\" }}\n",
+        "[fencing]\ncooldown = \"1s\"\nstorm-percent = 50\nagent-image = \"localhost/fence-agents:bench\"\n[fencing.templates.ipmi]\nagent = \"fence_ipmilan\"\nexecutor = \"{executor}\"\nsecrets = {{ password = \"{}\" }}\n",
         pw.display()
     );
     for (n, b) in nodes.iter().zip(&bmcs) {
@@ -60,7 +63,9 @@ async fn main() {
     c.start_kube_daemon();
     c.wait_api().await;
     let pods = cp.statefulset("bench");
-    println!("death to replacement, real control plane v1.36.2, grace 5 s, {runs} runs");
+    println!(
+        "death to replacement, real control plane v1.36.2, grace 5 s, {runs} runs, agents run {executor}"
+    );
     println!(
         "{:>4} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9}",
         "run", "detect s", "off+ver s", "release s", "sched s", "scheduled s", "Running s"
@@ -70,6 +75,7 @@ async fn main() {
     let mut replacement_deletions = 0;
     let mut seen_flows = std::collections::HashSet::new();
     let mut per_flow: Vec<(usize, usize)> = Vec::new();
+    let mut call_ms: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
     for run in 1..=runs {
         let p = k8s::running_pod(&pods, "db-0").await;
         let victim = p.spec.as_ref().unwrap().node_name.clone().unwrap();
@@ -135,6 +141,11 @@ async fn main() {
             })
             .await;
         seen_flows.insert(f["id"].as_str().unwrap().to_string());
+        for call in f["calls"].as_array().into_iter().flatten() {
+            let action = call["action"].as_str().unwrap_or("?").to_string();
+            let ms = call["elapsed-ms"].as_f64().unwrap_or(0.0);
+            call_ms.entry(action).or_default().push(ms);
+        }
         let t = |k: &str| f[k].as_i64().unwrap();
         let s = |a: i64, b: i64| (b - a) as f64 / 1e9;
         let (sched, up) = (sched.unwrap(), up.unwrap());
@@ -194,6 +205,15 @@ async fn main() {
         100.0 * shares[3] / sum
     );
     println!("replacement pods deleted: {replacement_deletions}");
+    for (action, ms) in &mut call_ms {
+        ms.sort_by(f64::total_cmp);
+        println!(
+            "agent {action} calls ({executor}): n {}, p50 {:.0} ms, p99 {:.0} ms",
+            ms.len(),
+            percentile(ms, 0.5),
+            percentile(ms, 0.99)
+        );
+    }
     let n = per_flow.len().max(1) as f64;
     println!(
         "apiserver requests per flow, death to recovery: {:.1} on NodeFences, {:.1} in all (runs: {:?})",

@@ -304,6 +304,15 @@ impl Config {
         Ok(cfg)
     }
 
+    /// What only the backend in force decides (the command line may choose it): agents run as
+    /// Jobs need Kubernetes.
+    pub fn validate_backend(&self) -> Result<(), ConfigError> {
+        let kube = self.cluster.backend == Backend::Kubernetes;
+        Ok(self
+            .fencing
+            .check_jobs(Some(kube), self.cluster.backend.as_str())?)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         let mut seen = BTreeSet::new();
@@ -340,6 +349,7 @@ impl Config {
             }
         }
         self.kubernetes.validate()?;
+        self.fencing.check_jobs(None, "")?;
         for (what, l) in [
             ("daemon.limits", &d.limits),
             ("collector.limits", &self.collector.limits),
@@ -549,6 +559,7 @@ mod tests {
     fn the_readmes_configuration_reference_lists_every_key() {
         let reference = readme_block("\n## Configuration\n");
         let fencing = readme_block("\n### Configuration\n```toml\n[fencing]");
+        let kubernetes = readme_block("\n## Kubernetes backend\n");
         for (section, text) in [
             ("cluster", reference),
             ("daemon", reference),
@@ -560,6 +571,8 @@ mod tests {
             ("collector.heartbeat", reference),
             ("collector.watchdog", reference),
             ("fencing", fencing),
+            ("kubernetes", kubernetes),
+            ("kubernetes.leader-election", kubernetes),
         ] {
             let fields = known_fields(section);
             assert!(!fields.is_empty(), "{section}");
@@ -572,6 +585,7 @@ mod tests {
                             || l.starts_with(&format!("[{f}"))
                             || l.starts_with(&format!("[{section}.{f}"))
                             || l.starts_with(&format!("[[{f}"))
+                            || l.starts_with(&format!("[[{section}.{f}"))
                     });
                 assert!(listed, "[{section}] {f} is not in the README's reference");
             }
@@ -651,6 +665,48 @@ mod tests {
         assert!(
             err("[kubernetes]\nevents-namespace = \"maintd\"")
                 .contains("accepted only in \"default\"")
+        );
+    }
+
+    /// Remedies and agents run as Jobs: a definition that cannot work is refused at load, with
+    /// the remedy or template named.
+    #[test]
+    fn remedies_and_agent_jobs_are_checked_at_load() {
+        let err = |t: &str| Config::parse(t).unwrap_err().to_string();
+        let ok = "[kubernetes.remedies.reboot]\nplacement = \"elsewhere\"\ndeadline = \"2m\"\ntemplate = \"\"\"\nspec:\n  containers:\n  - name: r\n    image: img\n\"\"\"\n";
+        let c = Config::parse(ok).unwrap();
+        let r = &c.kubernetes.remedies["reboot"];
+        assert_eq!(r.deadline, Duration::from_secs(120));
+        assert_eq!(r.ttl, Duration::from_secs(3600));
+        let e = err(&ok.replace("containers:\n  - name: r\n    image: img", "containers: []"));
+        assert!(
+            e.contains("remedy \"reboot\"") && e.contains("no container"),
+            "{e}"
+        );
+        let e = err(&ok.replace("reboot", "\"Reboot!\""));
+        assert!(e.contains("not a remedy name"), "{e}");
+        let e = err(&format!("{ok}restartPolicy = 1"));
+        assert!(e.contains("restartPolicy"), "{e}");
+        let e = err("[kubernetes]\nmax-remedies = 0");
+        assert!(e.contains("max-remedies"), "{e}");
+        let job = "[fencing.templates.ipmi]\nagent = \"fence_ipmilan\"\nexecutor = \"job\"\n";
+        let on_inventory =
+            Config::parse(&format!("[fencing]\nagent-image = \"fa:1\"\n{job}")).unwrap();
+        let e = on_inventory.validate_backend().unwrap_err().to_string();
+        assert!(
+            e.contains("fencing.templates.ipmi") && e.contains("inventory backend"),
+            "{e}"
+        );
+        let e = err(&format!("[cluster]\nbackend = \"kubernetes\"\n{job}"));
+        assert!(e.contains("agent-image"), "{e}");
+        let c = Config::parse(&format!(
+            "[cluster]\nbackend = \"kubernetes\"\n[fencing]\nagent-image = \"fa:1\"\n{job}"
+        ))
+        .unwrap();
+        c.validate_backend().unwrap();
+        assert_eq!(
+            c.fencing.templates["ipmi"].executor,
+            crate::fencing::config::Executor::Job
         );
     }
 }

@@ -24,6 +24,30 @@ pub enum VerdictError {
     BadCommand,
     #[error("`command` is only allowed with status live-repair")]
     CommandNotAllowed,
+    #[error("`remedy` must name a remedy: 1 to 40 of a-z, 0-9 and '-'")]
+    BadRemedy,
+    #[error("`remedy` is only allowed with status live-repair, and not beside `command`")]
+    RemedyNotAllowed,
+}
+
+/// How an event's command names a remedy Job rather than a collector's repair script (whose
+/// names never hold a colon).
+pub const REMEDY_PREFIX: &str = "remedy:";
+
+/// A remedy's name: it becomes part of a ConfigMap's name and a label value.
+pub fn valid_remedy_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 40
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// The remedy a command names (`remedy:<name>`), if it names one.
+pub fn remedy_of(command: &str) -> Option<&str> {
+    command.strip_prefix(REMEDY_PREFIX)
 }
 
 /// The verdict of a self-diagnose, ordered by invasiveness (Ok < live-repair < evacuate < evacuate-failover).
@@ -107,7 +131,7 @@ impl Verdict {
         let obj = value.as_object().ok_or(VerdictError::NotAnObject)?;
         if let Some(k) = obj
             .keys()
-            .find(|k| !matches!(k.as_str(), "status" | "command" | "details"))
+            .find(|k| !matches!(k.as_str(), "status" | "command" | "remedy" | "details"))
         {
             return Err(VerdictError::UnknownField(k.clone()));
         }
@@ -123,6 +147,15 @@ impl Verdict {
             Some(Value::String(s)) if status == Status::LiveRepair => Some(s.clone()),
             Some(Value::String(_)) => return Err(VerdictError::CommandNotAllowed),
             Some(_) => return Err(VerdictError::BadCommand),
+        };
+        // A remedy is a Kubernetes Job the daemon runs; it travels as the event's command.
+        let command = match obj.get("remedy") {
+            None | Some(Value::Null) => command,
+            Some(_) if status != Status::LiveRepair || command.is_some() => {
+                return Err(VerdictError::RemedyNotAllowed);
+            }
+            Some(Value::String(r)) if valid_remedy_name(r) => Some(format!("{REMEDY_PREFIX}{r}")),
+            Some(_) => return Err(VerdictError::BadRemedy),
         };
         Ok(Verdict {
             status,
@@ -276,6 +309,11 @@ mod tests {
         assert!(e(r#"{"status":"broken"}"#).contains("unknown status"));
         assert!(e(r#"{"status":"evacuate","command":"x"}"#).contains("only allowed"));
         assert!(e(r#"{"status":"live-repair","command":3}"#).contains("command"));
+        assert!(e(r#"{"status":"evacuate","remedy":"x"}"#).contains("only allowed"));
+        assert!(e(r#"{"status":"live-repair","remedy":"x","command":"y"}"#).contains("not beside"));
+        assert!(e(r#"{"status":"live-repair","remedy":"Bad_Name"}"#).contains("a-z"));
+        let v = Verdict::parse_bytes(br#"{"status":"live-repair","remedy":"reboot-bmc"}"#).unwrap();
+        assert_eq!(v.command.as_deref().and_then(remedy_of), Some("reboot-bmc"));
         assert!(e(r#"{"status":"Ok","extra":1}"#).contains("extra"));
         assert!(e("not json").contains("JSON"));
         let v = Verdict::parse_bytes(br#"{"status":"live-repair","command":"fix"}"#).unwrap();

@@ -4,6 +4,8 @@
 //! one after another in one test and clean up what they create.
 
 mod common;
+#[path = "k8s_real/remedies.rs"]
+mod remedies;
 
 use std::time::Duration;
 
@@ -31,16 +33,37 @@ async fn against_a_real_control_plane() {
         out.contains("clusterrole.rbac.authorization.k8s.io/maintd"),
         "{out}"
     );
-    nodefences_pass_the_flow_store_suite_under_the_deploy_rbac(&cp).await;
-    nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence_with(&cp).await;
-    configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets(&cp).await;
-    events_show_in_kubectl_describe_node_under_the_deploy_rbac(&cp).await;
-    a_fence_release_never_deletes_the_replacement_pod(&cp).await;
-    a_condition_fence_does_not_recover_while_ready_is_unknown(&cp).await;
-    a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(&cp).await;
-    a_self_fencing_node_is_cordoned_reset_and_only_then_released(&cp).await;
-    a_stale_collector_answer_never_recovers_a_fenced_node(&cp).await;
-    drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(&cp).await;
+    scenarios!(cp;
+        nodefences_pass_the_flow_store_suite_under_the_deploy_rbac,
+        nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence_with,
+        configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets,
+        remedies::remedy_jobs_fail_escalate_succeed_and_are_adopted_after_a_restart,
+        events_show_in_kubectl_describe_node_under_the_deploy_rbac,
+        a_fence_release_never_deletes_the_replacement_pod,
+        a_condition_fence_does_not_recover_while_ready_is_unknown,
+        a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale,
+        a_self_fencing_node_is_cordoned_reset_and_only_then_released,
+        a_stale_collector_answer_never_recovers_a_fenced_node,
+        drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned,
+    );
+}
+
+/// Runs each scenario in order, or only those whose names contain `MAINTD_K8S_SCENARIO` (for
+/// a quick loop on one).
+macro_rules! scenarios {
+    ($cp:expr; $($f:path),* $(,)?) => {
+        $(
+            if wanted(stringify!($f)) {
+                $f(&$cp).await;
+            }
+        )*
+    };
+}
+use scenarios;
+
+/// Whether the scenario `name` runs.
+fn wanted(name: &str) -> bool {
+    std::env::var("MAINTD_K8S_SCENARIO").map_or(true, |s| name.contains(&s))
 }
 
 const SA_USER: &str = "system:serviceaccount:maintd:maintd";
@@ -129,6 +152,20 @@ fn remove_nodes(cp: &ControlPlane, c: &mut Cluster, nodes: &[String]) {
         cp.kubectl(&["delete", "node", n, "--wait=false"]);
     }
     clear_nodefences(cp);
+}
+
+/// Deletes the Jobs maintd made for `role` (`remedy`, `fence-agent`) in its namespace.
+fn delete_jobs(cp: &ControlPlane, role: &str) {
+    let selector = format!("maintd.io/role={role}");
+    cp.kubectl(&[
+        "delete",
+        "jobs",
+        "-n",
+        "maintd",
+        "-l",
+        &selector,
+        "--wait=false",
+    ]);
 }
 
 fn clear_nodefences(cp: &ControlPlane) {
@@ -810,7 +847,9 @@ async fn drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(
 
 /// Fencing configured only by ConfigMaps, created after the daemon started: the node becomes
 /// fenceable (its readiness check runs the real fence_ipmilan against ipmi_sim) and is fenced
-/// with it, its password read from a Secret. A ConfigMap with an inline password leaves its node
+/// with it, its password read from a Secret. Its template says `executor=job`: every call runs
+/// as a Job on another node; the first power-off lands on a node that cannot reach the BMC and
+/// fails, and the retry runs elsewhere. A ConfigMap with an inline password leaves its node
 /// inactive, with the ConfigMap and the key named in the readiness, the log and an Event on the
 /// ConfigMap, and the password nowhere. All under deploy/'s RBAC.
 async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets(
@@ -821,7 +860,7 @@ async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets
     }
     let (mut c, nodes) = managed_cluster(cp, "cm").await;
     let ipmi = common::sims::Ipmi::start(c.dir.path(), "cm0");
-    c.extra_daemon_toml = "[fencing]\ngrace = \"2s\"\nliveness-interval = \"200ms\"\nliveness-timeout = \"1s\"\nstorm-percent = 50\ncheck-interval = \"1h\"\n[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\nnamespace = \"maintd\"\n".into();
+    c.extra_daemon_toml = "[fencing]\nagent-image = \"localhost/fence-agents:test\"\ngrace = \"2s\"\nliveness-interval = \"200ms\"\nliveness-timeout = \"1s\"\nstorm-percent = 50\ncheck-interval = \"1h\"\n[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\nnamespace = \"maintd\"\n".into();
     c.env.push((
         "KUBECONFIG".into(),
         cp.service_account_kubeconfig("maintd", "maintd")
@@ -845,7 +884,7 @@ async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets
         cm(
             "fence-method-template-ipmi",
             "template.properties",
-            &format!("agent_name=fence_ipmilan\nip=127.0.0.1\nipport={}\nusername={}\nlanplus=1\ncipher=3\npower_wait=0\npassword_secret=bmc/password\n", ipmi.port, ipmi.user),
+            &format!("agent_name=fence_ipmilan\nexecutor=job\nip=127.0.0.1\nipport={}\nusername={}\nlanplus=1\ncipher=3\npower_wait=0\npassword_secret=bmc/password\n", ipmi.port, ipmi.user),
         ),
         cm(&format!("fence-method-ipmi-off-{victim}"), "method.properties", "template=ipmi\n"),
         cm(&format!("fence-config-{victim}"), "config.properties", &format!("node_name={victim}\npower_management=ipmi-off\n")),
@@ -886,9 +925,83 @@ async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets
         .contains("MaintdFenceConfigRefused")
     })
     .await;
-    // The victim dies and is fenced by the real agent.
-    let (pid, f) = freeze_until_released(cp, &c, 0).await;
+    // The readiness check ran as a Job, away from the victim.
+    let checked = r[&victim]["methods"][0].clone();
+    assert_eq!(checked["ok"], true, "{r:#}");
+    // Only the node that cannot reach the BMC takes Jobs now: the first power-off fails there.
+    let (cut_off, busy) = (nodes[3].clone(), [nodes[1].clone(), nodes[2].clone()]);
+    cp.kubectl_ok(&[
+        "label",
+        "node",
+        &cut_off,
+        &format!("{}=true", common::jobpods::NO_BMC_NETWORK),
+    ]);
+    for n in &busy {
+        cp.kubectl_ok(&["taint", "node", n, "maintd-test/busy=true:NoSchedule"]);
+    }
+    // The victim dies and is fenced by the real agent, in Jobs. Once the first call has failed
+    // on the cut-off node, the other nodes take Jobs again, and the retry goes to one of them.
+    let untaint = async {
+        c.wait_flow("a call that failed on the cut-off node", |f| {
+            f["node"] == victim.as_str()
+                && f["calls"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|x| x["ok"] == false && x["host"] == cut_off.as_str())
+                })
+        })
+        .await;
+        for n in &busy {
+            cp.kubectl_ok(&["taint", "node", n, "maintd-test/busy-"]);
+        }
+    };
+    let ((pid, f), ()) = tokio::join!(freeze_until_released(cp, &c, 0), untaint);
     assert!(!ipmi.powered_on(), "the BMC powered the node off");
+    let hosts: Vec<(&str, bool, &str)> = f["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["action"].as_str().unwrap(),
+                c["ok"].as_bool().unwrap(),
+                c["host"].as_str().unwrap_or("the daemon"),
+            )
+        })
+        .collect();
+    assert_eq!(hosts[0], ("off", false, cut_off.as_str()), "{f:#}");
+    for (_, ok, host) in &hosts[1..] {
+        assert!(
+            *ok && busy.iter().any(|b| b == host),
+            "retried elsewhere: {hosts:?}"
+        );
+    }
+    let jobs = cp.kubectl_ok(&[
+        "get",
+        "jobs",
+        "-n",
+        "maintd",
+        "-l",
+        &format!("maintd.io/flow={}", f["id"].as_str().unwrap()),
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        jobs.lines().count(),
+        hosts.len(),
+        "one Job per call: {jobs}"
+    );
+    // Their Secrets are gone once each call ended.
+    let secrets = cp.kubectl_ok(&[
+        "get",
+        "secrets",
+        "-n",
+        "maintd",
+        "-l",
+        "app.kubernetes.io/managed-by=maintd",
+        "-o",
+        "name",
+    ]);
+    assert!(secrets.trim().is_empty(), "{secrets}");
     let calls: Vec<(&str, &str)> = f["calls"]
         .as_array()
         .unwrap()
@@ -902,11 +1015,13 @@ async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets
     // Neither password anywhere an operator or an attacker reads.
     let events = cp.kubectl_ok(&["get", "events", "-A", "-o", "json"]);
     let fences = cp.kubectl_ok(&["get", "nodefences", "-o", "json"]);
+    let jobs = cp.kubectl_ok(&["get", "jobs,pods", "-n", "maintd", "-o", "json"]);
     let (_, api) = c.get("/1/fences").await;
     for (what, text) in [
         ("the log", c.daemon_log()),
         ("the Events", events),
         ("the NodeFences", fences),
+        ("the Jobs and pods", jobs),
         ("the API", api.to_string()),
     ] {
         assert!(
@@ -916,5 +1031,6 @@ async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets
     }
     kill(pid, Signal::SIGCONT).unwrap();
     cp.kubectl(&["delete", "-f", file.to_str().unwrap(), "--wait=false"]);
+    delete_jobs(cp, "fence-agent");
     remove_nodes(cp, &mut c, &nodes);
 }

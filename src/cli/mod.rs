@@ -268,6 +268,9 @@ impl Cli {
         }
         cfg.resolve_environment();
         cfg.validate()?;
+        if matches!(self.command, Command::Daemon(_)) {
+            cfg.validate_backend()?;
+        }
         Ok(cfg)
     }
 }

@@ -134,7 +134,7 @@ impl Inventory {
             JobKind::EvacuateFailover => &self.hooks.evacuate_failover,
             JobKind::Offline => &self.hooks.offline,
             JobKind::Online => &self.hooks.online,
-            JobKind::LiveRepair => return None,
+            JobKind::LiveRepair | JobKind::Remedy => return None,
         })
     }
 
@@ -164,6 +164,11 @@ impl Cluster for Inventory {
     }
 
     async fn run_job(&self, job: &Job, event_json: &Value) -> Outcome {
+        if job.kind == JobKind::Remedy {
+            return Outcome::failed(
+                "remedies run as Kubernetes Jobs: the inventory backend has none to run",
+            );
+        }
         let Some(hook) = self.hook(job.kind) else {
             return Outcome::failed(format!("{} is not an inventory job", job.kind.as_str()));
         };

@@ -5,8 +5,10 @@
 
 mod inventory;
 pub mod kube;
+pub mod pods;
 
 pub use inventory::{HooksConfig, Inventory, InventorySettings};
+pub use pods::{PodOutcome, PodRun, PodRunner};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,6 +48,8 @@ pub enum ClusterError {
     NotSynced { what: &'static str, detail: String },
     #[error("the {what} watch is broken: {detail}")]
     WatchBroken { what: &'static str, detail: String },
+    #[error("Job {name}: {problem}")]
+    Job { name: String, problem: String },
 }
 
 /// What the node list says now (Kubernetes): the managed nodes and their conditions.
@@ -106,6 +110,8 @@ pub enum EventReason {
     FencingActive,
     /// A node's fence configuration in ConfigMaps is refused (recorded on the ConfigMap).
     FenceConfigRefused,
+    /// A remedy's ConfigMap is refused (recorded on the ConfigMap).
+    RemedyConfigRefused,
 }
 
 impl EventReason {
@@ -116,6 +122,7 @@ impl EventReason {
             EventReason::RepairReady => "MaintdRepairReady",
             EventReason::RepairFailed => "MaintdRepairFailed",
             EventReason::Job(JobKind::LiveRepair) => "Maintdliverepair",
+            EventReason::Job(JobKind::Remedy) => "MaintdRemedy",
             EventReason::Job(JobKind::Evacuate) => "Maintdevacuate",
             EventReason::Job(JobKind::EvacuateFailover) => "Maintdevacuatefailover",
             EventReason::Job(JobKind::Offline) => "Maintdoffline",
@@ -128,6 +135,7 @@ impl EventReason {
             EventReason::FencingInactive => "FencingInactive",
             EventReason::FencingActive => "FencingActive",
             EventReason::FenceConfigRefused => "MaintdFenceConfigRefused",
+            EventReason::RemedyConfigRefused => "MaintdRemedyConfigRefused",
         }
     }
 }
@@ -185,6 +193,10 @@ pub trait Cluster: Send + Sync + 'static {
     /// Current membership and node conditions, for backends that have them.
     async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
         Ok(None)
+    }
+    /// What runs pods to their end (remedy Jobs, fence agents as Jobs), for backends that can.
+    fn pod_runner(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn PodRunner>> {
+        None
     }
     /// Capacity facts for admitting drains, for backends that know the workloads.
     async fn capacity(&self) -> Result<Option<crate::repair::capacity::Snapshot>, ClusterError> {

@@ -56,6 +56,7 @@ impl Settings {
                 policy: cfg.actions,
                 poll_interval: cfg.daemon.poll_interval,
                 max_disruptions: cfg.kubernetes.max_disruptions,
+                max_remedies: cfg.kubernetes.max_remedies,
             },
             repair_timeout: cfg.daemon.live_repair_timeout,
             fencing,

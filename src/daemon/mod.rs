@@ -198,9 +198,17 @@ async fn run_with<C: Cluster>(
         .map_err(DaemonError::Listen)?;
     let mut registry = Registry::default();
     let redact = Redactor::new(book.secrets());
+    let jobs = cluster
+        .clone()
+        .pod_runner()
+        .map(|pods| crate::fencing::agentjob::AgentJobs {
+            pods,
+            image: cfg.fencing.agent_image.clone(),
+        });
     let agents = Arc::new(Agents {
         dir: cfg.fencing.agents_dir.clone(),
         redact,
+        jobs,
     });
     let deps = assembly::Deps {
         shared: Shared {

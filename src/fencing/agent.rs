@@ -11,6 +11,8 @@ use crate::fencing::machine::{Call, Step};
 use crate::verdict::Nanos;
 use crate::verdict::{FailureKind, Outcome};
 
+use super::call::stdin_params;
+pub use super::call::{Answer, CallSite};
 use super::config::{ExecPolicy, Method, Stage};
 
 /// Agent exit codes (every ClusterLabs agent): 0 success or ON, 1 failure, 2 OFF.
@@ -27,26 +29,38 @@ pub trait AgentRunner: Send + Sync + 'static {
         action: &str,
         deadline: Duration,
     ) -> (Option<i32>, String);
+
+    /// The same, knowing what the call is for: a runner that places calls on other nodes
+    /// (Jobs) needs it; the others run it here.
+    async fn call_at(
+        &self,
+        _site: &CallSite,
+        method: &Method,
+        action: &str,
+        deadline: Duration,
+    ) -> Answer {
+        let (code, output) = self.call(method, action, deadline).await;
+        Answer {
+            code,
+            output,
+            host: None,
+        }
+    }
 }
 
-/// Runs the real agents from the whitelist directory.
+/// Runs the real agents: from the whitelist directory on this host, or, for a method whose
+/// template says `executor = "job"`, as a Kubernetes Job on another node.
 pub struct Agents {
     pub dir: PathBuf,
     /// Applied to every agent's output before anything else sees it.
     pub redact: super::redact::Redactor,
+    /// Runs agent Jobs (the Kubernetes backend), with the image that holds the agents.
+    pub jobs: Option<super::agentjob::AgentJobs>,
 }
 
 /// Agent output read, and what is kept of it after redaction.
 const OUTPUT_READ: usize = 16 * 1024;
 const OUTPUT_KEPT: usize = 400;
-
-fn stdin_params(method: &Method, action: &str) -> Vec<u8> {
-    let mut s = format!("action={action}\n");
-    for (k, v) in &method.params {
-        s.push_str(&format!("{k}={v}\n"));
-    }
-    s.into_bytes()
-}
 
 #[async_trait::async_trait]
 impl AgentRunner for Agents {
@@ -85,12 +99,44 @@ impl AgentRunner for Agents {
             Err(e) => (None, e.to_string()),
         }
     }
+
+    async fn call_at(
+        &self,
+        site: &CallSite,
+        method: &Method,
+        action: &str,
+        deadline: Duration,
+    ) -> Answer {
+        if method.executor == super::config::Executor::Local {
+            let (code, output) = self.call(method, action, deadline).await;
+            return Answer {
+                code,
+                output,
+                host: None,
+            };
+        }
+        let Some(jobs) = &self.jobs else {
+            return Answer {
+                code: None,
+                output: "executor = job needs the Kubernetes backend and [fencing] agent-image"
+                    .into(),
+                host: None,
+            };
+        };
+        let mut a = jobs.call(&self.dir, site, method, action, deadline).await;
+        a.output = self
+            .redact
+            .with(&method.secrets)
+            .summarize(&a.output, OUTPUT_KEPT);
+        a
+    }
 }
 
 /// Runs one stage's methods under its policy and returns the outcome with every call made.
 pub async fn run_stage(
     runner: &dyn AgentRunner,
     clock: &dyn Clock,
+    site: &mut CallSite,
     step: Step,
     stage: Option<&Stage>,
 ) -> (Outcome, Vec<Call>) {
@@ -106,7 +152,7 @@ pub async fn run_stage(
     let mut successes = Vec::new();
     let mut optional_failures = Vec::new();
     for m in &stage.methods {
-        let ok = run_method(runner, clock, step, m, stage.timeout, &mut calls).await;
+        let ok = run_method(runner, clock, site, step, m, stage.timeout, &mut calls).await;
         match ok {
             Ok(()) => {
                 successes.push(m.name.clone());
@@ -154,22 +200,38 @@ pub async fn run_stage(
     (outcome, calls)
 }
 
-async fn call(
-    runner: &dyn AgentRunner,
-    clock: &dyn Clock,
+/// One agent call in a stage, as the place's runner makes it.
+struct StageCall<'a> {
+    runner: &'a dyn AgentRunner,
+    clock: &'a dyn Clock,
+    site: &'a mut CallSite,
     step: Step,
+}
+
+async fn call(
+    c: StageCall<'_>,
     m: &Method,
     action: &str,
     deadline: Duration,
     calls: &mut Vec<Call>,
 ) -> Option<i32> {
+    let StageCall {
+        runner,
+        clock,
+        site,
+        step,
+    } = c;
     let at: Nanos = clock.now();
     let t = std::time::Instant::now();
-    let (code, output) = runner.call(m, action, deadline).await;
+    let Answer { code, output, host } = runner.call_at(site, m, action, deadline).await;
     let ok = match action {
         "status" => matches!(code, Some(EXIT_OK) | Some(EXIT_OFF)),
         _ => code == Some(EXIT_OK),
     };
+    site.seq += 1;
+    if !ok && host.is_some() {
+        site.failed_on = host.clone();
+    }
     calls.push(Call {
         at,
         step,
@@ -180,6 +242,7 @@ async fn call(
         ok,
         elapsed_ms: t.elapsed().as_millis() as u64,
         output,
+        host,
     });
     code
 }
@@ -221,12 +284,19 @@ impl MethodError {
 async fn run_method(
     runner: &dyn AgentRunner,
     clock: &dyn Clock,
+    site: &mut CallSite,
     step: Step,
     m: &Method,
     deadline: Duration,
     calls: &mut Vec<Call>,
 ) -> Result<(), MethodError> {
-    let code = call(runner, clock, step, m, &m.action, deadline, calls).await;
+    let here = StageCall {
+        runner,
+        clock,
+        site: &mut *site,
+        step,
+    };
+    let code = call(here, m, &m.action, deadline, calls).await;
     if code != Some(EXIT_OK) {
         return Err(MethodError::Action {
             agent: m.agent.clone(),
@@ -239,7 +309,13 @@ async fn run_method(
         return Ok(());
     }
     // The action's own success is not proof: only a status answering OFF is.
-    match call(runner, clock, step, m, "status", deadline, calls).await {
+    let here = StageCall {
+        runner,
+        clock,
+        site,
+        step,
+    };
+    match call(here, m, "status", deadline, calls).await {
         Some(EXIT_OFF) => Ok(()),
         Some(EXIT_OK) => Err(MethodError::StillOn {
             agent: m.agent.clone(),
@@ -301,6 +377,7 @@ mod tests {
                     params: BTreeMap::new(),
                     secrets: vec![],
                     required: true,
+                    executor: Default::default(),
                 })
                 .collect(),
         }
@@ -312,6 +389,7 @@ mod tests {
         let (o, calls) = run_stage(
             &fake(&[("off", Some(0)), ("status", Some(2))]),
             &SystemClock,
+            &mut CallSite::default(),
             Step::PowerManagement,
             Some(&s),
         )
@@ -321,6 +399,7 @@ mod tests {
         let (o, _) = run_stage(
             &fake(&[("off", Some(0)), ("status", Some(0))]),
             &SystemClock,
+            &mut CallSite::default(),
             Step::PowerManagement,
             Some(&s),
         )
@@ -330,6 +409,7 @@ mod tests {
         let (o, _) = run_stage(
             &fake(&[("off", None)]),
             &SystemClock,
+            &mut CallSite::default(),
             Step::PowerManagement,
             Some(&s),
         )
@@ -342,15 +422,36 @@ mod tests {
     async fn all_stops_at_the_first_failure_and_any_at_the_first_success() {
         let s = stage(ExecPolicy::All, 2, "off");
         let f = fake(&[("off", Some(1)), ("off", Some(0))]);
-        let (o, _) = run_stage(&f, &SystemClock, Step::Isolation, Some(&s)).await;
+        let (o, _) = run_stage(
+            &f,
+            &SystemClock,
+            &mut CallSite::default(),
+            Step::Isolation,
+            Some(&s),
+        )
+        .await;
         assert!(!o.ok);
         assert_eq!(f.seen.lock().unwrap().len(), 1);
         let s = stage(ExecPolicy::Any, 3, "on");
         let f = fake(&[("on", Some(1)), ("on", Some(0)), ("on", Some(0))]);
-        let (o, _) = run_stage(&f, &SystemClock, Step::Recovery, Some(&s)).await;
+        let (o, _) = run_stage(
+            &f,
+            &SystemClock,
+            &mut CallSite::default(),
+            Step::Recovery,
+            Some(&s),
+        )
+        .await;
         assert!(o.ok);
         assert_eq!(f.seen.lock().unwrap().len(), 2);
-        let (o, calls) = run_stage(&f, &SystemClock, Step::Recovery, None).await;
+        let (o, calls) = run_stage(
+            &f,
+            &SystemClock,
+            &mut CallSite::default(),
+            Step::Recovery,
+            None,
+        )
+        .await;
         assert!(o.ok && calls.is_empty());
     }
 
@@ -368,6 +469,7 @@ mod tests {
             .collect(),
             secrets: vec!["pw".into()],
             required: true,
+            executor: Default::default(),
         };
         assert_eq!(
             String::from_utf8(stdin_params(&m, "status")).unwrap(),

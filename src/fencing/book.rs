@@ -198,6 +198,7 @@ mod tests {
                     params: BTreeMap::from([("ip".into(), ip.into())]),
                     secrets: vec![format!("pw-{ip}")],
                     required: true,
+                    executor: Default::default(),
                 }],
             }),
             recovery: None,

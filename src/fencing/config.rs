@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use super::plan::{ExecPolicy, Executor, FencePlan, Method, Stage};
 use crate::fencing::machine::Step;
 
 /// A fencing section that cannot work; the text names the node, stage, method or file.
@@ -79,6 +80,10 @@ pub struct FencingConfig {
     /// After a kdump notification, power-management waits this long for the dump to finish.
     #[serde(with = "humantime_serde")]
     pub kdump_timeout: Duration,
+    /// The image agent calls run in when a template says `executor = "job"` (Kubernetes): it
+    /// must hold `/bin/sh`, coreutils' `timeout` and the agents under `agents-dir`, as Debian's
+    /// `fence-agents` package installs them.
+    pub agent_image: String,
     pub templates: BTreeMap<String, TemplateConfig>,
     pub nodes: BTreeMap<String, NodeFenceConfig>,
 }
@@ -107,6 +112,7 @@ impl Default for FencingConfig {
             self_fence_margin: Duration::from_secs(5),
             kdump_listen: std::net::SocketAddr::from(([0, 0, 0, 0], 7410)),
             kdump_timeout: Duration::from_secs(600),
+            agent_image: String::new(),
             templates: BTreeMap::new(),
             nodes: BTreeMap::new(),
         }
@@ -123,6 +129,9 @@ pub struct TemplateConfig {
     /// Parameters whose values are read from files (mode 0600 or stricter), e.g. passwords.
     #[serde(default)]
     pub secrets: BTreeMap<String, PathBuf>,
+    /// `local` (default) or `job`: see `agent-image`.
+    #[serde(default)]
+    pub executor: Executor,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -137,16 +146,6 @@ pub struct NodeFenceConfig {
     /// The node's crash kernel sends kdump notifications (fence_kdump_send): one heard after
     /// it went silent releases its workloads at once.
     pub kdump: bool,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum ExecPolicy {
-    /// Every method must succeed (a Pacemaker fencing level).
-    #[default]
-    All,
-    /// The first method that succeeds wins.
-    Any,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -186,93 +185,6 @@ pub struct MethodConfig {
     pub params: BTreeMap<String, String>,
     #[serde(default)]
     pub secrets: BTreeMap<String, PathBuf>,
-}
-
-/// One resolved method: the agent and every parameter it gets on stdin (secrets included).
-#[derive(Clone, PartialEq)]
-pub struct Method {
-    pub name: String,
-    pub agent: String,
-    pub action: String,
-    pub params: BTreeMap<String, String>,
-    /// The values read from secret files, for redaction of agent output.
-    pub secrets: Vec<String>,
-    /// Its failure fails the stage (`must_success`); an optional method's failure is noted
-    /// and the stage still needs one success.
-    pub required: bool,
-}
-
-impl std::fmt::Debug for Method {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Parameters may hold secrets: never print them.
-        f.debug_struct("Method")
-            .field("name", &self.name)
-            .field("agent", &self.agent)
-            .field("action", &self.action)
-            .finish_non_exhaustive()
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Stage {
-    pub policy: ExecPolicy,
-    pub timeout: Duration,
-    pub retries: u32,
-    pub retry_interval: Duration,
-    pub methods: Vec<Method>,
-}
-
-/// A node's validated fence configuration.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FencePlan {
-    pub isolation: Option<Stage>,
-    pub power_management: Option<Stage>,
-    pub recovery: Option<Stage>,
-    pub self_fence: bool,
-    /// kdump notifications from the node count (see `NodeFenceConfig::kdump`).
-    pub kdump: bool,
-}
-
-impl FencePlan {
-    /// What the fence state machine needs of the plan: each stage's retry limits.
-    pub fn summary(&self) -> crate::fencing::machine::PlanSummary {
-        use crate::fencing::machine::StageLimits;
-        let limits = |s: &Stage| StageLimits {
-            retries: s.retries,
-            retry_interval: s.retry_interval.as_nanos() as crate::verdict::Nanos,
-        };
-        crate::fencing::machine::PlanSummary {
-            isolation: self.isolation.as_ref().map(limits),
-            power_management: self.power_management.as_ref().map(limits),
-            recovery: self.recovery.as_ref().map(limits).unwrap_or(StageLimits {
-                retries: 0,
-                retry_interval: 0,
-            }),
-            self_fence: self.self_fence,
-        }
-    }
-
-    /// Every secret value of every method of the plan.
-    pub fn secrets(&self) -> impl Iterator<Item = &String> {
-        [
-            self.isolation.as_ref(),
-            self.power_management.as_ref(),
-            self.recovery.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .flat_map(|s| &s.methods)
-        .flat_map(|m| &m.secrets)
-    }
-
-    pub fn stage(&self, step: Step) -> Option<&Stage> {
-        match step {
-            Step::Isolation => self.isolation.as_ref(),
-            Step::PowerManagement => self.power_management.as_ref(),
-            Step::Recovery => self.recovery.as_ref(),
-            Step::SelfFence => None,
-        }
-    }
 }
 
 fn read_secret(path: &std::path::Path) -> Result<String, FencingConfigError> {
@@ -323,6 +235,27 @@ fn check_inline(where_: &str, k: &str) -> Result<(), FencingConfigError> {
 }
 
 impl FencingConfig {
+    /// Templates whose agents run as Jobs need an image, and (when `kube` is known) the
+    /// Kubernetes backend; `backend` names the one in force.
+    pub fn check_jobs(&self, kube: Option<bool>, backend: &str) -> Result<(), FencingConfigError> {
+        for (name, t) in &self.templates {
+            if t.executor != Executor::Job {
+                continue;
+            }
+            let why = if self.agent_image.is_empty() {
+                "needs fencing.agent-image (an image with the fence agents)".to_string()
+            } else if kube == Some(false) {
+                format!("runs agents as Kubernetes Jobs; the {backend} backend has none")
+            } else {
+                continue;
+            };
+            return Err(FencingConfigError(format!(
+                "fencing.templates.{name}: executor = \"job\" {why}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Validates everything and loads the secrets: one plan per fenced node, each a known node.
     pub fn plans(
         &self,
@@ -449,6 +382,7 @@ impl FencingConfig {
                         params,
                         secrets,
                         required: true,
+                        executor: t.executor,
                     });
                 }
                 Ok(Stage {

@@ -3,7 +3,7 @@
 //! `recovery`, `kdump`; or stages: `fence_stage1`… and `recover_stage`), methods
 //! `fence-method-<method>-<node>` (or `fence-method-<method>` for every node) with a `template=`
 //! and overrides, templates `fence-method-template-<name>` (`agent_name` or `method_name`,
-//! `must_success`, defaults), and stages `fence-stage-<name>` (`priority`, `execution_policy`
+//! `must_success`, `executor` local or job, defaults), and stages `fence-stage-<name>` (`priority`, `execution_policy`
 //! all or only one, `fence_method1`…). Pure: the ConfigMaps and the Secret values they refer to
 //! in, one plan or one problem per node out. Secrets are never taken inline: a password,
 //! community or key must be a `<param>_secret=<secret>/<key>` reference.
@@ -375,9 +375,21 @@ impl Ctx<'_> {
                 .as_deref(),
             Some("no" | "false")
         );
+        let executor = match tprops.get("executor").map(|s| s.trim()) {
+            None | Some("local") => super::config::Executor::Local,
+            Some("job") => super::config::Executor::Job,
+            Some(other) => {
+                return Err(problem(
+                    &tname,
+                    &tkey,
+                    format!("executor {other:?} must be local or job"),
+                ));
+            }
+        };
         let mut params = BTreeMap::new();
         let mut secrets = Vec::new();
         let reserved = [
+            "executor",
             "name",
             "agent_name",
             "method_name",
@@ -453,6 +465,7 @@ impl Ctx<'_> {
             params,
             secrets,
             required,
+            executor,
         })
     }
 }

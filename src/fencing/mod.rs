@@ -10,13 +10,16 @@
 //! reset), and the probe's patience (`rtt`: a round-trip estimate per node).
 
 pub mod agent;
+pub mod agentjob;
 pub mod book;
+pub mod call;
 pub mod config;
 pub mod configmaps;
 pub mod executor;
 pub mod machine;
 pub mod opinion;
 pub mod peering;
+pub mod plan;
 pub mod readiness;
 pub mod redact;
 pub mod rtt;

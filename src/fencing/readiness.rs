@@ -104,6 +104,7 @@ struct Part {
 /// Runs the power-management methods' `status` for one plan; `None` without power management.
 async fn check_power(
     runner: &dyn AgentRunner,
+    node: &str,
     plan: &FencePlan,
     timeout: Duration,
     now: Nanos,
@@ -112,7 +113,12 @@ async fn check_power(
     let mut methods = Vec::new();
     let mut failures = Vec::new();
     for m in &stage.methods {
-        let (code, output) = runner.call(m, "status", timeout).await;
+        let site = super::agent::CallSite {
+            node: node.into(),
+            ..Default::default()
+        };
+        let super::agent::Answer { code, output, .. } =
+            runner.call_at(&site, m, "status", timeout).await;
         let ok = status_ok(code);
         if !ok {
             let ended = code.map_or("killed at the deadline".into(), |c| format!("exit {c}"));
@@ -349,6 +355,7 @@ impl<C: Cluster> Readiness<C> {
         };
         let power = check_power(
             self.runner.as_ref(),
+            node,
             plan,
             self.settings.timeout,
             self.clock.now(),

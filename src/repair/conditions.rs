@@ -16,6 +16,8 @@ pub enum RuleAction {
     /// A whitelisted live repair on the node's collector (`live-repair:restart-kubelet`): a
     /// living node is repaired before anything more invasive.
     LiveRepair(String),
+    /// A remedy run as a Kubernetes Job from its pod template (`remedy:<name>`).
+    Remedy(String),
     Fence,
 }
 
@@ -28,6 +30,10 @@ impl RuleAction {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
             return ok.then(|| RuleAction::LiveRepair(cmd.to_string()));
+        }
+        if let Some(name) = s.strip_prefix(crate::verdict::REMEDY_PREFIX) {
+            return crate::verdict::valid_remedy_name(name)
+                .then(|| RuleAction::Remedy(name.to_string()));
         }
         Some(match s {
             "fence" => RuleAction::Fence,
@@ -75,7 +81,7 @@ pub enum RuleError {
     #[error("{rule}: needs at least one action")]
     NoAction { rule: String },
     #[error(
-        "{rule}: unknown action {action:?} (expected live-repair:<command>, evacuate, evacuate-failover or fence)"
+        "{rule}: unknown action {action:?} (expected live-repair:<command>, remedy:<name>, evacuate, evacuate-failover or fence)"
     )]
     UnknownAction { rule: String, action: String },
     #[error("{rule}: fence can only be the last step (nothing escalates past a power-off)")]
@@ -161,7 +167,7 @@ pub struct FenceRule {
 /// that clears and comes back is a new event.
 fn condition_verdict(
     status: Status,
-    command: Option<&str>,
+    command: Option<(&str, &str)>,
     rule: usize,
     c: &NodeCondition,
     step: usize,
@@ -177,8 +183,8 @@ fn condition_verdict(
             "step": step,
         },
     });
-    if let Some(cmd) = command {
-        v["command"] = json!(cmd);
+    if let Some((key, value)) = command {
+        v[key] = json!(value);
     }
     Verdict::from_value(v).expect("a built verdict is valid")
 }
@@ -228,7 +234,13 @@ pub fn evaluate(
                     out.verdicts.entry(node.clone()).or_default().push(v);
                 }
                 RuleAction::LiveRepair(cmd) => {
-                    let v = condition_verdict(Status::LiveRepair, Some(cmd), i, c, step);
+                    let v =
+                        condition_verdict(Status::LiveRepair, Some(("command", cmd)), i, c, step);
+                    out.verdicts.entry(node.clone()).or_default().push(v);
+                }
+                RuleAction::Remedy(name) => {
+                    let v =
+                        condition_verdict(Status::LiveRepair, Some(("remedy", name)), i, c, step);
                     out.verdicts.entry(node.clone()).or_default().push(v);
                 }
             }
@@ -276,6 +288,22 @@ mod tests {
         let later = evaluate(std::slice::from_ref(&r), &nodes, NOW + 60 * S);
         assert!(later.fence.contains_key("n1"));
         assert!(later.verdicts.is_empty());
+        let r = Rule::new(
+            "Ready",
+            "False",
+            0,
+            &["remedy:restart-node".into(), "remedy:reprovision".into()],
+            Some(60 * S),
+        )
+        .unwrap();
+        let ev = evaluate(&[r], &cond("Ready", "False", NOW - 90 * S), NOW);
+        let v = &ev.verdicts["n1"][0];
+        assert_eq!(v.command.as_deref(), Some("remedy:reprovision"), "{v:?}");
+        assert_eq!(v.original["remedy"], "reprovision");
+        for bad in ["remedy:", "remedy:Bad", "remedy:a/b"] {
+            let e = Rule::new("Ready", "False", 0, &[bad.into()], None).unwrap_err();
+            assert!(e.to_string().contains("remedy:<name>"), "{e}");
+        }
         for bad in ["live-repair:", "live-repair:rm -rf /", "live-repair:../x"] {
             let e = Rule::new(
                 "Ready",

@@ -25,6 +25,8 @@ pub struct EngineSettings {
     pub poll_interval: Duration,
     /// Cap on drains per round, when the backend supplies capacity facts.
     pub max_disruptions: usize,
+    /// Cap on remedy Jobs running at once, cluster-wide.
+    pub max_remedies: usize,
 }
 
 pub struct Engine<C: Cluster> {
@@ -259,6 +261,7 @@ impl<C: Cluster> Engine<C> {
             }
         };
         state.members = Some(self.poller.member_names());
+        state.max_remedies = Some(self.settings.max_remedies);
         let now = self.clock.now();
         if let Some(w) = &self.watch {
             obs.conditions = w.evaluate(now).map(|e| e.verdicts);

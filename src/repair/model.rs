@@ -97,6 +97,11 @@ impl Event {
             == Some(CONDITION_SOURCE)
     }
 
+    /// The remedy Job this event asks for, if any (`remedy:<name>` as its command).
+    pub fn remedy(&self) -> Option<&str> {
+        self.command.as_deref().and_then(crate::verdict::remedy_of)
+    }
+
     /// Evacuations leave the node offline until the event is acknowledged and cleared.
     pub fn takes_node_offline(&self) -> bool {
         matches!(self.action, Status::Evacuate | Status::EvacuateFailover)
@@ -106,6 +111,7 @@ impl Event {
     pub fn plan(&self) -> Vec<JobKind> {
         match self.action {
             Status::Ok => vec![],
+            Status::LiveRepair if self.remedy().is_some() => vec![JobKind::Remedy],
             Status::LiveRepair if self.command.is_some() => vec![JobKind::LiveRepair],
             Status::LiveRepair => vec![],
             Status::Evacuate => vec![JobKind::Evacuate, JobKind::Offline],
@@ -130,6 +136,8 @@ impl Event {
 #[strum(serialize_all = "kebab-case")]
 pub enum JobKind {
     LiveRepair,
+    /// A remedy's pod template, run as a Kubernetes Job.
+    Remedy,
     Evacuate,
     EvacuateFailover,
     Offline,
@@ -238,6 +246,8 @@ pub struct State {
     pub capacity: Option<Capacity>,
     /// The managed nodes, when known: events of any other node are forgotten.
     pub members: Option<BTreeSet<String>>,
+    /// At most this many remedy Jobs in one round (cluster-wide); the others wait.
+    pub max_remedies: Option<usize>,
 }
 
 /// What the last poll says about a node.

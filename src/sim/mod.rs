@@ -99,6 +99,7 @@ fn stage(node: &str, action: &str, retries: u32) -> Stage {
             params: BTreeMap::from([("node".to_string(), node.to_string())]),
             secrets: vec![],
             required: true,
+            executor: Default::default(),
         }],
     }
 }
@@ -229,6 +230,7 @@ impl Sim {
                 policy: o.policy,
                 poll_interval: o.poll_interval,
                 max_disruptions: 1,
+                max_remedies: 1,
             },
             repair_timeout: Duration::from_secs(60),
             fencing,

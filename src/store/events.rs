@@ -112,6 +112,7 @@ impl Store {
             policy,
             capacity: None,
             members: None,
+            max_remedies: None,
         })
     }
 

@@ -2,7 +2,7 @@
 //! openssl, etcd (Debian) plus kube-apiserver, kube-controller-manager and kube-scheduler
 //! v1.36.2 (unpacked by scripts/test under target/k8s), on free ports. Nodes are simulated:
 //! their Leases and Ready heartbeats come from the test, and a small kubelet stand-in marks pods
-//! on live nodes Running/Ready and completes their graceful deletions. A dropped `ControlPlane`
+//! on live nodes Running/Ready, runs Jobs' pods (`jobpods`) and completes graceful deletions. A dropped `ControlPlane`
 //! stops every process it started.
 
 use std::path::{Path, PathBuf};
@@ -573,6 +573,7 @@ fn termination_done(
 /// deletions complete (after `EXIT_AFTER` seconds if the pod says so) (a dead node's pods stay as they are, as a dead kubelet leaves them).
 async fn kubelet_loop(client: kube::Client, hb: Heartbeats) {
     let pods: Api<Pod> = Api::all(client.clone());
+    let started = super::jobpods::Started::default();
     loop {
         let live = hb.live();
         if let Ok(list) = pods.list(&ListParams::default()).await {
@@ -601,6 +602,10 @@ async fn kubelet_loop(client: kube::Client, hb: Heartbeats) {
                         ..DeleteParams::default().grace_period(0)
                     };
                     let _ = api.delete(&name, &dp).await;
+                    continue;
+                }
+                if super::jobpods::runs_to_completion(&p) {
+                    super::jobpods::start(&client, &p, &started).await;
                     continue;
                 }
                 let running = p

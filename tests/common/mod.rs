@@ -6,6 +6,7 @@
 
 pub mod attack;
 pub mod fake_kube;
+pub mod jobpods;
 pub mod k8s;
 pub mod netns;
 pub mod sims;

@@ -1,6 +1,7 @@
 //! The `[kubernetes]` settings: which nodes, drain timings, Events, condition rules and leader
-//! election, with the checks serde cannot make.
+//! election, remedies, with the checks serde cannot make.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -46,6 +47,12 @@ pub struct KubeConfig {
     /// software's, one per node, named by a pattern. A renewal seen after the node's collector
     /// went silent vetoes its fence; a stale one joins the witnesses.
     pub storage_leases: Vec<StorageLeaseConfig>,
+    /// Remedies by name (`remedy:<name>` in a condition rule, `"remedy": "<name>"` in a
+    /// verdict): pod templates run as Jobs. A name not here is read from the ConfigMap
+    /// `remedy-<name>` in maintd's namespace when it runs.
+    pub remedies: BTreeMap<String, super::RemedyConfig>,
+    /// At most this many remedy Jobs run at once, cluster-wide (one per node at most).
+    pub max_remedies: usize,
     /// This replica's host name, as Events report it (resolved at load).
     #[serde(skip)]
     pub instance: String,
@@ -163,6 +170,12 @@ pub enum KubeConfigError {
     EventsNamespace(String),
     #[error("kubernetes.leader-election needs retry-period < renew-deadline < lease-duration")]
     LeaseTimings,
+    #[error("kubernetes.max-remedies must be at least 1")]
+    MaxRemedies,
+    #[error("kubernetes.remedies: {0}")]
+    Remedy(#[from] super::RemedyError),
+    #[error("kubernetes.remedies: {0:?} is not a remedy name (1 to 40 of a-z, 0-9 and '-')")]
+    RemedyName(String),
 }
 
 impl KubeConfig {
@@ -177,6 +190,15 @@ impl KubeConfig {
         }
         if self.max_disruptions == 0 {
             return Err(KubeConfigError::MaxDisruptions);
+        }
+        if self.max_remedies == 0 {
+            return Err(KubeConfigError::MaxRemedies);
+        }
+        for (name, r) in &self.remedies {
+            if !crate::verdict::valid_remedy_name(name) {
+                return Err(KubeConfigError::RemedyName(name.clone()));
+            }
+            r.check(name, &format!("[kubernetes.remedies.{name}]"))?;
         }
         if !matches!(self.events_namespace.as_str(), "default" | "kube-system") {
             return Err(KubeConfigError::EventsNamespace(
@@ -208,6 +230,8 @@ impl Default for KubeConfig {
             nodefences: true,
             fence_configmaps: true,
             storage_leases: vec![],
+            remedies: BTreeMap::new(),
+            max_remedies: 5,
             instance: String::new(),
         }
     }

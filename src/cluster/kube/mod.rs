@@ -14,9 +14,11 @@ mod election;
 mod events;
 mod fenceconfig;
 mod fences;
+mod jobs;
 mod leases;
 pub mod nodefence;
 mod nodes;
+mod remedies;
 mod snapshot;
 
 pub use config::{
@@ -24,7 +26,9 @@ pub use config::{
 };
 pub use fenceconfig::{ConfigMaps, MapSnapshot};
 pub use fences::{NodeFences, conformance as nodefence_conformance};
+pub use jobs::job_of;
 pub use nodes::{OFFLINE_TAINT, OUT_OF_SERVICE, TaintEffect, label_to_tag, tag_to_label};
+pub use remedies::{RemedyConfig, RemedyError, RemedyPlacement, remedy_run};
 pub use snapshot::{quantity, snapshot};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -291,9 +295,10 @@ impl Cluster for KubeCluster {
         Ok(true)
     }
 
-    async fn run_job(&self, job: &Job, _event: &Value) -> Outcome {
+    async fn run_job(&self, job: &Job, event: &Value) -> Outcome {
         let node = &job.node;
         let o = match job.kind {
+            JobKind::Remedy => self.run_remedy(job, event).await,
             JobKind::Evacuate => self.drain(node, true).await,
             JobKind::EvacuateFailover => self.drain(node, false).await,
             JobKind::Offline => outcome(
@@ -316,6 +321,10 @@ impl Cluster for KubeCluster {
         )
         .await;
         o
+    }
+
+    fn pod_runner(self: Arc<Self>) -> Option<Arc<dyn crate::cluster::PodRunner>> {
+        Some(self)
     }
 
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {

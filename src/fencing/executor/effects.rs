@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::Fencer;
 use crate::cluster::{Cluster, EventReason};
-use crate::fencing::agent::run_stage;
+use crate::fencing::agent::{CallSite, run_stage};
 use crate::fencing::machine::{Call, FenceAction, FenceStatus, Flow, StepWork};
 use crate::metrics::StepLabel;
 use crate::store::FlowOutcome;
@@ -193,12 +193,33 @@ impl<C: Cluster> Fencer<C> {
                 let plan = self.plan_of(&flow, node);
                 let stage = plan.as_ref().and_then(|p| p.stage(step));
                 let clock = self.shared.clock.as_ref();
-                let (o, calls) = run_stage(self.runner.as_ref(), clock, step, stage).await;
+                let mut site = self.call_site(&flow, node).await;
+                let (o, calls) =
+                    run_stage(self.runner.as_ref(), clock, &mut site, step, stage).await;
                 for c in &calls {
                     info!(flow = %flow, node = %node, step = step.as_str(), agent = %c.agent, action = %c.action, code = ?c.code, elapsed_ms = c.elapsed_ms, "fence agent call");
                 }
                 (o, calls)
             }
+        }
+    }
+
+    /// Where the flow's next agent call stands: how many it made, and where the last one that
+    /// failed ran (a call run as a Job goes elsewhere next time).
+    async fn call_site(&self, flow: &Uuid, node: &str) -> CallSite {
+        let calls = match self.shared.flows.get(flow).await {
+            Ok(Some(f)) => f.calls,
+            _ => vec![],
+        };
+        CallSite {
+            node: node.into(),
+            flow: Some(*flow),
+            seq: calls.len(),
+            failed_on: calls
+                .iter()
+                .rev()
+                .find(|c| !c.ok && c.host.is_some())
+                .and_then(|c| c.host.clone()),
         }
     }
 

@@ -26,6 +26,9 @@ pub struct Call {
     #[serde(rename = "elapsed-ms")]
     pub elapsed_ms: u64,
     pub output: String,
+    /// The node the call ran on, as a Job; absent when the daemon ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -12,6 +12,7 @@ pub(super) fn plan_round(d: &mut Draft, observations: &Observations) {
     d.events = events;
     if let Some(mut specs) = specs {
         admit_evacuations(d, &mut specs);
+        admit_remedies(d, &mut specs);
         if !specs.is_empty() {
             d.out.push(Action::StartRound {
                 round: d.state.last_round + 1,
@@ -103,6 +104,39 @@ fn plan_nodes(
     Some(specs)
 }
 
+/// Keeps at most `max_remedies` remedy Jobs in the round, the oldest events first; the others
+/// wait for a later round, and their events say why. (A round never takes a node twice, so a
+/// node has at most one remedy at a time.)
+fn admit_remedies(d: &mut Draft, specs: &mut Vec<JobSpec>) {
+    let Some(cap) = d.state.max_remedies else {
+        return;
+    };
+    let created: HashMap<Uuid, (Nanos, Uuid)> =
+        d.events.iter().map(|e| (e.id, (e.created, e.id))).collect();
+    let mut remedies: Vec<Uuid> = specs
+        .iter()
+        .filter(|s| s.kind == JobKind::Remedy)
+        .map(|s| s.event)
+        .collect();
+    if remedies.len() <= cap {
+        return;
+    }
+    remedies.sort_by_key(|id| created.get(id).copied());
+    let waiting: HashSet<Uuid> = remedies[cap..].iter().copied().collect();
+    specs.retain(|s| !waiting.contains(&s.event));
+    let note = Some(format!("waiting: at most {cap} remedy Jobs run at once"));
+    let notes: Vec<Action> = d
+        .events
+        .iter()
+        .filter(|e| waiting.contains(&e.id) && e.note != note)
+        .map(|e| Action::Note {
+            event: e.id,
+            note: note.clone(),
+        })
+        .collect();
+    d.out.extend(notes);
+}
+
 /// With capacity facts, keeps only the drains that `capacity::admit` lets through together; the
 /// others wait, and their events say why. Failovers go first and ignore PodDisruptionBudgets.
 fn admit_evacuations(d: &mut Draft, specs: &mut Vec<JobSpec>) {
@@ -156,6 +190,27 @@ fn admit_evacuations(d: &mut Draft, specs: &mut Vec<JobSpec>) {
 
 /// Why a node takes no new job this round, if it must wait. May schedule the online job of an
 /// acknowledged evacuation instead.
+/// Whether a failed condition event has a later rung of its rule's ladder (same rule, same
+/// condition episode) waiting: that rung is the escalation, and the failure does not block it.
+fn escalated(d: &Draft, failed: &Event, evs: &[&Event]) -> bool {
+    let rung = |e: &Event| {
+        let det = e.original.get("details")?;
+        Some((
+            det.get("rule")?.clone(),
+            det.get("since")?.clone(),
+            det.get("step")?.as_u64()?,
+        ))
+    };
+    let Some((rule, since, step)) = failed.from_condition().then(|| rung(failed)).flatten() else {
+        return false;
+    };
+    evs.iter().any(|o| {
+        o.from_condition()
+            && d.status(o).is_active()
+            && rung(o).is_some_and(|(r, s, n)| r == rule && s == since && n > step)
+    })
+}
+
 fn node_block(
     d: &mut Draft,
     evs: &[&Event],
@@ -165,7 +220,7 @@ fn node_block(
 ) -> Option<String> {
     for e in evs {
         let st = d.status(e);
-        if st == RepairStatus::Failed {
+        if st == RepairStatus::Failed && !escalated(d, e, evs) {
             return Some(format!(
                 "node has failed event {}; remove tag {} to acknowledge",
                 e.id,

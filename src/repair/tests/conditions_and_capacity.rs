@@ -153,6 +153,82 @@ fn a_round_drains_only_what_capacity_and_the_disruption_cap_admit() {
     ));
 }
 
+/// A remedy verdict plans one remedy Job; a round takes at most `max-remedies` of them, the
+/// oldest events first, and the others say why they wait. Other jobs are not held back.
+#[test]
+fn a_round_runs_at_most_max_remedies_remedy_jobs() {
+    let remedy = |name: &str| json!({"status": "live-repair", "remedy": name});
+    let e1 = Event::test("n1", remedy("fix"), NOW - 300);
+    let e2 = Event::test("n2", remedy("fix"), NOW - 200);
+    let e3 = Event::test("n3", remedy("fix"), NOW - 100);
+    let e4 = Event::test("n4", live("net-reset"), NOW - 50);
+    assert_eq!(e1.plan(), vec![JobKind::Remedy]);
+    assert_eq!(e1.remedy(), Some("fix"));
+    assert_eq!(e4.plan(), vec![JobKind::LiveRepair]);
+    let mut s = state(vec![e1.clone(), e2.clone(), e3.clone(), e4.clone()], vec![]);
+    s.max_remedies = Some(2);
+    let o = obs(&[
+        ("n1", report(remedy("fix"))),
+        ("n2", report(remedy("fix"))),
+        ("n3", report(remedy("fix"))),
+        ("n4", report(live("net-reset"))),
+    ]);
+    let a = decide(&s, &o, NOW);
+    let (_, jobs) = round(&a).unwrap();
+    let got: Vec<(&str, JobKind)> = jobs.iter().map(|j| (j.node.as_str(), j.kind)).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("n1", JobKind::Remedy),
+            ("n2", JobKind::Remedy),
+            ("n4", JobKind::LiveRepair)
+        ],
+        "{a:#?}"
+    );
+    assert_eq!(jobs[0].command.as_deref(), Some("remedy:fix"));
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, Action::Note { event, note: Some(n) }
+        if *event == e3.id && n.contains("at most 2 remedy Jobs")))
+    );
+    // Without a cap (a backend with no remedies), all of them.
+    s.max_remedies = None;
+    assert_eq!(round(&decide(&s, &o, NOW)).unwrap().1.len(), 4);
+}
+
+/// A failed rung of a condition rule's ladder is tagged and stays failed, but the next rung of
+/// the same episode runs (the escalation); a failure of anything else still holds the node.
+#[test]
+fn a_failed_rung_does_not_block_the_next_rung_of_its_ladder() {
+    let rung = |remedy: &str, step: u64, since: Nanos| {
+        json!({"status": "live-repair", "remedy": remedy, "details": {
+            "source": CONDITION_SOURCE, "rule": 0, "condition": "Broken", "since": since, "step": step}})
+    };
+    let failed = Event::test("n1", rung("first-aid", 0, NOW - 100), NOW - 90)
+        .with(RepairStatus::Failed)
+        .tagged();
+    let next = Event::test("n1", rung("fix", 1, NOW - 100), NOW - 10);
+    let jobs = vec![job(&failed, 1, JobKind::Remedy, JobStatus::Failed)];
+    let s = with_tag(
+        state(vec![failed.clone(), next.clone()], jobs.clone()),
+        "n1",
+        &failed_tag(&failed.id),
+    );
+    let o = with_conditions(obs(&[]), "n1", vec![verdict(rung("fix", 1, NOW - 100))]);
+    let a = decide(&s, &o, NOW);
+    let (_, specs) = round(&a).expect("the escalation runs");
+    assert_eq!((specs[0].event, specs[0].kind), (next.id, JobKind::Remedy));
+    // Another episode (the condition cleared and came back) is no escalation: it waits.
+    let other = Event::test("n1", rung("fix", 1, NOW - 50), NOW - 10);
+    let s = with_tag(
+        state(vec![failed.clone(), other], jobs),
+        "n1",
+        &failed_tag(&failed.id),
+    );
+    let o = with_conditions(obs(&[]), "n1", vec![verdict(rung("fix", 1, NOW - 50))]);
+    assert!(round(&decide(&s, &o, NOW)).is_none());
+}
+
 #[test]
 fn events_of_a_node_that_left_the_inventory_are_forgotten_and_nothing_more_runs_there() {
     let gone = Event::test("n9", evac("sda"), NOW - 100).with(RepairStatus::Pending);
@@ -207,6 +283,7 @@ fn derived_enum_strings_match_their_serde_names_and_parse_back() {
     }
     for v in [
         JobKind::LiveRepair,
+        JobKind::Remedy,
         JobKind::Evacuate,
         JobKind::EvacuateFailover,
         JobKind::Offline,

@@ -110,6 +110,7 @@ fn state(events: Vec<Event>, jobs: Vec<Job>) -> State {
         policy: Policy::default(),
         capacity: None,
         members: None,
+        max_remedies: None,
     }
 }
 

@@ -33,6 +33,8 @@ fn call() -> Call {
         ok: true,
         elapsed_ms: 12,
         output: "Success: Powered OFF".into(),
+        // Where a call run as a Job ran: kept by every store (a stale schema would prune it).
+        host: Some("n3".into()),
     }
 }
 

@@ -1,0 +1,32 @@
+//! One fence-agent call, whoever runs it: what it is made for, how it ended, and the options
+//! the agent reads on its standard input (never its command line).
+
+use super::config::Method;
+
+/// What a call is made for: the node being fenced, the flow (none for a readiness check), how
+/// many calls the flow made before, and the node where the last failed call ran (a call run as
+/// a Job goes elsewhere next time).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallSite {
+    pub node: String,
+    pub flow: Option<uuid::Uuid>,
+    pub seq: usize,
+    pub failed_on: Option<String>,
+}
+
+/// How one call ended: the exit code (None when killed or never run), the output's tail, and
+/// where it ran when not on the daemon's host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub code: Option<i32>,
+    pub output: String,
+    pub host: Option<String>,
+}
+
+pub(super) fn stdin_params(method: &Method, action: &str) -> Vec<u8> {
+    let mut s = format!("action={action}\n");
+    for (k, v) in &method.params {
+        s.push_str(&format!("{k}={v}\n"));
+    }
+    s.into_bytes()
+}
