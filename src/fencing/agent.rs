@@ -39,12 +39,7 @@ pub trait AgentRunner: Send + Sync + 'static {
         action: &str,
         deadline: Duration,
     ) -> Answer {
-        let (code, output) = self.call(method, action, deadline).await;
-        Answer {
-            code,
-            output,
-            host: None,
-        }
+        Answer::here(self.call(method, action, deadline).await)
     }
 }
 
@@ -108,12 +103,7 @@ impl AgentRunner for Agents {
         deadline: Duration,
     ) -> Answer {
         if method.executor == super::config::Executor::Local {
-            let (code, output) = self.call(method, action, deadline).await;
-            return Answer {
-                code,
-                output,
-                host: None,
-            };
+            return Answer::here(self.call(method, action, deadline).await);
         }
         let Some(jobs) = &self.jobs else {
             return Answer {

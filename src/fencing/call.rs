@@ -23,6 +23,17 @@ pub struct Answer {
     pub host: Option<String>,
 }
 
+impl Answer {
+    /// A call the daemon ran itself.
+    pub fn here((code, output): (Option<i32>, String)) -> Answer {
+        Answer {
+            code,
+            output,
+            host: None,
+        }
+    }
+}
+
 pub(super) fn stdin_params(method: &Method, action: &str) -> Vec<u8> {
     let mut s = format!("action={action}\n");
     for (k, v) in &method.params {
