@@ -135,6 +135,8 @@ pub struct CollectorConfig {
     /// Where the collector keeps the journal of live repairs, so a repair request is run once
     /// even across restarts.
     pub state_dir: PathBuf,
+    /// The kernel's boot id; another file (a container's, a test's) dates the boot by its mtime.
+    pub boot_id_file: PathBuf,
     /// Connection caps and deadlines of the collector's listener.
     pub limits: ListenerLimits,
     /// Peer heartbeats over UDP on the `listen` port.
@@ -263,6 +265,7 @@ impl Default for CollectorConfig {
             env: BTreeMap::new(),
             request_window: Duration::from_secs(60),
             state_dir: "/var/lib/maintd-collector".into(),
+            boot_id_file: crate::collector::KERNEL_BOOT_ID.into(),
             limits: ListenerLimits::default(),
             heartbeat: Default::default(),
             watchdog: Default::default(),

@@ -36,14 +36,21 @@ impl Members {
     }
 }
 
-/// When each node last diagnosed itself healthy, as the poller saw it: the fencer reads it from
-/// memory (a node proven healthy again ends its fence), and it starts from the store so a
-/// restart keeps what was known.
+/// When each node last diagnosed itself healthy, and which boot its reports come from, as the
+/// poller saw it: the fencer reads it from memory (a node proven back ends its fence), and it
+/// starts from the store so a restart keeps what was known.
 #[derive(Default)]
-pub struct NodeHealth(Mutex<std::collections::BTreeMap<String, Nanos>>);
+pub struct NodeHealth(Mutex<std::collections::BTreeMap<String, Health>>);
+
+/// What the poller knows of one node's health.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Health {
+    pub healthy_at: Option<Nanos>,
+    pub boot: Option<crate::fencing::machine::BootSeen>,
+}
 
 impl NodeHealth {
-    pub fn new(known: impl IntoIterator<Item = (String, Nanos)>) -> NodeHealth {
+    pub fn new(known: impl IntoIterator<Item = (String, Health)>) -> NodeHealth {
         NodeHealth(Mutex::new(known.into_iter().collect()))
     }
 
@@ -54,22 +61,36 @@ impl NodeHealth {
             warn!(error = %e, "cannot read node reports; node health starts empty");
             Vec::new()
         });
-        NodeHealth::new(
-            rows.into_iter()
-                .filter_map(|r| r.healthy_at().map(|t| (r.name, t))),
-        )
+        NodeHealth::new(rows.into_iter().map(|r| {
+            let h = Health {
+                healthy_at: r.healthy_at(),
+                boot: r.boot(),
+            };
+            (r.name, h)
+        }))
     }
 
-    /// A verified report from `node`: healthy at `at`, or (`None`) not healthy.
-    pub fn reported(&self, node: &str, at: Option<Nanos>) {
+    /// A verified report from `node`, diagnosed (started) at `diagnosed_at` during `boot`:
+    /// healthy or not.
+    pub fn reported(
+        &self,
+        node: &str,
+        healthy: bool,
+        diagnosed_at: Nanos,
+        boot: Option<crate::report::BootReport>,
+    ) {
         let mut m = self.0.lock_unpoisoned();
-        match at {
-            Some(t) => m.insert(node.to_string(), t),
-            None => m.remove(node),
-        };
+        let h = m.entry(node.to_string()).or_default();
+        h.healthy_at = healthy.then_some(diagnosed_at);
+        h.boot = crate::fencing::machine::observe_report(
+            h.boot,
+            boot.map(|b| (b.id, b.at)),
+            diagnosed_at,
+            healthy,
+        );
     }
 
-    pub fn all(&self) -> std::collections::BTreeMap<String, Nanos> {
+    pub fn all(&self) -> std::collections::BTreeMap<String, Health> {
         self.0.lock_unpoisoned().clone()
     }
 }
@@ -125,6 +146,31 @@ impl NodeView {
                 .map(move |(w, l)| ((n.clone(), w.clone()), l.clone()))
         });
         Some(kubelets.chain(storage).collect())
+    }
+
+    /// Whether each node's kubelet reports Ready, from a recent node list (`None` without one:
+    /// then no node counts as Ready).
+    pub fn ready(&self) -> Option<std::collections::BTreeMap<String, bool>> {
+        let facts = self.facts.lock_unpoisoned().clone();
+        let (at, facts) = facts?;
+        if at.elapsed() > self.max_age {
+            return None;
+        }
+        Some(
+            facts
+                .members
+                .iter()
+                .map(|m| {
+                    let ready = facts.conditions.get(&m.name).is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            c.kind == "Ready"
+                                && c.status == crate::repair::conditions::ConditionStatus::True
+                        })
+                    });
+                    (m.name.clone(), ready)
+                })
+                .collect(),
+        )
     }
 
     /// Records a fresh node list; returns the new membership if it changed.

@@ -71,6 +71,8 @@ pub struct Metrics {
     /// Fence flows not final, by step and status, as the fencer last read them.
     pub fence_flows: Family<FlowLabel, Gauge>,
     pub fencing_storm: Gauge,
+    /// 1 while fencing is paused (the configuration's `paused`, or an operator's pause).
+    pub fencing_paused: Gauge,
     /// Seconds during which a storm held every fence start (f64 counter).
     pub fencing_storm_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     /// Liveness probes that got no answer in time.
@@ -102,6 +104,10 @@ pub struct Metrics {
     /// Peer sets pushed to collectors, and pushes that failed.
     pub peer_sets_pushed: Counter,
     pub peer_set_push_failures: Counter,
+    /// Nodes that answered with their boot id from before a verified power-off.
+    pub fence_alarms: Family<NodeLabel, Counter>,
+    /// Fenced nodes returned to service on proof of a new boot.
+    pub fence_returns: Counter,
 }
 
 impl Metrics {
@@ -118,6 +124,7 @@ impl Metrics {
             fences_started: Counter::default(),
             fence_flows: Family::default(),
             fencing_storm: Gauge::default(),
+            fencing_paused: Gauge::default(),
             fencing_storm_seconds: Counter::default(),
             probe_timeout_seconds: Family::default(),
             probe_failures: Counter::default(),
@@ -128,6 +135,8 @@ impl Metrics {
             tick_failures: Family::default(),
             fence_failures: Family::default(),
             action_failures: Family::default(),
+            fence_alarms: Family::default(),
+            fence_returns: Counter::default(),
             fencing_ready: Family::default(),
             partitioned: Family::default(),
             views_rejected: Family::default(),
@@ -185,9 +194,24 @@ impl Metrics {
             m.fences_started.clone(),
         );
         reg.register(
+            "maintd_fence_alarms",
+            "Nodes that answered with their boot id from before a verified power-off (the device lied)",
+            m.fence_alarms.clone(),
+        );
+        reg.register(
+            "maintd_fence_returns",
+            "Fenced nodes returned to service on proof of a new boot",
+            m.fence_returns.clone(),
+        );
+        reg.register(
             "maintd_fence_flows",
             "Fence flows not final yet, by step and status",
             m.fence_flows.clone(),
+        );
+        reg.register(
+            "maintd_fencing_paused",
+            "1 while fencing is paused: no fence starts, and no isolation or power-off runs",
+            m.fencing_paused.clone(),
         );
         reg.register(
             "maintd_fencing_storm",

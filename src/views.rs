@@ -193,6 +193,9 @@ pub struct Node {
     pub diagnose_error: Option<String>,
     pub rejected_reports: u64,
     pub last_rejection: Option<String>,
+    /// The boot of its last verified report (a fenced node returns only with a new one).
+    pub boot_id: Option<uuid::Uuid>,
+    pub booted_at: Option<Nanos>,
     /// The last fence readiness check; null for a node without a fence plan, or not checked
     /// yet.
     pub fencing: Option<DeviceCheck>,
@@ -246,6 +249,8 @@ impl Node {
                 diagnose_error: None,
                 rejected_reports: 0,
                 last_rejection: None,
+                boot_id: None,
+                booted_at: None,
                 fencing,
                 witnesses: None,
             };
@@ -265,6 +270,8 @@ impl Node {
             diagnose_error: r.diagnose_error.clone(),
             rejected_reports: r.rejected,
             last_rejection: r.last_rejection.clone(),
+            boot_id: r.boot_id,
+            booted_at: r.booted_ns,
             fencing,
             witnesses: None,
         }
@@ -333,13 +340,27 @@ pub struct MethodCheck {
     pub ok: bool,
 }
 
-/// Whether fencing can act on every configured node (`/1/fences/summary`).
+/// Whether fencing can act on every configured node (`/1/fences/summary`), and whether it
+/// is paused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FencingSummary {
     pub state: FencingState,
     pub nodes: usize,
     pub inactive: Vec<String>,
+    /// The pause in force: an operator's (`maintd fencing pause`), or the configuration's.
+    #[serde(default)]
+    pub paused: Option<crate::store::Pause>,
 }
+
+/// `maintd fencing pause` / `resume`: the pause now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FencingPause {
+    pub paused: bool,
+    #[serde(default)]
+    pub pause: Option<crate::store::Pause>,
+}
+
+pub mod timeline;
 
 impl FencingSummary {
     /// Inactive while any node's readiness is.
@@ -357,6 +378,7 @@ impl FencingSummary {
             },
             nodes: checks.len(),
             inactive,
+            paused: None,
         }
     }
 }

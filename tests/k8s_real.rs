@@ -43,7 +43,7 @@ async fn against_a_real_control_plane() {
         a_condition_fence_does_not_recover_while_ready_is_unknown,
         a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale,
         a_self_fencing_node_is_cordoned_reset_and_only_then_released,
-        a_stale_collector_answer_never_recovers_a_fenced_node,
+        a_stale_answer_never_returns_a_fenced_node_and_its_old_boot_is_an_alarm,
         drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned,
     );
 }
@@ -93,7 +93,7 @@ fn stub_fenced_admin_daemon(cp: &ControlPlane, c: &mut Cluster, nodes: &[String]
     let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
     c.extra_daemon_toml = format!(
         "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
-        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs)
+        c.stub_fencing("fence_ok", POWER_AGENT, "2s", &refs)
     );
     c.env
         .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
@@ -131,6 +131,14 @@ async fn freeze_until_released(
         })
         .await;
     (pid, f)
+}
+
+/// Node `i`, powered off by the stub agent, boots again: a new collector with a new boot id,
+/// and its kubelet beats.
+fn boot_again(cp: &ControlPlane, c: &mut Cluster, i: usize) {
+    c.kill_collector(i);
+    c.start_collector_with(i, "scripted", "cluster.key");
+    cp.heartbeats.alive(&c.nodes[i], true);
 }
 
 /// The node's flow ends in recovery and its out-of-service taint goes.
@@ -221,7 +229,7 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
     let refs: Vec<&str> = nodes[..3].iter().map(String::as_str).collect();
     c.extra_daemon_toml = format!(
         "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
-        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs)
+        c.stub_fencing("fence_ok", POWER_AGENT, "2s", &refs)
     );
     c.env.push((
         "KUBECONFIG".into(),
@@ -242,7 +250,7 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
     let (pid, f) = freeze_until_released(cp, &c, 0).await;
     let (step, status) = nodefence_row(cp, &victim).expect("kubectl get nodefences shows it");
     assert!(
-        ["power-management", "recovery"].contains(&step.as_str()) && status != "final",
+        ["power-management", "power-on", "recovery"].contains(&step.as_str()) && status != "final",
         "{step} {status}"
     );
     let nf: serde_json::Value = serde_json::from_str(&cp.kubectl_ok(&[
@@ -277,8 +285,9 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
         .wait_flow("the resumed flow", |g| g["id"] == f["id"])
         .await;
     assert_eq!(again["released"], true, "{again:#}");
-    kill(pid, Signal::SIGCONT).unwrap();
-    cp.heartbeats.alive(&victim, true);
+    // The stub's off killed the frozen collector; the power-on leaves the node to boot.
+    let _ = pid;
+    boot_again(cp, &mut c, 0);
     wait_recovered(cp, &c, &victim).await;
     let all = c.get("/1/fences").await.1;
     let mine = all
@@ -306,9 +315,29 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
         .await;
     assert_eq!(m["witnesses"]["manual"], "NodeFence/by-hand", "{m:#}");
     assert!(m["fenced-at"].as_i64().is_some(), "{m:#}");
-    // Its collector never stopped (the stub agent powers nothing off): its next healthy report,
-    // diagnosed after the power-off, recovers it.
+    // The stub's off took its collector down with the node; powered on, it boots again and
+    // returns on its new boot's reports.
+    boot_again(cp, &mut c, 1);
     wait_recovered(cp, &c, &live).await;
+    let m = c
+        .wait_flow("the operator's fence final", |g| g["id"] == m["id"])
+        .await;
+    assert!(
+        m["returned-boot"].is_string() && m["boot-before"] != m["returned-boot"],
+        "{m:#}"
+    );
+    let status = cp.kubectl_ok(&[
+        "get",
+        "nf",
+        "by-hand",
+        "-o",
+        "jsonpath={.status.returnedBoot}",
+    ]);
+    assert_eq!(
+        m["returned-boot"],
+        status.as_str(),
+        "the NodeFence shows the new boot"
+    );
     let uid = cp.kubectl_ok(&["get", "nf", "by-hand", "-o", "jsonpath={.metadata.uid}"]);
     assert_eq!(
         m["id"],
@@ -352,7 +381,7 @@ async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &Contro
     // A grace longer than the test kubelet's 2 s renewals plus the 2 s it takes to see one.
     c.extra_daemon_toml = format!(
         "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[[kubernetes.storage-leases]]\nnamespace = \"storage\"\nname = \"{{node}}-storage\"\n[kubernetes.leader-election]\nenabled = false\n",
-        c.stub_fencing("fence_ok", OK_AGENT, "6s", &refs)
+        c.stub_fencing("fence_ok", POWER_AGENT, "6s", &refs)
     );
     c.env
         .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
@@ -495,6 +524,7 @@ async fn a_self_fencing_node_is_cordoned_reset_and_only_then_released(cp: &Contr
     );
     assert!(t.contains("out-of-service"), "{t}");
     // Rebooted: a collector again, heartbeats again.
+    c.reboot(0);
     let _back = start_watched(&mut c, 0, three, fast, &[], 1);
     cp.heartbeats.alive(&victim, true);
     wait_recovered(cp, &c, &victim).await;
@@ -514,11 +544,8 @@ async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlP
     c.extra_daemon_toml = format!(
         "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n[[kubernetes.conditions]]\ntype = \"Ready\"\nstatus = \"Unknown\"\nfor = \"1s\"\nactions = [\"fence\"]\n",
         // A short cooldown: a flow that ended would be followed by a new one within the wait.
-        c.stub_fencing("fence_ok", OK_AGENT, "2s", &refs).replacen(
-            "[fencing]\n",
-            "[fencing]\ncooldown = \"2s\"\n",
-            1
-        )
+        c.stub_fencing("fence_ok", POWER_AGENT, "2s", &refs)
+            .replacen("[fencing]\n", "[fencing]\ncooldown = \"2s\"\n", 1)
     );
     c.env
         .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
@@ -540,12 +567,31 @@ async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlP
         "{f:#}"
     );
     assert!(taints(cp, &victim).contains("out-of-service"));
-    // The node is "powered on" by nobody and its kubelet stays down: for several cooldowns,
-    // the flow waits in recovery and keeps the taint; no second flow starts.
+    // Powered on, the node boots (a new boot id, healthy reports) but its kubelet stays down:
+    // for several cooldowns the flow waits in recovery and keeps the taint; no second flow
+    // starts, and nothing powers it off again.
+    c.wait_flow("the power-on", |f| {
+        f["node"] == victim.as_str() && f["powered-on-at"].is_i64()
+    })
+    .await;
+    c.kill_collector(0);
+    c.start_collector_with(0, "scripted", "cluster.key");
     tokio::time::sleep(Duration::from_secs(8)).await;
-    one_open_flow(&c, &victim).await;
+    let f = one_open_flow(&c, &victim).await;
+    assert!(
+        f["returned-boot"].is_string(),
+        "the new boot is seen: {f:#}"
+    );
+    assert!(f["returned-at"].is_null(), "{f:#}");
     assert!(taints(cp, &victim).contains("out-of-service"));
-    // The kubelet is back: Ready=True, recovery, the taint goes.
+    let offs = f["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["action"] == "off")
+        .count();
+    assert_eq!(offs, 1, "powered off once: {f:#}");
+    // The kubelet is back: Ready=True and its Lease renewed, recovery, the taint goes.
     cp.heartbeats.alive(&victim, true);
     wait_recovered(cp, &c, &victim).await;
     remove_nodes(cp, &mut c, &nodes);
@@ -553,7 +599,6 @@ async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlP
 
 /// A status answers OFF, an off succeeds: a fence that completes (the agents themselves are
 /// tests/fencing.rs's business; here the control plane's reaction is).
-const OK_AGENT: &str = "grep -q '^action=status' && exit 2; exit 0";
 
 /// Four nodes; the one running a StatefulSet pod dies (heartbeats and collector stop). maintd
 /// powers it off, taints it out-of-service and force-deletes the pod: the StatefulSet's
@@ -686,12 +731,15 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
     cp.kubectl_ok(&["delete", "node", "node1"]);
 }
 
-/// A node dies (heartbeats stop, its collector freezes) and is fenced. Its collector then wakes
-/// up still holding the report it diagnosed before the power-off, while its next diagnose hangs:
-/// it answers, but that answer predates the power-off and proves nothing, so the flow neither
-/// recovers nor removes the out-of-service taint. Only a report diagnosed after the power-off
-/// (the diagnose finishes) recovers it.
-async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane) {
+/// A node hangs (heartbeats stop, its collector freezes) and is fenced by a device that reports
+/// OFF but switches nothing. Its collector then wakes up still holding the report it diagnosed
+/// before the power-off, while its next diagnose hangs: it answers, but that answer predates the
+/// power-off and proves nothing, so the flow neither returns the node nor raises anything. Its
+/// next diagnose, run after the verified off under the same boot, is the alarm: the node never
+/// went down. It stays out of service, and the Node gets a `MaintdFenceAlarm` Event.
+async fn a_stale_answer_never_returns_a_fenced_node_and_its_old_boot_is_an_alarm(
+    cp: &ControlPlane,
+) {
     let (mut c, nodes) = managed_cluster(cp, "s").await;
     stub_fenced_admin_daemon(cp, &mut c, &nodes);
     // The diagnose hangs while a hold file exists; a long diagnose timeout keeps it hanging
@@ -722,6 +770,7 @@ async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane
         (c.node(&victim).await["reachable"] == true).then_some(())
     })
     .await;
+    std::fs::write(c.path(&format!("agents/lie-{victim}")), "").unwrap();
     let (pid, f) = freeze_until_released(cp, &c, 0).await;
     assert_eq!(f["witnesses"]["collector"], true, "{f:#}");
     assert!(f["witnesses"]["condition"].is_null(), "{f:#}");
@@ -737,11 +786,32 @@ async fn a_stale_collector_answer_never_recovers_a_fenced_node(cp: &ControlPlane
     .await;
     assert!(n["diagnose-error"].is_null(), "{n:#}");
     tokio::time::sleep(Duration::from_secs(4)).await;
-    one_open_flow(&c, &victim).await;
+    let f = one_open_flow(&c, &victim).await;
+    assert!(f["alarm"].is_null() && f["returned-at"].is_null(), "{f:#}");
     assert!(taints(cp, &victim).contains("out-of-service"));
-    // A diagnose that ran after the power-off: now it recovers.
+    // A diagnose that ran after the power-off, under the boot from before it: the alarm.
     std::fs::remove_file(c.path(&format!("hold-{victim}"))).unwrap();
-    wait_recovered(cp, &c, &victim).await;
+    let f = c
+        .wait_flow("the alarm", |f| {
+            f["node"] == victim.as_str() && f["alarm"].is_string()
+        })
+        .await;
+    assert_eq!(f["status"], "error", "{f:#}");
+    cp.wait_for("the alarm's Node Event", |cp| {
+        cp.kubectl_ok(&["describe", "node", &victim])
+            .contains("MaintdFenceAlarm")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        taints(cp, &victim).contains("out-of-service"),
+        "it stays out"
+    );
+    let metrics = c.metrics().await;
+    assert!(
+        metrics.contains(&format!("maintd_fence_alarms_total{{node=\"{victim}\"}} 1")),
+        "{metrics}"
+    );
     remove_nodes(cp, &mut c, &nodes);
 }
 

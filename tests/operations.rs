@@ -120,6 +120,56 @@ async fn a_corrupt_database_stops_the_start_and_a_missing_one_is_reported() {
     );
 }
 
+/// A healthy database on a read-only file system is reported as such: it cannot be written,
+/// nothing says it is damaged, and nothing suggests restoring it (needs root for the mount).
+#[test]
+fn a_healthy_database_on_a_read_only_file_system_is_not_called_damaged() {
+    let c = Cluster::new(1);
+    let ro = c.path("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mount = |args: &[&str]| {
+        std::process::Command::new("mount")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !mount(&[
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=16m",
+        "tmpfs",
+        ro.to_str().unwrap(),
+    ]) {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(ro.clone());
+    let db = ro.join("state.db");
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+            .unwrap();
+    }
+    assert!(mount(&["-o", "remount,ro", ro.to_str().unwrap()]));
+    let mut c = c;
+    c.extra_daemon_toml = format!("db = \"{}\"", db.display());
+    let (code, e) = c.daemon_exit(&c.daemon_config(), &[]);
+    assert_eq!(code, Some(1), "{e}");
+    assert!(
+        e.contains("cannot be written") && e.contains("Read-only file system"),
+        "{e}"
+    );
+    assert!(!e.contains("integrity") && !e.contains("restore"), "{e}");
+}
+
 /// A collector whose sequence ran far ahead (its clock was wrong), then restarted lower: its
 /// reports are replays until the operator resets the node's sequence state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,7 +253,6 @@ async fn sequences_out_of_range_are_refused_and_an_operator_can_reset_a_node() {
 }
 
 /// A status agent answers OFF, an off succeeds: a fence that completes.
-const OK_AGENT: &str = "grep -q '^action=status' && exit 2; exit 0";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_pass_promtool_after_a_repair_and_a_fence_and_the_alert_rules_test_green() {
@@ -223,7 +272,7 @@ async fn metrics_pass_promtool_after_a_repair_and_a_fence_and_the_alert_rules_te
         assert!(out.status.success(), "promtool {args:?}: {out:?}");
     }
     let mut c = Cluster::new(5);
-    c.extra_daemon_toml = c.stub_fencing("fence_ok", OK_AGENT, "1s", &["node3"]);
+    c.extra_daemon_toml = c.stub_fencing("fence_ok", POWER_AGENT, "1s", &["node3"]);
     c.set_verdict("node1", r#"{"status":"live-repair","command":"fix"}"#);
     c.set_verdict("node2", r#"{"status":"evacuate","details":"d"}"#);
     c.start().await;

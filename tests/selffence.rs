@@ -112,6 +112,7 @@ async fn a_hung_self_fencing_node_is_reset_by_its_watchdog_before_its_workloads_
     );
     // Rebooted: its collector is back, healthy, and recovery clears the mark and the release.
     let mut c = s.c;
+    c.reboot(1);
     let _back = start_watched(&mut c, 1, TIMEOUT, FAST, &[], 1);
     c.wait_flow("recovery", |x| x["id"] == f["id"] && x["status"] == "final")
         .await;

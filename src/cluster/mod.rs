@@ -102,6 +102,12 @@ pub enum EventReason {
     Fence,
     FenceRelease,
     FenceRecovered,
+    /// A node answered with its boot id from before a verified power-off.
+    FenceAlarm,
+    /// An operator paused fencing at runtime, or resumed it (recorded on maintd's state
+    /// ConfigMap).
+    FencingPaused,
+    FencingResumed,
     /// The master lost the node while its watchers still hear it, and when that ends.
     Partitioned,
     PartitionEnded,
@@ -130,6 +136,9 @@ impl EventReason {
             EventReason::Fence => "MaintdFence",
             EventReason::FenceRelease => "MaintdFenceRelease",
             EventReason::FenceRecovered => "MaintdFenceRecovered",
+            EventReason::FenceAlarm => "MaintdFenceAlarm",
+            EventReason::FencingPaused => "MaintdFencingPaused",
+            EventReason::FencingResumed => "MaintdFencingResumed",
             EventReason::Partitioned => "MaintdPartitioned",
             EventReason::PartitionEnded => "MaintdPartitionEnded",
             EventReason::FencingInactive => "FencingInactive",

@@ -55,6 +55,8 @@ pub enum CollectorError {
     Serve(#[source] std::io::Error),
     #[error(transparent)]
     Watchdog(#[from] watchdog::WatchdogError),
+    #[error("boot id file {path}: {problem}")]
+    Boot { path: String, problem: String },
     #[error("repair journal {path}: {source}")]
     Journal {
         path: String,
@@ -64,6 +66,16 @@ pub enum CollectorError {
 }
 
 pub use crate::report::live::{LiveRepairRecord, RepairRequest, RepairState};
+
+async fn metrics(State(c): State<Arc<Collector>>) -> impl axum::response::IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        c.metrics_text(),
+    )
+}
 
 pub struct Collector {
     node: String,
@@ -77,8 +89,42 @@ pub struct Collector {
     repair_slot: Semaphore,
     journal: Journal,
     replay: Arc<crate::http::ReplayCache>,
+    /// Signed requests refused, by reason (served at `/metrics`).
+    refused: crate::http::Refused,
     /// Peer heartbeats: the set the leader assigned, and what this node hears.
     pub peers: Arc<peers::Peers>,
+    /// This boot, read once: a boot id changes only with a reboot, which restarts the collector.
+    boot: crate::report::BootReport,
+}
+
+/// Where Linux keeps the id of the current boot.
+pub const KERNEL_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// Reads this node's boot: its id from `path`, its time from the kernel's `btime` (or, for
+/// another file than the kernel's, from the file's modification time).
+pub fn read_boot(path: &std::path::Path) -> Result<crate::report::BootReport, CollectorError> {
+    let fail = |e: String| CollectorError::Boot {
+        path: path.display().to_string(),
+        problem: e,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let id = uuid::Uuid::parse_str(text.trim())
+        .map_err(|e| fail(format!("not a boot id ({e}): {:?}", text.trim())))?;
+    let at = if path == std::path::Path::new(KERNEL_BOOT_ID) {
+        let stat = std::fs::read_to_string("/proc/stat").map_err(|e| fail(e.to_string()))?;
+        let btime = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<i64>().ok())
+            .ok_or_else(|| fail("/proc/stat has no btime".into()))?;
+        btime.saturating_mul(1_000_000_000)
+    } else {
+        let m = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .map_err(|e| fail(e.to_string()))?;
+        m.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64)
+    };
+    Ok(crate::report::BootReport { id, at })
 }
 
 impl Collector {
@@ -92,7 +138,17 @@ impl Collector {
         // Seeded from the clock so the sequence keeps increasing across restarts without a
         // state file; the daemon rejects any sequence not above the last one it accepted.
         let seed = (now_ns() / 1000).max(1) as u64;
+        let boot = read_boot(&cfg.boot_id_file)?;
         let journal = Journal::open(&cfg.state_dir)?;
+        // Opened after the journal, which makes the state directory.
+        let replays = cfg.state_dir.join("replay-requests");
+        let replay =
+            crate::http::ReplayCache::persistent(&replays, now_ns()).map_err(|source| {
+                CollectorError::Journal {
+                    path: replays.display().to_string(),
+                    source,
+                }
+            })?;
         let repairs = journal.load()?;
         let next = repairs.values().map(|r| r.seq + 1).max().unwrap_or(0);
         let peers = Arc::new(
@@ -100,6 +156,7 @@ impl Collector {
                 .persist_in(cfg.state_dir.join("peers.json")),
         );
         Ok(Arc::new(Collector {
+            boot,
             peers,
             node,
             key,
@@ -110,7 +167,8 @@ impl Collector {
             repair_seq: AtomicU64::new(next),
             repair_slot: Semaphore::new(1),
             journal,
-            replay: Arc::new(crate::http::ReplayCache::default()),
+            replay: Arc::new(replay),
+            refused: crate::http::Refused::default(),
         }))
     }
 
@@ -124,6 +182,7 @@ impl Collector {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let mut env = Envelope::new(&self.node, seq, now_ns(), d.at, &d.verdict, d.error.clone());
         env.watchdog = *self.peers.watchdog.read_unpoisoned();
+        env.boot = Some(self.boot);
         Some(env.sign(&self.key))
     }
 
@@ -135,6 +194,7 @@ impl Collector {
             max_body,
             body_timeout: self.cfg.limits.body_timeout,
             replay: self.replay.clone(),
+            refused: self.refused.clone(),
         };
         // The request carries the event's diagnose JSON, which the diagnose cap bounds.
         let repair_cap = self.cfg.diagnose_output_cap.saturating_mul(2) + 4096;
@@ -163,11 +223,26 @@ impl Collector {
             .route("/", get(|| async { Json(json!([1])) }))
             .route("/1/report/diagnose", get(report))
             .route("/1/peers", get(probe::peer_view))
+            .route("/metrics", get(metrics))
             .fallback(crate::http::not_found_fallback)
             .method_not_allowed_fallback(crate::http::method_not_allowed)
             .with_state(self.clone())
             .merge(signed)
             .layer(middleware::map_response(crate::http::json_errors))
+    }
+
+    /// The collector's own counters, in the Prometheus text format.
+    fn metrics_text(&self) -> String {
+        let mut reg = prometheus_client::registry::Registry::default();
+        reg.register(
+            "maintd_collector_requests_refused",
+            "Signed requests refused, by reason (unsigned, malformed, stale, forged, replayed, too-large, body, busy)",
+            self.refused.clone(),
+        );
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        out
     }
 
     async fn run_repair(self: Arc<Self>, req: RepairRequest) {

@@ -38,6 +38,9 @@ pub struct ApiState<C: Cluster> {
     pub readiness: Option<Arc<crate::fencing::readiness::Board>>,
     /// The fencer's peer views, when fencing is configured.
     pub peering: Option<Arc<crate::fencing::peering::Peering>>,
+    /// Signed requests accepted within their window, kept across restarts.
+    pub replay: Arc<ReplayCache>,
+    pub refused: crate::http::Refused,
 }
 
 impl<C: Cluster> ApiState<C> {
@@ -53,6 +56,17 @@ impl<C: Cluster> ApiState<C> {
         registry.register_collector(Box::new(crate::metrics::StateGauges {
             store: shared.store.clone(),
         }));
+        let refused = crate::http::Refused::default();
+        registry.register(
+            "maintd_requests_refused",
+            "Signed API requests refused, by reason (unsigned, malformed, stale, forged, replayed, too-large, body, busy)",
+            refused.clone(),
+        );
+        let journal = cfg.daemon.state_dir.join("replay-requests");
+        let replay = ReplayCache::persistent(&journal, now_ns()).unwrap_or_else(|e| {
+            tracing::error!(error = %e, path = %journal.display(), "cannot keep signed requests across restarts; a request captured now could be replayed after a restart within its window");
+            ReplayCache::default()
+        });
         let process = registry.sub_registry_with_prefix("process");
         if let Err(e) = kubert_prometheus_process::register(process) {
             tracing::warn!(error = %e, "process metrics unavailable");
@@ -67,6 +81,7 @@ impl<C: Cluster> ApiState<C> {
                 request_window: cfg.daemon.request_window,
                 body_timeout: cfg.daemon.limits.body_timeout,
                 stall_after: cfg.daemon.stall_after,
+                config_paused: cfg.fencing.paused,
             },
             members: shared.members.clone(),
             wake: parts.engine.waker(),
@@ -75,6 +90,8 @@ impl<C: Cluster> ApiState<C> {
             health: parts.engine.health(),
             readiness: parts.readiness.as_ref().map(|r| r.board()),
             peering: parts.peering.clone(),
+            replay: Arc::new(replay),
+            refused,
         }
     }
 }
@@ -87,6 +104,8 @@ pub struct ApiSettings {
     pub body_timeout: std::time::Duration,
     /// `/1/health` fails when no decision completed for this long.
     pub stall_after: std::time::Duration,
+    /// `fencing.paused` in the configuration.
+    pub config_paused: bool,
 }
 
 type S<C> = State<Arc<ApiState<C>>>;
@@ -112,12 +131,15 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         window_s: state.settings.request_window.as_secs(),
         max_body: 0,
         body_timeout: state.settings.body_timeout,
-        replay: Arc::new(ReplayCache::default()),
+        replay: state.replay.clone(),
+        refused: state.refused.clone(),
     };
     let signed = Router::new()
         .route("/1/events/{id}/cancel", post(cancel::<C>))
         .route("/1/nodes/{node}/tags/{tag}", delete(remove_tag::<C>))
         .route("/1/nodes/{node}/reset-seq", post(reset_seq::<C>))
+        .route("/1/fencing/pause", post(super::fencing_api::pause::<C>))
+        .route("/1/fencing/resume", post(super::fencing_api::resume::<C>))
         .route_layer(middleware::from_fn_with_state(auth, require_signed));
     Router::new()
         .route("/", get(|| async { Json(json!([1])) }))
@@ -128,6 +150,11 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/fences", get(fences::<C>))
         .route("/1/fences/readiness", get(readiness::<C>))
         .route("/1/fences/summary", get(fencing_summary::<C>))
+        .route("/1/fences/{id}", get(super::fencing_api::one::<C>))
+        .route(
+            "/1/fences/{id}/timeline",
+            get(super::fencing_api::timeline::<C>),
+        )
         .route("/1/leader", get(leader::<C>))
         .route("/1/health", get(health::<C>))
         .route("/metrics", get(metrics::<C>))
@@ -139,7 +166,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
 }
 
 /// Operator changes go to the replica that acts; a standby's state is a copy it overwrites.
-fn require_leader<C: Cluster>(s: &ApiState<C>) -> Result<(), ApiError> {
+pub(super) fn require_leader<C: Cluster>(s: &ApiState<C>) -> Result<(), ApiError> {
     if s.leadership.is_leader() {
         return Ok(());
     }
@@ -190,9 +217,13 @@ async fn fences<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Fence>>, A
     Ok(Json(flows.iter().map(views::Fence::of).collect()))
 }
 
-async fn fencing_summary<C: Cluster>(State(s): S<C>) -> Json<views::FencingSummary> {
+async fn fencing_summary<C: Cluster>(
+    State(s): S<C>,
+) -> Result<Json<views::FencingSummary>, ApiError> {
     let checks = s.readiness.as_ref().map(|b| b.all()).unwrap_or_default();
-    Json(views::FencingSummary::of(&checks))
+    let mut summary = views::FencingSummary::of(&checks);
+    summary.paused = super::fencing_api::current(&s)?;
+    Ok(Json(summary))
 }
 
 async fn readiness<C: Cluster>(State(s): S<C>) -> Json<views::Readiness> {
@@ -267,6 +298,10 @@ async fn cancel<C: Cluster>(
             ))),
             FenceCancel::PoweredOff => Err(ApiError::conflict(format!(
                 "fence flow {id} has already powered the node off; it can no longer be canceled"
+            ))),
+            refused @ FenceCancel::PowerOffRunning => Err(ApiError::conflict(format!(
+                "fence flow {id} cannot be canceled: {}",
+                refused.describe()
             ))),
             FenceCancel::Canceled(f) => {
                 tracing::info!(flow = %id, "fence flow canceled by operator");

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod assembly;
+mod fencing_api;
 pub mod lock;
 
 use std::future::Future;

@@ -256,8 +256,14 @@ pub enum MethodError {
     /// follow.
     #[error("{agent} accepted off but status still reports ON")]
     StillOn { agent: String },
-    #[error("{agent} status could not confirm power-off ({})", ended(*code))]
-    Unconfirmed { agent: String, code: Option<i32> },
+    #[error("{agent} accepted on but status still reports OFF")]
+    StillOff { agent: String },
+    #[error("{agent} status could not confirm power-{action} ({})", ended(*code))]
+    Unconfirmed {
+        agent: String,
+        code: Option<i32>,
+        action: String,
+    },
 }
 
 impl MethodError {
@@ -265,6 +271,7 @@ impl MethodError {
         match self {
             MethodError::Action { .. } => FailureKind::Agent,
             MethodError::StillOn { .. } => FailureKind::StillOn,
+            MethodError::StillOff { .. } => FailureKind::Agent,
             MethodError::Unconfirmed { .. } => FailureKind::Unconfirmed,
         }
     }
@@ -295,24 +302,29 @@ async fn run_method(
             output: calls.last().map(|c| c.output.clone()).unwrap_or_default(),
         });
     }
-    if step != Step::PowerManagement {
+    if !matches!(step, Step::PowerManagement | Step::PowerOn) {
         return Ok(());
     }
-    // The action's own success is not proof: only a status answering OFF is.
+    // The action's own success is not proof: only a status answering OFF (or ON) is.
     let here = StageCall {
         runner,
         clock,
         site,
         step,
     };
-    match call(here, m, "status", deadline, calls).await {
-        Some(EXIT_OFF) => Ok(()),
-        Some(EXIT_OK) => Err(MethodError::StillOn {
+    let on = step == Step::PowerOn;
+    match (call(here, m, "status", deadline, calls).await, on) {
+        (Some(EXIT_OFF), false) | (Some(EXIT_OK), true) => Ok(()),
+        (Some(EXIT_OK), false) => Err(MethodError::StillOn {
             agent: m.agent.clone(),
         }),
-        code => Err(MethodError::Unconfirmed {
+        (Some(EXIT_OFF), true) => Err(MethodError::StillOff {
+            agent: m.agent.clone(),
+        }),
+        (code, _) => Err(MethodError::Unconfirmed {
             agent: m.agent.clone(),
             code,
+            action: m.action.clone(),
         }),
     }
 }
@@ -367,6 +379,7 @@ mod tests {
                     params: BTreeMap::new(),
                     secrets: vec![],
                     required: true,
+                    power_on: false,
                     executor: Default::default(),
                 })
                 .collect(),
@@ -459,6 +472,7 @@ mod tests {
             .collect(),
             secrets: vec!["pw".into()],
             required: true,
+            power_on: false,
             executor: Default::default(),
         };
         assert_eq!(

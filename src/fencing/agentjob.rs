@@ -211,6 +211,7 @@ mod tests {
             ]),
             secrets: vec!["hunter2".into()],
             required: true,
+            power_on: false,
             executor: super::super::config::Executor::Job,
         }
     }

@@ -77,6 +77,13 @@ pub struct FencingConfig {
     /// Where kdump notifications (`fence_kdump_send` in a node's crash kernel, UDP) are heard,
     /// when any node is configured for kdump.
     pub kdump_listen: std::net::SocketAddr,
+    /// A fenced node returns to service after this many healthy reports in a row, each from
+    /// a diagnose started after its new boot.
+    pub return_reports: u32,
+    /// A fenced node not back in service this long after its power-on (or proven reset) fails
+    /// its flow: tagged fencefailed, with an Event and an alert.
+    #[serde(with = "humantime_serde")]
+    pub return_deadline: Duration,
     /// After a kdump notification, power-management waits this long for the dump to finish.
     #[serde(with = "humantime_serde")]
     pub kdump_timeout: Duration,
@@ -112,6 +119,8 @@ impl Default for FencingConfig {
             self_fence_margin: Duration::from_secs(5),
             kdump_listen: std::net::SocketAddr::from(([0, 0, 0, 0], 7410)),
             kdump_timeout: Duration::from_secs(600),
+            return_reports: 3,
+            return_deadline: Duration::from_secs(900),
             agent_image: String::new(),
             templates: BTreeMap::new(),
             nodes: BTreeMap::new(),
@@ -132,6 +141,22 @@ pub struct TemplateConfig {
     /// `local` (default) or `job`: see `agent-image`.
     #[serde(default)]
     pub executor: Executor,
+    /// In a power-management stage: `on` (the default) powers the node back on once its
+    /// workloads were released; `off` leaves it off for a person.
+    #[serde(default)]
+    pub after_release: Option<AfterRelease>,
+}
+
+/// What a power-management method does once the workloads were released.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum AfterRelease {
+    /// Power on, verified by a status that reads ON; the node returns to service only on
+    /// proof of its new boot.
+    #[default]
+    On,
+    /// Leave it off: a person powers it on.
+    Off,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -161,6 +186,9 @@ pub struct StageConfig {
     pub retries: u32,
     #[serde(default = "default_retry_interval", with = "humantime_serde")]
     pub retry_interval: Duration,
+    /// Power-management only: overrides the templates' `after-release`.
+    #[serde(default)]
+    pub after_release: Option<AfterRelease>,
     pub methods: Vec<MethodConfig>,
 }
 
@@ -304,6 +332,11 @@ impl FencingConfig {
                     .into(),
             );
         }
+        if !(1..=100).contains(&self.return_reports) || self.return_deadline.is_zero() {
+            return bad(
+                "fencing.return-reports must be 1-100 and return-deadline greater than zero".into(),
+            );
+        }
         if !(1..=MAX_WATCHERS).contains(&self.watchers) {
             return bad(format!("fencing.watchers must be 1-{MAX_WATCHERS}"));
         }
@@ -330,6 +363,11 @@ impl FencingConfig {
                 let where_ = format!("fencing.nodes.{node}.{}", step.as_str());
                 if sc.methods.is_empty() {
                     return Err(FencingConfigError(format!("{where_}: no methods")));
+                }
+                if sc.after_release.is_some() && step != Step::PowerManagement {
+                    return Err(FencingConfigError(format!(
+                        "{where_}: after-release belongs in power-management (what the power-off method does once the workloads were released)"
+                    )));
                 }
                 if sc.timeout.is_zero() {
                     return Err(FencingConfigError(format!(
@@ -375,6 +413,7 @@ impl FencingConfig {
                             .filter(|(k, _)| crate::fencing::redact::secret_by_name(k))
                             .map(|(_, v)| v.clone()),
                     );
+                    let after = sc.after_release.or(t.after_release).unwrap_or_default();
                     methods.push(Method {
                         name: format!("{}#{i}", m.template),
                         agent: t.agent.clone(),
@@ -383,6 +422,7 @@ impl FencingConfig {
                         secrets,
                         required: true,
                         executor: t.executor,
+                        power_on: step == Step::PowerManagement && after == AfterRelease::On,
                     });
                 }
                 Ok(Stage {
@@ -398,6 +438,14 @@ impl FencingConfig {
                     "fencing.nodes.{node}: a power-management stage or self-fence = true is required (one of them is the proof of power-off)"
                 ));
             }
+            let mut power_management = nc
+                .power_management
+                .as_ref()
+                .map(|s| stage(Step::PowerManagement, s))
+                .transpose()?;
+            let power_on = power_management
+                .as_mut()
+                .and_then(crate::fencing::plan::split_power_on);
             plans.insert(
                 node.clone(),
                 FencePlan {
@@ -406,11 +454,8 @@ impl FencingConfig {
                         .as_ref()
                         .map(|s| stage(Step::Isolation, s))
                         .transpose()?,
-                    power_management: nc
-                        .power_management
-                        .as_ref()
-                        .map(|s| stage(Step::PowerManagement, s))
-                        .transpose()?,
+                    power_management,
+                    power_on,
                     recovery: nc
                         .recovery
                         .as_ref()

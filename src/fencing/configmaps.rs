@@ -188,7 +188,7 @@ impl Ctx<'_> {
             v.sort();
             v
         };
-        let (isolation, mut power, mut recovery) = if staged.is_empty() {
+        let (isolation, mut power, recovery) = if staged.is_empty() {
             let list = |k: &str| -> Result<Option<Stage>, Problem> {
                 match props
                     .get(k)
@@ -226,22 +226,11 @@ impl Ctx<'_> {
                 .transpose()?;
             (stages.pop(), power, recovery)
         };
-        // A power-management method that powers on (a reboot written as off, then on) is the
-        // recovery's: a power-off counts only as verified off, never as a reboot.
-        if let Some(p) = power.as_mut() {
-            let (off, on): (Vec<Method>, Vec<Method>) =
-                p.methods.drain(..).partition(|m| m.action == "off");
-            p.methods = off;
-            if !on.is_empty() {
-                let r = recovery.get_or_insert_with(|| Stage {
-                    methods: Vec::new(),
-                    ..p.clone()
-                });
-                let mut all = on;
-                all.append(&mut r.methods);
-                r.methods = all;
-            }
-        }
+        // A power-management method that powers on (`eaton-off eaton-on`) runs after the
+        // release, as the power-on: a power-off counts only as verified off, never as a reboot.
+        let power_on = power
+            .as_mut()
+            .and_then(crate::fencing::plan::split_power_on);
         let power = power.filter(|p| !p.methods.is_empty());
         if power.is_none() {
             return Err(problem(
@@ -253,6 +242,7 @@ impl Ctx<'_> {
         Ok(FencePlan {
             isolation,
             power_management: power,
+            power_on,
             recovery,
             self_fence: false,
             kdump: false,
@@ -375,6 +365,17 @@ impl Ctx<'_> {
                 .as_deref(),
             Some("no" | "false")
         );
+        let power_on = match tprops.get("after_release").map(|s| s.trim()) {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return Err(problem(
+                    &tname,
+                    &tkey,
+                    format!("after_release {other:?} must be on or off"),
+                ));
+            }
+        };
         let executor = match tprops.get("executor").map(|s| s.trim()) {
             None | Some("local") => super::config::Executor::Local,
             Some("job") => super::config::Executor::Job,
@@ -390,6 +391,7 @@ impl Ctx<'_> {
         let mut secrets = Vec::new();
         let reserved = [
             "executor",
+            "after_release",
             "name",
             "agent_name",
             "method_name",
@@ -466,6 +468,7 @@ impl Ctx<'_> {
             secrets,
             required,
             executor,
+            power_on: power_on && !recovery,
         })
     }
 }

@@ -34,6 +34,9 @@ pub fn fence_failed_tag(id: &Uuid) -> String {
 pub enum Step {
     Isolation,
     PowerManagement,
+    /// Power the node back on after its workloads were released (`after-release = "on"`),
+    /// verified by a status that reads ON.
+    PowerOn,
     /// The node's own watchdog: mark it unschedulable, wait until its reset is proven, count it
     /// reset.
     SelfFence,
@@ -95,6 +98,32 @@ pub struct Liveness {
     pub probe_silent: bool,
     /// A node-condition fence rule holds for the node (e.g. `Ready=Unknown` for its time).
     pub condition_fence: bool,
+    /// The boot the node's latest verified report named.
+    pub boot: Option<BootSeen>,
+}
+
+/// What the master last heard of a node's boot, from its signed reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BootSeen {
+    /// `/proc/sys/kernel/random/boot_id`: new at every boot.
+    pub id: Uuid,
+    /// When the node says it booted (its clock).
+    pub booted_at: Nanos,
+    /// When the diagnose behind the latest verified report started (the node's clock).
+    pub reported_at: Nanos,
+    /// Consecutive healthy reports, each from its own diagnose, started after the boot.
+    pub clean: u32,
+}
+
+/// What the return to service of a fenced node waits for besides its own reports: its other
+/// witnesses, as the master observes them now.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReturnFacts {
+    /// The kubelet's Ready condition (Kubernetes); `None` where there is no kubelet to ask.
+    pub ready: Option<bool>,
+    /// When the master last saw each Lease witness (`lease:kubelet`, `lease:<ns>/<name>`)
+    /// renewed, by its own clock.
+    pub renewed: BTreeMap<String, Nanos>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -108,6 +137,8 @@ pub struct StageLimits {
 pub struct PlanSummary {
     pub isolation: Option<StageLimits>,
     pub power_management: Option<StageLimits>,
+    /// Power the node back on after the release (`after-release = "on"`).
+    pub power_on: Option<StageLimits>,
     pub recovery: StageLimits,
     /// The node self-fences: the last level (the only one without power-management).
     pub self_fence: bool,
@@ -131,6 +162,7 @@ impl PlanSummary {
                 .or(self.power_management)
                 .unwrap_or(MARK_LIMITS),
             Step::PowerManagement => self.power_management.unwrap_or(none),
+            Step::PowerOn => self.power_on.unwrap_or(none),
             Step::SelfFence => MARK_LIMITS,
             Step::Recovery => self.recovery,
         }
@@ -180,6 +212,12 @@ pub struct FencePolicy {
     pub self_fence_margin: Nanos,
     /// How long power-management waits after a kdump notification, for the dump to finish.
     pub kdump_timeout: Nanos,
+    /// Healthy reports from diagnoses started after its new boot that a fenced node must
+    /// deliver, in a row, before it returns to service.
+    pub clean_reports: u32,
+    /// A fenced node not back in service this long after its power-on (or its proven reset)
+    /// fails its flow: tagged fencefailed, and said so.
+    pub return_deadline: Nanos,
 }
 
 #[derive(Debug, Clone)]
@@ -201,6 +239,8 @@ pub struct FenceState {
     pub requests: Vec<FenceRequest>,
     /// The latest kdump notification from each node configured for kdump.
     pub kdump: BTreeMap<String, Nanos>,
+    /// The witnesses of fenced nodes' return besides their reports (absent: none known).
+    pub returns: BTreeMap<String, ReturnFacts>,
 }
 
 /// An operator's request to fence a node (on Kubernetes, a NodeFence object created with
@@ -240,9 +280,18 @@ pub enum FenceAction {
         node: String,
         attempt: u32,
     },
+    /// Return the node to service: clear the release and, when `unmark`, the mark.
     Reclaim {
         flow: Uuid,
         node: String,
+        unmark: bool,
+    },
+    /// The node answered with the boot id it had before a verified power-off: the device lied
+    /// or switched another node. It stays out of service.
+    Alarm {
+        flow: Uuid,
+        node: String,
+        detail: String,
     },
     TagFailed {
         flow: Uuid,
@@ -261,18 +310,45 @@ pub enum StepWork {
     /// Self-fencing: mark the node unschedulable, so nothing new lands on it while its watchdog
     /// resets it.
     Mark,
-    /// Run the stage's fence agents; first clear a self-fencing mark (`unmark`), since the
-    /// node's recovery returns it to service.
-    Agents { unmark: bool },
+    /// Run the stage's fence agents; first mark the node unschedulable (`mark`, before a
+    /// power-off), or clear the mark (`unmark`, when a flow stood down before any release).
+    Agents { mark: bool, unmark: bool },
 }
 
 impl FenceAction {
+    /// The flow an effect acts for.
+    pub fn flow(&self) -> Option<Uuid> {
+        match self {
+            FenceAction::RunStep { flow, .. }
+            | FenceAction::Release { flow, .. }
+            | FenceAction::Reclaim { flow, .. }
+            | FenceAction::TagFailed { flow, .. }
+            | FenceAction::Alarm { flow, .. } => Some(*flow),
+            FenceAction::Save(f) | FenceAction::Start(f) => Some(f.id),
+            FenceAction::Hold { .. } | FenceAction::Storm { .. } => None,
+        }
+    }
+
     /// Runs `f`'s current step.
     pub fn run_step(f: &Flow) -> FenceAction {
         let work = match f.step {
             Step::SelfFence => StepWork::Mark,
-            Step::Recovery => StepWork::Agents { unmark: f.marked },
-            _ => StepWork::Agents { unmark: false },
+            // A released node's mark stays until its return to service is proven (the
+            // reclaim clears it); a flow that stood down clears it with its recovery.
+            Step::Recovery => StepWork::Agents {
+                mark: false,
+                unmark: f.marked && !f.released,
+            },
+            // Unschedulable from before the power-off until the proven return (marking again
+            // on a retry changes nothing).
+            Step::PowerManagement => StepWork::Agents {
+                mark: true,
+                unmark: false,
+            },
+            _ => StepWork::Agents {
+                mark: false,
+                unmark: false,
+            },
         };
         FenceAction::RunStep {
             flow: f.id,
@@ -299,7 +375,7 @@ pub fn resume(flows: &[Flow]) -> Vec<FenceAction> {
 pub fn merge_liveness(
     (answers, silent_since, answered): (bool, Option<Nanos>, bool),
     fence_rule_since: Option<Nanos>,
-    healthy_at: Option<Nanos>,
+    (healthy_at, boot): (Option<Nanos>, Option<BootSeen>),
 ) -> Liveness {
     let probe_since = if answers { None } else { silent_since };
     let since = match (probe_since, fence_rule_since) {
@@ -313,6 +389,7 @@ pub fn merge_liveness(
         healthy_at,
         probe_silent: !answers,
         condition_fence: fence_rule_since.is_some(),
+        boot,
     }
 }
 
@@ -353,10 +430,12 @@ pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
     out
 }
 
+mod back;
 mod flow;
 mod kdump;
 mod start;
 mod transitions;
+pub use back::observe_report;
 pub use flow::{Call, CancelRefused, Flow, Transition, Witnesses};
 use start::{Gates, requested_flows, start_flows};
 use transitions::advance;

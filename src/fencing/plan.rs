@@ -33,6 +33,9 @@ pub struct Method {
     pub required: bool,
     /// Where its calls run.
     pub executor: Executor,
+    /// A power-off method: power the node back on after its workloads were released
+    /// (`after-release = "on"`, the default).
+    pub power_on: bool,
 }
 
 /// Where a method's agent calls run.
@@ -73,6 +76,8 @@ pub struct Stage {
 pub struct FencePlan {
     pub isolation: Option<Stage>,
     pub power_management: Option<Stage>,
+    /// Power back on after the release, each method verified by a status that reads ON.
+    pub power_on: Option<Stage>,
     pub recovery: Option<Stage>,
     pub self_fence: bool,
     /// kdump notifications from the node count (see `NodeFenceConfig::kdump`).
@@ -90,6 +95,7 @@ impl FencePlan {
         crate::fencing::machine::PlanSummary {
             isolation: self.isolation.as_ref().map(limits),
             power_management: self.power_management.as_ref().map(limits),
+            power_on: self.power_on.as_ref().map(limits),
             recovery: self.recovery.as_ref().map(limits).unwrap_or(StageLimits {
                 retries: 0,
                 retry_interval: 0,
@@ -103,6 +109,7 @@ impl FencePlan {
         [
             self.isolation.as_ref(),
             self.power_management.as_ref(),
+            self.power_on.as_ref(),
             self.recovery.as_ref(),
         ]
         .into_iter()
@@ -115,8 +122,36 @@ impl FencePlan {
         match step {
             Step::Isolation => self.isolation.as_ref(),
             Step::PowerManagement => self.power_management.as_ref(),
+            Step::PowerOn => self.power_on.as_ref(),
             Step::Recovery => self.recovery.as_ref(),
             Step::SelfFence => None,
         }
     }
+}
+
+/// Splits a power-management stage into its power-off methods and its power-on stage: the
+/// methods written with action `on` (as `eaton-off eaton-on`) when there are any, else an `on`
+/// of each power-off method whose `after-release` is `on`. The power-on stage keeps the
+/// stage's policy, timeout and retries; `None` leaves the node off for a person.
+pub fn split_power_on(power: &mut Stage) -> Option<Stage> {
+    let (off, on): (Vec<Method>, Vec<Method>) =
+        power.methods.drain(..).partition(|m| m.action == "off");
+    power.methods = off;
+    let on = if on.is_empty() {
+        power
+            .methods
+            .iter()
+            .filter(|m| m.power_on)
+            .map(|m| Method {
+                action: "on".into(),
+                ..m.clone()
+            })
+            .collect()
+    } else {
+        on
+    };
+    (!on.is_empty()).then(|| Stage {
+        methods: on,
+        ..power.clone()
+    })
 }

@@ -458,6 +458,7 @@ mod tests {
         FencePlan {
             isolation: None,
             power_management: None,
+            power_on: None,
             recovery: None,
             self_fence,
             kdump: false,

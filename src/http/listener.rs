@@ -153,6 +153,10 @@ struct Conn {
     last: AtomicU64,
     /// A request head was read at least once.
     served: AtomicBool,
+    /// Bytes of the next request head arrived while it was idle: it reads a head.
+    reading: AtomicBool,
+    /// Its deadline moved earlier (a head began): the connection's loop looks again.
+    moved: tokio::sync::Notify,
     close: tokio::sync::Notify,
 }
 
@@ -194,6 +198,7 @@ struct Busy(ConnActivity);
 impl Busy {
     fn enter(a: ConnActivity) -> Busy {
         a.conn.served.store(true, Ordering::Relaxed);
+        a.conn.reading.store(false, Ordering::Relaxed);
         a.conn.busy.fetch_add(1, Ordering::Relaxed);
         a.conn.touch(a.base);
         Busy(a)
@@ -284,6 +289,8 @@ impl Governor {
             busy: AtomicUsize::new(0),
             last: AtomicU64::new(0),
             served: AtomicBool::new(false),
+            reading: AtomicBool::new(false),
+            moved: tokio::sync::Notify::new(),
             close: tokio::sync::Notify::new(),
         });
         c.touch(self.base);
@@ -303,7 +310,7 @@ impl Governor {
     fn deadline(&self, c: &Conn) -> Instant {
         let limit = if c.busy.load(Ordering::Relaxed) > 0 {
             self.limits.request_timeout
-        } else if c.served.load(Ordering::Relaxed) {
+        } else if c.served.load(Ordering::Relaxed) && !c.reading.load(Ordering::Relaxed) {
             self.limits.idle_timeout
         } else {
             self.limits.header_timeout
@@ -412,11 +419,19 @@ async fn run_conn(
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
+    // hyper's own head timer runs while a kept-alive connection waits for its next request,
+    // which would close it at the header timeout: the governor times heads from their first
+    // byte instead, and idle connections at the idle timeout.
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(gov.limits.header_timeout)
+        .header_read_timeout(None)
         .max_buf_size(64 * 1024);
-    let http = builder.serve_connection(TokioIo::new(stream), svc);
+    let io = watched::Watched {
+        inner: stream,
+        conn: conn.clone(),
+        base: gov.base,
+    };
+    let http = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(http);
     let mut stopping = false;
     loop {
@@ -432,6 +447,7 @@ async fn run_conn(
                 debug!(peer = %peer, "connection evicted");
                 break;
             }
+            _ = conn.moved.notified() => {}
             _ = tokio::time::sleep_until(deadline) => {
                 if tokio::time::Instant::from_std(gov.deadline(&conn)) <= tokio::time::Instant::now() {
                     gov.metrics.count("timeout");
@@ -447,6 +463,8 @@ async fn run_conn(
     }
     gov.release(conn.id);
 }
+
+mod watched;
 
 #[cfg(test)]
 mod tests {
@@ -526,6 +544,65 @@ mod tests {
         g.release(c.id);
         assert_eq!(g.lock().conns.len(), 1);
         assert!(!g.lock().per_ip.contains_key(&ip(3)));
+    }
+
+    /// A kept-alive connection waits for its next request for the idle timeout, not the header
+    /// timeout; a head that starts and stalls is cut at the header timeout from its first byte.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_connections_last_the_idle_timeout_and_heads_the_header_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ListenerLimits {
+            header_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_secs(6),
+            ..ListenerLimits::default()
+        };
+        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            l,
+            router,
+            limits,
+            ListenerMetrics::default(),
+            async {
+                let _ = rx.await;
+            },
+        ));
+        let get = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        async fn answer(s: &mut tokio::net::TcpStream) -> usize {
+            let mut buf = [0u8; 512];
+            s.read(&mut buf).await.unwrap()
+        }
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(get).await.unwrap();
+        assert!(answer(&mut s).await > 0);
+        // Four header timeouts of silence: still open, and it serves the next request.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        s.write_all(get).await.unwrap();
+        assert!(answer(&mut s).await > 0, "closed before its idle timeout");
+        // A head that starts and stalls: closed long before the idle timeout.
+        let start = Instant::now();
+        s.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        assert_eq!(answer(&mut s).await, 0, "a stalled head is closed");
+        assert!(
+            start.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            start.elapsed()
+        );
+        // Idle past the idle timeout: closed.
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(get).await.unwrap();
+        assert!(answer(&mut s).await > 0);
+        let start = Instant::now();
+        assert_eq!(answer(&mut s).await, 0);
+        assert!(
+            start.elapsed() >= Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        let _ = tx.send(());
+        server.await.unwrap().unwrap();
     }
 
     #[test]

@@ -7,11 +7,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 pub mod listener;
+mod signed;
 
-use std::sync::Arc;
+pub use signed::{RefusalLabel, Refused, ReplayCache, SignedAuth, require_signed};
 
-use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, check_request_headers, now_ns};
-use crate::sync::LockExt;
+use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 
 /// Every API error is `{"error": <code>, "message": <what was wrong>}`.
 #[derive(Debug, Clone)]
@@ -109,151 +109,6 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
         "method-not-allowed",
         format!("{method} is not allowed on {}", uri.path()),
     )
-}
-
-/// What the signature middleware checks against, for one group of routes.
-#[derive(Clone)]
-pub struct SignedAuth {
-    pub key: Key,
-    /// The name requests must be signed for: this node's, or [`crate::report::DAEMON_TARGET`].
-    pub target: String,
-    pub window_s: u64,
-    /// Largest body these routes take; a larger `Content-Length` is answered 413 unread.
-    pub max_body: usize,
-    pub body_timeout: std::time::Duration,
-    pub replay: Arc<ReplayCache>,
-}
-
-/// Middleware for routes that change state: the request must be signed with the cluster key,
-/// for this server, within the window, and not seen before. Everything that can be judged from
-/// the head is judged before a byte of the body is read, so an unauthenticated client costs no
-/// memory; the body is then read under a size cap and a deadline, verified, and handed on.
-pub async fn require_signed(
-    axum::extract::State(auth): axum::extract::State<SignedAuth>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Result<Response, ApiError> {
-    let (parts, body) = req.into_parts();
-    let h = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
-    let ts = check_request_headers(
-        h(TIMESTAMP_HEADER),
-        h(SIGNATURE_HEADER),
-        now_ns(),
-        auth.window_s,
-    )
-    .map_err(|e| ApiError::unauthorized(e.to_string()))?;
-    let declared = match parts.headers.get(axum::http::header::CONTENT_LENGTH) {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or_else(|| ApiError::bad_request("Content-Length is not a number"))?,
-        ),
-    };
-    if declared.is_some_and(|l| l > auth.max_body as u64) {
-        return Err(ApiError::too_large(auth.max_body));
-    }
-    let bytes = {
-        // Waiting for an unauthenticated client's body: the connection stays evictable.
-        let _idle = parts
-            .extensions
-            .get::<listener::ConnActivity>()
-            .map(|a| a.unprotected());
-        let limited = http_body_util::Limited::new(body, auth.max_body);
-        match tokio::time::timeout(auth.body_timeout, http_body_util::BodyExt::collect(limited))
-            .await
-        {
-            Err(_) => {
-                return Err(ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request-timeout",
-                    format!("the body did not arrive within {:?}", auth.body_timeout),
-                ));
-            }
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                return Err(ApiError::too_large(auth.max_body));
-            }
-            Ok(Err(e)) => {
-                return Err(ApiError::bad_request(format!(
-                    "cannot read the request body: {e}"
-                )));
-            }
-            Ok(Ok(c)) => c.to_bytes(),
-        }
-    };
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    let sig = h(SIGNATURE_HEADER).unwrap_or_default();
-    if !auth
-        .key
-        .verify_request(&auth.target, parts.method.as_str(), path, ts, &bytes, sig)
-    {
-        return Err(ApiError::unauthorized(format!(
-            "request signature does not verify under the cluster key for {:?}",
-            auth.target
-        )));
-    }
-    auth.replay
-        .check_and_remember(sig, ts, now_ns(), auth.window_s)?;
-    Ok(next
-        .run(axum::extract::Request::from_parts(
-            parts,
-            axum::body::Body::from(bytes),
-        ))
-        .await)
-}
-
-/// Signatures of the signed requests accepted within the window: the same request is accepted
-/// once. Only authenticated requests enter, so only a key holder could fill it.
-pub struct ReplayCache {
-    seen: std::sync::Mutex<std::collections::HashMap<String, i64>>,
-    cap: usize,
-}
-
-impl Default for ReplayCache {
-    fn default() -> Self {
-        ReplayCache::new(65_536)
-    }
-}
-
-impl ReplayCache {
-    pub fn new(cap: usize) -> ReplayCache {
-        ReplayCache {
-            seen: Default::default(),
-            cap,
-        }
-    }
-
-    pub fn check_and_remember(
-        &self,
-        sig: &str,
-        ts: i64,
-        now: i64,
-        window_s: u64,
-    ) -> Result<(), ApiError> {
-        let window = i64::try_from(window_s.saturating_mul(1_000_000_000)).unwrap_or(i64::MAX);
-        let mut seen = self.seen.lock_unpoisoned();
-        if seen.contains_key(sig) {
-            return Err(ApiError::unauthorized(
-                "this signed request was already accepted once (replay)",
-            ));
-        }
-        if seen.len() >= self.cap {
-            // A request stays replayable until its timestamp leaves the window on either side.
-            seen.retain(|_, t| now.saturating_sub(*t) <= window);
-            if seen.len() >= self.cap {
-                return Err(ApiError::unavailable(
-                    "too many signed requests within the window; try again shortly",
-                ));
-            }
-        }
-        seen.insert(sig.to_string(), ts.saturating_add(window));
-        Ok(())
-    }
 }
 
 /// Parses a JSON body, naming the problem when it is malformed.

@@ -158,10 +158,13 @@ impl Poller {
                     u.report = Some(canonical_json(&r.envelope.data));
                     u.diagnosed_ns = Some(r.envelope.diagnosed_at);
                     u.diagnose_error = r.envelope.diagnose_error.clone();
+                    u.boot = r.envelope.boot;
                     let ok = r.verdict.status == crate::verdict::Status::Ok;
                     self.health.reported(
                         &name,
-                        (ok && u.diagnose_error.is_none()).then_some(r.envelope.diagnosed_at),
+                        ok && u.diagnose_error.is_none(),
+                        r.envelope.diagnosed_at,
+                        r.envelope.boot,
                     );
                     // A broken diagnose says nothing about the hardware.
                     if r.envelope.diagnose_error.is_some() {

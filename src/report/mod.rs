@@ -64,7 +64,7 @@ pub struct Envelope {
     pub kind: u32,
     pub node: String,
     pub seq: u64,
-    /// When the diagnose that produced `data` finished, in ns since the epoch.
+    /// When the diagnose that produced `data` started, in ns since the epoch.
     #[serde(rename = "diagnosed-at")]
     pub diagnosed_at: i64,
     /// Set when the diagnose failed; `data` is then an Ok verdict with the reason in details.
@@ -75,8 +75,22 @@ pub struct Envelope {
     /// counts a silent node as reset, once its reset is proven.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watchdog: Option<WatchdogReport>,
+    /// The node's boot, signed with the rest: a fenced node returns to service only with a
+    /// boot other than the one it had before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<BootReport>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub signature: String,
+}
+
+/// Which boot a report comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct BootReport {
+    /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`), new at every boot.
+    pub id: uuid::Uuid,
+    /// When the node booted, in ns since the epoch (its clock).
+    pub at: i64,
 }
 
 /// What a collector says of its armed watchdog (in reports and peer views, signed), in ms: the
@@ -133,6 +147,7 @@ impl Envelope {
             diagnose_error: error,
             data: verdict.original.clone(),
             watchdog: None,
+            boot: None,
             signature: String::new(),
         }
     }

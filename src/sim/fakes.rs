@@ -23,6 +23,19 @@ pub(super) struct SimNode {
     pub(super) watchdog: Option<crate::report::WatchdogReport>,
     /// The master's last signed probe marked it for fencing.
     pub(super) marked: bool,
+    /// Its boot: a new one each time it is powered on.
+    pub(super) boot: crate::report::BootReport,
+}
+
+/// A node's boot from `at`: its id derived from the node and the moment, so runs repeat.
+pub(super) fn boot_of(node: &str, at: Nanos) -> crate::report::BootReport {
+    crate::report::BootReport {
+        id: uuid::Uuid::new_v5(
+            &uuid::Uuid::NAMESPACE_OID,
+            format!("{node}\n{at}").as_bytes(),
+        ),
+        at,
+    }
 }
 
 /// A collector's `lost-after`: a peer silent for longer is lost.
@@ -106,6 +119,13 @@ impl SimCollectors {
         });
     }
 
+    /// The node reset (its watchdog fired, or a person cycled it) and answers from a new boot.
+    pub fn reboot(&self, node: &str) {
+        let now = self.clock.now();
+        self.with(node, |n| n.boot = boot_of(node, now));
+        self.answer_again(node);
+    }
+
     /// The node's collector is given another cluster key (a misconfiguration).
     pub fn use_wrong_key(&self, node: &str) {
         self.with(node, |n| n.wrong_key = true);
@@ -135,6 +155,11 @@ impl SimCollectors {
     pub(super) fn set_power(&self, node: &str, on: bool) {
         let now = self.clock.now();
         self.with(node, |n| {
+            // Powered on, it boots afresh: a hang ends with the old kernel.
+            if on && !n.powered {
+                n.boot = boot_of(node, now);
+                n.answering = true;
+            }
             n.powered = on;
             if !on {
                 n.silent_since.get_or_insert(now);
@@ -225,7 +250,9 @@ impl CollectorLink for SimCollectors {
                 let now = self.clock.now();
                 let env = self.with(&node.name, |n| {
                     n.seq += 1;
-                    Envelope::new(&node.name, n.seq, now, now, &n.verdict, None)
+                    let mut e = Envelope::new(&node.name, n.seq, now, now, &n.verdict, None);
+                    e.boot = Some(n.boot);
+                    e
                 });
                 let body = serde_json::to_vec(&env.sign(&self.key)).expect("serializes");
                 answer(200, body, cap)
@@ -441,6 +468,9 @@ pub struct SimAgents {
     pub(super) failures: Mutex<BTreeMap<String, u32>>,
     /// Every call hangs until the stage's deadline kills it (a dead BMC).
     pub hang: AtomicBool,
+    /// The device lies: `off` and `on` switch nothing, and `status` answers as told.
+    pub lies: AtomicBool,
+    pub(super) lied_on: AtomicBool,
 }
 
 impl SimAgents {
@@ -480,6 +510,21 @@ impl AgentRunner for SimAgents {
                     return (Some(1), "simulated agent failure: bad credentials".into());
                 }
             }
+        }
+        if self.lies.load(Ordering::SeqCst) {
+            return match action {
+                "status" if self.lied_on.load(Ordering::SeqCst) => {
+                    (Some(EXIT_OK), "Status: ON".into())
+                }
+                "status" => (Some(EXIT_OFF), "Status: OFF".into()),
+                act => {
+                    self.lied_on.store(act == "on", Ordering::SeqCst);
+                    (
+                        Some(EXIT_OK),
+                        format!("Success: Powered {}", act.to_uppercase()),
+                    )
+                }
+            };
         }
         match action {
             "off" => {

@@ -7,6 +7,7 @@
 
 mod fakes;
 mod latency;
+mod returns;
 mod scenarios;
 mod selffence;
 mod witnesses;
@@ -70,6 +71,9 @@ pub struct SimOptions {
     pub self_fence: Vec<String>,
     /// Nodes without a power switch (no power-management stage).
     pub no_power: Vec<String>,
+    /// Power-management powers nodes back on after the release (`after-release = "on"`);
+    /// off leaves them off for a person.
+    pub power_on: bool,
 }
 
 impl Default for SimOptions {
@@ -82,6 +86,7 @@ impl Default for SimOptions {
             power_retries: 0,
             self_fence: Vec::new(),
             no_power: Vec::new(),
+            power_on: false,
         }
     }
 }
@@ -99,6 +104,7 @@ fn stage(node: &str, action: &str, retries: u32) -> Stage {
             params: BTreeMap::from([("node".to_string(), node.to_string())]),
             secrets: vec![],
             required: true,
+            power_on: false,
             executor: Default::default(),
         }],
     }
@@ -162,6 +168,7 @@ impl Sim {
                             wrong_key: false,
                             watchdog: None,
                             marked: false,
+                            boot: fakes::boot_of(n, -1),
                         };
                         (n.clone(), node)
                     })
@@ -185,6 +192,8 @@ impl Sim {
             calls: Mutex::new(Vec::new()),
             failures: Mutex::new(BTreeMap::new()),
             hang: AtomicBool::new(false),
+            lies: AtomicBool::new(false),
+            lied_on: AtomicBool::new(false),
         });
         let store = Arc::new(Store::open(&dir.path().join("state.db")).expect("a store"));
         let metrics = Metrics::register(&mut Registry::default());
@@ -197,7 +206,8 @@ impl Sim {
                     let plan = FencePlan {
                         isolation: None,
                         power_management: power.then(|| stage(n, "off", o.power_retries)),
-                        recovery: power.then(|| stage(n, "on", 0)),
+                        power_on: (power && o.power_on).then(|| stage(n, "on", 2)),
+                        recovery: (power && !o.power_on).then(|| stage(n, "on", 0)),
                         self_fence: o.self_fence.contains(n),
                         kdump: false,
                     };

@@ -72,7 +72,7 @@ async fn a_dead_self_fencing_node_is_marked_and_released_only_after_its_safe_tim
         f.history
     );
     // It comes back (reset, rebooted): the mark and the release are cleared.
-    sim.collectors.answer_again("node2");
+    sim.collectors.reboot("node2");
     let f = sim
         .until("recovery", 2 * MIN, |s| {
             s.flows()
@@ -132,7 +132,7 @@ async fn a_failed_power_off_falls_back_to_self_fencing_and_without_it_releases_n
         "no agent ever powered it off"
     );
     // node3 has no self-fence level: its failed power-off ends in error, nothing released.
-    sim.collectors.answer_again("node2");
+    sim.collectors.reboot("node2");
     sim.until("node2 recovered", 2 * MIN, |s| {
         s.flows()
             .into_iter()

@@ -80,6 +80,8 @@ const CHECKPOINT: &[(&str, &str)] = &[
         "SELECT * FROM fences WHERE status != 'final'
            OR id IN (SELECT id FROM fences ORDER BY updated_ns DESC LIMIT 100)",
     ),
+    // Operators' runtime controls: a pause outlives a failover.
+    ("controls", "SELECT * FROM controls"),
 ];
 
 /// The checkpoint's tables, with or without the fence flows.
@@ -145,10 +147,12 @@ impl Store {
         }
         let mut c = self.conn();
         let tx = c.transaction()?;
-        for (table, _) in tables(with_flows).rev() {
+        // A table the checkpoint does not carry (a leader older than it) is kept as it is.
+        let carried = |table: &str| !doc[table].is_null();
+        for (table, _) in tables(with_flows).rev().filter(|(t, _)| carried(t)) {
             tx.execute(&format!("DELETE FROM {table}"), [])?;
         }
-        for (table, _) in tables(with_flows) {
+        for (table, _) in tables(with_flows).filter(|(t, _)| carried(t)) {
             let t = &doc[*table];
             let known: BTreeSet<String> = tx
                 .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?

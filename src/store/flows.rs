@@ -115,6 +115,7 @@ pub enum FenceCancel {
     NotFound,
     Final,
     PoweredOff,
+    PowerOffRunning,
     AlreadyCanceled,
 }
 
@@ -136,6 +137,7 @@ pub(crate) fn apply_cancel(f: &mut Flow, now: Nanos) -> FenceCancel {
         Ok(()) => FenceCancel::Canceled(Box::new(f.clone())),
         Err(CancelRefused::Final) => FenceCancel::Final,
         Err(CancelRefused::PoweredOff) => FenceCancel::PoweredOff,
+        Err(CancelRefused::PowerOffRunning) => FenceCancel::PowerOffRunning,
         Err(CancelRefused::AlreadyCanceled) => FenceCancel::AlreadyCanceled,
     }
 }
@@ -149,6 +151,9 @@ impl FenceCancel {
             FenceCancel::Final => "the flow is already final",
             FenceCancel::PoweredOff => {
                 "the node is already powered off; only its recovery returns it to service"
+            }
+            FenceCancel::PowerOffRunning => {
+                "the power-off is running; it goes to its verified end, then only recovery returns the node to service"
             }
             FenceCancel::AlreadyCanceled => "already canceled",
         }

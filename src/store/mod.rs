@@ -22,6 +22,7 @@ use crate::verdict::Outcome;
 use crate::verdict::Status;
 
 pub mod checkpoint;
+mod controls;
 mod events;
 mod flows;
 mod inventory;
@@ -30,6 +31,7 @@ mod nodes;
 mod tests;
 
 pub use checkpoint::Checkpoint;
+pub use controls::Pause;
 pub use events::CancelOutcome;
 #[doc(hidden)]
 pub(crate) use flows::conformance as flow_conformance;
@@ -53,6 +55,12 @@ pub enum StoreError {
         "state database {path} fails its integrity check ({detail}); restore it from a backup or move it aside to start afresh"
     )]
     Integrity { path: String, detail: String },
+    /// The database cannot be written where it lies (a read-only file system, permissions):
+    /// not damage, and no reason to restore anything.
+    #[error(
+        "state database {path} cannot be written ({detail}); it was not checked for damage: make its directory writable (a read-write mount, ownership) and start again"
+    )]
+    ReadOnly { path: String, detail: String },
     #[error("state database has schema version {found}, newer than this maintd ({known})")]
     TooNew { found: i64, known: i64 },
     /// A store kept in cluster objects (NodeFences) failed or refused a request.
@@ -141,6 +149,17 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX fences_status ON fences(status, updated_ns);
     "#,
+    // 3: each node's boot (its return to service is proven by a new one), and operators'
+    // runtime controls (the fencing pause) that outlive a restart.
+    r#"
+    ALTER TABLE nodes ADD COLUMN boot_id TEXT;
+    ALTER TABLE nodes ADD COLUMN boot_ns INTEGER;
+    CREATE TABLE controls (
+        name TEXT PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_ns INTEGER NOT NULL
+    );
+    "#,
 ];
 
 pub struct Store {
@@ -169,6 +188,31 @@ fn collect<T>(
     Ok(out)
 }
 
+/// Why the database at `path` cannot be written, if it cannot: WAL mode needs its directory
+/// (for the `-wal` and `-shm` files) and the file itself.
+fn unwritable(path: &Path) -> Option<String> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let probe = dir.join(format!(".maintd-write-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+        }
+        Err(e) => return Some(format!("its directory {}: {e}", dir.display())),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .err()
+        .map(|e| format!("the file: {e}"))
+}
+
 impl Store {
     /// Opens (or creates) the database, refusing one that fails SQLite's integrity check: a
     /// daemon that cannot read its events must not run as if it had none.
@@ -191,6 +235,12 @@ impl Store {
                 });
             }
             Err(e) => {
+                if let Some(why) = unwritable(path) {
+                    return Err(StoreError::ReadOnly {
+                        path: shown,
+                        detail: format!("{why}; SQLite: {e}"),
+                    });
+                }
                 return Err(StoreError::Integrity {
                     path: shown,
                     detail: e.to_string(),

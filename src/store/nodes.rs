@@ -13,6 +13,7 @@ pub struct NodeUpdate {
     pub diagnosed_ns: Option<i64>,
     pub diagnose_error: Option<String>,
     pub rejection: Option<String>,
+    pub boot: Option<crate::report::BootReport>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -37,6 +38,11 @@ pub struct NodeRow {
     pub rejected: u64,
     #[serde(rename = "last-rejection")]
     pub last_rejection: Option<String>,
+    /// The boot its last verified report came from.
+    #[serde(rename = "boot-id")]
+    pub boot_id: Option<uuid::Uuid>,
+    #[serde(rename = "booted-at")]
+    pub booted_ns: Option<i64>,
 }
 
 impl NodeRow {
@@ -51,6 +57,17 @@ impl NodeRow {
             .then_some(self.diagnosed_ns)
             .flatten()
     }
+
+    /// The boot of its last verified report, with no healthy report counted yet: a restart
+    /// of the daemon starts the count of a returning node again.
+    pub fn boot(&self) -> Option<crate::fencing::machine::BootSeen> {
+        Some(crate::fencing::machine::BootSeen {
+            id: self.boot_id?,
+            booted_at: self.booted_ns?,
+            reported_at: self.diagnosed_ns.unwrap_or(i64::MIN),
+            clean: 0,
+        })
+    }
 }
 
 impl Store {
@@ -60,10 +77,10 @@ impl Store {
         let tx = c.transaction()?;
         {
             let mut ok = tx.prepare_cached(
-                "INSERT INTO nodes (name, reachable, last_answer_ns, unreachable_since_ns, last_error, last_seq, last_report, diagnosed_ns, diagnose_error, last_rejection)
-                 VALUES (?1, 1, ?2, NULL, NULL, ?3, ?4, ?5, ?6, NULL)
+                "INSERT INTO nodes (name, reachable, last_answer_ns, unreachable_since_ns, last_error, last_seq, last_report, diagnosed_ns, diagnose_error, last_rejection, boot_id, boot_ns)
+                 VALUES (?1, 1, ?2, NULL, NULL, ?3, ?4, ?5, ?6, NULL, ?7, ?8)
                  ON CONFLICT(name) DO UPDATE SET reachable=1, last_answer_ns=?2, unreachable_since_ns=NULL, last_error=NULL,
-                   last_seq=?3, last_report=?4, diagnosed_ns=?5, diagnose_error=?6",
+                   last_seq=?3, last_report=?4, diagnosed_ns=?5, diagnose_error=?6, boot_id=?7, boot_ns=?8",
             )?;
             let mut rejected = tx.prepare_cached(
                 "INSERT INTO nodes (name, reachable, last_answer_ns, rejected, last_rejection) VALUES (?1, 1, ?2, 1, ?3)
@@ -91,7 +108,9 @@ impl Store {
                         u.seq.and_then(|s| i64::try_from(s).ok()),
                         u.report,
                         u.diagnosed_ns,
-                        u.diagnose_error
+                        u.diagnose_error,
+                        u.boot.map(|b| b.id.to_string()),
+                        u.boot.map(|b| b.at)
                     ])?;
                 } else {
                     down.execute(params![u.name, now, u.error])?;
@@ -105,7 +124,7 @@ impl Store {
     pub fn nodes(&self) -> Result<Vec<NodeRow>> {
         let c = self.conn();
         let stmt = c.prepare_cached(
-            "SELECT name, reachable, last_answer_ns, unreachable_since_ns, last_error, last_seq, last_report, diagnosed_ns, diagnose_error, rejected, last_rejection FROM nodes ORDER BY name",
+            "SELECT name, reachable, last_answer_ns, unreachable_since_ns, last_error, last_seq, last_report, diagnosed_ns, diagnose_error, rejected, last_rejection, boot_id, boot_ns FROM nodes ORDER BY name",
         )?;
         collect(stmt, [], |r| {
             let report: Option<String> = r.get(6)?;
@@ -123,6 +142,10 @@ impl Store {
                 diagnose_error: r.get(8)?,
                 rejected: rejected as u64,
                 last_rejection: r.get(10)?,
+                boot_id: r
+                    .get::<_, Option<String>>(11)?
+                    .and_then(|s| uuid::Uuid::parse_str(&s).ok()),
+                booted_ns: r.get(12)?,
             })
         })
     }

@@ -84,6 +84,27 @@ fn mkdir755(p: &Path) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// A stand-in power switch for [`Cluster::stub_fencing`]: each node's power is a file next to
+/// the agent. `off` kills the node's collector (it is off: its next start is a new boot, as
+/// [`Cluster::kill_collector`] leaves it) unless `lie-<node>` exists there (a device that
+/// reports OFF and switches nothing); `on` only records power (the test boots the node by
+/// starting its collector); `status` answers as recorded.
+pub const POWER_AGENT: &str = r#"in=$(cat)
+act=$(printf '%s\n' "$in" | sed -n 's/^action=//p')
+node=$(printf '%s\n' "$in" | sed -n 's/^port=//p')
+dir=$(dirname "$0")
+case "$act" in
+off)
+    echo 0 > "$dir/power-$node"
+    if [ ! -e "$dir/lie-$node" ]; then
+        rm -f "$(dirname "$dir")/boot-id-$node"
+        pkill -KILL -f "^[^ ]*/maintd --config $(dirname "$dir")/collector-$node.toml" || true
+    fi ;;
+on) echo 1 > "$dir/power-$node" ;;
+status) [ "$(cat "$dir/power-$node" 2>/dev/null || echo 1)" = 0 ] && exit 2 ;;
+esac
+exit 0"#;
+
 pub struct Proc {
     pub child: Child,
     pub log: PathBuf,
@@ -249,7 +270,25 @@ live-repair-timeout = "30s"
         path
     }
 
+    /// The stand-in of node `i`'s kernel boot id: written afresh when the node boots (its
+    /// collector starts after `kill_collector`, or for the first time).
+    pub fn boot_file(&self, i: usize) -> PathBuf {
+        self.path(&format!("boot-id-{}", self.nodes[i]))
+    }
+
+    /// Node `i`'s current boot id.
+    pub fn boot_id(&self, i: usize) -> String {
+        std::fs::read_to_string(self.boot_file(i))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
     pub fn collector_config(&self, i: usize, diagnose: &str, key: &str) -> PathBuf {
+        let boot = self.boot_file(i);
+        if !boot.exists() {
+            std::fs::write(&boot, format!("{}\n", uuid::Uuid::new_v4())).unwrap();
+        }
         let root = self.dir.path().display();
         let node = &self.nodes[i];
         let toml = format!(
@@ -267,10 +306,14 @@ diagnose-interval = "100ms"
 diagnose-timeout = "1s"
 repair-timeout = "20s"
 state-dir = "{root}/collector-state-{node}"
+boot-id-file = "{boot}"
 env = {{ NODE = "{node}" }}
 {}
 "#,
-            self.node_hosts[i], self.ports[i], self.extra_collector_toml
+            self.node_hosts[i],
+            self.ports[i],
+            self.extra_collector_toml,
+            boot = self.boot_file(i).display()
         );
         let path = self.path(&format!("collector-{node}.toml"));
         std::fs::write(&path, toml).unwrap();
@@ -322,8 +365,9 @@ env = {{ NODE = "{node}" }}
         self.collectors[i] = Some(p);
     }
 
-    /// `[fencing]` with one stand-in agent `agent` (made from `body`) as the power-management
-    /// of `nodes`, fast detection (`grace`), and the storm threshold at 50 %.
+    /// `[fencing]` with one stand-in agent `agent` (made from `body`, e.g. [`POWER_AGENT`]) as
+    /// the power-management of `nodes` (each method gets `port = "<node>"`), fast detection
+    /// (`grace`), and the storm threshold at 50 %.
     pub fn stub_fencing(&self, agent: &str, body: &str, grace: &str, nodes: &[&str]) -> String {
         let agents = self.stub_agents(&[(agent, body)]);
         let mut toml = format!(
@@ -332,7 +376,7 @@ env = {{ NODE = "{node}" }}
         );
         for n in nodes {
             toml.push_str(&format!(
-                "[fencing.nodes.{n}.power-management]\nmethods = [{{ template = \"stub\" }}]\n"
+                "[fencing.nodes.{n}.power-management]\nmethods = [{{ template = \"stub\", params = {{ port = \"{n}\" }} }}]\n"
             ));
         }
         toml
@@ -426,8 +470,22 @@ env = {{ NODE = "{node}" }}
         }
     }
 
-    /// A node's collector dies (a hard node failure, as the daemon sees it).
+    /// A node's collector dies (a hard node failure, as the daemon sees it): its next start is
+    /// a new boot.
     pub fn kill_collector(&mut self, i: usize) {
+        self.collectors[i] = None;
+        let _ = std::fs::remove_file(self.boot_file(i));
+    }
+
+    /// Node `i` was reset (its watchdog fired, or its power was cycled): its collector's next
+    /// start is a new boot.
+    pub fn reboot(&self, i: usize) {
+        let _ = std::fs::remove_file(self.boot_file(i));
+    }
+
+    /// A node's collector stops while the node runs on (a hung collector, a device that never
+    /// switched it): its next start keeps the boot.
+    pub fn stop_collector_keeping_boot(&mut self, i: usize) {
         self.collectors[i] = None;
     }
 

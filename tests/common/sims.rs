@@ -172,6 +172,21 @@ set_working_mc 0x20
         std::fs::write(self.state.with_extension("stuck"), "").unwrap();
     }
 
+    /// Makes the BMC lie: it reports what it was told (OFF) and switches nothing.
+    pub fn set_lying(&self) {
+        std::fs::write(self.state.with_extension("lie"), "").unwrap();
+    }
+
+    /// The node behind this BMC does not boot when powered on.
+    pub fn set_no_boot(&self) {
+        std::fs::write(self.state.with_extension("noboot"), "").unwrap();
+    }
+
+    /// The power state file a stand-in node follows (tests/support/powered-node).
+    pub fn state_file(&self) -> &Path {
+        &self.state
+    }
+
     /// A dead BMC: nothing answers on its port any more.
     pub fn kill(&mut self) {
         self.proc = None;

@@ -89,6 +89,18 @@ pub struct NodeFenceStatus {
     /// then; power-management waited for the dump).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kdump_at: Option<String>,
+    /// The return to service: the boot id before the fence, the power-on, the new boot id
+    /// proven, when the node returned, and the alarm of a node that kept its old boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_before: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub powered_on_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub returned_boot: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub returned_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alarm: Option<String>,
     #[serde(default)]
     pub isolated: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -233,6 +245,18 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
         rel_msg,
         &now,
     );
+    if f.powered_on_at.is_some() || f.returned_at.is_some() || f.alarm.is_some() {
+        let (ok, reason, msg) = match (&f.alarm, f.returned_at) {
+            (Some(a), _) => (false, "Alarm", a.as_str()),
+            (None, Some(_)) => (true, "BootProven", "a new boot proven; back in service"),
+            (None, None) => (
+                false,
+                "Waiting",
+                "powered on; waiting for proof of a new boot",
+            ),
+        };
+        set_condition(&mut conditions, "Returned", ok, reason, msg, &now);
+    }
     if f.canceled {
         set_condition(
             &mut conditions,
@@ -262,6 +286,11 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
         safe_time_ms: f.safe_time_ms,
         self_fence_times: f.self_fence_times,
         kdump_at: f.kdump_at.map(time),
+        boot_before: f.boot_before.map(|u| u.to_string()),
+        powered_on_at: f.powered_on_at.map(time),
+        returned_boot: f.returned_boot.map(|u| u.to_string()),
+        returned_at: f.returned_at.map(time),
+        alarm: f.alarm.clone(),
         isolated: f.isolated,
         isolated_at: f.isolated_at.map(time),
         released: f.released,
@@ -363,8 +392,19 @@ pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, String> {
         self_fence_times: s.self_fence_times,
         kdump_at: parse_time("kdumpAt", &s.kdump_at)?,
         witnesses: s.witnesses.clone().unwrap_or_default(),
+        boot_before: parse_boot("bootBefore", &s.boot_before)?,
+        powered_on_at: parse_time("poweredOnAt", &s.powered_on_at)?,
+        returned_boot: parse_boot("returnedBoot", &s.returned_boot)?,
+        returned_at: parse_time("returnedAt", &s.returned_at)?,
+        alarm: s.alarm.clone(),
         version,
     }))
+}
+
+fn parse_boot(field: &str, v: &Option<String>) -> Result<Option<Uuid>, String> {
+    v.as_deref()
+        .map(|s| Uuid::parse_str(s).map_err(|e| format!("status.{field} {s:?}: {e}")))
+        .transpose()
 }
 
 /// Labels of a flow's object.

@@ -97,16 +97,20 @@ fn the_node_method_template_format_becomes_a_staged_plan_with_secrets_from_secre
     assert_eq!(pm.methods[0].action, "off");
     assert_eq!(pm.methods[0].params["snmp_priv_prot"], "AES");
     assert_eq!(pm.methods[0].params["snmp_priv_passwd"], "eaton-pw");
+    // `eaton-off eaton-on`: the on powers the node back on after the release.
+    let on = plan.power_on.as_ref().unwrap();
+    assert_eq!(on.methods.len(), 1);
+    assert_eq!(
+        (on.methods[0].agent.as_str(), on.methods[0].action.as_str()),
+        ("fence_eaton_snmp", "on")
+    );
     let rec = plan.recovery.as_ref().unwrap();
     let actions: Vec<(&str, &str)> = rec
         .methods
         .iter()
         .map(|m| (m.agent.as_str(), m.action.as_str()))
         .collect();
-    assert_eq!(
-        actions,
-        [("fence_eaton_snmp", "on"), ("fence_brocade", "on")]
-    );
+    assert_eq!(actions, [("fence_brocade", "on")]);
     assert!(
         plan.secrets().any(|s| s == "eaton-pw"),
         "resolved secrets are redacted"

@@ -93,7 +93,9 @@ impl<C: Cluster> Fencer<C> {
                     warn!(error = %e, at = %flows.location(), "cannot record why a fence request waits");
                 }
             }
-            FenceAction::Save(f) => self.save(f).await,
+            FenceAction::Save(f) => {
+                self.save(f).await;
+            }
             FenceAction::RunStep {
                 flow,
                 node,
@@ -122,11 +124,36 @@ impl<C: Cluster> Fencer<C> {
                     )
                 });
             }
-            FenceAction::Reclaim { flow, node } => {
+            FenceAction::Reclaim { flow, node, unmark } => {
                 let me = self.clone();
                 self.spawn(flow, FlowOutcome::Reclaim, async move {
-                    (me.shared.cluster.reclaim(&node, &flow).await, vec![])
+                    let cluster = &me.shared.cluster;
+                    let mut o = cluster.reclaim(&node, &flow).await;
+                    if o.ok && unmark {
+                        let u = cluster.mark_unschedulable(&node, &flow, false).await;
+                        o = if u.ok {
+                            Outcome::done(format!("{}; {}", o.detail, u.detail))
+                        } else {
+                            u
+                        };
+                    }
+                    if o.ok {
+                        me.shared.metrics.fence_returns.inc();
+                    }
+                    (o, vec![])
                 });
+            }
+            FenceAction::Alarm { flow, node, detail } => {
+                error!(flow = %flow, node = %node, detail = %detail, "fence alarm: the node runs the boot it had before its verified power-off");
+                self.shared
+                    .metrics
+                    .fence_alarms
+                    .get_or_create(&crate::metrics::NodeLabel { node: node.clone() })
+                    .inc();
+                self.shared
+                    .cluster
+                    .record(&node, EventReason::FenceAlarm, &detail, true)
+                    .await;
             }
             FenceAction::TagFailed { flow, node, tag } => {
                 warn!(flow = %flow, node = %node, tag = %tag, "fence flow failed for good; nothing released");
@@ -143,7 +170,8 @@ impl<C: Cluster> Fencer<C> {
         }
     }
 
-    async fn save(&self, f: Flow) {
+    /// Records `f`; false when its record changed meanwhile (nothing is written then).
+    pub(super) async fn save(&self, f: Flow) -> bool {
         let flows = &self.shared.flows;
         if let Some(t) = f.history.last() {
             info!(flow = %f.id, node = %f.node, step = t.step.as_str(), status = t.status.as_str(), note = %t.note, "fence transition");
@@ -165,10 +193,17 @@ impl<C: Cluster> Fencer<C> {
                         .record(&f.node, EventReason::Fence, &msg, warning)
                         .await;
                 }
+                true
             }
             // Changed meanwhile (an operator's cancel): decide again from the store.
-            Ok(false) => self.wake.notify_one(),
-            Err(e) => error!(error = %e, at = %flows.location(), "cannot save a fence flow"),
+            Ok(false) => {
+                self.wake.notify_one();
+                false
+            }
+            Err(e) => {
+                error!(error = %e, at = %flows.location(), "cannot save a fence flow");
+                false
+            }
         }
     }
 
@@ -183,7 +218,13 @@ impl<C: Cluster> Fencer<C> {
         let cluster = &self.shared.cluster;
         match work {
             StepWork::Mark => (cluster.mark_unschedulable(node, &flow, true).await, vec![]),
-            StepWork::Agents { unmark } => {
+            StepWork::Agents { mark, unmark } => {
+                if mark {
+                    let o = cluster.mark_unschedulable(node, &flow, true).await;
+                    if !o.ok {
+                        return (o, vec![]);
+                    }
+                }
                 if unmark {
                     let o = cluster.mark_unschedulable(node, &flow, false).await;
                     if !o.ok {

@@ -29,6 +29,7 @@ use crate::verdict::Nanos;
 
 mod effects;
 mod kdump;
+mod pause;
 mod probe;
 mod witnesses;
 
@@ -52,6 +53,8 @@ pub struct FencerSettings {
     pub retention: Duration,
     /// Where kdump notifications are heard (when any plan has kdump).
     pub kdump_listen: std::net::SocketAddr,
+    /// The ConfigMap a pause and a resume are recorded on as Events (Kubernetes).
+    pub pause_events_on: String,
 }
 
 impl FencerSettings {
@@ -69,12 +72,15 @@ impl FencerSettings {
                 second_opinion: f.second_opinion,
                 self_fence_margin: ns(f.self_fence_margin),
                 kdump_timeout: ns(f.kdump_timeout),
+                clean_reports: f.return_reports,
+                return_deadline: ns(f.return_deadline),
             },
             interval: f.liveness_interval,
             patience: (f.liveness_timeout, f.liveness_timeout_max),
             misses: f.liveness_misses.max(1),
             retention: f.retention,
             kdump_listen: f.kdump_listen,
+            pause_events_on: "maintd-state".into(),
         }
     }
 }
@@ -98,6 +104,8 @@ pub struct Fencer<C: Cluster> {
     effects: effects::Effects,
     /// The last tick held by a storm (for the log line at its start and the storm-time counter).
     storm_tick: Mutex<Option<Nanos>>,
+    /// The pause last seen, so each change is said once.
+    last_pause: Mutex<Option<crate::store::Pause>>,
     /// When final flows past their retention were last deleted.
     pruned: Mutex<Option<Nanos>>,
     /// Nodes called partitioned that no longer are, since when (the hysteresis of the end).
@@ -127,6 +135,7 @@ impl<C: Cluster> Fencer<C> {
             witnesses: witnesses::Renewals::default(),
             effects: effects::Effects::default(),
             storm_tick: Mutex::new(None),
+            last_pause: Mutex::new(None),
             pruned: Mutex::new(None),
             partition_clear: Mutex::new(BTreeMap::new()),
             kdump: kdump::Kdump::default(),
@@ -225,7 +234,8 @@ impl<C: Cluster> Fencer<C> {
             .map(|n| {
                 let probed = self.probes.liveness(&n.name, self.settings.misses);
                 let rule_since = fence_rules.get(&n.name).map(|f| f.since);
-                let l = merge_liveness(probed, rule_since, healthy.get(&n.name).copied());
+                let h = healthy.get(&n.name).copied().unwrap_or_default();
+                let l = merge_liveness(probed, rule_since, (h.healthy_at, h.boot));
                 (n.name.clone(), l)
             })
             .collect();
@@ -235,7 +245,8 @@ impl<C: Cluster> Fencer<C> {
 
     pub async fn tick(self: &Arc<Self>) {
         let now = self.shared.clock.now();
-        let policy = self.settings.policy;
+        let mut policy = self.settings.policy;
+        policy.paused = self.pause().await.is_some();
         let store = &self.shared.flows;
         let flows = match store.active(now.saturating_sub(policy.cooldown)).await {
             Ok(f) => f,
@@ -278,7 +289,9 @@ impl<C: Cluster> Fencer<C> {
                 .collect(),
         );
         let plans = self.summaries(&flows);
+        let returns = self.return_facts(&flows);
         let state = FenceState {
+            returns,
             flows,
             liveness,
             rules,
@@ -315,13 +328,29 @@ impl<C: Cluster> Fencer<C> {
         });
         let mut storm = None;
         let mut moved = false;
+        // A flow whose record changed meanwhile (an operator's cancel) takes no effect decided
+        // from the old one: a cancel answered 200 is never followed by the power-off.
+        let mut stale = std::collections::BTreeSet::new();
         for a in records {
-            moved |= matches!(a, FenceAction::Save(_) | FenceAction::Start(_));
+            moved |= matches!(a, FenceAction::Start(_));
             match a {
                 FenceAction::Storm { unreachable, total } => storm = Some((unreachable, total)),
+                // A save that failed moved nothing: deciding again at once would spin.
+                FenceAction::Save(f) => {
+                    let id = f.id;
+                    if self.save(f).await {
+                        moved = true;
+                    } else {
+                        stale.insert(id);
+                    }
+                }
                 other => self.execute(other).await,
             }
         }
+        let effects: Vec<FenceAction> = effects
+            .into_iter()
+            .filter(|a| a.flow().is_none_or(|id| !stale.contains(&id)))
+            .collect();
         // Flows kept in shared objects (NodeFences) are already shared by their own write.
         if !effects.is_empty()
             && !store.shared()

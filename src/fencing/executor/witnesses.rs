@@ -137,6 +137,38 @@ impl<C: Cluster> Fencer<C> {
             .collect()
     }
 
+    /// What the return to service of each node with an open, fenced flow waits for besides
+    /// its reports: its kubelet's Ready (Kubernetes: unknown counts as not Ready), and when its
+    /// Leases were renewed, dated back by how late a renewal can be seen here (so a renewal
+    /// counts as after the power-on only when it surely was).
+    pub(super) fn return_facts(
+        &self,
+        flows: &[crate::fencing::machine::Flow],
+    ) -> BTreeMap<String, crate::fencing::machine::ReturnFacts> {
+        let Some(watch) = self.shared.watch.as_ref() else {
+            return BTreeMap::new();
+        };
+        let ready = watch.ready().unwrap_or_default();
+        let lag = ns(watch.lag());
+        let renewals = self.witnesses.0.lock_unpoisoned();
+        flows
+            .iter()
+            .filter(|f| f.fenced || f.kdump_at.is_some())
+            .map(|f| {
+                let renewed = renewals
+                    .range((f.node.clone(), String::new())..)
+                    .take_while(|((node, _), _)| *node == f.node)
+                    .filter_map(|((_, w), r)| Some((w.clone(), r.at?.saturating_sub(lag))))
+                    .collect();
+                let facts = crate::fencing::machine::ReturnFacts {
+                    ready: Some(ready.get(&f.node).copied().unwrap_or(false)),
+                    renewed,
+                };
+                (f.node.clone(), facts)
+            })
+            .collect()
+    }
+
     /// Says so, once, when the master loses a node that its watchers still hear, and when that
     /// ends: in the log, as a metric and as an Event on the node. With hysteresis: a node is
     /// called partitioned only once it has been silent to the master for the fence grace (the

@@ -88,6 +88,23 @@ pub struct Flow {
     /// be healthy again.
     #[serde(default = "Witnesses::legacy")]
     pub witnesses: Witnesses,
+    /// The boot id the node reported last before the fence: it returns to service only with
+    /// another one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_before: Option<Uuid>,
+    /// When its power-on was verified (status read ON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub powered_on_at: Option<Nanos>,
+    /// The new boot id its reports proved, once seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub returned_boot: Option<Uuid>,
+    /// When it returned to service (its proof complete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub returned_at: Option<Nanos>,
+    /// Why it must not return to service: it answered with its old boot id after a verified
+    /// power-off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alarm: Option<String>,
     /// Store version this copy was loaded at (a save of a stale copy is refused).
     #[serde(skip)]
     pub version: u64,
@@ -98,6 +115,8 @@ pub struct Flow {
 pub enum CancelRefused {
     Final,
     PoweredOff,
+    /// The power-off runs: it goes to its verified end.
+    PowerOffRunning,
     AlreadyCanceled,
 }
 
@@ -133,17 +152,6 @@ impl Witnesses {
             manual: None,
             alive: Vec::new(),
         }
-    }
-
-    /// Whether every witness is healthy again after the power-off at `fenced_at`: a healthy
-    /// report diagnosed after it for the collector, the rule no longer holding for a condition.
-    pub(super) fn recovered(&self, l: &Liveness, fenced_at: Option<Nanos>) -> bool {
-        let collector = !(self.collector || self.manual.is_some())
-            || l.healthy_at
-                .zip(fenced_at)
-                .is_some_and(|(h, t)| h > t && !l.probe_silent);
-        let condition = self.condition.is_none() || !l.condition_fence;
-        collector && condition
     }
 }
 
@@ -196,6 +204,11 @@ impl Flow {
             history: Vec::new(),
             calls: Vec::new(),
             witnesses,
+            boot_before: None,
+            powered_on_at: None,
+            returned_boot: None,
+            returned_at: None,
+            alarm: None,
             version: 0,
         };
         f.go(now, step, FenceStatus::New, why);
@@ -228,6 +241,9 @@ impl Flow {
         }
         if self.fenced {
             return Err(CancelRefused::PoweredOff);
+        }
+        if self.step == Step::PowerManagement && self.status == FenceStatus::Running {
+            return Err(CancelRefused::PowerOffRunning);
         }
         if self.canceled {
             return Err(CancelRefused::AlreadyCanceled);

@@ -127,6 +127,7 @@ pub(super) fn requested_flows(
             format!("requested by an operator ({})", r.by),
         );
         f.id = r.id;
+        f.boot_before = s.liveness.get(&r.node).and_then(|l| l.boot).map(|b| b.id);
         gates.start(f, now, out);
     }
 }
@@ -205,7 +206,9 @@ pub(super) fn start_flows(
             manual: None,
             alive,
         };
-        gates.start(Flow::new(node, since, now, step, witnesses, why), now, out);
+        let mut f = Flow::new(node, since, now, step, witnesses, why);
+        f.boot_before = s.liveness.get(node).and_then(|l| l.boot).map(|b| b.id);
+        gates.start(f, now, out);
     }
 }
 

@@ -17,6 +17,7 @@ fn plan(isolation: bool) -> PlanSummary {
     PlanSummary {
         isolation: isolation.then(|| limits(1)),
         power_management: Some(limits(2)),
+        power_on: None,
         recovery: limits(1),
         self_fence: false,
     }
@@ -35,6 +36,8 @@ fn policy() -> FencePolicy {
         second_opinion: false,
         self_fence_margin: 5 * S,
         kdump_timeout: 30 * S,
+        clean_reports: 3,
+        return_deadline: 600 * S,
     }
 }
 
@@ -46,7 +49,21 @@ fn up() -> Liveness {
         healthy_at: None,
         probe_silent: false,
         condition_fence: false,
+        boot: None,
     }
+}
+
+const B1: Uuid = Uuid::from_u128(0xb1);
+const B2: Uuid = Uuid::from_u128(0xb2);
+
+/// A report from boot `id`, diagnosed at `at`, with `clean` healthy reports since the boot.
+fn booted(id: Uuid, at: Nanos, clean: u32) -> Option<BootSeen> {
+    Some(BootSeen {
+        id,
+        booted_at: at - S,
+        reported_at: at,
+        clean,
+    })
 }
 
 fn down(since: Nanos) -> Liveness {
@@ -57,6 +74,7 @@ fn down(since: Nanos) -> Liveness {
         healthy_at: None,
         probe_silent: true,
         condition_fence: false,
+        boot: None,
     }
 }
 
@@ -81,6 +99,7 @@ fn state() -> FenceState {
         self_fence: BTreeMap::new(),
         requests: vec![],
         kdump: BTreeMap::new(),
+        returns: BTreeMap::new(),
     }
 }
 
@@ -158,9 +177,20 @@ fn a_node_that_answers_again_within_the_grace_is_never_a_candidate() {
 #[test]
 fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     let mut s = state();
-    s.liveness.insert("n1".into(), down(T0));
+    s.liveness.insert(
+        "n1".into(),
+        Liveness {
+            boot: booted(B1, T0 - 10 * S, 5),
+            ..down(T0)
+        },
+    );
     let a = decide_fencing(&s, T0 + 5 * S);
     let mut f = saved(&a);
+    assert_eq!(
+        f.boot_before,
+        Some(B1),
+        "the boot before the fence is recorded"
+    );
     // Isolation succeeds; the node is still silent: power management.
     f = saved(&tick(&mut s, &with_result(&f, true), T0 + 6 * S));
     assert!(f.isolated && f.status == FenceStatus::Done);
@@ -171,10 +201,20 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     );
     let a = tick(&mut s, &f, T0 + 6 * S);
     assert_eq!(runs(&a), vec![Step::PowerManagement]);
+    assert!(
+        a.iter().any(|x| matches!(
+            x,
+            FenceAction::RunStep {
+                work: StepWork::Agents { mark: true, .. },
+                ..
+            }
+        )),
+        "the node is marked unschedulable before the power-off: {a:?}"
+    );
     f = saved(&a);
     // Verified off: fenced, then released exactly through a Release action.
     f = saved(&tick(&mut s, &with_result(&f, true), T0 + 7 * S));
-    assert!(f.fenced && f.fenced_at == Some(T0 + 7 * S));
+    assert!(f.fenced && f.fenced_at == Some(T0 + 7 * S) && f.marked);
     let a = tick(&mut s, &f, T0 + 7 * S);
     assert_eq!(
         a,
@@ -189,15 +229,29 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     assert!(f.released);
     f = saved(&tick(&mut s, &f, T0 + 8 * S));
     assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
-    // Recovery waits for a healthy report that came after the power-off.
+    // Left off (no power-on in this plan): recovery waits for a report from a new boot.
     s.liveness.insert("n1".into(), up());
-    assert!(runs(&tick(&mut s, &f, T0 + 9 * S)).is_empty());
-    s.liveness.get_mut("n1").unwrap().healthy_at = Some(T0 + 20 * S);
+    assert!(tick(&mut s, &f, T0 + 9 * S).is_empty());
+    // The new boot is recorded once; two healthy reports are not yet the three needed.
+    s.liveness.get_mut("n1").unwrap().boot = booted(B2, T0 + 20 * S, 2);
+    f = saved(&tick(&mut s, &f, T0 + 20 * S));
+    assert_eq!(f.returned_boot, Some(B2));
+    assert!(tick(&mut s, &f, T0 + 20 * S).is_empty());
+    s.liveness.get_mut("n1").unwrap().boot = booted(B2, T0 + 21 * S, 3);
     let a = tick(&mut s, &f, T0 + 21 * S);
     assert_eq!(runs(&a), vec![Step::Recovery]);
     f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 22 * S));
     let a = tick(&mut s, &f, T0 + 22 * S);
-    assert!(matches!(a[0], FenceAction::Reclaim { .. }));
+    assert!(
+        a.contains(&FenceAction::Reclaim {
+            flow: f.id,
+            node: "n1".into(),
+            unmark: true
+        }),
+        "{a:?}"
+    );
+    f = saved(&a);
+    assert!(f.history.last().unwrap().note.contains(&B2.to_string()));
     f.reclaim_result = Some(Outcome::done("ok"));
     f = saved(&tick(&mut s, &f, T0 + 23 * S));
     assert_eq!(f.status, FenceStatus::Final);
@@ -232,6 +286,29 @@ fn a_node_back_before_isolation_ends_the_flow() {
     let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
     f.status = FenceStatus::New;
     s.liveness.insert("n2".into(), up());
+    // Its power-off attempt may have marked it: recovery clears the mark, nothing else.
+    let f = saved(&tick(&mut s, &f, T0 + 6 * S));
+    assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
+    let a = tick(&mut s, &f, T0 + 6 * S);
+    assert!(
+        a.iter().any(|x| matches!(
+            x,
+            FenceAction::RunStep {
+                work: StepWork::Agents { unmark: true, .. },
+                ..
+            }
+        )),
+        "{a:?}"
+    );
+    let f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 7 * S));
+    let f = saved(&tick(&mut s, &f, T0 + 7 * S));
+    assert_eq!(f.status, FenceStatus::Final);
+    // A flow that never reached its power-off ends at once.
+    let mut s = state();
+    s.liveness.insert("n1".into(), down(T0));
+    let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
+    f.status = FenceStatus::New;
+    s.liveness.insert("n1".into(), up());
     let f = saved(&tick(&mut s, &f, T0 + 6 * S));
     assert_eq!(f.status, FenceStatus::Final);
 }
@@ -408,6 +485,7 @@ fn a_condition_fence_recovers_only_once_the_condition_clears_and_says_which_rule
             healthy_at: Some(T0 + 5 * S),
             probe_silent: false,
             condition_fence: true,
+            boot: None,
         },
     );
     s.rules.insert("n2".into(), "Ready=Unknown for 5s".into());
@@ -429,52 +507,276 @@ fn a_condition_fence_recovers_only_once_the_condition_clears_and_says_which_rule
         note.contains("rule Ready=Unknown for 5s") && !note.contains("collector silent"),
         "{note}"
     );
-    let f = fenced_flow(&mut s);
-    // Powered back on with the kubelet still down: healthy reports, Ready still Unknown.
-    s.liveness.get_mut("n2").unwrap().healthy_at = Some(T0 + 30 * S);
+    let mut f = fenced_flow(&mut s);
+    f.returned_boot = Some(B2);
+    // Powered back on with the kubelet still down: a new boot, healthy reports, Ready
+    // still Unknown.
+    s.liveness.get_mut("n2").unwrap().boot = booted(B2, T0 + 30 * S, 3);
     assert!(
         runs(&tick(&mut s, &f, T0 + 31 * S)).is_empty(),
         "no recovery while the rule holds"
     );
-    s.liveness.insert("n2".into(), up());
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B2, T0 + 32 * S, 4),
+            ..up()
+        },
+    );
     assert_eq!(runs(&tick(&mut s, &f, T0 + 32 * S)), vec![Step::Recovery]);
 }
 
 #[test]
-fn a_collector_fence_never_recovers_on_a_report_diagnosed_before_the_power_off() {
+fn a_fenced_node_returns_only_with_a_new_boot_and_enough_healthy_reports_from_it() {
     let mut s = state();
-    s.liveness.insert("n2".into(), down(T0));
-    let f = fenced_flow(&mut s);
-    assert!(f.witnesses.collector && f.witnesses.condition.is_none());
-    // A stale answer: the probe reaches it, but its report was diagnosed before the off.
     s.liveness.insert(
         "n2".into(),
         Liveness {
-            healthy_at: Some(T0 + 6 * S),
+            boot: booted(B1, T0 - S, 9),
+            ..down(T0)
+        },
+    );
+    let f = fenced_flow(&mut s);
+    assert!(f.witnesses.collector && f.boot_before == Some(B1));
+    // A stale answer: the probe reaches it, and its last report, diagnosed before the off,
+    // is from the old boot: no proof, and no alarm either.
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B1, T0 + 6 * S, 9),
             ..up()
         },
     );
-    assert!(runs(&tick(&mut s, &f, T0 + 9 * S)).is_empty());
-    // A report diagnosed after the power-off, while the probe still fails: not yet either.
+    assert!(tick(&mut s, &f, T0 + 9 * S).is_empty());
+    // A new boot, healthy three times over, while the probe fails: not yet.
     s.liveness.insert(
         "n2".into(),
         Liveness {
-            healthy_at: Some(T0 + 20 * S),
+            boot: booted(B2, T0 + 20 * S, 3),
             probe_silent: true,
             reachable: false,
             answered: false,
             ..up()
         },
     );
+    let f = saved(&tick(&mut s, &f, T0 + 21 * S));
+    assert_eq!(f.returned_boot, Some(B2), "the new boot is a milestone");
     assert!(runs(&tick(&mut s, &f, T0 + 21 * S)).is_empty());
+    // One unhealthy report in between starts the count again (the pure fold, below).
     s.liveness.insert(
         "n2".into(),
         Liveness {
-            healthy_at: Some(T0 + 20 * S),
+            boot: booted(B2, T0 + 22 * S, 3),
             ..up()
         },
     );
     assert_eq!(runs(&tick(&mut s, &f, T0 + 22 * S)), vec![Step::Recovery]);
+}
+
+#[test]
+fn healthy_reports_count_once_per_diagnose_after_the_boot_and_an_unhealthy_one_resets() {
+    let boot = Some((B2, T0));
+    let mut b = observe_report(None, boot, T0 - S, true);
+    assert_eq!(b.unwrap().clean, 0, "a diagnose from before the boot");
+    b = observe_report(b, boot, T0 + S, true);
+    b = observe_report(b, boot, T0 + S, true);
+    assert_eq!(b.unwrap().clean, 1, "one diagnose served twice counts once");
+    b = observe_report(b, boot, T0 + 2 * S, true);
+    b = observe_report(b, boot, T0 + S, true);
+    assert_eq!(b.unwrap().clean, 2, "a reordered older report adds nothing");
+    b = observe_report(b, boot, T0 + 3 * S, false);
+    assert_eq!(b.unwrap().clean, 0);
+    b = observe_report(b, Some((B1, T0 + 4 * S)), T0 + 5 * S, true);
+    assert_eq!(
+        (b.unwrap().id, b.unwrap().clean),
+        (B1, 1),
+        "another boot starts anew"
+    );
+    assert_eq!(observe_report(b, None, T0 + 6 * S, true), None);
+}
+
+#[test]
+fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() {
+    let mut s = state();
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B1, T0 - S, 9),
+            ..down(T0)
+        },
+    );
+    let f = fenced_flow(&mut s);
+    // A diagnose that started after the verified off, under the boot from before it.
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B1, T0 + 30 * S, 12),
+            ..up()
+        },
+    );
+    let a = tick(&mut s, &f, T0 + 31 * S);
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, FenceAction::Alarm { node, .. } if node == "n2")),
+        "{a:?}"
+    );
+    let f = saved(&a);
+    assert_eq!(f.status, FenceStatus::Error);
+    assert!(
+        f.alarm.as_deref().unwrap().contains("lied"),
+        "{:?}",
+        f.alarm
+    );
+    // No restart (it would power off a node that ignores its device), no reclaim: tagged.
+    let a = tick(&mut s, &f, T0 + 32 * S);
+    assert!(matches!(a[..], [FenceAction::TagFailed { .. }]), "{a:?}");
+}
+
+/// n2 with a power-on stage after the release.
+fn powering_on() -> FenceState {
+    let mut s = state();
+    s.plans.get_mut("n2").unwrap().power_on = Some(limits(1));
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B1, T0 - S, 9),
+            ..down(T0)
+        },
+    );
+    s
+}
+
+#[test]
+fn power_on_follows_the_release_then_recovery_runs_and_the_return_waits_for_proof() {
+    let mut s = powering_on();
+    let a = decide_fencing(&s, T0 + 6 * S);
+    let mut f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 7 * S));
+    f.release_result = Some(Outcome::done("ok"));
+    f = saved(&tick(&mut s, &f, T0 + 8 * S));
+    assert!(f.released);
+    f = saved(&tick(&mut s, &f, T0 + 8 * S));
+    assert_eq!((f.step, f.status), (Step::PowerOn, FenceStatus::New));
+    // The power-on runs while the node is still silent.
+    let a = tick(&mut s, &f, T0 + 8 * S);
+    assert_eq!(runs(&a), vec![Step::PowerOn]);
+    f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 9 * S));
+    assert_eq!(f.powered_on_at, Some(T0 + 9 * S));
+    f = saved(&tick(&mut s, &f, T0 + 9 * S));
+    assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
+    // Recovery's agents (un-isolation) run at once: the node may need them to answer.
+    let a = tick(&mut s, &f, T0 + 9 * S);
+    assert_eq!(runs(&a), vec![Step::Recovery]);
+    f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 10 * S));
+    // The return to service waits for the proof.
+    assert!(tick(&mut s, &f, T0 + 11 * S).is_empty());
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B2, T0 + 40 * S, 3),
+            ..up()
+        },
+    );
+    f = saved(&tick(&mut s, &f, T0 + 41 * S));
+    let a = tick(&mut s, &f, T0 + 41 * S);
+    assert!(
+        a.iter().any(|x| matches!(x, FenceAction::Reclaim { .. })),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_failed_power_on_is_retried_then_reported_and_never_undoes_the_release() {
+    let mut s = powering_on();
+    let a = decide_fencing(&s, T0 + 6 * S);
+    let mut f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 7 * S));
+    f.release_result = Some(Outcome::done("ok"));
+    f = saved(&tick(&mut s, &f, T0 + 8 * S));
+    f = saved(&tick(&mut s, &f, T0 + 8 * S));
+    f = saved(&tick(&mut s, &f, T0 + 8 * S));
+    f = saved(&tick(&mut s, &with_result(&f, false), T0 + 9 * S));
+    assert_eq!(
+        (f.step, f.status, f.retries),
+        (Step::PowerOn, FenceStatus::New, 1)
+    );
+    f = saved(&tick(&mut s, &f, T0 + 10 * S));
+    f = saved(&tick(&mut s, &with_result(&f, false), T0 + 11 * S));
+    assert_eq!(f.status, FenceStatus::Error);
+    assert!(f.history.last().unwrap().note.contains("stay released"));
+    let a = tick(&mut s, &f, T0 + 12 * S);
+    assert!(matches!(a[..], [FenceAction::TagFailed { .. }]), "{a:?}");
+    assert!(f.released && !f.reclaimed);
+}
+
+#[test]
+fn a_node_not_back_by_the_deadline_after_its_power_on_fails_its_flow() {
+    let mut s = powering_on();
+    let mut f = Flow::new("n2", T0, T0, Step::Recovery, Witnesses::default(), "x");
+    f.fenced = true;
+    f.fenced_at = Some(T0 + S);
+    f.released = true;
+    f.powered_on_at = Some(T0 + 2 * S);
+    f.boot_before = Some(B1);
+    f.status = FenceStatus::Done;
+    assert!(tick(&mut s, &f, T0 + 600 * S).is_empty());
+    let f = saved(&tick(&mut s, &f, T0 + 603 * S));
+    assert_eq!(f.status, FenceStatus::Error);
+    let note = &f.history.last().unwrap().note;
+    assert!(
+        note.contains("within 600 s") && note.contains("no report from a new boot"),
+        "{note}"
+    );
+    assert!(matches!(
+        tick(&mut s, &f, T0 + 604 * S)[..],
+        [FenceAction::TagFailed { .. }]
+    ));
+}
+
+#[test]
+fn every_witness_that_declared_the_node_dead_must_be_back_before_its_return() {
+    let mut s = state();
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B1, T0 - S, 9),
+            ..down(T0)
+        },
+    );
+    let mut f = fenced_flow(&mut s);
+    f.witnesses
+        .peers
+        .push(crate::fencing::opinion::PeerWitness {
+            watcher: crate::fencing::opinion::KUBELET_WITNESS.into(),
+            view_at: T0,
+            last_heard: None,
+        });
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B2, T0 + 40 * S, 3),
+            ..up()
+        },
+    );
+    f.returned_boot = Some(B2);
+    let mut facts = ReturnFacts {
+        ready: Some(false),
+        renewed: BTreeMap::new(),
+    };
+    s.returns.insert("n2".into(), facts.clone());
+    assert!(
+        tick(&mut s, &f, T0 + 41 * S).is_empty(),
+        "the kubelet is not Ready"
+    );
+    facts.ready = Some(true);
+    // A renewal from before the node came back is no witness of its return.
+    facts.renewed.insert("lease:kubelet".into(), T0 + 5 * S);
+    s.returns.insert("n2".into(), facts.clone());
+    assert!(
+        tick(&mut s, &f, T0 + 42 * S).is_empty(),
+        "the Lease is stale"
+    );
+    facts.renewed.insert("lease:kubelet".into(), T0 + 40 * S);
+    s.returns.insert("n2".into(), facts);
+    assert_eq!(runs(&tick(&mut s, &f, T0 + 43 * S)), vec![Step::Recovery]);
 }
 
 mod second_opinion {
@@ -559,6 +861,7 @@ mod second_opinion {
                 healthy_at: None,
                 probe_silent: false,
                 condition_fence: true,
+                boot: None,
             },
         );
         s.rules.insert("n2".into(), "Ready=Unknown for 5s".into());
@@ -581,6 +884,7 @@ mod self_fencing {
             PlanSummary {
                 isolation: None,
                 power_management: None,
+                power_on: None,
                 recovery: limits(0),
                 self_fence: true,
             },
@@ -821,8 +1125,10 @@ mod requests {
     fn a_request_fences_a_live_node_and_only_a_cancel_or_proof_of_health_ends_it() {
         let mut s = state();
         s.requests = vec![request("n2", 9)];
+        s.liveness.get_mut("n2").unwrap().boot = booted(B1, T0 - S, 4);
         let a = decide_fencing(&s, T0);
         let f = &started(&a)[0];
+        assert_eq!(f.boot_before, Some(B1));
         assert_eq!(f.id, Uuid::from_u128(9), "the flow takes the request's id");
         assert_eq!(f.node, "n2");
         assert_eq!(f.status, FenceStatus::Running);
@@ -844,14 +1150,15 @@ mod requests {
         r = saved(&tick(&mut s, &r, T0 + 5 * S));
         assert_eq!((r.step, r.status), (Step::Recovery, FenceStatus::New));
         let mut l = up();
-        l.healthy_at = Some(T0 + 2 * S);
+        l.boot = booted(B1, T0 + 2 * S, 5);
         s.liveness.insert("n2".into(), l);
         assert!(
             runs(&tick(&mut s, &r, T0 + 6 * S)).is_empty(),
             "a report from before the off proves nothing"
         );
-        l.healthy_at = Some(T0 + 6 * S);
+        l.boot = booted(B2, T0 + 6 * S, 3);
         s.liveness.insert("n2".into(), l);
+        r = saved(&tick(&mut s, &r, T0 + 7 * S));
         assert_eq!(runs(&tick(&mut s, &r, T0 + 7 * S)), [Step::Recovery]);
 
         // A cancel before the power-off does stand it down.
@@ -862,7 +1169,22 @@ mod requests {
         f = saved(&tick(&mut s, &with_result(&f, false), T0 + S));
         f.cancel(T0 + 2 * S).unwrap();
         let end = saved(&tick(&mut s, &f, T0 + 3 * S));
-        assert_eq!(end.status, FenceStatus::Final);
+        assert_eq!(
+            (end.step, end.status, end.marked),
+            (Step::Recovery, FenceStatus::New, true),
+            "its power-off attempt marked the node: recovery clears the mark"
+        );
+        // While the power-off runs, a cancel is refused: it goes to its verified end.
+        let mut running = started(&decide_fencing(
+            &{
+                let mut s = state();
+                s.requests = vec![request("n2", 11)];
+                s
+            },
+            T0,
+        ))[0]
+            .clone();
+        assert_eq!(running.cancel(T0 + S), Err(CancelRefused::PowerOffRunning));
     }
 
     /// Requests pass the gates automatic flows pass; the reason is written once per change, and
@@ -1003,7 +1325,7 @@ mod kdump {
         f = saved(&tick(&mut s, &f, T0 + 7 * S));
         assert!(f.released);
         let mut l = up();
-        l.healthy_at = Some(T0 + 5 * S);
+        l.boot = booted(B1, T0 + 5 * S, 3);
         s.liveness.insert("n2".into(), l);
         f = saved(&tick(&mut s, &f, T0 + 10 * S));
         assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
@@ -1011,8 +1333,11 @@ mod kdump {
             runs(&tick(&mut s, &f, T0 + 11 * S)).is_empty(),
             "a report from before the dump"
         );
-        l.healthy_at = Some(T0 + 11 * S);
+        // The crash kernel rebooted the node: a new boot, healthy.
+        l.boot = booted(B2, T0 + 11 * S, 3);
         s.liveness.insert("n2".into(), l);
+        f = saved(&tick(&mut s, &f, T0 + 12 * S));
+        assert_eq!(f.returned_boot, Some(B2));
         assert_eq!(runs(&tick(&mut s, &f, T0 + 12 * S)), [Step::Recovery]);
     }
 }

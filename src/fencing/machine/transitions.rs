@@ -26,6 +26,8 @@ pub enum Phase {
     PoweredOff,
     /// A self-fencing node is marked unschedulable: wait for the proof of its reset.
     AwaitingReset,
+    /// The released node's power-on is verified: recover.
+    PoweredOn,
     /// Recovery worked: clear the release, then finish.
     Recovered,
 }
@@ -41,6 +43,7 @@ impl Flow {
             (FenceStatus::Done, Step::PowerManagement) => Phase::PoweredOff,
             (FenceStatus::Done, Step::SelfFence) if self.fenced => Phase::PoweredOff,
             (FenceStatus::Done, Step::SelfFence) => Phase::AwaitingReset,
+            (FenceStatus::Done, Step::PowerOn) => Phase::PoweredOn,
             (FenceStatus::Done, Step::Recovery) => Phase::Recovered,
         }
     }
@@ -60,6 +63,7 @@ pub(super) struct Ctx<'a> {
 const NO_PLAN: PlanSummary = PlanSummary {
     isolation: None,
     power_management: None,
+    power_on: None,
     recovery: StageLimits {
         retries: 0,
         retry_interval: 0,
@@ -93,19 +97,30 @@ pub(super) fn advance(
         Phase::Isolated => isolated(&c, out),
         Phase::PoweredOff => powered_off(&c, out),
         Phase::AwaitingReset => awaiting_reset(&c, out),
+        Phase::PoweredOn => {
+            let mut n = f.clone();
+            n.go(
+                now,
+                Step::Recovery,
+                FenceStatus::New,
+                "power-on verified: recovery starts (the node stays out of service until its new boot is proven)",
+            );
+            out.push(FenceAction::Save(n));
+        }
         Phase::Recovered => recovered(&c, out),
     }
 }
 
-/// Restart while restarts remain; else tag the node, and finish once the operator removes the
-/// tag.
+/// Restart while restarts remain (never once the workloads were released: the node is off or
+/// alarmed, and powering it off again proves nothing new); else tag the node, and finish once
+/// the operator removes the tag.
 fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
     let Ctx {
         s, f, plan, now, ..
     } = *c;
     let p = &s.policy;
     let mut n = f.clone();
-    if f.restarts < p.max_restarts && !f.canceled {
+    if f.restarts < p.max_restarts && !f.canceled && !f.released && f.alarm.is_none() {
         n.restarts += 1;
         n.retries = 0;
         n.result = None;
@@ -156,7 +171,10 @@ fn attempted(c: &Ctx, out: &mut Vec<FenceAction>) {
             Step::PowerManagement => {
                 n.fenced = true;
                 n.fenced_at = Some(now);
+                n.marked = true;
+                n.boot_before = f.boot_before.or(c.l.boot.map(|b| b.id));
             }
+            Step::PowerOn => n.powered_on_at = Some(now),
             Step::SelfFence => n.marked = true,
             Step::Recovery => {}
         }
@@ -182,6 +200,13 @@ fn attempted(c: &Ctx, out: &mut Vec<FenceAction>) {
             r.detail
         );
         n.go(now, Step::SelfFence, FenceStatus::New, note);
+    } else if f.step == Step::PowerOn {
+        let note = format!(
+            "power-on failed after {} attempts: {}; the workloads stay released and the node stays out of service",
+            f.retries + 1,
+            r.detail
+        );
+        n.go(now, f.step, FenceStatus::Error, note);
     } else {
         let note = format!("failed after {} attempts: {}", f.retries + 1, r.detail);
         n.go(now, f.step, FenceStatus::Error, note);
@@ -201,14 +226,17 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
         ..
     } = *c;
     let mut n = f.clone();
-    let power_step = f.step != Step::Recovery;
+    let power_step = !matches!(f.step, Step::Recovery | Step::PowerOn);
     if power_step && !f.fenced && ((l.answered && f.yields_to_answer()) || f.canceled) {
         let why = if f.canceled {
             "canceled before power-off"
         } else {
             "node answered again before power-off"
         };
-        if f.isolated || f.released {
+        // A power-off attempt marked the node: its recovery clears the mark.
+        let marked = f.marked || f.step_reached(Step::PowerManagement);
+        if f.isolated || f.released || marked {
+            n.marked = marked;
             n.go(
                 now,
                 Step::Recovery,
@@ -231,12 +259,13 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
         // The crash kernel writes its dump: power-off waits for it.
         return;
     }
-    let proven = f.fenced_at.or(f.kdump_at);
+    // Left off (or reset by itself): recovery's agents wait for the proof of its return.
+    // Powered on: they run now (its fabric may need them to answer at all), and the return to
+    // service waits for the proof instead.
     if f.step == Step::Recovery
-        && (f.fenced || f.kdump_at.is_some())
-        && !f.witnesses.recovered(&l, proven)
+        && f.powered_on_at.is_none()
+        && !matches!(super::back::gate(c, out), super::back::Gate::Pass(_))
     {
-        // Powered off: wait until every witness that declared it dead is healthy again.
         return;
     }
     n.go(
@@ -274,15 +303,25 @@ fn isolated(c: &Ctx, out: &mut Vec<FenceAction>) {
 
 /// Release the workloads (the power-off is verified), then wait for recovery.
 fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
-    let Ctx { f, now, .. } = *c;
+    let Ctx { f, plan, now, .. } = *c;
     let mut n = f.clone();
     match (&f.release_result, f.released) {
+        (_, true) if plan.power_on.is_some() && f.step != Step::SelfFence => {
+            n.next_attempt = now;
+            n.go(
+                now,
+                Step::PowerOn,
+                FenceStatus::New,
+                "released; powering the node back on",
+            );
+            out.push(FenceAction::Save(n));
+        }
         (_, true) => {
             n.go(
                 now,
                 Step::Recovery,
                 FenceStatus::New,
-                "released; waiting for the node to return healthy",
+                "released; waiting for the node to return with a new boot",
             );
             out.push(FenceAction::Save(n));
         }
@@ -450,7 +489,8 @@ fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
     }
 }
 
-/// Clear the release once the node is back, then finish.
+/// Return the node to service once its return is proven (clear the release and the mark),
+/// then finish.
 fn recovered(c: &Ctx, out: &mut Vec<FenceAction>) {
     let Ctx { f, now, .. } = *c;
     let mut n = f.clone();
@@ -459,9 +499,29 @@ fn recovered(c: &Ctx, out: &mut Vec<FenceAction>) {
             n.go(now, Step::Recovery, FenceStatus::Final, "recovered");
             out.push(FenceAction::Save(n));
         }
+        (None, true) if f.returned_at.is_none() => match super::back::gate(c, out) {
+            super::back::Gate::Pass(why) => {
+                n.returned_at = Some(now);
+                n.updated = now;
+                n.history.push(super::Transition {
+                    at: now,
+                    step: f.step,
+                    status: f.status,
+                    note: format!("return to service proven: {why}"),
+                });
+                out.push(FenceAction::Save(n));
+                out.push(FenceAction::Reclaim {
+                    flow: f.id,
+                    node: f.node.clone(),
+                    unmark: f.marked,
+                });
+            }
+            super::back::Gate::Wait | super::back::Gate::Decided => {}
+        },
         (None, true) => out.push(FenceAction::Reclaim {
             flow: f.id,
             node: f.node.clone(),
+            unmark: f.marked,
         }),
         (Some(r), true) if r.ok => {
             n.reclaimed = true;
@@ -470,7 +530,7 @@ fn recovered(c: &Ctx, out: &mut Vec<FenceAction>) {
                 now,
                 Step::Recovery,
                 FenceStatus::Final,
-                format!("release cleared; recovered: {}", r.detail),
+                format!("returned to service: {}", r.detail),
             );
             out.push(FenceAction::Save(n));
         }

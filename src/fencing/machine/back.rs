@@ -1,0 +1,210 @@
+//! A fenced node's return to service, only on proof: a boot id other than the one it had
+//! before the fence, enough healthy reports from diagnoses started after that boot, and every
+//! other witness that declared it dead alive again; the alarm when it answers with its old boot
+//! id after a verified power-off; the deadline after its power-on. Pure.
+
+use super::transitions::Ctx;
+use super::{BootSeen, FenceAction, FenceStatus, Step, Transition};
+use crate::verdict::Nanos;
+
+/// Folds one verified report into what is known of the node's boot: a new boot id starts the
+/// count again; a healthy report from a diagnose that started after the boot, and that was not
+/// counted yet, adds one; any other report breaks the run. A report re-served from the same
+/// diagnose changes nothing.
+pub fn observe_report(
+    prev: Option<BootSeen>,
+    boot: Option<(uuid::Uuid, Nanos)>,
+    diagnosed_at: Nanos,
+    healthy: bool,
+) -> Option<BootSeen> {
+    let (id, booted_at) = boot?;
+    let mut b = match prev {
+        Some(p) if p.id == id => p,
+        _ => BootSeen {
+            id,
+            booted_at,
+            reported_at: Nanos::MIN,
+            clean: 0,
+        },
+    };
+    if diagnosed_at == b.reported_at {
+        return Some(b);
+    }
+    // A report older than one already counted (reordered on the way) proves nothing new.
+    if diagnosed_at < b.reported_at {
+        return Some(b);
+    }
+    b.reported_at = diagnosed_at;
+    b.clean = if healthy && diagnosed_at > b.booted_at {
+        b.clean.saturating_add(1)
+    } else {
+        0
+    };
+    Some(b)
+}
+
+/// What the return gate decided.
+pub(super) enum Gate {
+    /// Proven: return to service (the note says on what).
+    Pass(String),
+    /// Not yet; nothing to record.
+    Wait,
+    /// Recorded (a milestone, the alarm or the deadline): decided for this tick.
+    Decided,
+}
+
+/// Whether a node that was fenced (powered off, reset, or released after a kdump) has proven
+/// its return. Flows that never fenced pass at once: the node never went down.
+pub(super) fn gate(c: &Ctx, out: &mut Vec<FenceAction>) -> Gate {
+    let Ctx { s, f, l, now, .. } = *c;
+    let proven = f.fenced_at.or(f.kdump_at);
+    let Some(down_at) = proven.filter(|_| f.fenced || f.kdump_at.is_some()) else {
+        return Gate::Pass("the node was never powered off".into());
+    };
+    let secs = |t: Nanos| t as f64 / 1e9;
+    let mut n = f.clone();
+    let boot = l.boot;
+    // A diagnose that started after the verified off, run under the boot from before it:
+    // the node never went down.
+    if let (Some(b), Some(before)) = (boot, f.boot_before)
+        && b.id == before
+        && b.reported_at > down_at
+    {
+        let detail = format!(
+            "ALARM: the node answered with its boot id {before} from before the verified power-off (a diagnose {:.1} s after it): the fence device lied or switched another node; the node stays out of service",
+            secs(b.reported_at - down_at)
+        );
+        n.alarm = Some(detail.clone());
+        n.go(now, Step::Recovery, FenceStatus::Error, detail.clone());
+        out.push(FenceAction::Alarm {
+            flow: f.id,
+            node: f.node.clone(),
+            detail,
+        });
+        out.push(FenceAction::Save(n));
+        return Gate::Decided;
+    }
+    // The deadline runs from the power-on, or from the proven reset of a node that resets
+    // itself; a node left off waits for a person, without one.
+    let since = f
+        .powered_on_at
+        .or_else(|| (f.step_reached(Step::SelfFence) || f.kdump_at.is_some()).then_some(down_at));
+    if let Some(since) = since
+        && now.saturating_sub(since) > s.policy.return_deadline
+    {
+        let note = format!(
+            "did not return to service within {:.0} s of its {}: {}; it stays out of service",
+            secs(s.policy.return_deadline),
+            if f.powered_on_at.is_some() {
+                "power-on"
+            } else {
+                "reset"
+            },
+            missing(c, down_at).unwrap_or_else(|| "no proof yet".into()),
+        );
+        n.go(now, Step::Recovery, FenceStatus::Error, note);
+        out.push(FenceAction::Save(n));
+        return Gate::Decided;
+    }
+    // The new boot is a milestone of its own in the record.
+    if f.returned_boot.is_none()
+        && let Some(b) = boot.filter(|b| new_boot(f.boot_before, b, down_at))
+    {
+        n.returned_boot = Some(b.id);
+        n.updated = now;
+        n.history.push(Transition {
+            at: now,
+            step: f.step,
+            status: f.status,
+            note: format!(
+                "new boot id {} (before the fence: {}), booted {:.1} s after the power-off",
+                b.id,
+                f.boot_before
+                    .map_or_else(|| "never reported".to_string(), |u| u.to_string()),
+                secs(b.booted_at.saturating_sub(down_at)),
+            ),
+        });
+        out.push(FenceAction::Save(n));
+        return Gate::Decided;
+    }
+    match missing(c, down_at) {
+        Some(_) => Gate::Wait,
+        None => {
+            let b = boot.expect("a proof has a boot");
+            let mut why = format!(
+                "boot id {}, {} healthy reports from diagnoses after the boot",
+                b.id, b.clean
+            );
+            if s.returns.get(&f.node).and_then(|r| r.ready) == Some(true) {
+                why.push_str(", kubelet Ready");
+            }
+            let leases = lease_witnesses(f);
+            if !leases.is_empty() {
+                why.push_str(&format!(", renewed: {}", leases.join(", ")));
+            }
+            Gate::Pass(why)
+        }
+    }
+}
+
+/// A boot other than the one from before the fence; when that one is unknown, a boot after
+/// the power-off by the node's own clock.
+fn new_boot(before: Option<uuid::Uuid>, b: &BootSeen, down_at: Nanos) -> bool {
+    match before {
+        Some(id) => b.id != id,
+        None => b.booted_at > down_at,
+    }
+}
+
+/// The Lease witnesses that declared the node dead.
+fn lease_witnesses(f: &super::Flow) -> Vec<String> {
+    f.witnesses
+        .peers
+        .iter()
+        .map(|p| p.watcher.clone())
+        .filter(|w| w.starts_with("lease:"))
+        .collect()
+}
+
+/// What the proof still lacks, or `None` once it is complete.
+fn missing(c: &Ctx, down_at: Nanos) -> Option<String> {
+    let Ctx { s, f, l, .. } = *c;
+    let need = s.policy.clean_reports.max(1);
+    let Some(b) = l.boot else {
+        return Some("no report with a boot id since the fence".into());
+    };
+    if !new_boot(f.boot_before, &b, down_at) {
+        return Some(format!("no report from a new boot (boot id {})", b.id));
+    }
+    if b.clean < need || l.probe_silent {
+        return Some(format!(
+            "{} of {need} healthy reports from diagnoses after the boot",
+            b.clean
+        ));
+    }
+    if f.witnesses.condition.is_some() && l.condition_fence {
+        return Some(format!(
+            "the fence rule {} still holds",
+            f.witnesses.condition.as_deref().unwrap_or_default()
+        ));
+    }
+    let facts = s.returns.get(&f.node);
+    if facts.and_then(|r| r.ready) == Some(false) {
+        return Some("the kubelet is not Ready".into());
+    }
+    let since = f.powered_on_at.unwrap_or(down_at);
+    for w in lease_witnesses(f) {
+        let renewed = facts.and_then(|r| r.renewed.get(&w)).copied();
+        if renewed.is_none_or(|t| t <= since) {
+            return Some(format!("{w} not renewed since the node came back"));
+        }
+    }
+    None
+}
+
+impl super::Flow {
+    /// Whether any transition of the flow was in `step`.
+    pub(super) fn step_reached(&self, step: Step) -> bool {
+        self.history.iter().any(|t| t.step == step)
+    }
+}

@@ -1,0 +1,277 @@
+//! A fenced node's power-on and return to service, with the real `fence_ipmilan` against
+//! `ipmi_sim`, whose power state drives a stand-in node (tests/support/powered-node): off
+//! kills its collector, on starts it again with a new boot id. The return only on proof of the
+//! new boot; a BMC that reports OFF but never switched the node raises the alarm; a node that
+//! does not boot fails its flow at the deadline.
+
+mod common;
+
+use std::time::Duration;
+
+use common::sims::{self, Ipmi};
+use common::*;
+use serde_json::Value;
+
+/// node1 behind an IPMI BMC, powered back on after the release; fast detection.
+fn start(extra: &str) -> (Cluster, Ipmi) {
+    let mut c = Cluster::new(3);
+    let ipmi = Ipmi::start(c.dir.path(), "node1");
+    c.extra_daemon_toml = format!(
+        r#"
+[fencing]
+check-interval = "0s"
+grace = "1s"
+liveness-interval = "200ms"
+liveness-timeout = "500ms"
+cooldown = "2s"
+storm-percent = 50
+max-restarts = 0
+{extra}
+[fencing.templates.ipmi]
+agent = "fence_ipmilan"
+secrets = {{ password = "{pw}" }}
+after-release = "on"
+[fencing.nodes.node1.power-management]
+retries = 1
+timeout = "20s"
+methods = [{{ template = "ipmi", params = {{ {params} }} }}]
+"#,
+        pw = c.secret("bmc.pw", "s3cret").display(),
+        params = ipmi.params()
+    );
+    (c, ipmi)
+}
+
+/// Kills node1's collector when the test ends: the stand-in node's loop is killed with
+/// SIGKILL, which it cannot pass on.
+struct NodeGuard(String);
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("pkill")
+            .args(["-KILL", "-f", &self.0])
+            .status();
+    }
+}
+
+/// Starts the daemon and the collectors, node1's as a stand-in node that follows its BMC.
+async fn run(c: &mut Cluster, ipmi: &Ipmi) -> NodeGuard {
+    c.start_daemon();
+    for i in 1..c.nodes.len() {
+        c.start_collector_with(i, "scripted", "cluster.key");
+    }
+    let node = repo_path("tests/support/powered-node");
+    let state = ipmi.state_file().display().to_string();
+    let boot = c.boot_file(0).display().to_string();
+    c.start_collector_wrapped(0, &[node.as_str(), state.as_str(), boot.as_str()]);
+    let guard = NodeGuard(collector_pattern(c));
+    c.wait_collectors_ready().await;
+    c.wait_api().await;
+    some_polls().await;
+    guard
+}
+
+fn repo_path(p: &str) -> String {
+    sims::repo(p).display().to_string()
+}
+
+/// node1's collector process (not the stand-in node's loop, whose arguments hold the same).
+fn collector_pattern(c: &Cluster) -> String {
+    format!(
+        "^[^ ]*/maintd --config {}",
+        c.path("collector-node1.toml").display()
+    )
+}
+
+/// node1's collector hangs (a hung kernel): it answers nothing, but the node is powered.
+fn hang(c: &Cluster, on: bool) {
+    let ok = std::process::Command::new("pkill")
+        .args([if on { "-STOP" } else { "-CONT" }, "-f"])
+        .arg(collector_pattern(c))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "no collector of node1 to signal");
+}
+
+fn notes(f: &Value) -> Vec<String> {
+    f["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            format!(
+                "{} {}: {}",
+                t["step"].as_str().unwrap(),
+                t["status"].as_str().unwrap(),
+                t["note"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+fn calls(f: &Value) -> Vec<String> {
+    f["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            format!(
+                "{} {}",
+                x["agent"].as_str().unwrap(),
+                x["action"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+fn position(log: &[String], prefix: &str) -> usize {
+    log.iter()
+        .position(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} in {log:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_is_powered_on_after_the_release_and_returns_only_on_its_new_boot() {
+    if !sims::available() {
+        return;
+    }
+    let (mut c, ipmi) = start("");
+    let _node = run(&mut c, &ipmi).await;
+    let before = c.boot_id(0);
+    assert!(!before.is_empty());
+    hang(&c, true);
+    let f = c
+        .wait_flow("the return to service", |f| {
+            f["node"] == "node1" && f["status"] == "final"
+        })
+        .await;
+    let n = notes(&f);
+    assert_eq!(
+        calls(&f),
+        [
+            "fence_ipmilan off",
+            "fence_ipmilan status",
+            "fence_ipmilan on",
+            "fence_ipmilan status"
+        ],
+        "{n:#?}"
+    );
+    assert!(ipmi.powered_on(), "the BMC reads power on");
+    // The boot before the fence, and the new one the node proved.
+    let after = c.boot_id(0);
+    assert_ne!(before, after);
+    assert_eq!(f["boot-before"], before.as_str(), "{f:#}");
+    assert_eq!(f["returned-boot"], after.as_str(), "{f:#}");
+    assert!(f["powered-on-at"].as_i64() >= f["released-at"].as_i64());
+    assert!(f["returned-at"].as_i64() > f["powered-on-at"].as_i64());
+    assert!(n.iter().any(|x| x.starts_with("power-on done")), "{n:#?}");
+    let newboot = n.iter().find(|x| x.contains("new boot id")).unwrap();
+    assert!(
+        newboot.contains(&after) && newboot.contains(&before),
+        "{newboot}"
+    );
+    let proof = n
+        .iter()
+        .find(|x| x.contains("return to service proven"))
+        .unwrap();
+    assert!(proof.contains("3 healthy reports"), "{proof}");
+    // Unschedulable from before the off until the proven return; released exactly once.
+    let log = c.hook_log();
+    let (offline, release, reclaim, online) = (
+        position(&log, "offline node1"),
+        position(&log, "release node1"),
+        position(&log, "reclaim node1"),
+        position(&log, "online node1"),
+    );
+    assert!(
+        offline < release && release < reclaim && reclaim < online,
+        "{log:?}"
+    );
+    assert_eq!(
+        log.iter()
+            .filter(|l| l.starts_with("release node1"))
+            .count(),
+        1
+    );
+    assert_eq!(c.node("node1").await["offline"], false);
+    let metrics = c.metrics().await;
+    assert!(
+        metrics.contains("maintd_fence_returns_total 1"),
+        "{metrics}"
+    );
+    assert!(!serde_json::to_string(&f).unwrap().contains("s3cret"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bmc_that_reports_off_but_never_switched_the_node_raises_the_alarm() {
+    if !sims::available() {
+        return;
+    }
+    let (mut c, ipmi) = start("");
+    let _node = run(&mut c, &ipmi).await;
+    let boot = c.boot_id(0);
+    ipmi.set_lying();
+    hang(&c, true);
+    c.wait_flow("the verified power-on", |f| {
+        f["node"] == "node1" && f["powered-on-at"].is_i64()
+    })
+    .await;
+    assert!(ipmi.powered_on(), "the node was never switched");
+    // The node runs on: its collector answers again, from the boot it always had.
+    hang(&c, false);
+    let f = c
+        .wait_flow("the alarm", |f| f["node"] == "node1" && f["tagged"] == true)
+        .await;
+    assert_eq!(c.boot_id(0), boot);
+    let alarm = f["alarm"].as_str().unwrap();
+    assert!(alarm.contains(&boot) && alarm.contains("lied"), "{alarm}");
+    assert_eq!(f["status"], "error");
+    assert_eq!(f["reclaimed"], false);
+    let log = c.hook_log();
+    assert!(
+        !log.iter().any(|l| l.starts_with("reclaim node1")),
+        "{log:?}"
+    );
+    assert!(
+        !log.iter().any(|l| l.starts_with("online node1")),
+        "{log:?}"
+    );
+    assert_eq!(
+        c.node("node1").await["offline"],
+        true,
+        "it stays out of service"
+    );
+    let metrics = c.metrics().await;
+    assert!(
+        metrics.contains("maintd_fence_alarms_total{node=\"node1\"} 1"),
+        "{metrics}"
+    );
+    assert!(c.daemon_log().contains("fence alarm"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_does_not_boot_after_its_power_on_fails_its_flow_at_the_deadline() {
+    if !sims::available() {
+        return;
+    }
+    let (mut c, ipmi) = start("return-deadline = \"3s\"");
+    let _node = run(&mut c, &ipmi).await;
+    ipmi.set_no_boot();
+    hang(&c, true);
+    let f = c
+        .wait_flow("the deadline", |f| {
+            f["node"] == "node1" && f["tagged"] == true
+        })
+        .await;
+    assert!(ipmi.powered_on());
+    let n = notes(&f);
+    let last = n.iter().rfind(|x| x.starts_with("recovery error")).unwrap();
+    assert!(
+        last.contains("did not return to service within 3 s of its power-on"),
+        "{n:#?}"
+    );
+    assert_eq!(c.node("node1").await["offline"], true);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!c.hook_log().iter().any(|l| l.starts_with("reclaim node1")));
+}
