@@ -298,8 +298,37 @@ async fn real_responses_match_the_openapi_spec() {
     let (_, summary) = api.call(false, &base, "GET", r, r, None).await;
     assert_eq!(
         summary,
-        json!({"state": "active", "nodes": 0, "inactive": []}),
+        json!({"state": "active", "nodes": 0, "inactive": [], "paused": null}),
         "nothing configured, nothing inactive"
+    );
+    // The runtime pause: signed, kept, shown in the summary, and undone by a resume.
+    let p = "/1/fencing/pause";
+    assert_eq!(api.call(false, &base, "POST", p, p, None).await.0, 401);
+    let (st, paused) = api
+        .call(true, &base, "POST", p, "/1/fencing/pause?reason=rack%2012%20work", None)
+        .await;
+    assert_eq!((st, paused["paused"].as_bool()), (200, Some(true)), "{paused}");
+    assert_eq!(paused["pause"]["reason"], "rack 12 work");
+    let (st, _) = api
+        .call(true, &base, "POST", p, "/1/fencing/pause?reason=%07bell", None)
+        .await;
+    assert_eq!(st, 400, "a control character in the reason");
+    let (_, summary) = api.call(false, &base, "GET", r, r, None).await;
+    assert_eq!(summary["paused"]["reason"], "rack 12 work");
+    let rp = "/1/fencing/resume";
+    let (st, resumed) = api.call(true, &base, "POST", rp, rp, None).await;
+    assert_eq!((st, resumed["paused"].as_bool()), (200, Some(false)));
+    for (t, path) in [
+        ("/1/fences/{id}", format!("/1/fences/{unknown}")),
+        ("/1/fences/{id}/timeline", format!("/1/fences/{unknown}/timeline")),
+    ] {
+        assert_eq!(api.call(false, &base, "GET", t, &path, None).await.0, 404);
+    }
+    assert_eq!(
+        api.call(false, &base, "GET", "/1/fences/{id}", "/1/fences/x", None)
+            .await
+            .0,
+        400
     );
 
     // The collector's endpoints.

@@ -322,8 +322,84 @@ async fn a_signed_repair_runs_once_and_only_on_the_node_it_was_signed_for() {
     let sig = key.sign_request(DAEMON_TARGET, "POST", path, ts, b"");
     let (code, _) = send_raw_signed(&c.client, &c.url(), post.clone(), path, ts, &sig, b"").await;
     assert_eq!(code, 404);
-    let (code, err) = send_raw_signed(&c.client, &c.url(), post, path, ts, &sig, b"").await;
+    let (code, err) = send_raw_signed(&c.client, &c.url(), post.clone(), path, ts, &sig, b"").await;
     assert_eq!(code, 401, "{err}");
+    // A captured reset-seq, accepted once, and replayed after a daemon restart within its
+    // window: still refused.
+    let path = "/1/nodes/node2/reset-seq";
+    let ts = now_ns();
+    let sig = key.sign_request(DAEMON_TARGET, "POST", path, ts, b"");
+    let (code, _) = send_raw_signed(&c.client, &c.url(), post.clone(), path, ts, &sig, b"").await;
+    assert_eq!(code, 200);
+    c.kill_daemon();
+    c.start_daemon();
+    c.wait_api().await;
+    let (code, err) = send_raw_signed(&c.client, &c.url(), post.clone(), path, ts, &sig, b"").await;
+    assert_eq!(code, 401, "replayed after a restart: {err}");
+    assert!(err["message"].as_str().unwrap().contains("replay"), "{err}");
+    // So is a repair replayed at a restarted collector.
+    let ts = now_ns();
+    let body2 = serde_json::to_vec(&json!({
+        "job": "replay-2", "event": "e", "command": "fix", "input": {"status": "Ok"}
+    }))
+    .unwrap();
+    let sig = key.sign_request("node1", "POST", "/1/repair", ts, &body2);
+    let (code, _) =
+        send_raw_signed(&c.client, &node1, post.clone(), "/1/repair", ts, &sig, &body2).await;
+    assert_eq!(code, 202);
+    c.stop_collector_keeping_boot(0);
+    c.start_collector_with(0, "scripted", "cluster.key");
+    let (code, err) = wait_for("the restarted collector's answer", || {
+        let (c, node1, post, sig, body2) = (&c, &node1, &post, &sig, &body2);
+        async move {
+            let r = c
+                .client
+                .request(post.clone(), format!("{node1}/1/repair"))
+                .header(TIMESTAMP_HEADER, ts.to_string())
+                .header(SIGNATURE_HEADER, sig.clone())
+                .body(body2.clone())
+                .send()
+                .await
+                .ok()?;
+            Some((r.status().as_u16(), r.json::<Value>().await.ok()?))
+        }
+    })
+    .await;
+    assert_eq!(code, 401, "replayed after a collector restart: {err}");
+    // Every refusal is logged with its reason and counted, on the daemon and the collector.
+    let forged = "0".repeat(64);
+    let (code, _) =
+        send_raw_signed(&c.client, &c.url(), post.clone(), path, now_ns(), &forged, b"").await;
+    assert_eq!(code, 401);
+    let stale = now_ns() - 3_600_000_000_000;
+    let sig = key.sign_request(DAEMON_TARGET, "POST", path, stale, b"");
+    let (code, _) = send_raw_signed(&c.client, &c.url(), post, path, stale, &sig, b"").await;
+    assert_eq!(code, 401);
+    let m = c.metrics().await;
+    for reason in ["replayed", "forged", "stale"] {
+        assert!(
+            m.contains(&format!("maintd_requests_refused_total{{reason=\"{reason}\"}}")),
+            "{reason}: {m}"
+        );
+    }
+    let log = c.daemon_log();
+    assert!(
+        log.contains("signed request refused") && log.contains("\"forged\""),
+        "{log}"
+    );
+    let cm = c
+        .client
+        .get(format!("{node1}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        cm.contains("maintd_collector_requests_refused_total{reason=\"replayed\"} 1"),
+        "{cm}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

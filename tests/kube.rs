@@ -600,6 +600,10 @@ async fn a_standby_takes_over_mid_round_and_resumes_without_duplicating_the_job(
         &r.bytes().await.unwrap(),
     );
 
+    // An operator pauses fencing on the leader: the pause outlives it.
+    let url_a = c.url();
+    let out = c.cli(&["fencing", "pause", "--reason", "rack 7 maintenance", "--url", &url_a]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // The leader dies mid-round.
     let killed = std::time::Instant::now();
     c.kill_daemon();
@@ -625,6 +629,13 @@ async fn a_standby_takes_over_mid_round_and_resumes_without_duplicating_the_job(
     })
     .await;
     assert_eq!(done["id"], e["id"]);
+    let url_b = format!("http://127.0.0.1:{port_b}");
+    let out = c.cli(&["fencing", "status", "--url", &url_b]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("PAUSED") && said.contains("rack 7 maintenance"),
+        "the pause survives the failover: {said}"
+    );
     let jobs = done["jobs"].as_array().unwrap();
     assert_eq!(jobs.len(), 1, "{done}");
     assert_eq!(jobs[0]["id"], e["jobs"][0]["id"]);

@@ -333,3 +333,83 @@ fn a_connection_error_names_each_cause_once() {
     assert!(err.contains("Connection refused"), "{err}");
     assert_eq!(err.matches("error sending request").count(), 1, "{err}");
 }
+
+/// `maintd fencing pause` holds every fence (a silent node is not fenced), shows in the
+/// summary, the metric and `maintd fencing status`, survives a daemon restart, and `resume`
+/// lets the held fence go ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_pause_holds_fencing_across_a_restart_until_resumed() {
+    let mut c = Cluster::new(3);
+    c.extra_daemon_toml = c.stub_fencing("fence_ok", POWER_AGENT, "1s", &["node3"]);
+    c.start().await;
+    let url = c.url();
+    let out = c.cli(&["fencing", "pause", "--reason", "firmware upgrade", "--url", &url]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("fencing paused: firmware upgrade"));
+    c.kill_collector(2);
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert_eq!(c.get("/1/fences").await.1, serde_json::json!([]), "paused");
+    let m = c.metrics().await;
+    assert!(m.contains("maintd_fencing_paused 1"), "{m}");
+    c.kill_daemon();
+    c.start_daemon();
+    c.wait_api().await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(c.get("/1/fences").await.1, serde_json::json!([]), "still paused");
+    let out = c.cli(&["fencing", "status", "--url", &url]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("PAUSED") && said.contains("firmware upgrade"), "{said}");
+    assert!(c.daemon_log().contains("fencing is paused"));
+    let out = c.cli(&["fencing", "resume", "--url", &url]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let f = c
+        .wait_flow("the held fence", |f| f["node"] == "node3" && f["released"] == true)
+        .await;
+    // The operator's view: the list, and one flow with its timeline.
+    let id = f["id"].as_str().unwrap();
+    let out = c.cli(&["fences", "list", "--url", &url]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(id));
+    let out = c.cli(&["fences", "show", id, "--url", &url]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("timeline")
+            && shown.contains("the collector stopped answering")
+            && shown.contains("fence_ok off")
+            && shown.contains("power-off verified"),
+        "{shown}"
+    );
+    assert!(c.metrics().await.contains("maintd_fencing_paused 0"));
+}
+
+/// A cancel that arrives while the power-off runs is answered 409 with the reason, and the
+/// power-off goes to its verified end: never a 200 followed by the power-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_the_power_off_runs_is_refused_and_the_off_completes() {
+    let mut c = Cluster::new(3);
+    let slow = format!(
+        "in=$(cat); printf '%s\\n' \"$in\" | grep -q '^action=off' && sleep 3\nprintf '%s\\n' \"$in\" | sh {}",
+        c.path("agents/fence_ok").display()
+    );
+    c.extra_daemon_toml = c.stub_fencing("fence_ok", POWER_AGENT, "1s", &["node3"]);
+    c.stub_agents(&[("fence_slow", &slow)]);
+    c.extra_daemon_toml = c
+        .extra_daemon_toml
+        .replace("agent = \"fence_ok\"", "agent = \"fence_slow\"");
+    c.start().await;
+    c.kill_collector(2);
+    let f = c
+        .wait_flow("the power-off running", |f| {
+            f["node"] == "node3" && f["step"] == "power-management" && f["status"] == "running"
+        })
+        .await;
+    let id = f["id"].as_str().unwrap();
+    let out = c.cli(&["cancel", id, "--url", &c.url()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("409"), "{err}");
+    assert!(err.contains("power-off is running"), "{err}");
+    let f = c
+        .wait_flow("the verified off", |f| f["node"] == "node3" && f["released"] == true)
+        .await;
+    assert_eq!(f["canceled"], false);
+    assert!(f["fenced-at"].is_i64());
+}

@@ -4,7 +4,9 @@
 mod bench;
 mod bench_peers;
 mod client;
+mod fences;
 mod show;
+pub use fences::{FencesCmd, FencingCmd};
 use client::*;
 use show::status_table;
 
@@ -82,6 +84,16 @@ pub enum Command {
     Tags {
         #[command(subcommand)]
         cmd: TagsCmd,
+    },
+    /// Fence flows: list them, or show one with its timeline.
+    Fences {
+        #[command(subcommand)]
+        cmd: FencesCmd,
+    },
+    /// Pause or resume fencing at runtime, or show whether it is paused.
+    Fencing {
+        #[command(subcommand)]
+        cmd: FencingCmd,
     },
     /// Write a fresh cluster key (mode 0600) to the key file.
     Keygen,
@@ -378,6 +390,8 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 println!("removed {tag} from {node}");
             }
         },
+        Command::Fences { cmd } => fences::fences(cmd).await?,
+        Command::Fencing { cmd } => fences::fencing(&cli, cmd).await?,
         Command::Crd => {
             print!("{}", crate::cluster::kube::nodefence::crd_yaml());
         }

@@ -1,0 +1,154 @@
+//! `maintd fences` (list, show one with its timeline) and `maintd fencing` (pause, resume,
+//! status): the operator's view of fencing and its runtime switch.
+
+use super::*;
+
+#[derive(Debug, Subcommand)]
+pub enum FencesCmd {
+    /// Every recent fence flow, one line each (the default).
+    List {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// One flow: its state, its boots, and its timeline (every witness, decision and call).
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FencingCmd {
+    /// Pause fencing: no flow starts and no isolation or power-off runs until resumed (running
+    /// steps finish). Kept across restarts and failovers.
+    Pause {
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Resume fencing.
+    Resume {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Whether fencing is paused, and whether every node's fencing can act.
+    Status {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+fn time(ns: Nanos) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+use crate::verdict::Nanos;
+
+pub(super) async fn fences(cmd: &FencesCmd) -> Result<(), CliError> {
+    match cmd {
+        FencesCmd::List { json, api } => {
+            let v = api_get(&api.url, "/1/fences").await?;
+            if *json {
+                print_json(&v);
+                return Ok(());
+            }
+            let flows: Vec<views::Fence> = view(v)?;
+            if flows.is_empty() {
+                println!("no fence flows");
+            }
+            for f in flows {
+                let f = &f.flow;
+                println!(
+                    "{}  {}  {} {}  detected {}{}",
+                    f.id,
+                    f.node,
+                    f.step.as_str(),
+                    f.status.as_str(),
+                    time(f.detected),
+                    f.alarm.as_ref().map(|_| "  ALARM").unwrap_or_default()
+                );
+            }
+        }
+        FencesCmd::Show { id, json, api } => {
+            let path = format!("/1/fences/{}", segment(id));
+            let one = api_get(&api.url, &path).await?;
+            let timeline = api_get(&api.url, &format!("{path}/timeline")).await?;
+            if *json {
+                print_json(&serde_json::json!({"flow": one, "timeline": timeline}));
+                return Ok(());
+            }
+            let f: views::Fence = view(one)?;
+            let entries: Vec<views::timeline::Entry> = view(timeline)?;
+            let f = &f.flow;
+            println!("flow     {}", f.id);
+            println!("node     {}", f.node);
+            println!("state    {} {}", f.step.as_str(), f.status.as_str());
+            let boot = |b: Option<uuid::Uuid>| b.map_or("-".to_string(), |u| u.to_string());
+            println!("boots    before {}, returned {}", boot(f.boot_before), boot(f.returned_boot));
+            if let Some(a) = &f.alarm {
+                println!("ALARM    {a}");
+            }
+            println!("timeline");
+            for e in entries {
+                println!("  {}  {:<11}  {}", time(e.at), kind(e.kind), e.what);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn kind(k: views::timeline::EntryKind) -> &'static str {
+    use views::timeline::EntryKind::*;
+    match k {
+        Observation => "observation",
+        Witness => "witness",
+        Decision => "decision",
+        Effect => "effect",
+    }
+}
+
+pub(super) async fn fencing(cli: &Cli, cmd: &FencingCmd) -> Result<(), CliError> {
+    let (path, api) = match cmd {
+        FencingCmd::Status { api } => {
+            let s: views::FencingSummary = view(api_get(&api.url, "/1/fences/summary").await?)?;
+            match &s.paused {
+                Some(p) => println!("fencing PAUSED since {}: {}", time(p.since), p.reason),
+                None => println!("fencing active"),
+            }
+            println!(
+                "{} nodes with fencing, {} inactive{}",
+                s.nodes,
+                s.inactive.len(),
+                if s.inactive.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", s.inactive.join(", "))
+                }
+            );
+            return Ok(());
+        }
+        FencingCmd::Pause { reason, api } => {
+            let q = reason
+                .as_deref()
+                .map(|r| format!("?reason={}", segment(r)))
+                .unwrap_or_default();
+            (format!("/1/fencing/pause{q}"), api)
+        }
+        FencingCmd::Resume { api } => ("/1/fencing/resume".to_string(), api),
+    };
+    let cfg = cli.load_config()?;
+    let p: views::FencingPause =
+        view(api_signed(&cfg, &api.url, reqwest::Method::POST, &path).await?)?;
+    match p.pause {
+        Some(p) => println!("fencing paused: {}", p.reason),
+        None => println!("fencing resumed"),
+    }
+    Ok(())
+}
