@@ -108,6 +108,9 @@ pub struct Metrics {
     pub fence_alarms: Family<NodeLabel, Counter>,
     /// Fenced nodes returned to service on proof of a new boot.
     pub fence_returns: Counter,
+    /// When each node's last fencing drill ended (Unix seconds), and whether it passed.
+    pub drill_last: Family<NodeLabel, Gauge>,
+    pub drill_passed: Family<NodeLabel, Gauge>,
 }
 
 impl Metrics {
@@ -137,6 +140,8 @@ impl Metrics {
             action_failures: Family::default(),
             fence_alarms: Family::default(),
             fence_returns: Counter::default(),
+            drill_last: Family::default(),
+            drill_passed: Family::default(),
             fencing_ready: Family::default(),
             partitioned: Family::default(),
             views_rejected: Family::default(),
@@ -202,6 +207,16 @@ impl Metrics {
             "maintd_fence_returns",
             "Fenced nodes returned to service on proof of a new boot",
             m.fence_returns.clone(),
+        );
+        reg.register(
+            "maintd_drill_last_timestamp_seconds",
+            "When each node's last fencing drill ended",
+            m.drill_last.clone(),
+        );
+        reg.register(
+            "maintd_drill_passed",
+            "1 when each node's last fencing drill passed (its fence path works end to end), 0 when not",
+            m.drill_passed.clone(),
         );
         reg.register(
             "maintd_fence_flows",

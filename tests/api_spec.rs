@@ -305,12 +305,30 @@ async fn real_responses_match_the_openapi_spec() {
     let p = "/1/fencing/pause";
     assert_eq!(api.call(false, &base, "POST", p, p, None).await.0, 401);
     let (st, paused) = api
-        .call(true, &base, "POST", p, "/1/fencing/pause?reason=rack%2012%20work", None)
+        .call(
+            true,
+            &base,
+            "POST",
+            p,
+            "/1/fencing/pause?reason=rack%2012%20work",
+            None,
+        )
         .await;
-    assert_eq!((st, paused["paused"].as_bool()), (200, Some(true)), "{paused}");
+    assert_eq!(
+        (st, paused["paused"].as_bool()),
+        (200, Some(true)),
+        "{paused}"
+    );
     assert_eq!(paused["pause"]["reason"], "rack 12 work");
     let (st, _) = api
-        .call(true, &base, "POST", p, "/1/fencing/pause?reason=%07bell", None)
+        .call(
+            true,
+            &base,
+            "POST",
+            p,
+            "/1/fencing/pause?reason=%07bell",
+            None,
+        )
         .await;
     assert_eq!(st, 400, "a control character in the reason");
     let (_, summary) = api.call(false, &base, "GET", r, r, None).await;
@@ -320,7 +338,10 @@ async fn real_responses_match_the_openapi_spec() {
     assert_eq!((st, resumed["paused"].as_bool()), (200, Some(false)));
     for (t, path) in [
         ("/1/fences/{id}", format!("/1/fences/{unknown}")),
-        ("/1/fences/{id}/timeline", format!("/1/fences/{unknown}/timeline")),
+        (
+            "/1/fences/{id}/timeline",
+            format!("/1/fences/{unknown}/timeline"),
+        ),
     ] {
         assert_eq!(api.call(false, &base, "GET", t, &path, None).await.0, 404);
     }

@@ -344,8 +344,16 @@ async fn a_signed_repair_runs_once_and_only_on_the_node_it_was_signed_for() {
     }))
     .unwrap();
     let sig = key.sign_request("node1", "POST", "/1/repair", ts, &body2);
-    let (code, _) =
-        send_raw_signed(&c.client, &node1, post.clone(), "/1/repair", ts, &sig, &body2).await;
+    let (code, _) = send_raw_signed(
+        &c.client,
+        &node1,
+        post.clone(),
+        "/1/repair",
+        ts,
+        &sig,
+        &body2,
+    )
+    .await;
     assert_eq!(code, 202);
     c.stop_collector_keeping_boot(0);
     c.start_collector_with(0, "scripted", "cluster.key");
@@ -368,8 +376,16 @@ async fn a_signed_repair_runs_once_and_only_on_the_node_it_was_signed_for() {
     assert_eq!(code, 401, "replayed after a collector restart: {err}");
     // Every refusal is logged with its reason and counted, on the daemon and the collector.
     let forged = "0".repeat(64);
-    let (code, _) =
-        send_raw_signed(&c.client, &c.url(), post.clone(), path, now_ns(), &forged, b"").await;
+    let (code, _) = send_raw_signed(
+        &c.client,
+        &c.url(),
+        post.clone(),
+        path,
+        now_ns(),
+        &forged,
+        b"",
+    )
+    .await;
     assert_eq!(code, 401);
     let stale = now_ns() - 3_600_000_000_000;
     let sig = key.sign_request(DAEMON_TARGET, "POST", path, stale, b"");
@@ -378,7 +394,9 @@ async fn a_signed_repair_runs_once_and_only_on_the_node_it_was_signed_for() {
     let m = c.metrics().await;
     for reason in ["replayed", "forged", "stale"] {
         assert!(
-            m.contains(&format!("maintd_requests_refused_total{{reason=\"{reason}\"}}")),
+            m.contains(&format!(
+                "maintd_requests_refused_total{{reason=\"{reason}\"}}"
+            )),
             "{reason}: {m}"
         );
     }

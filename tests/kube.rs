@@ -602,8 +602,19 @@ async fn a_standby_takes_over_mid_round_and_resumes_without_duplicating_the_job(
 
     // An operator pauses fencing on the leader: the pause outlives it.
     let url_a = c.url();
-    let out = c.cli(&["fencing", "pause", "--reason", "rack 7 maintenance", "--url", &url_a]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = c.cli(&[
+        "fencing",
+        "pause",
+        "--reason",
+        "rack 7 maintenance",
+        "--url",
+        &url_a,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The leader dies mid-round.
     let killed = std::time::Instant::now();
     c.kill_daemon();

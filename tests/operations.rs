@@ -343,8 +343,19 @@ async fn a_runtime_pause_holds_fencing_across_a_restart_until_resumed() {
     c.extra_daemon_toml = c.stub_fencing("fence_ok", POWER_AGENT, "1s", &["node3"]);
     c.start().await;
     let url = c.url();
-    let out = c.cli(&["fencing", "pause", "--reason", "firmware upgrade", "--url", &url]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = c.cli(&[
+        "fencing",
+        "pause",
+        "--reason",
+        "firmware upgrade",
+        "--url",
+        &url,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("fencing paused: firmware upgrade"));
     c.kill_collector(2);
     tokio::time::sleep(std::time::Duration::from_secs(4)).await;
@@ -355,15 +366,28 @@ async fn a_runtime_pause_holds_fencing_across_a_restart_until_resumed() {
     c.start_daemon();
     c.wait_api().await;
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    assert_eq!(c.get("/1/fences").await.1, serde_json::json!([]), "still paused");
+    assert_eq!(
+        c.get("/1/fences").await.1,
+        serde_json::json!([]),
+        "still paused"
+    );
     let out = c.cli(&["fencing", "status", "--url", &url]);
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(said.contains("PAUSED") && said.contains("firmware upgrade"), "{said}");
+    assert!(
+        said.contains("PAUSED") && said.contains("firmware upgrade"),
+        "{said}"
+    );
     assert!(c.daemon_log().contains("fencing is paused"));
     let out = c.cli(&["fencing", "resume", "--url", &url]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let f = c
-        .wait_flow("the held fence", |f| f["node"] == "node3" && f["released"] == true)
+        .wait_flow("the held fence", |f| {
+            f["node"] == "node3" && f["released"] == true
+        })
         .await;
     // The operator's view: the list, and one flow with its timeline.
     let id = f["id"].as_str().unwrap();
@@ -408,7 +432,9 @@ async fn a_cancel_while_the_power_off_runs_is_refused_and_the_off_completes() {
     assert!(!out.status.success() && err.contains("409"), "{err}");
     assert!(err.contains("power-off is running"), "{err}");
     let f = c
-        .wait_flow("the verified off", |f| f["node"] == "node3" && f["released"] == true)
+        .wait_flow("the verified off", |f| {
+            f["node"] == "node3" && f["released"] == true
+        })
         .await;
     assert_eq!(f["canceled"], false);
     assert!(f["fenced-at"].is_i64());

@@ -275,3 +275,134 @@ async fn a_node_that_does_not_boot_after_its_power_on_fails_its_flow_at_the_dead
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!c.hook_log().iter().any(|l| l.starts_with("reclaim node1")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drill_drains_fences_powers_on_and_returns_the_node_and_records_each_stage() {
+    if !sims::available() {
+        return;
+    }
+    let (mut c, ipmi) = start("");
+    let _node = run(&mut c, &ipmi).await;
+    let url = c.url();
+    // A node without a fence plan, or a drill while one runs, is refused with the reason.
+    let out = c.cli(&["drill", "node2", "--url", &url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no fence configuration"),
+        "{err}"
+    );
+    let before = c.boot_id(0);
+    let out = c.cli(&["drill", "node1", "--url", &url]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = c.cli(&["drill", "node1", "--url", &url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("one drill at a time"), "{err}");
+    let d = wait_for("the drill to pass", || async {
+        let v = c.get("/1/drills").await.1;
+        v.as_array()?
+            .iter()
+            .find(|d| d["status"] == "passed" || d["status"] == "failed")
+            .cloned()
+    })
+    .await;
+    assert_eq!(d["status"], "passed", "{d:#}");
+    let stages: Vec<&str> = d["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            "evacuation",
+            "power-off",
+            "release",
+            "power-on",
+            "boot",
+            "return",
+            "total"
+        ],
+        "{d:#}"
+    );
+    assert!(
+        d["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["seconds"].as_f64().unwrap() >= 0.0)
+    );
+    // Its flow: a real power cycle, back on a new boot.
+    let f = c
+        .wait_flow("the drill's flow", |f| f["id"] == d["flow"])
+        .await;
+    assert_eq!(f["status"], "final");
+    assert_eq!(
+        f["witnesses"]["manual"],
+        format!("drill {}", d["id"].as_str().unwrap())
+    );
+    assert_ne!(c.boot_id(0), before);
+    assert_eq!(f["returned-boot"], c.boot_id(0).as_str());
+    let log = c.hook_log();
+    let order: Vec<usize> = [
+        "evacuate node1",
+        "release node1",
+        "reclaim node1",
+        "online node1",
+    ]
+    .iter()
+    .map(|p| position(&log, p))
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{log:?}");
+    assert_eq!(c.node("node1").await["offline"], false);
+    let m = c.metrics().await;
+    assert!(m.contains("maintd_drill_passed{node=\"node1\"} 1"), "{m}");
+    assert!(
+        m.contains("maintd_drill_last_timestamp_seconds{node=\"node1\"}"),
+        "{m}"
+    );
+    let out = c.cli(&["drills", "--url", &url]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("passed") && listed.contains("power-on"),
+        "{listed}"
+    );
+
+    // A drain that cannot move what the node runs: refused, and nothing is fenced.
+    c.set_hook("evacuate", "echo 'pod db-0 has no controller' >&2; exit 1");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let out = c.cli(&["drill", "node1", "--url", &url]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d = wait_for("the drill to be refused", || async {
+        let v = c.get("/1/drills").await.1;
+        v.as_array()?
+            .iter()
+            .find(|d| d["status"] == "refused")
+            .cloned()
+    })
+    .await;
+    let why = d["detail"].as_str().unwrap();
+    assert!(
+        why.contains("cannot move") && why.contains("no controller"),
+        "{why}"
+    );
+    let flows = c.get("/1/fences").await.1;
+    assert_eq!(
+        flows.as_array().unwrap().len(),
+        1,
+        "only the first drill fenced: {flows:#}"
+    );
+    assert!(
+        c.metrics()
+            .await
+            .contains("maintd_drill_passed{node=\"node1\"} 0")
+    );
+}

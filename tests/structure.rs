@@ -8,7 +8,7 @@ use std::path::Path;
 
 const ROOMS: [&str; 2] = ["repair", "fencing"];
 
-const PURE: [&str; 10] = [
+const PURE: [&str; 11] = [
     "verdict",
     "tags",
     "repair::model",
@@ -19,6 +19,7 @@ const PURE: [&str; 10] = [
     "fencing::watchers",
     "fencing::opinion",
     "fencing::selffence",
+    "fencing::drill",
 ];
 
 struct Unit {

@@ -91,7 +91,11 @@ pub(super) async fn fences(cmd: &FencesCmd) -> Result<(), CliError> {
             println!("node     {}", f.node);
             println!("state    {} {}", f.step.as_str(), f.status.as_str());
             let boot = |b: Option<uuid::Uuid>| b.map_or("-".to_string(), |u| u.to_string());
-            println!("boots    before {}, returned {}", boot(f.boot_before), boot(f.returned_boot));
+            println!(
+                "boots    before {}, returned {}",
+                boot(f.boot_before),
+                boot(f.returned_boot)
+            );
             if let Some(a) = &f.alarm {
                 println!("ALARM    {a}");
             }
@@ -151,4 +155,75 @@ pub(super) async fn fencing(cli: &Cli, cmd: &FencingCmd) -> Result<(), CliError>
         None => println!("fencing resumed"),
     }
     Ok(())
+}
+
+fn drill_line(d: &crate::fencing::drill::Drill) -> String {
+    let stages: Vec<String> = d
+        .stages
+        .iter()
+        .map(|s| format!("{} {:.1}s", s.stage, s.seconds))
+        .collect();
+    format!(
+        "{}  {}  {}  {}{}{}",
+        d.id,
+        d.node,
+        time(d.requested),
+        d.status.as_str(),
+        if stages.is_empty() {
+            String::new()
+        } else {
+            format!("  {}", stages.join(", "))
+        },
+        d.detail
+            .as_deref()
+            .map(|x| format!("  ({x})"))
+            .unwrap_or_default()
+    )
+}
+
+pub(super) async fn drills(json: bool, api: &ApiArgs) -> Result<(), CliError> {
+    let v = api_get(&api.url, "/1/drills").await?;
+    if json {
+        print_json(&v);
+        return Ok(());
+    }
+    let list: Vec<crate::fencing::drill::Drill> = view(v)?;
+    if list.is_empty() {
+        println!("no drills");
+    }
+    for d in list {
+        println!("{}", drill_line(&d));
+    }
+    Ok(())
+}
+
+/// Starts a drill; with `wait`, follows it to its end. Exit code 0 when it passed (or, without
+/// `wait`, started), 1 when it failed or was refused.
+pub(super) async fn drill(
+    cli: &Cli,
+    node: &str,
+    wait: bool,
+    api: &ApiArgs,
+) -> Result<i32, CliError> {
+    let cfg = cli.load_config()?;
+    let path = format!("/1/nodes/{}/drill", segment(node));
+    let d: crate::fencing::drill::Drill =
+        view(api_signed(&cfg, &api.url, reqwest::Method::POST, &path).await?)?;
+    println!("drill {} on {node} started", d.id);
+    if !wait {
+        return Ok(0);
+    }
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let list: Vec<crate::fencing::drill::Drill> = view(api_get(&api.url, "/1/drills").await?)?;
+        let Some(now) = list.into_iter().find(|x| x.id == d.id) else {
+            continue;
+        };
+        if now.status.is_final() {
+            println!("{}", drill_line(&now));
+            return Ok(i32::from(
+                now.status != crate::fencing::drill::DrillStatus::Passed,
+            ));
+        }
+    }
 }

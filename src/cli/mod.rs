@@ -6,8 +6,8 @@ mod bench_peers;
 mod client;
 mod fences;
 mod show;
-pub use fences::{FencesCmd, FencingCmd};
 use client::*;
+pub use fences::{FencesCmd, FencingCmd};
 use show::status_table;
 
 use std::path::PathBuf;
@@ -89,6 +89,23 @@ pub enum Command {
     Fences {
         #[command(subcommand)]
         cmd: FencesCmd,
+    },
+    /// Drill a node's fencing: drain it, fence it through its real flow (off, verified, on,
+    /// back in service on a new boot) and record each stage's time.
+    Drill {
+        node: String,
+        /// Wait for the drill to end and print its stages.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// The recent fencing drills and their measured stages.
+    Drills {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Pause or resume fencing at runtime, or show whether it is paused.
     Fencing {
@@ -392,6 +409,8 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
         },
         Command::Fences { cmd } => fences::fences(cmd).await?,
         Command::Fencing { cmd } => fences::fencing(&cli, cmd).await?,
+        Command::Drill { node, wait, api } => return fences::drill(&cli, node, *wait, api).await,
+        Command::Drills { json, api } => fences::drills(*json, api).await?,
         Command::Crd => {
             print!("{}", crate::cluster::kube::nodefence::crd_yaml());
         }

@@ -38,6 +38,8 @@ pub struct ApiState<C: Cluster> {
     pub readiness: Option<Arc<crate::fencing::readiness::Board>>,
     /// The fencer's peer views, when fencing is configured.
     pub peering: Option<Arc<crate::fencing::peering::Peering>>,
+    /// The fencer, when fencing is configured (drills ask it whether a node can be drilled).
+    pub fencer: Option<Arc<crate::fencing::executor::Fencer<C>>>,
     /// Signed requests accepted within their window, kept across restarts.
     pub replay: Arc<ReplayCache>,
     pub refused: crate::http::Refused,
@@ -92,6 +94,7 @@ impl<C: Cluster> ApiState<C> {
             peering: parts.peering.clone(),
             replay: Arc::new(replay),
             refused,
+            fencer: parts.fencer.clone(),
         }
     }
 }
@@ -140,6 +143,10 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/nodes/{node}/reset-seq", post(reset_seq::<C>))
         .route("/1/fencing/pause", post(super::fencing_api::pause::<C>))
         .route("/1/fencing/resume", post(super::fencing_api::resume::<C>))
+        .route(
+            "/1/nodes/{node}/drill",
+            post(super::fencing_api::drill::<C>),
+        )
         .route_layer(middleware::from_fn_with_state(auth, require_signed));
     Router::new()
         .route("/", get(|| async { Json(json!([1])) }))
@@ -151,6 +158,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/fences/readiness", get(readiness::<C>))
         .route("/1/fences/summary", get(fencing_summary::<C>))
         .route("/1/fences/{id}", get(super::fencing_api::one::<C>))
+        .route("/1/drills", get(super::fencing_api::drills::<C>))
         .route(
             "/1/fences/{id}/timeline",
             get(super::fencing_api::timeline::<C>),

@@ -116,3 +116,76 @@ pub(super) async fn resume<C: Cluster>(
     tracing::info!(was_paused = was, "fencing resumed by an operator");
     changed(&s).await
 }
+
+/// `POST /1/nodes/{node}/drill`: drain the node, fence it through its real flow, return it by
+/// its new boot, and record each stage's time. Refused, with the reason, while fencing is paused
+/// or cannot act on it, while any flow or drill runs, or for a node it cannot bring back.
+pub(super) async fn drill<C: Cluster>(
+    State(s): S<C>,
+    Path(node): Path<String>,
+) -> Result<(axum::http::StatusCode, Json<crate::fencing::drill::Drill>), ApiError> {
+    require_leader(&s)?;
+    let db = |e: crate::store::StoreError| ApiError::internal(format!("{}: {e}", s.store.path()));
+    if s.members.find(&node).is_none() {
+        return Err(ApiError::not_found(format!("no managed node {node:?}")));
+    }
+    let Some(fencer) = &s.fencer else {
+        return Err(ApiError::conflict(
+            "fencing is not configured: there is nothing to drill",
+        ));
+    };
+    if let Some(why) = fencer.drill_refusal(&node) {
+        return Err(ApiError::conflict(format!("cannot drill {node}: {why}")));
+    }
+    if let Some(p) = current(&s)? {
+        return Err(ApiError::conflict(format!(
+            "fencing is paused ({}): no drill runs",
+            p.reason
+        )));
+    }
+    if let Some(d) = s
+        .store
+        .drills(16)
+        .map_err(db)?
+        .into_iter()
+        .find(|d| !d.status.is_final())
+    {
+        return Err(ApiError::conflict(format!(
+            "drill {} on {} runs; one drill at a time",
+            d.id, d.node
+        )));
+    }
+    let flows = s
+        .flows
+        .active(i64::MAX)
+        .await
+        .map_err(|e| ApiError::internal(format!("{}: {e}", s.flows.location())))?;
+    if let Some(f) = flows
+        .iter()
+        .find(|f| f.status != crate::fencing::machine::FenceStatus::Final)
+    {
+        return Err(ApiError::conflict(format!(
+            "fence flow {} runs on {}: no drill while a node is fenced",
+            f.id, f.node
+        )));
+    }
+    let d = s
+        .store
+        .insert_drill(&crate::fencing::drill::Drill::new(&node, now_ns()))
+        .map_err(db)?;
+    tracing::info!(drill = %d.id, node = %node, "fencing drill requested");
+    if let Err(e) = s.leadership.checkpoint().await {
+        tracing::warn!(error = %e, "the drill is recorded here but not yet in the shared checkpoint");
+    }
+    Ok((axum::http::StatusCode::ACCEPTED, Json(d)))
+}
+
+/// `GET /1/drills`: the 100 newest drills, each with its status and measured stages.
+pub(super) async fn drills<C: Cluster>(
+    State(s): S<C>,
+) -> Result<Json<Vec<crate::fencing::drill::Drill>>, ApiError> {
+    s.store
+        .drills(100)
+        .map(Json)
+        .map_err(|e| ApiError::internal(format!("{}: {e}", s.store.path())))
+}

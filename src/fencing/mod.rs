@@ -15,6 +15,7 @@ pub mod book;
 pub mod call;
 pub mod config;
 pub mod configmaps;
+pub mod drill;
 pub mod executor;
 pub mod machine;
 pub mod opinion;

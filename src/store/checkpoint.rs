@@ -82,6 +82,7 @@ const CHECKPOINT: &[(&str, &str)] = &[
     ),
     // Operators' runtime controls: a pause outlives a failover.
     ("controls", "SELECT * FROM controls"),
+    ("drills", "SELECT * FROM drills ORDER BY seq DESC LIMIT 100"),
 ];
 
 /// The checkpoint's tables, with or without the fence flows.

@@ -23,6 +23,7 @@ use crate::verdict::Status;
 
 pub mod checkpoint;
 mod controls;
+mod drills;
 mod events;
 mod flows;
 mod inventory;
@@ -158,6 +159,15 @@ const MIGRATIONS: &[&str] = &[
         name TEXT PRIMARY KEY,
         value TEXT NOT NULL,
         updated_ns INTEGER NOT NULL
+    );
+    -- Fencing drills: one JSON document each; `seq` numbers their jobs.
+    CREATE TABLE drills (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        node TEXT NOT NULL,
+        status TEXT NOT NULL,
+        updated_ns INTEGER NOT NULL,
+        data TEXT NOT NULL
     );
     "#,
 ];

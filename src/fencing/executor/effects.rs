@@ -36,6 +36,10 @@ impl Effects {
         self.busy.lock_unpoisoned().insert((flow, kind))
     }
 
+    pub(super) fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
     fn done(&self, flow: Uuid, kind: FlowOutcome) {
         self.busy.lock_unpoisoned().remove(&(flow, kind));
     }
@@ -89,6 +93,7 @@ impl<C: Cluster> Fencer<C> {
                 refused,
             } => {
                 info!(request = %request, refused, why = %why, "operator's fence request held");
+                self.drill_held(&request, &why, refused, self.shared.clock.now());
                 if let Err(e) = flows.hold(&request, &why, refused).await {
                     warn!(error = %e, at = %flows.location(), "cannot record why a fence request waits");
                 }

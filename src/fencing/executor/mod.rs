@@ -27,6 +27,7 @@ use crate::sync::LockExt;
 use crate::ticker::{Ticker, Wake};
 use crate::verdict::Nanos;
 
+mod drills;
 mod effects;
 mod kdump;
 mod pause;
@@ -104,6 +105,8 @@ pub struct Fencer<C: Cluster> {
     effects: effects::Effects,
     /// The last tick held by a storm (for the log line at its start and the storm-time counter).
     storm_tick: Mutex<Option<Nanos>>,
+    /// Drills whose drain or undoing runs now.
+    drill_busy: Mutex<std::collections::BTreeSet<uuid::Uuid>>,
     /// The pause last seen, so each change is said once.
     last_pause: Mutex<Option<crate::store::Pause>>,
     /// When final flows past their retention were last deleted.
@@ -136,6 +139,7 @@ impl<C: Cluster> Fencer<C> {
             effects: effects::Effects::default(),
             storm_tick: Mutex::new(None),
             last_pause: Mutex::new(None),
+            drill_busy: Mutex::new(Default::default()),
             pruned: Mutex::new(None),
             partition_clear: Mutex::new(BTreeMap::new()),
             kdump: kdump::Kdump::default(),
@@ -263,7 +267,11 @@ impl<C: Cluster> Fencer<C> {
                 return;
             }
         };
-        let requests = self.requests(now).await;
+        let mut requests = self.requests(now).await;
+        if self.shared.leadership.is_leader() {
+            requests.extend(self.drill_requests(&flows));
+            self.advance_drills(&flows, now).await;
+        }
         self.listen_for_kdump().await;
         let (liveness, rules) = self.liveness(now);
         let opinions = self.opinions(&liveness, now);

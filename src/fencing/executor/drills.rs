@@ -1,0 +1,210 @@
+//! Running fencing drills: the drain through the backend's normal evacuation (and offline), the
+//! fence flow as a request through the same gates as an operator's, the stage times once the node
+//! is back in service by its new boot, then the evacuation undone (online). One drill at a time.
+
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use super::Fencer;
+use crate::cluster::Cluster;
+use crate::fencing::drill::{Drill, DrillStatus, stages};
+use crate::fencing::machine::{FenceRequest, FenceStatus, Flow};
+use crate::repair::{Job, JobKind, JobStatus};
+use crate::sync::LockExt;
+use crate::verdict::Nanos;
+
+/// The backend job a drill runs at one of its steps: numbered below zero, apart from the
+/// engine's jobs, and per drill.
+fn job(d: &Drill, kind: JobKind, k: i64, now: Nanos) -> Job {
+    Job {
+        id: -(d.seq * 4 + k),
+        event: d.id,
+        node: d.node.clone(),
+        round: 0,
+        kind,
+        command: None,
+        status: JobStatus::Running,
+        reason: format!("fencing drill {}", d.id),
+        detail: None,
+        created: now,
+        finished: None,
+    }
+}
+
+impl<C: Cluster> Fencer<C> {
+    /// Why `node` cannot be drilled by its configuration, if it cannot: no fence plan, only a
+    /// watchdog (which no one can trigger on a live node), or a power-off that leaves it off.
+    pub fn drill_refusal(&self, node: &str) -> Option<String> {
+        let plans = self.settings.book.current();
+        match plans.get(node) {
+            None => Some(format!("{node} has no fence configuration")),
+            Some(p) if p.power_management.is_none() => Some(format!(
+                "{node} only fences itself by watchdog, which a drill cannot trigger on a live node"
+            )),
+            Some(p) if p.power_on.is_none() => Some(format!(
+                "{node}'s power-management leaves it off after the release (after-release = \"off\"): a drill would leave it off"
+            )),
+            Some(_) => None,
+        }
+    }
+
+    /// The fence requests of drills whose node is drained and whose flow has not started.
+    pub(super) fn drill_requests(&self, flows: &[Flow]) -> Vec<FenceRequest> {
+        let drills = match self.shared.store.drills(16) {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(error = %e, "cannot read fencing drills");
+                return Vec::new();
+            }
+        };
+        drills
+            .into_iter()
+            .filter(|d| d.status == DrillStatus::Fencing)
+            .filter(|d| !flows.iter().any(|f| f.id == d.flow))
+            .map(|d| FenceRequest {
+                id: d.flow,
+                node: d.node.clone(),
+                by: d.requester(),
+                held: d.detail.clone(),
+            })
+            .collect()
+    }
+
+    /// A drill's request was held (`refused`: for good) by the fence gates.
+    pub(super) fn drill_held(&self, request: &uuid::Uuid, why: &str, refused: bool, now: Nanos) {
+        let Ok(drills) = self.shared.store.drills(16) else {
+            return;
+        };
+        let Some(mut d) = drills.into_iter().find(|d| d.flow == *request) else {
+            return;
+        };
+        d.detail = Some(why.to_string());
+        d.updated = now;
+        if refused {
+            d.status = DrillStatus::Failed;
+            d.finished = Some(now);
+            warn!(drill = %d.id, node = %d.node, why, "fencing drill failed: its fence was refused");
+            self.drill_metrics(&d);
+        }
+        if let Err(e) = self.shared.store.save_drill(&d) {
+            warn!(error = %e, "cannot record a fencing drill");
+        }
+    }
+
+    /// Moves each drill on: starts its evacuation or its undoing (as tracked tasks), and reads
+    /// its flow's end.
+    pub(super) async fn advance_drills(self: &Arc<Self>, flows: &[Flow], now: Nanos) {
+        if !self.shared.leadership.is_leader() {
+            return;
+        }
+        let Ok(drills) = self.shared.store.drills(16) else {
+            return;
+        };
+        for mut d in drills.into_iter().filter(|d| !d.status.is_final()) {
+            match d.status {
+                DrillStatus::Evacuating => self.drill_job(d, now, true),
+                DrillStatus::Restoring => self.drill_job(d, now, false),
+                DrillStatus::Fencing => {
+                    let Some(f) = flows.iter().find(|f| f.id == d.flow) else {
+                        continue;
+                    };
+                    match (f.status, f.returned_at) {
+                        (FenceStatus::Final, Some(_)) => {
+                            d.stages = stages(&d, f);
+                            d.status = DrillStatus::Restoring;
+                            d.detail = Some("back in service on a new boot".into());
+                        }
+                        (FenceStatus::Final | FenceStatus::Error, _) => {
+                            d.status = DrillStatus::Failed;
+                            d.finished = Some(now);
+                            d.detail = f.history.last().map(|t| t.note.clone());
+                            warn!(drill = %d.id, node = %d.node, detail = d.detail.as_deref().unwrap_or(""), "fencing drill failed");
+                            self.drill_metrics(&d);
+                        }
+                        _ => continue,
+                    }
+                    d.updated = now;
+                    if let Err(e) = self.shared.store.save_drill(&d) {
+                        warn!(error = %e, "cannot record a fencing drill");
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Runs the drill's drain (offline) or its undoing (online) once, as a tracked task.
+    fn drill_job(self: &Arc<Self>, d: Drill, now: Nanos, drain: bool) {
+        if !self.drill_busy.lock_unpoisoned().insert(d.id) {
+            return;
+        }
+        let me = self.clone();
+        self.effects.tasks().spawn(async move {
+            let cluster = &me.shared.cluster;
+            let event = serde_json::json!({"status": "evacuate", "details": {"drill": d.id.to_string()}});
+            let steps: &[(JobKind, i64)] = if drain {
+                &[(JobKind::Evacuate, 1), (JobKind::Offline, 2)]
+            } else {
+                &[(JobKind::Online, 3)]
+            };
+            let mut failed = None;
+            for (kind, k) in steps {
+                let o = cluster.run_job(&job(&d, *kind, *k, now), &event).await;
+                if !o.ok {
+                    failed = Some(format!("{} failed: {}", kind.as_str(), o.detail));
+                    break;
+                }
+            }
+            let now = me.shared.clock.now();
+            let mut d = d;
+            d.updated = now;
+            match (failed, drain) {
+                (None, true) => {
+                    d.status = DrillStatus::Fencing;
+                    d.evacuated_at = Some(now);
+                    d.detail = None;
+                    info!(drill = %d.id, node = %d.node, "fencing drill: node drained; its fence flow starts at the gates");
+                }
+                (None, false) => {
+                    d.status = DrillStatus::Passed;
+                    d.finished = Some(now);
+                    info!(drill = %d.id, node = %d.node, stages = ?d.stages, "fencing drill passed");
+                }
+                (Some(why), true) => {
+                    d.status = DrillStatus::Refused;
+                    d.finished = Some(now);
+                    d.detail = Some(format!("the drain cannot move what the node runs, so nothing was fenced: {why}"));
+                    warn!(drill = %d.id, node = %d.node, why, "fencing drill refused");
+                }
+                (Some(why), false) => {
+                    d.status = DrillStatus::Failed;
+                    d.finished = Some(now);
+                    d.detail = Some(format!("the fence passed but undoing the drain failed: {why}"));
+                    warn!(drill = %d.id, node = %d.node, why, "fencing drill failed");
+                }
+            }
+            if d.status.is_final() {
+                me.drill_metrics(&d);
+            }
+            if let Err(e) = me.shared.store.save_drill(&d) {
+                warn!(error = %e, "cannot record a fencing drill");
+            }
+            me.drill_busy.lock_unpoisoned().remove(&d.id);
+            me.wake.notify_one();
+        });
+    }
+
+    fn drill_metrics(&self, d: &Drill) {
+        let m = &self.shared.metrics;
+        let label = crate::metrics::NodeLabel {
+            node: d.node.clone(),
+        };
+        m.drill_last
+            .get_or_create(&label)
+            .set(d.finished.unwrap_or(d.updated) / 1_000_000_000);
+        m.drill_passed
+            .get_or_create(&label)
+            .set(i64::from(d.status == DrillStatus::Passed));
+    }
+}
