@@ -345,16 +345,22 @@ async fn real_responses_match_the_openapi_spec() {
     ] {
         assert_eq!(api.call(false, &base, "GET", t, &path, None).await.0, 404);
     }
-    let (_, drills) = api.call(false, &base, "GET", "/1/drills", "/1/drills", None).await;
+    let (_, drills) = api
+        .call(false, &base, "GET", "/1/drills", "/1/drills", None)
+        .await;
     assert_eq!(drills, json!([]));
     let dp = "/1/nodes/{node}/drill";
     assert_eq!(
-        api.call(true, &base, "POST", dp, "/1/nodes/node1/drill", None).await.0,
+        api.call(true, &base, "POST", dp, "/1/nodes/node1/drill", None)
+            .await
+            .0,
         409,
         "no fencing configured here"
     );
     assert_eq!(
-        api.call(true, &base, "POST", dp, "/1/nodes/nope/drill", None).await.0,
+        api.call(true, &base, "POST", dp, "/1/nodes/nope/drill", None)
+            .await
+            .0,
         404
     );
     assert_eq!(

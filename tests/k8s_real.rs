@@ -597,9 +597,6 @@ async fn a_condition_fence_does_not_recover_while_ready_is_unknown(cp: &ControlP
     remove_nodes(cp, &mut c, &nodes);
 }
 
-/// A status answers OFF, an off succeeds: a fence that completes (the agents themselves are
-/// tests/fencing.rs's business; here the control plane's reaction is).
-
 /// Four nodes; the one running a StatefulSet pod dies (heartbeats and collector stop). maintd
 /// powers it off, taints it out-of-service and force-deletes the pod: the StatefulSet's
 /// replacement, tracked by UID through a watch, must never be deleted by anyone.

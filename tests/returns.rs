@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::sims::{self, Ipmi};
+use common::sims::{self, Ipmi, PoweredNode};
 use common::*;
 use serde_json::Value;
 
@@ -42,56 +42,17 @@ methods = [{{ template = "ipmi", params = {{ {params} }} }}]
     (c, ipmi)
 }
 
-/// Kills node1's collector when the test ends: the stand-in node's loop is killed with
-/// SIGKILL, which it cannot pass on.
-struct NodeGuard(String);
-
-impl Drop for NodeGuard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("pkill")
-            .args(["-KILL", "-f", &self.0])
-            .status();
-    }
-}
-
 /// Starts the daemon and the collectors, node1's as a stand-in node that follows its BMC.
-async fn run(c: &mut Cluster, ipmi: &Ipmi) -> NodeGuard {
+async fn run(c: &mut Cluster, ipmi: &Ipmi) -> PoweredNode {
     c.start_daemon();
     for i in 1..c.nodes.len() {
         c.start_collector_with(i, "scripted", "cluster.key");
     }
-    let node = repo_path("tests/support/powered-node");
-    let state = ipmi.state_file().display().to_string();
-    let boot = c.boot_file(0).display().to_string();
-    c.start_collector_wrapped(0, &[node.as_str(), state.as_str(), boot.as_str()]);
-    let guard = NodeGuard(collector_pattern(c));
+    let node = PoweredNode::start(c, 0, ipmi);
     c.wait_collectors_ready().await;
     c.wait_api().await;
     some_polls().await;
-    guard
-}
-
-fn repo_path(p: &str) -> String {
-    sims::repo(p).display().to_string()
-}
-
-/// node1's collector process (not the stand-in node's loop, whose arguments hold the same).
-fn collector_pattern(c: &Cluster) -> String {
-    format!(
-        "^[^ ]*/maintd --config {}",
-        c.path("collector-node1.toml").display()
-    )
-}
-
-/// node1's collector hangs (a hung kernel): it answers nothing, but the node is powered.
-fn hang(c: &Cluster, on: bool) {
-    let ok = std::process::Command::new("pkill")
-        .args([if on { "-STOP" } else { "-CONT" }, "-f"])
-        .arg(collector_pattern(c))
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "no collector of node1 to signal");
+    node
 }
 
 fn notes(f: &Value) -> Vec<String> {
@@ -137,10 +98,10 @@ async fn a_dead_node_is_powered_on_after_the_release_and_returns_only_on_its_new
         return;
     }
     let (mut c, ipmi) = start("");
-    let _node = run(&mut c, &ipmi).await;
+    let node = run(&mut c, &ipmi).await;
     let before = c.boot_id(0);
     assert!(!before.is_empty());
-    hang(&c, true);
+    node.hang(true);
     let f = c
         .wait_flow("the return to service", |f| {
             f["node"] == "node1" && f["status"] == "final"
@@ -209,17 +170,17 @@ async fn a_bmc_that_reports_off_but_never_switched_the_node_raises_the_alarm() {
         return;
     }
     let (mut c, ipmi) = start("");
-    let _node = run(&mut c, &ipmi).await;
+    let node = run(&mut c, &ipmi).await;
     let boot = c.boot_id(0);
     ipmi.set_lying();
-    hang(&c, true);
+    node.hang(true);
     c.wait_flow("the verified power-on", |f| {
         f["node"] == "node1" && f["powered-on-at"].is_i64()
     })
     .await;
     assert!(ipmi.powered_on(), "the node was never switched");
     // The node runs on: its collector answers again, from the boot it always had.
-    hang(&c, false);
+    node.hang(false);
     let f = c
         .wait_flow("the alarm", |f| f["node"] == "node1" && f["tagged"] == true)
         .await;
@@ -256,9 +217,9 @@ async fn a_node_that_does_not_boot_after_its_power_on_fails_its_flow_at_the_dead
         return;
     }
     let (mut c, ipmi) = start("return-deadline = \"3s\"");
-    let _node = run(&mut c, &ipmi).await;
+    let node = run(&mut c, &ipmi).await;
     ipmi.set_no_boot();
-    hang(&c, true);
+    node.hang(true);
     let f = c
         .wait_flow("the deadline", |f| {
             f["node"] == "node1" && f["tagged"] == true

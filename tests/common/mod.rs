@@ -88,7 +88,8 @@ fn mkdir755(p: &Path) {
 /// the agent. `off` kills the node's collector (it is off: its next start is a new boot, as
 /// [`Cluster::kill_collector`] leaves it) unless `lie-<node>` exists there (a device that
 /// reports OFF and switches nothing); `on` only records power (the test boots the node by
-/// starting its collector); `status` answers as recorded.
+/// starting its collector); `status` answers as recorded. The agents themselves are
+/// tests/fencing.rs's business; here what happens around a fence is.
 pub const POWER_AGENT: &str = r#"in=$(cat)
 act=$(printf '%s\n' "$in" | sed -n 's/^action=//p')
 node=$(printf '%s\n' "$in" | sed -n 's/^port=//p')
@@ -125,6 +126,10 @@ pub struct Cluster {
     pub collectors: Vec<Option<Proc>>,
     pub daemon: Option<Proc>,
     pub extra_daemon_toml: String,
+    /// The daemon's `poll-interval` and the collectors' `diagnose-interval`: fast for tests,
+    /// the defaults for a benchmark that measures them.
+    pub poll_interval: String,
+    pub diagnose_interval: String,
     /// Appended to every collector's config (after its `[collector]` keys).
     pub extra_collector_toml: String,
     /// Extra environment for every process spawned.
@@ -194,6 +199,8 @@ impl Cluster {
             dir,
             daemon: None,
             extra_daemon_toml: String::new(),
+            poll_interval: "200ms".into(),
+            diagnose_interval: "100ms".into(),
             extra_collector_toml: String::new(),
             env: Vec::new(),
             inventory_nodes: true,
@@ -246,13 +253,16 @@ key-file = "{root}/cluster.key"
 listen = "{}:{}"
 state-dir = "{root}/state"
 repair-dir = "{root}/repair.d"
-poll-interval = "200ms"
+poll-interval = "{poll}"
 poll-timeout = "2s"
 hook-timeout = "30s"
 live-repair-timeout = "30s"
 {}
 "#,
-            self.daemon_host, self.api_port, self.extra_daemon_toml
+            self.daemon_host,
+            self.api_port,
+            self.extra_daemon_toml,
+            poll = self.poll_interval
         );
         for ((n, p), h) in self
             .nodes
@@ -302,7 +312,7 @@ listen = "{}:{}"
 diagnose = "{diagnose}"
 diagnose-dir = "{root}/diagnose.d"
 repair-dir = "{root}/repair.d"
-diagnose-interval = "100ms"
+diagnose-interval = "{diag}"
 diagnose-timeout = "1s"
 repair-timeout = "20s"
 state-dir = "{root}/collector-state-{node}"
@@ -313,7 +323,8 @@ env = {{ NODE = "{node}" }}
             self.node_hosts[i],
             self.ports[i],
             self.extra_collector_toml,
-            boot = self.boot_file(i).display()
+            boot = self.boot_file(i).display(),
+            diag = self.diagnose_interval
         );
         let path = self.path(&format!("collector-{node}.toml"));
         std::fs::write(&path, toml).unwrap();

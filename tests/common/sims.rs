@@ -387,3 +387,41 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [{{'uuid': '{uuid}', 'name': 'node', 'power_state'
         )
     }
 }
+
+/// A stand-in node whose life follows its BMC's power state (tests/support/powered-node): off
+/// kills its collector, on starts it again with a new boot id. Killed when dropped: the
+/// node's loop dies by SIGKILL, which it cannot pass on to the collector.
+pub struct PoweredNode {
+    /// Matches the collector process, not the loop (whose arguments hold the same path).
+    pattern: String,
+}
+
+impl PoweredNode {
+    pub fn start(c: &mut super::Cluster, i: usize, ipmi: &Ipmi) -> PoweredNode {
+        let node = repo("tests/support/powered-node").display().to_string();
+        let state = ipmi.state_file().display().to_string();
+        let boot = c.boot_file(i).display().to_string();
+        c.start_collector_wrapped(i, &[node.as_str(), state.as_str(), boot.as_str()]);
+        let cfg = c.path(&format!("collector-{}.toml", c.nodes[i]));
+        PoweredNode {
+            pattern: format!("^[^ ]*/maintd --config {}", cfg.display()),
+        }
+    }
+
+    /// The node's collector hangs (`true`: a hung kernel, powered but silent) or runs again.
+    pub fn hang(&self, on: bool) {
+        let ok = Command::new("pkill")
+            .args([if on { "-STOP" } else { "-CONT" }, "-f", &self.pattern])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "no collector to signal ({})", self.pattern);
+    }
+}
+
+impl Drop for PoweredNode {
+    fn drop(&mut self) {
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f", &self.pattern])
+            .status();
+    }
+}
