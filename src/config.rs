@@ -265,7 +265,7 @@ impl Default for CollectorConfig {
             env: BTreeMap::new(),
             request_window: Duration::from_secs(60),
             state_dir: "/var/lib/maintd-collector".into(),
-            boot_id_file: crate::collector::KERNEL_BOOT_ID.into(),
+            boot_id_file: crate::report::KERNEL_BOOT_ID.into(),
             limits: ListenerLimits::default(),
             heartbeat: Default::default(),
             watchdog: Default::default(),

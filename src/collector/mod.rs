@@ -97,9 +97,6 @@ pub struct Collector {
     boot: crate::report::BootReport,
 }
 
-/// Where Linux keeps the id of the current boot.
-pub const KERNEL_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
-
 /// Reads this node's boot: its id from `path`, its time from the kernel's `btime` (or, for
 /// another file than the kernel's, from the file's modification time).
 pub fn read_boot(path: &std::path::Path) -> Result<crate::report::BootReport, CollectorError> {
@@ -110,7 +107,7 @@ pub fn read_boot(path: &std::path::Path) -> Result<crate::report::BootReport, Co
     let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
     let id = uuid::Uuid::parse_str(text.trim())
         .map_err(|e| fail(format!("not a boot id ({e}): {:?}", text.trim())))?;
-    let at = if path == std::path::Path::new(KERNEL_BOOT_ID) {
+    let at = if path == std::path::Path::new(crate::report::KERNEL_BOOT_ID) {
         let stat = std::fs::read_to_string("/proc/stat").map_err(|e| fail(e.to_string()))?;
         let btime = stat
             .lines()

@@ -171,7 +171,12 @@ pub(super) async fn drill<C: Cluster>(
     }
     let d = s
         .store
-        .insert_drill(&crate::fencing::drill::Drill::new(&node, now_ns()))
+        .insert_drill(&crate::fencing::drill::Drill::new(
+            &node,
+            now_ns(),
+            Uuid::new_v4(),
+            Uuid::new_v4(),
+        ))
         .map_err(db)?;
     tracing::info!(drill = %d.id, node = %node, "fencing drill requested");
     if let Err(e) = s.leadership.checkpoint().await {

@@ -82,15 +82,16 @@ pub struct Drill {
 }
 
 impl Drill {
-    pub fn new(node: &str, now: Nanos) -> Drill {
+    /// A drill `id` of `node` requested at `now`, whose fence flow will be `flow`.
+    pub fn new(node: &str, now: Nanos, id: Uuid, flow: Uuid) -> Drill {
         Drill {
-            id: Uuid::new_v4(),
+            id,
             node: node.into(),
             status: DrillStatus::Evacuating,
             seq: 0,
             requested: now,
             updated: now,
-            flow: Uuid::new_v4(),
+            flow,
             evacuated_at: None,
             finished: None,
             detail: None,

@@ -433,6 +433,7 @@ pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
 mod back;
 mod flow;
 mod kdump;
+mod reset;
 mod start;
 mod transitions;
 pub use back::observe_report;

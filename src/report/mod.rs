@@ -83,6 +83,9 @@ pub struct Envelope {
     pub signature: String,
 }
 
+/// Where Linux keeps the id of the current boot.
+pub const KERNEL_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
 /// Which boot a report comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]

@@ -96,7 +96,7 @@ pub(super) fn advance(
         Phase::Pending(_) => pending(&c, out),
         Phase::Isolated => isolated(&c, out),
         Phase::PoweredOff => powered_off(&c, out),
-        Phase::AwaitingReset => awaiting_reset(&c, out),
+        Phase::AwaitingReset => super::reset::awaiting_reset(&c, out),
         Phase::PoweredOn => {
             let mut n = f.clone();
             n.go(
@@ -351,140 +351,6 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
                 format!("release failed: {}", r.detail),
             );
             out.push(FenceAction::Save(n));
-        }
-    }
-}
-
-/// A self-fencing node, marked: stand down if it answers; else count it reset only once its
-/// reset is proven (`selffence::reset_proof`) from its signed report of an armed watchdog. Held
-/// during a storm or a pause, like a power-off.
-fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
-    let Ctx {
-        s,
-        f,
-        l,
-        hold_power,
-        now,
-        ..
-    } = *c;
-    let mut n = f.clone();
-    if (l.answered && f.yields_to_answer()) || f.canceled {
-        let why = if f.canceled {
-            "canceled before its safe time"
-        } else {
-            "node answered before its safe time"
-        };
-        n.go(
-            now,
-            Step::Recovery,
-            FenceStatus::New,
-            format!("{why}: nothing released; clearing the mark"),
-        );
-        out.push(FenceAction::Save(n));
-        return;
-    }
-    if hold_power {
-        return;
-    }
-    // A proof outlives the leader that made it: a starved watchdog is never fed again, so a
-    // restart or a failover resumes the wait at the recorded moment, never earlier or later.
-    if f.safe_proven
-        && let Some(until) = f.safe_until
-    {
-        if now >= until {
-            n.fenced = true;
-            n.fenced_at = Some(now);
-            n.go(
-                now,
-                Step::SelfFence,
-                FenceStatus::Done,
-                "reset proven: the node starved its watchdog and the watchdog's timeout has passed",
-            );
-            out.push(FenceAction::Save(n));
-        }
-        return;
-    }
-    let facts = s.self_fence.get(&f.node).cloned().unwrap_or_default();
-    let Some(times) = facts.times.or(f.self_fence_times) else {
-        n.go(
-            now,
-            Step::SelfFence,
-            FenceStatus::Error,
-            "no signed report of an armed watchdog from this node: it is never counted as reset, and nothing is released",
-        );
-        out.push(FenceAction::Save(n));
-        return;
-    };
-    let margin = s.policy.self_fence_margin;
-    let after = times.after_quiet(margin);
-    n.self_fence_times = Some(times);
-    n.safe_time_ms = Some((after / 1_000_000) as u64);
-    let Some(evidence) = facts.evidence else {
-        // Not leading, or the node's watchers are not known: nothing can be proven yet.
-        if f.self_fence_times != Some(times) {
-            n.updated = now;
-            out.push(FenceAction::Save(n));
-        }
-        return;
-    };
-    let secs = |t: Nanos| t as f64 / 1e9;
-    match crate::fencing::selffence::reset_proof(&evidence, &times, margin, now) {
-        crate::fencing::selffence::ResetProof::Proven {
-            quiet_from,
-            reset_by,
-        } => {
-            n.safe_until = Some(reset_by);
-            n.safe_proven = true;
-            n.updated = now;
-            n.history.push(super::Transition {
-                at: now,
-                step: Step::SelfFence,
-                status: f.status,
-                note: format!(
-                    "reset proven: no rule could keep the node fed from {:.1} s ago for isolation {:.1} + feed {:.1} s, so its watchdog ({:.1} s, margin {:.1} s) has fired {:.1} s from now",
-                    secs(now.saturating_sub(quiet_from)),
-                    secs(times.isolation),
-                    secs(times.feed_every),
-                    secs(times.watchdog_timeout),
-                    secs(margin),
-                    secs(reset_by.saturating_sub(now)),
-                ),
-            });
-            out.push(FenceAction::Save(n));
-        }
-        crate::fencing::selffence::ResetProof::Pending {
-            reset_by,
-            covered,
-            needed,
-            ..
-        } => {
-            // Recorded when it moves by a second or more (an estimate, not yet a proof).
-            let moved = f
-                .safe_until
-                .is_none_or(|u| (u - reset_by).abs() >= 1_000_000_000);
-            if moved || f.self_fence_times != Some(times) {
-                let first = f.safe_until.is_none();
-                n.safe_until = Some(reset_by);
-                n.updated = now;
-                if first {
-                    n.history.push(super::Transition {
-                        at: now,
-                        step: Step::SelfFence,
-                        status: f.status,
-                        note: format!(
-                            "waiting for proof of the reset: release not before {:.1} s from now (quiet window of isolation {:.1} + feed {:.1} s after lost-after {:.1} / master-lost-after {:.1} s, then watchdog {:.1} + margin {:.1} s); {covered} of {needed} watchers needed have lost the node for the whole window",
-                            secs(reset_by.saturating_sub(now)),
-                            secs(times.isolation),
-                            secs(times.feed_every),
-                            secs(times.lost_after),
-                            secs(times.master_lost_after.max(times.lost_after)),
-                            secs(times.watchdog_timeout),
-                            secs(margin),
-                        ),
-                    });
-                }
-                out.push(FenceAction::Save(n));
-            }
         }
     }
 }
