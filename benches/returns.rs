@@ -110,7 +110,7 @@ methods = [{{ template = "ipmi", params = {{ {params} }} }}]
     let p50 = |i: usize| {
         let mut v: Vec<f64> = all.iter().map(|r| r[i]).collect();
         v.sort_by(f64::total_cmp);
-        percentile(&v, 50.0)
+        percentile(&v, 0.5)
     };
     println!(
         " p50 {}",
