@@ -733,6 +733,9 @@ timeout = "20s"
         pw.display()
     ));
     c.start_collectors();
+    // node1 lives as its BMC says: the off takes its collector down, the on boots it anew.
+    c.stop_collector_keeping_boot(0);
+    let _node1 = common::sims::PoweredNode::start(&mut c, 0, &ipmi);
     c.start_kube_daemon();
     c.wait_api().await;
     assert!(ipmi.powered_on());
@@ -783,8 +786,8 @@ timeout = "20s"
             "no other node was touched"
         );
     }
-    // Repaired: the kubelet reports Ready again and the collector is healthy: recovery powers
-    // the node on, and the taint goes.
+    // Powered back on after the release, it boots; repaired, the kubelet reports Ready again:
+    // it returns to service on its new boot, and the taint goes.
     w.lock().unwrap().set_condition("node1", "Ready", "True", 0);
     let f = c
         .wait_flow("recovery", |f| {
@@ -792,7 +795,11 @@ timeout = "20s"
         })
         .await;
     assert_eq!(f["reclaimed"], true, "{f}");
-    assert!(ipmi.powered_on(), "recovery powers the node back on");
+    assert!(ipmi.powered_on(), "the node was powered back on");
+    assert!(
+        f["returned-boot"].is_string() && f["boot-before"] != f["returned-boot"],
+        "{f}"
+    );
     let w = w.lock().unwrap();
     assert!(w.taints("node1").is_empty(), "{:?}", w.taint_log);
     let reasons: Vec<&str> = w
