@@ -221,6 +221,25 @@ async fn send_raw_signed(
     (code, r.json().await.unwrap_or(Value::Null))
 }
 
+/// A signed repair request to a collector, once it answers at all.
+async fn post_repair(
+    client: &reqwest::Client,
+    node: &str,
+    ts: i64,
+    sig: &str,
+    body: &[u8],
+) -> Option<(u16, Value)> {
+    let r = client
+        .post(format!("{node}/1/repair"))
+        .header(TIMESTAMP_HEADER, ts.to_string())
+        .header(SIGNATURE_HEADER, sig)
+        .body(body.to_vec())
+        .send()
+        .await
+        .ok()?;
+    Some((r.status().as_u16(), r.json::<Value>().await.ok()?))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_repair_runs_once_and_only_on_the_node_it_was_signed_for() {
     let mut c = Cluster::new(2);
@@ -293,16 +312,7 @@ async fn a_signed_repair_runs_once_and_only_on_the_node_it_was_signed_for() {
         async move {
             let ts = now_ns();
             let sig = key.sign_request("node1", "POST", "/1/repair", ts, body);
-            let r = c
-                .client
-                .post(format!("{node1}/1/repair"))
-                .header(TIMESTAMP_HEADER, ts.to_string())
-                .header(SIGNATURE_HEADER, sig)
-                .body(body.clone())
-                .send()
-                .await
-                .ok()?;
-            Some((r.status().as_u16(), r.json::<Value>().await.ok()?))
+            post_repair(&c.client, node1, ts, &sig, body).await
         }
     })
     .await;
@@ -358,19 +368,8 @@ async fn a_signed_repair_runs_once_and_only_on_the_node_it_was_signed_for() {
     c.stop_collector_keeping_boot(0);
     c.start_collector_with(0, "scripted", "cluster.key");
     let (code, err) = wait_for("the restarted collector's answer", || {
-        let (c, node1, post, sig, body2) = (&c, &node1, &post, &sig, &body2);
-        async move {
-            let r = c
-                .client
-                .request(post.clone(), format!("{node1}/1/repair"))
-                .header(TIMESTAMP_HEADER, ts.to_string())
-                .header(SIGNATURE_HEADER, sig.clone())
-                .body(body2.clone())
-                .send()
-                .await
-                .ok()?;
-            Some((r.status().as_u16(), r.json::<Value>().await.ok()?))
-        }
+        let (c, node1, sig, body2) = (&c, &node1, &sig, &body2);
+        async move { post_repair(&c.client, node1, ts, sig, body2).await }
     })
     .await;
     assert_eq!(code, 401, "replayed after a collector restart: {err}");
