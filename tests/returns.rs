@@ -367,3 +367,29 @@ async fn a_drill_drains_fences_powers_on_and_returns_the_node_and_records_each_s
             .contains("maintd_drill_passed{node=\"node1\"} 0")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_drill_runs_by_itself_and_not_again_within_its_interval() {
+    if !sims::available() {
+        return;
+    }
+    let (mut c, ipmi) = start("drill-every = \"1h\"");
+    let _node = run(&mut c, &ipmi).await;
+    let d = wait_for("the scheduled drill to pass", || async {
+        let v = c.get("/1/drills").await.1;
+        v.as_array()?
+            .iter()
+            .find(|d| d["status"] == "passed" || d["status"] == "failed")
+            .cloned()
+    })
+    .await;
+    assert_eq!(
+        (d["node"].as_str(), d["status"].as_str()),
+        (Some("node1"), Some("passed")),
+        "{d:#}"
+    );
+    assert!(c.daemon_log().contains("scheduled fencing drill started"));
+    // Within the hour, no second one.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(c.get("/1/drills").await.1.as_array().unwrap().len(), 1);
+}

@@ -84,6 +84,10 @@ pub struct FencingConfig {
     /// its flow: tagged fencefailed, with an Event and an alert.
     #[serde(with = "humantime_serde")]
     pub return_deadline: Duration,
+    /// Scheduled drills: one node every this long (the one drilled longest ago first), only
+    /// while no flow or drill runs, fencing is not paused and there is no storm. Zero: off.
+    #[serde(with = "humantime_serde")]
+    pub drill_every: Duration,
     /// After a kdump notification, power-management waits this long for the dump to finish.
     #[serde(with = "humantime_serde")]
     pub kdump_timeout: Duration,
@@ -121,6 +125,7 @@ impl Default for FencingConfig {
             kdump_timeout: Duration::from_secs(600),
             return_reports: 3,
             return_deadline: Duration::from_secs(900),
+            drill_every: Duration::ZERO,
             agent_image: String::new(),
             templates: BTreeMap::new(),
             nodes: BTreeMap::new(),

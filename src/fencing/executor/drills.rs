@@ -195,6 +195,58 @@ impl<C: Cluster> Fencer<C> {
         });
     }
 
+    /// Scheduled drills: every `drill-every`, one drill on the node drilled longest ago (never
+    /// drilled first), only while no flow or drill runs, fencing is not paused and every node
+    /// answers (stricter than the storm rule: no drill while any node is silent).
+    pub(super) fn schedule_drill(
+        &self,
+        flows: &[Flow],
+        policy: crate::fencing::machine::FencePolicy,
+        now: Nanos,
+    ) {
+        let every = super::ns(self.settings.drill_every);
+        if every == 0 || policy.paused || flows.iter().any(|f| f.status != FenceStatus::Final) {
+            return;
+        }
+        let Ok(drills) = self.shared.store.drills(1000) else {
+            return;
+        };
+        if drills.iter().any(|d| !d.status.is_final())
+            || drills
+                .iter()
+                .map(|d| d.requested)
+                .max()
+                .is_some_and(|t| now.saturating_sub(t) < every)
+        {
+            return;
+        }
+        let (liveness, _) = self.liveness(now);
+        if liveness.values().any(|l| !l.reachable) {
+            return;
+        }
+        let last_of = |node: &str| {
+            drills
+                .iter()
+                .filter(|d| d.node == node)
+                .map(|d| d.requested)
+                .max()
+                .unwrap_or(Nanos::MIN)
+        };
+        let members = self.shared.members.get();
+        let Some(node) = members
+            .iter()
+            .filter(|m| self.drill_refusal(&m.name).is_none())
+            .min_by_key(|m| (last_of(&m.name), m.name.clone()))
+        else {
+            return;
+        };
+        let d = Drill::new(&node.name, now, uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        match self.shared.store.insert_drill(&d) {
+            Ok(d) => info!(drill = %d.id, node = %d.node, "scheduled fencing drill started"),
+            Err(e) => warn!(error = %e, "cannot record a scheduled fencing drill"),
+        }
+    }
+
     fn drill_metrics(&self, d: &Drill) {
         let m = &self.shared.metrics;
         let label = crate::metrics::NodeLabel {

@@ -56,6 +56,8 @@ pub struct FencerSettings {
     pub kdump_listen: std::net::SocketAddr,
     /// The ConfigMap a pause and a resume are recorded on as Events (Kubernetes).
     pub pause_events_on: String,
+    /// Scheduled drills: one node every this long; zero: off.
+    pub drill_every: Duration,
 }
 
 impl FencerSettings {
@@ -82,6 +84,7 @@ impl FencerSettings {
             retention: f.retention,
             kdump_listen: f.kdump_listen,
             pause_events_on: "maintd-state".into(),
+            drill_every: f.drill_every,
         }
     }
 }
@@ -271,6 +274,7 @@ impl<C: Cluster> Fencer<C> {
         if self.shared.leadership.is_leader() {
             requests.extend(self.drill_requests(&flows));
             self.advance_drills(&flows, now).await;
+            self.schedule_drill(&flows, policy, now);
         }
         self.listen_for_kdump().await;
         let (liveness, rules) = self.liveness(now);
