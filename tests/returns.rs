@@ -86,6 +86,15 @@ fn calls(f: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Waits for a drill in `/1/drills` that satisfies `pred`.
+async fn wait_drill(c: &Cluster, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    wait_for(what, || async {
+        let v = c.get("/1/drills").await.1;
+        v.as_array()?.iter().find(|d| pred(d)).cloned()
+    })
+    .await
+}
+
 fn position(log: &[String], prefix: &str) -> usize {
     log.iter()
         .position(|l| l.starts_with(prefix))
@@ -262,12 +271,8 @@ async fn a_drill_drains_fences_powers_on_and_returns_the_node_and_records_each_s
     let out = c.cli(&["drill", "node1", "--url", &url]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("one drill at a time"), "{err}");
-    let d = wait_for("the drill to pass", || async {
-        let v = c.get("/1/drills").await.1;
-        v.as_array()?
-            .iter()
-            .find(|d| d["status"] == "passed" || d["status"] == "failed")
-            .cloned()
+    let d = wait_drill(&c, "the drill to pass", |d| {
+        d["status"] == "passed" || d["status"] == "failed"
     })
     .await;
     assert_eq!(d["status"], "passed", "{d:#}");
@@ -342,14 +347,7 @@ async fn a_drill_drains_fences_powers_on_and_returns_the_node_and_records_each_s
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let d = wait_for("the drill to be refused", || async {
-        let v = c.get("/1/drills").await.1;
-        v.as_array()?
-            .iter()
-            .find(|d| d["status"] == "refused")
-            .cloned()
-    })
-    .await;
+    let d = wait_drill(&c, "the drill to be refused", |d| d["status"] == "refused").await;
     let why = d["detail"].as_str().unwrap();
     assert!(
         why.contains("cannot move") && why.contains("no controller"),
@@ -375,12 +373,8 @@ async fn a_scheduled_drill_runs_by_itself_and_not_again_within_its_interval() {
     }
     let (mut c, ipmi) = start("drill-every = \"1h\"");
     let _node = run(&mut c, &ipmi).await;
-    let d = wait_for("the scheduled drill to pass", || async {
-        let v = c.get("/1/drills").await.1;
-        v.as_array()?
-            .iter()
-            .find(|d| d["status"] == "passed" || d["status"] == "failed")
-            .cloned()
+    let d = wait_drill(&c, "the scheduled drill to pass", |d| {
+        d["status"] == "passed" || d["status"] == "failed"
     })
     .await;
     assert_eq!(
