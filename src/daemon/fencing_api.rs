@@ -86,16 +86,16 @@ pub(super) async fn pause<C: Cluster>(
     Query(q): Query<PauseQuery>,
 ) -> Result<Json<views::FencingPause>, ApiError> {
     require_leader(&s)?;
-    let reason = q
-        .reason
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty())
-        .unwrap_or_else(|| "paused by an operator".into());
-    if reason.chars().count() > 512 || reason.chars().any(char::is_control) {
+    // Judged as sent: a tab trimmed away is still a control character that was sent.
+    let raw = q.reason.unwrap_or_default();
+    if raw.chars().count() > 512 || raw.chars().any(char::is_control) {
         return Err(ApiError::bad_request(
             "reason must be at most 512 characters, without control characters",
         ));
     }
+    let reason = Some(raw.trim().to_string())
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| "paused by an operator".into());
     let was = s
         .store
         .pause_fencing(&reason, now_ns())
