@@ -1341,3 +1341,58 @@ mod kdump {
         assert_eq!(runs(&tick(&mut s, &f, T0 + 12 * S)), [Step::Recovery]);
     }
 }
+
+/// The return to service under a network that delays (up to any window), duplicates, reorders
+/// or withholds reports: reports from the boot before the fence never return the node, and the
+/// healthy count never exceeds the distinct healthy diagnoses of the new boot.
+mod return_proof {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn no_order_or_repeat_of_reports_returns_a_node_without_a_new_boot(
+            // (from the new boot?, diagnose time in s after T0, healthy?)
+            reports in proptest::collection::vec((any::<bool>(), 0i64..60, any::<bool>()), 0..24),
+        ) {
+            let mut s = state();
+            s.liveness.insert(
+                "n2".into(),
+                Liveness { boot: booted(B1, T0 - S, 9), ..down(T0) },
+            );
+            let f = fenced_flow(&mut s);
+            let new_booted_at = T0 + 20 * S;
+            let mut seen: Option<BootSeen> = booted(B1, T0 - S, 9);
+            for (new, at, healthy) in &reports {
+                let boot = if *new { (B2, new_booted_at) } else { (B1, T0 - S) };
+                seen = observe_report(seen, Some(boot), T0 + at * S, *healthy);
+                let b = seen.unwrap();
+                // Counted only once per diagnose, only after its boot.
+                let distinct: std::collections::BTreeSet<i64> = reports
+                    .iter()
+                    .filter(|(n, t, h)| *n && *h && T0 + t * S > new_booted_at)
+                    .map(|(_, t, _)| *t)
+                    .collect();
+                if b.id == B2 {
+                    prop_assert!(b.clean as usize <= distinct.len());
+                }
+                s.liveness.insert("n2".into(), Liveness { boot: seen, ..up() });
+                // Past the new boot's milestone, so the proof itself decides.
+                let mut g = f.clone();
+                g.returned_boot = (b.id == B2).then_some(B2);
+                let a = tick(&mut s, &g, T0 + 70 * S);
+                let returns = !runs(&a).is_empty()
+                    || a.iter().any(|x| matches!(x, FenceAction::Reclaim { .. }));
+                if b.id == B1 {
+                    // The old boot never returns the node; once diagnosed after the off it
+                    // is the alarm.
+                    prop_assert!(!returns, "{a:?}");
+                    let alarm = a.iter().any(|x| matches!(x, FenceAction::Alarm { .. }));
+                    prop_assert_eq!(alarm, b.reported_at > f.fenced_at.unwrap());
+                } else {
+                    prop_assert_eq!(returns, b.clean >= s.policy.clean_reports, "{:?}", a);
+                }
+            }
+        }
+    }
+}
