@@ -50,16 +50,9 @@ impl<C: Cluster> Fencer<C> {
     }
 
     /// The fence requests of drills whose node is drained and whose flow has not started.
-    pub(super) fn drill_requests(&self, flows: &[Flow]) -> Vec<FenceRequest> {
-        let drills = match self.shared.store.drills(16) {
-            Ok(d) => d,
-            Err(e) => {
-                warn!(error = %e, "cannot read fencing drills");
-                return Vec::new();
-            }
-        };
+    pub(super) fn drill_requests(&self, drills: &[Drill], flows: &[Flow]) -> Vec<FenceRequest> {
         drills
-            .into_iter()
+            .iter()
             .filter(|d| d.status == DrillStatus::Fencing)
             .filter(|d| !flows.iter().any(|f| f.id == d.flow))
             .map(|d| FenceRequest {
@@ -94,14 +87,13 @@ impl<C: Cluster> Fencer<C> {
 
     /// Moves each drill on: starts its evacuation or its undoing (as tracked tasks), and reads
     /// its flow's end.
-    pub(super) async fn advance_drills(self: &Arc<Self>, flows: &[Flow], now: Nanos) {
-        if !self.shared.leadership.is_leader() {
-            return;
-        }
-        let Ok(drills) = self.shared.store.drills(16) else {
-            return;
-        };
-        for mut d in drills.into_iter().filter(|d| !d.status.is_final()) {
+    pub(super) async fn advance_drills(
+        self: &Arc<Self>,
+        drills: &[Drill],
+        flows: &[Flow],
+        now: Nanos,
+    ) {
+        for mut d in drills.iter().filter(|d| !d.status.is_final()).cloned() {
             match d.status {
                 DrillStatus::Evacuating => self.drill_job(d, now, true),
                 DrillStatus::Restoring => self.drill_job(d, now, false),
@@ -200,6 +192,7 @@ impl<C: Cluster> Fencer<C> {
     /// answers (stricter than the storm rule: no drill while any node is silent).
     pub(super) fn schedule_drill(
         &self,
+        drills: &[Drill],
         flows: &[Flow],
         policy: crate::fencing::machine::FencePolicy,
         now: Nanos,
@@ -208,9 +201,6 @@ impl<C: Cluster> Fencer<C> {
         if every == 0 || policy.paused || flows.iter().any(|f| f.status != FenceStatus::Final) {
             return;
         }
-        let Ok(drills) = self.shared.store.drills(1000) else {
-            return;
-        };
         if drills.iter().any(|d| !d.status.is_final())
             || drills
                 .iter()

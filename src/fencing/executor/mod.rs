@@ -271,10 +271,17 @@ impl<C: Cluster> Fencer<C> {
             }
         };
         let mut requests = self.requests(now).await;
+        // Drills, read once per decision (the newest 1000: the schedule rotates by their
+        // history); each step works from this one read.
         if self.shared.leadership.is_leader() {
-            requests.extend(self.drill_requests(&flows));
-            self.advance_drills(&flows, now).await;
-            self.schedule_drill(&flows, policy, now);
+            match self.shared.store.drills(1000) {
+                Ok(drills) => {
+                    requests.extend(self.drill_requests(&drills, &flows));
+                    self.advance_drills(&drills, &flows, now).await;
+                    self.schedule_drill(&drills, &flows, policy, now);
+                }
+                Err(e) => warn!(error = %e, "cannot read fencing drills; none moves this time"),
+            }
         }
         self.listen_for_kdump().await;
         let (liveness, rules) = self.liveness(now);
