@@ -66,6 +66,14 @@ fn booted(id: Uuid, at: Nanos, clean: u32) -> Option<BootSeen> {
     })
 }
 
+/// Silent since T0, its last report from boot B1.
+fn down_on_b1() -> Liveness {
+    Liveness {
+        boot: booted(B1, T0 - S, 9),
+        ..down(T0)
+    }
+}
+
 fn down(since: Nanos) -> Liveness {
     Liveness {
         reachable: false,
@@ -529,13 +537,7 @@ fn a_condition_fence_recovers_only_once_the_condition_clears_and_says_which_rule
 #[test]
 fn a_fenced_node_returns_only_with_a_new_boot_and_enough_healthy_reports_from_it() {
     let mut s = state();
-    s.liveness.insert(
-        "n2".into(),
-        Liveness {
-            boot: booted(B1, T0 - S, 9),
-            ..down(T0)
-        },
-    );
+    s.liveness.insert("n2".into(), down_on_b1());
     let f = fenced_flow(&mut s);
     assert!(f.witnesses.collector && f.boot_before == Some(B1));
     // A stale answer: the probe reaches it, and its last report, diagnosed before the off,
@@ -598,13 +600,7 @@ fn healthy_reports_count_once_per_diagnose_after_the_boot_and_an_unhealthy_one_r
 #[test]
 fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() {
     let mut s = state();
-    s.liveness.insert(
-        "n2".into(),
-        Liveness {
-            boot: booted(B1, T0 - S, 9),
-            ..down(T0)
-        },
-    );
+    s.liveness.insert("n2".into(), down_on_b1());
     let f = fenced_flow(&mut s);
     // A diagnose that started after the verified off, under the boot from before it.
     s.liveness.insert(
@@ -636,13 +632,7 @@ fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() 
 fn powering_on() -> FenceState {
     let mut s = state();
     s.plans.get_mut("n2").unwrap().power_on = Some(limits(1));
-    s.liveness.insert(
-        "n2".into(),
-        Liveness {
-            boot: booted(B1, T0 - S, 9),
-            ..down(T0)
-        },
-    );
+    s.liveness.insert("n2".into(), down_on_b1());
     s
 }
 
@@ -734,13 +724,7 @@ fn a_node_not_back_by_the_deadline_after_its_power_on_fails_its_flow() {
 #[test]
 fn every_witness_that_declared_the_node_dead_must_be_back_before_its_return() {
     let mut s = state();
-    s.liveness.insert(
-        "n2".into(),
-        Liveness {
-            boot: booted(B1, T0 - S, 9),
-            ..down(T0)
-        },
-    );
+    s.liveness.insert("n2".into(), down_on_b1());
     let mut f = fenced_flow(&mut s);
     f.witnesses
         .peers
