@@ -2,6 +2,10 @@
 //! validated `Verdict` with the canonical JSON that is an event's identity, an effect's `Outcome` and
 //! `Nanos`. The pure decisions work on these; how they travel (envelopes, signatures) is `report`'s business.
 
+mod exact;
+
+pub use exact::{ExactError, ExactJson, canonicalize, lossy_value};
+
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -11,7 +15,7 @@ use serde_json::Value;
 #[derive(Debug, thiserror::Error)]
 pub enum VerdictError {
     #[error("not valid JSON: {0}")]
-    Json(#[source] serde_json::Error),
+    Json(#[source] ExactError),
     #[error("diagnose output must be a JSON object")]
     NotAnObject,
     #[error("missing field `{0}`")]
@@ -96,38 +100,50 @@ impl fmt::Display for Status {
     }
 }
 
-/// A validated diagnose verdict. `original` is the object as the script printed it.
+/// A validated diagnose verdict. `exact` is the object as the script printed it (canonical, its
+/// numbers as written); `original` is a reading of it to look fields up in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
     pub status: Status,
     pub command: Option<String>,
     pub original: Value,
+    pub exact: ExactJson,
 }
 
 impl Verdict {
     /// The verdict a broken or missing diagnose turns into: it never triggers an action.
     pub fn ok_with_error(reason: &str) -> Verdict {
+        let original = serde_json::json!({"status": "Ok", "details": {"diagnose-error": reason}});
         Verdict {
             status: Status::Ok,
             command: None,
-            original: serde_json::json!({"status": "Ok", "details": {"diagnose-error": reason}}),
+            exact: ExactJson::from_value(&original),
+            original,
         }
     }
 
     pub fn builtin_ok() -> Verdict {
+        let original = serde_json::json!({"status": "Ok", "details": null});
         Verdict {
             status: Status::Ok,
             command: None,
-            original: serde_json::json!({"status": "Ok", "details": null}),
+            exact: ExactJson::from_value(&original),
+            original,
         }
     }
 
     pub fn parse_bytes(bytes: &[u8]) -> Result<Verdict, VerdictError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(VerdictError::Json)?;
-        Verdict::from_value(value)
+        Verdict::from_exact(ExactJson::parse(bytes).map_err(VerdictError::Json)?)
     }
 
+    /// A verdict built in memory (a node-condition rule's): its numbers are exact already.
     pub fn from_value(value: Value) -> Result<Verdict, VerdictError> {
+        Verdict::from_exact(ExactJson::from_value(&value))
+    }
+
+    /// Validates a diagnose's JSON, kept exactly as it was written.
+    pub fn from_exact(exact: ExactJson) -> Result<Verdict, VerdictError> {
+        let value = exact.value();
         let obj = value.as_object().ok_or(VerdictError::NotAnObject)?;
         if let Some(k) = obj
             .keys()
@@ -161,12 +177,13 @@ impl Verdict {
             status,
             command,
             original: value,
+            exact,
         })
     }
 
     /// The identity of an event: the same canonical JSON is the same event.
     pub fn canonical(&self) -> String {
-        canonical_json(&self.original)
+        self.exact.as_str().to_owned()
     }
 }
 

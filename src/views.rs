@@ -5,13 +5,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::fencing::machine::{FenceStatus, Flow, Step, fence_failed_tag};
 use crate::repair::{JobKind, JobStatus, RepairStatus};
 use crate::store::NodeRow;
-use crate::verdict::{Nanos, Status};
+use crate::verdict::{ExactJson, Nanos, Status};
 
 /// What an event of `/1/status` is about: a repair verdict, or a fence flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,7 +43,7 @@ pub struct Event {
     pub id: Uuid,
     pub node: String,
     /// The diagnose JSON the event stands for; null for a fence flow.
-    pub original: Value,
+    pub original: ExactJson,
     pub action: EventAction,
     pub repair_status: RepairStatus,
     pub jobs: Vec<Job>,
@@ -89,7 +88,7 @@ impl Event {
         Event {
             id: e.id,
             node: e.node.clone(),
-            original: e.original.clone(),
+            original: ExactJson::assume_canonical(e.canonical.clone()),
             action: EventAction::Repair(e.action),
             repair_status: e.status,
             jobs: jobs
@@ -129,7 +128,7 @@ impl Event {
         Event {
             id: f.id,
             node: f.node.clone(),
-            original: Value::Null,
+            original: ExactJson::null(),
             action: EventAction::Fence(FenceWord::Fence),
             repair_status,
             jobs: vec![],
@@ -187,7 +186,7 @@ pub struct Node {
     pub unreachable_since: Option<Nanos>,
     pub last_error: Option<String>,
     pub last_seq: Option<u64>,
-    pub last_report: Option<Value>,
+    pub last_report: Option<ExactJson>,
     #[serde(rename = "diagnosed-at")]
     pub diagnosed_at: Option<Nanos>,
     pub diagnose_error: Option<String>,
@@ -441,7 +440,7 @@ mod tests {
         let e = Event {
             id: Uuid::from_u128(1),
             node: "n1".into(),
-            original: json!({"status": "evacuate"}),
+            original: ExactJson::from_value(&json!({"status": "evacuate"})),
             action: EventAction::Repair(Status::Evacuate),
             repair_status: RepairStatus::Pending,
             jobs: vec![],

@@ -543,13 +543,28 @@ async fn numbers_that_do_not_round_trip_naively_still_verify_and_depth_is_refuse
     );
     c.set_verdict("node2", &deep);
     c.start().await;
-    let e = c
-        .wait_event("node1", "the evacuate event", |e| e["action"] == "evacuate")
+    c.wait_event("node1", "the evacuate event", |e| e["action"] == "evacuate")
         .await;
-    assert_eq!(
-        e["original"]["details"]["fs-used-ratio"],
-        0.9266520713508595
-    );
+    // Byte-exact wherever the details go: the API, the stored report, the CLI and the hooks.
+    let exact = [
+        r#""fs-used-ratio":0.92665207135085950"#,
+        r#""big":123456789012345678901234567890"#,
+        r#""neg":-1.7976931348623157e308"#,
+        r#""tiny":5e-324"#,
+    ];
+    let status = c.get_text("/1/status").await.1;
+    let nodes = c.get_text("/1/nodes").await.1;
+    let out = c.cli(&["status", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let cli = String::from_utf8(out.stdout).unwrap().replace(": ", ":");
+    for text in exact {
+        assert!(status.contains(text), "/1/status lost {text}: {status}");
+        assert!(nodes.contains(text), "/1/nodes lost {text}: {nodes}");
+        assert!(
+            cli.contains(text),
+            "maintd status --json lost {text}: {cli}"
+        );
+    }
     let n1 = c.node("node1").await;
     assert_eq!(n1["rejected-reports"], 0, "{n1:#}");
     let n2 = wait_for("node2's diagnose error", || async {

@@ -62,7 +62,7 @@ async fn a_drain_waits_out_a_blocking_pdb_and_spares_daemonset_and_mirror_pods()
     let k = std::sync::Arc::new(k);
     let drain = tokio::spawn({
         let k = k.clone();
-        async move { k.run_job(&job("n1", JobKind::Evacuate), &json!({})).await }
+        async move { k.run_job(&job("n1", JobKind::Evacuate), "{}").await }
     });
     // The PDB refuses (429); the job keeps retrying with backoff instead of failing.
     common::wait_for("a second refused eviction", || async {
@@ -112,7 +112,7 @@ async fn a_drain_waits_out_a_blocking_pdb_and_spares_daemonset_and_mirror_pods()
 #[tokio::test]
 async fn a_drain_deadline_fails_the_job_naming_the_blocking_pods() {
     let (k, w) = world(1_000, 0).await;
-    let o = k.run_job(&job("n1", JobKind::Evacuate), &json!({})).await;
+    let o = k.run_job(&job("n1", JobKind::Evacuate), "{}").await;
     assert!(!o.ok);
     assert!(
         o.detail.contains("deadline") && o.detail.contains("db/db-0"),
@@ -124,9 +124,7 @@ async fn a_drain_deadline_fails_the_job_naming_the_blocking_pods() {
 #[tokio::test]
 async fn failover_deletes_pods_without_waiting_for_pdbs() {
     let (k, w) = world(30_000, 0).await;
-    let o = k
-        .run_job(&job("n1", JobKind::EvacuateFailover), &json!({}))
-        .await;
+    let o = k.run_job(&job("n1", JobKind::EvacuateFailover), "{}").await;
     assert!(o.ok, "{o:?}");
     assert_eq!(w.lock().unwrap().evictions_refused, 0);
     assert!(
@@ -142,7 +140,7 @@ async fn offline_and_online_cordon_and_taint_and_survive_a_stale_resource_versio
     let (k, w) = world(30_000, 0).await;
     w.lock().unwrap().nodes.get_mut("n1").unwrap()["spec"]["taints"] =
         json!([{"key": "other", "effect": "NoSchedule"}]);
-    assert!(k.run_job(&job("n1", JobKind::Offline), &json!({})).await.ok);
+    assert!(k.run_job(&job("n1", JobKind::Offline), "{}").await.ok);
     assert_eq!(
         k.offline_nodes()
             .await
@@ -159,7 +157,7 @@ async fn offline_and_online_cordon_and_taint_and_survive_a_stale_resource_versio
         );
         assert_eq!(w.nodes["n1"]["spec"]["unschedulable"], true);
     }
-    assert!(k.run_job(&job("n1", JobKind::Online), &json!({})).await.ok);
+    assert!(k.run_job(&job("n1", JobKind::Online), "{}").await.ok);
     let w2 = w.lock().unwrap();
     assert_eq!(
         w2.taints("n1"),
@@ -881,7 +879,7 @@ async fn a_drain_never_evicts_a_terminating_pod_again_and_counts_each_pod_once()
     let k = std::sync::Arc::new(k);
     let drain = tokio::spawn({
         let k = k.clone();
-        async move { k.run_job(&job("n1", JobKind::Evacuate), &json!({})).await }
+        async move { k.run_job(&job("n1", JobKind::Evacuate), "{}").await }
     });
     // Both pods are terminating; the drain waits for them for several of its rounds.
     common::wait_for("both pods terminating", || async {

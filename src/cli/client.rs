@@ -10,7 +10,7 @@ pub(super) fn client() -> reqwest::Client {
         .expect("a plain HTTP client always builds")
 }
 
-pub(super) async fn api_get(url: &str, path: &str) -> Result<Value, CliError> {
+pub(super) async fn api_get(url: &str, path: &str) -> Result<ExactJson, CliError> {
     decode(url, client().get(format!("{url}{path}")).send().await).await
 }
 
@@ -18,7 +18,7 @@ pub(super) async fn api_get(url: &str, path: &str) -> Result<Value, CliError> {
 pub(super) async fn decode(
     url: &str,
     sent: Result<reqwest::Response, reqwest::Error>,
-) -> Result<Value, CliError> {
+) -> Result<ExactJson, CliError> {
     let connect = |source| CliError::Connect {
         url: url.into(),
         source,
@@ -29,7 +29,8 @@ pub(super) async fn decode(
     if !status.is_success() {
         return Err(CliError::Api(error_message(status, &body)));
     }
-    serde_json::from_slice(&body).map_err(|e| CliError::Decode(e.to_string()))
+    // Kept as sent: `--json` prints a diagnose's numbers exactly as the node wrote them.
+    ExactJson::parse(&body).map_err(|e| CliError::Decode(e.to_string()))
 }
 
 pub(super) async fn api_signed(
@@ -37,7 +38,7 @@ pub(super) async fn api_signed(
     url: &str,
     method: reqwest::Method,
     path: &str,
-) -> Result<Value, CliError> {
+) -> Result<ExactJson, CliError> {
     let key = Key::load(&cfg.cluster.key_file)?;
     decode(
         url,
@@ -69,10 +70,10 @@ pub(super) fn segment(s: &str) -> String {
 }
 
 /// The daemon's answer as the view it promises; a daemon that answers otherwise is named.
-pub(super) fn view<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, CliError> {
-    serde_json::from_value(v).map_err(|e| CliError::Decode(e.to_string()))
+pub(super) fn view<T: serde::de::DeserializeOwned>(v: ExactJson) -> Result<T, CliError> {
+    serde_json::from_str(v.as_str()).map_err(|e| CliError::Decode(e.to_string()))
 }
 
-pub(super) fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+pub(super) fn print_json(v: &ExactJson) {
+    println!("{}", v.pretty());
 }

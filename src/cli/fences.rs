@@ -81,7 +81,11 @@ pub(super) async fn fences(cmd: &FencesCmd) -> Result<(), CliError> {
             let one = api_get(&api.url, &path).await?;
             let timeline = api_get(&api.url, &format!("{path}/timeline")).await?;
             if *json {
-                print_json(&serde_json::json!({"flow": one, "timeline": timeline}));
+                let both = format!(r#"{{"flow":{one},"timeline":{timeline}}}"#);
+                print_json(
+                    &ExactJson::parse(both.as_bytes())
+                        .map_err(|e| CliError::Decode(e.to_string()))?,
+                );
                 return Ok(());
             }
             let f: views::Fence = view(one)?;

@@ -13,11 +13,11 @@ use show::status_table;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use serde_json::Value;
 
 use crate::config::{Config, ConfigError};
 use crate::http::{error_message, send_signed};
 use crate::report::{Envelope, Key, KeyError, now_ns};
+use crate::verdict::ExactJson;
 use crate::views;
 
 #[derive(Debug, Parser)]
@@ -435,7 +435,8 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 d.error.clone(),
             )
             .sign(&key);
-            print_json(&serde_json::to_value(&env).unwrap_or_default());
+            let body = serde_json::to_vec(&env).expect("an envelope serializes");
+            print_json(&ExactJson::parse(&body).expect("a serialized envelope is JSON"));
             if let Some(e) = d.error {
                 eprintln!("maintd: diagnose error: {e}");
                 return Ok(2);
@@ -474,7 +475,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
     use uuid::Uuid;
 
     #[test]

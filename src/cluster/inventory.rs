@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde_json::Value;
 use uuid::Uuid;
 
 use super::{Cluster, ClusterError};
@@ -163,7 +162,7 @@ impl Cluster for Inventory {
         Ok(self.store.inventory_remove_tag(node, tag)?)
     }
 
-    async fn run_job(&self, job: &Job, event_json: &Value) -> Outcome {
+    async fn run_job(&self, job: &Job, event_json: &str) -> Outcome {
         if job.kind == JobKind::Remedy {
             return Outcome::failed(
                 "remedies run as Kubernetes Jobs: the inventory backend has none to run",
@@ -183,7 +182,7 @@ impl Cluster for Inventory {
             job: Some(&id),
             action: Some(job.kind.as_str()),
         };
-        let stdin = serde_json::to_vec(event_json).unwrap_or_default();
+        let stdin = event_json.as_bytes().to_vec();
         let spec = call.spec(program, stdin, &self.env, self.timeout);
         let outcome = self.runner.run(&id, &spec).await;
         if outcome.ok {

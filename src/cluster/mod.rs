@@ -12,7 +12,6 @@ pub use pods::{PodOutcome, PodRun, PodRunner};
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::exec::ExecError;
@@ -184,8 +183,9 @@ pub trait Cluster: Send + Sync + 'static {
     async fn add_tag(&self, node: &str, tag: &str) -> Result<(), ClusterError>;
     /// Returns whether the tag was there.
     async fn remove_tag(&self, node: &str, tag: &str) -> Result<bool, ClusterError>;
-    /// Runs an evacuate, evacuate-failover, offline or online job for `event`.
-    async fn run_job(&self, job: &Job, event: &Value) -> Outcome;
+    /// Runs an evacuate, evacuate-failover, offline or online job for an event, given as its
+    /// JSON text (as `/1/status` shows it, the diagnose's numbers exact).
+    async fn run_job(&self, job: &Job, event_json: &str) -> Outcome;
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError>;
     /// Releases a fenced node's workloads; called only after a verified power-off. Runs at most
     /// once per (flow, attempt), even across daemon restarts.

@@ -26,7 +26,6 @@ use crate::exec::{self, RunSpec};
 use crate::http::{ApiError, SignedAuth, parse_json, require_signed};
 use crate::report::{Envelope, Key, KeyError, now_ns};
 use crate::sync::{LockExt, RwLockExt};
-use crate::verdict::canonical_json;
 
 mod diagnose;
 mod journal;
@@ -265,7 +264,7 @@ impl Collector {
                 exec::run(&RunSpec {
                     program,
                     args: vec![],
-                    stdin: canonical_json(&req.input).into_bytes(),
+                    stdin: req.input.as_str().as_bytes().to_vec(),
                     env,
                     timeout: self.cfg.repair_timeout,
                     output_cap: REPAIR_TAIL_CHARS,

@@ -432,7 +432,10 @@ impl<C: Cluster> Engine<C> {
         let event = match self.store.event(&job.event) {
             Ok(Some((e, jobs, _))) => {
                 let view = crate::views::Event::of_repair(&e, &jobs);
-                (e.clone(), serde_json::to_value(view).unwrap_or_default())
+                (
+                    e.clone(),
+                    serde_json::to_string(&view).expect("a view serializes"),
+                )
             }
             Ok(None) => return Outcome::failed("the job's event is gone"),
             Err(e) => return Outcome::failed(format!("cannot load the job's event: {e}")),

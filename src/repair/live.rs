@@ -93,7 +93,7 @@ impl LiveRepairs {
             job: key.clone(),
             event: job.event.to_string(),
             command,
-            input: event.original.clone(),
+            input: crate::verdict::ExactJson::assume_canonical(event.canonical.clone()),
         };
         let body = serde_json::to_vec(&req).expect("request serializes");
         let deadline = Instant::now() + self.timeout;

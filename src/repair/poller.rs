@@ -13,7 +13,6 @@ use crate::node::NodeConfig;
 use crate::repair::{Observation, Observations};
 use crate::report::{Envelope, Key, ReportError, VerifyRules};
 use crate::store::{NodeUpdate, Store, StoreError};
-use crate::verdict::canonical_json;
 
 use crate::members::Members;
 use crate::metrics::{Metrics, RejectLabel};
@@ -155,7 +154,7 @@ impl Poller {
                 Polled::Verified(r) => {
                     u.answered = true;
                     u.seq = Some(r.envelope.seq);
-                    u.report = Some(canonical_json(&r.envelope.data));
+                    u.report = Some(r.envelope.data.as_str().to_owned());
                     u.diagnosed_ns = Some(r.envelope.diagnosed_at);
                     u.diagnose_error = r.envelope.diagnose_error.clone();
                     u.boot = r.envelope.boot;

@@ -3,7 +3,6 @@
 //! types, so they belong to the protocol rather than to either side.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "kebab-case")]
@@ -36,5 +35,5 @@ pub struct RepairRequest {
     pub event: String,
     pub command: String,
     /// The event's whole diagnose JSON, given to the command on stdin.
-    pub input: Value,
+    pub input: crate::verdict::ExactJson,
 }

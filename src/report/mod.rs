@@ -16,9 +16,8 @@ pub use request::{
 use std::cmp::Ordering;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::verdict::{Verdict, VerdictError, canonical_json};
+use crate::verdict::{ExactJson, Verdict, VerdictError, canonicalize};
 
 /// Domain separators keep a signature made for one purpose from being valid for another.
 const REPORT_DOMAIN: &[u8] = b"maintd-report-v1\n";
@@ -70,7 +69,8 @@ pub struct Envelope {
     /// Set when the diagnose failed; `data` is then an Ok verdict with the reason in details.
     #[serde(rename = "diagnose-error")]
     pub diagnose_error: Option<String>,
-    pub data: Value,
+    /// The diagnose's JSON as it printed it (canonical, numbers as written).
+    pub data: ExactJson,
     /// The node's armed watchdog, signed with the rest: the proof the master needs before it
     /// counts a silent node as reset, once its reset is proven.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,24 +148,27 @@ impl Envelope {
             seq,
             diagnosed_at,
             diagnose_error: error,
-            data: verdict.original.clone(),
+            data: verdict.exact.clone(),
             watchdog: None,
             boot: None,
             signature: String::new(),
         }
     }
 
-    fn signing_bytes(&self) -> String {
-        let mut v = serde_json::to_value(self).expect("envelope serializes");
-        if let Value::Object(m) = &mut v {
-            m.remove("signature");
-        }
-        canonical_json(&v)
+    /// What the signature covers: the envelope's canonical JSON without the signature, its
+    /// numbers as written (a signed report's details are exact, not a float's reading of them).
+    fn signing_bytes(body: &[u8]) -> Result<String, ReportError> {
+        canonicalize(body, &["signature"]).map_err(|e| ReportError::Verdict(VerdictError::Json(e)))
     }
 
     pub fn sign(mut self, key: &Key) -> Envelope {
         self.signature.clear();
-        self.signature = key.sign(REPORT_DOMAIN, &[self.signing_bytes().as_bytes()]);
+        let body = serde_json::to_vec(&self).expect("envelope serializes");
+        // Only data nested to the very limit fails here (the envelope adds a level); its
+        // signature then covers nothing and the daemon refuses the report, as the collector's
+        // own check of every verdict finds before serving it.
+        let bytes = Envelope::signing_bytes(&body).unwrap_or_default();
+        self.signature = key.sign(REPORT_DOMAIN, &[bytes.as_bytes()]);
         self
     }
 
@@ -195,11 +198,10 @@ impl Envelope {
         if env.signature.is_empty() {
             return Err(ReportError::Envelope("signature"));
         }
-        if !key.verify(
-            REPORT_DOMAIN,
-            &[env.signing_bytes().as_bytes()],
-            &env.signature,
-        ) {
+        // The body as received is what was signed: a field this version does not know still
+        // counts, so nothing can be added to a signed report on the way.
+        let bytes = Envelope::signing_bytes(body)?;
+        if !key.verify(REPORT_DOMAIN, &[bytes.as_bytes()], &env.signature) {
             return Err(ReportError::BadSignature);
         }
         if env.node != expected_node {
@@ -223,7 +225,7 @@ impl Envelope {
         {
             return Err(ReportError::Replay { seq: env.seq, last });
         }
-        let verdict = Verdict::from_value(env.data.clone())?;
+        let verdict = Verdict::from_exact(env.data.clone())?;
         Ok(VerifiedReport {
             envelope: env,
             verdict,

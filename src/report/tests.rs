@@ -156,6 +156,7 @@ fn key_file_permissions_are_enforced() {
 mod properties {
     use super::*;
     use proptest::prelude::*;
+    use serde_json::Value;
 
     /// Any JSON a diagnose may print: every float, integers beyond 64 bits, odd strings.
     fn json() -> impl Strategy<Value = Value> {
@@ -204,6 +205,11 @@ mod properties {
             let body = serde_json::to_vec(&Envelope::new("n1", 1, 1_000, 1_000, &v, None).sign(&key())).unwrap();
             let r = Envelope::verify(&body, &key(), "n1", None, 2_000, RULES);
             prop_assert!(r.is_ok(), "{}: {:?}", text, r.err());
+            // Byte-exact: every number reaches the daemon as the script printed it.
+            let got = r.unwrap().verdict.canonical();
+            for n in [format!(":0.{digits}"), format!(":1.{digits}e{exp}"), format!(":{int}"), format!(":-{int}")] {
+                prop_assert!(got.contains(&n), "{} lost {}", got, n);
+            }
         }
 
         /// Whatever the details hold, a genuine report verifies: what the collector signs

@@ -403,7 +403,7 @@ impl Cluster for SimCluster {
         Ok(tags.get_mut(node).is_some_and(|t| t.remove(tag)))
     }
 
-    async fn run_job(&self, job: &Job, _event: &Value) -> Outcome {
+    async fn run_job(&self, job: &Job, _event: &str) -> Outcome {
         self.jobs
             .lock_unpoisoned()
             .push(format!("{} {}", job.kind.as_str(), job.node));

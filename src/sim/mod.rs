@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::clock::{Clock, RuntimeClock};

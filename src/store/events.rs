@@ -25,8 +25,9 @@ fn event_from_row(r: &Row) -> Result<Event> {
     Ok(Event {
         id: parse_uuid(&id)?,
         node: r.get(1)?,
-        original: serde_json::from_str(&canonical)
-            .map_err(|e| corrupt(format!("event {id}: {e}")))?,
+        original: crate::verdict::ExactJson::parse(canonical.as_bytes())
+            .map_err(|e| corrupt(format!("event {id}: {e}")))?
+            .value(),
         canonical,
         action: Status::parse(&action).ok_or_else(|| corrupt(format!("action {action:?}")))?,
         command: r.get(4)?,

@@ -29,7 +29,7 @@ pub struct NodeRow {
     #[serde(rename = "last-seq")]
     pub last_seq: Option<u64>,
     #[serde(rename = "last-report")]
-    pub last_report: Option<serde_json::Value>,
+    pub last_report: Option<crate::verdict::ExactJson>,
     #[serde(rename = "diagnosed-at")]
     pub diagnosed_ns: Option<i64>,
     #[serde(rename = "diagnose-error")]
@@ -52,7 +52,7 @@ impl NodeRow {
         if self.diagnose_error.is_some() {
             return None;
         }
-        let verdict = crate::verdict::Verdict::from_value(self.last_report.clone()?).ok()?;
+        let verdict = crate::verdict::Verdict::from_exact(self.last_report.clone()?).ok()?;
         (verdict.status == crate::verdict::Status::Ok)
             .then_some(self.diagnosed_ns)
             .flatten()
@@ -137,7 +137,8 @@ impl Store {
                 unreachable_since_ns: r.get(3)?,
                 last_error: r.get(4)?,
                 last_seq: seq.and_then(|s| u64::try_from(s).ok()),
-                last_report: report.and_then(|s| serde_json::from_str(&s).ok()),
+                // Written by the poller as the exact canonical form of a verified report.
+                last_report: report.map(crate::verdict::ExactJson::assume_canonical),
                 diagnosed_ns: r.get(7)?,
                 diagnose_error: r.get(8)?,
                 rejected: rejected as u64,

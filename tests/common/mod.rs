@@ -556,6 +556,12 @@ env = {{ NODE = "{node}" }}
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
+        let (s, text) = self.get_text(path).await;
+        (s, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// The body as sent, for what a `Value` would round (numbers past 64 bits or a float).
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
         let url = format!("{}{path}", self.url());
         // Once more on a broken connection: the daemon closes idle keep-alive connections on
         // its own deadlines, and a GET sent just as it does so meets a reset.
@@ -569,7 +575,7 @@ env = {{ NODE = "{node}" }}
             Err(e) => panic!("GET {path}: {e:?}\ndaemon log:\n{}", self.daemon_log()),
         };
         let s = r.status().as_u16();
-        (s, r.json().await.unwrap_or(Value::Null))
+        (s, r.text().await.unwrap_or_default())
     }
 
     /// The daemon's Prometheus metrics text.

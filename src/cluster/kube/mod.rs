@@ -40,7 +40,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::watcher;
-use serde_json::{Value, json};
+use serde_json::json;
 use uuid::Uuid;
 
 use super::{Cluster, ClusterError, EventReason, KubeletLease, NodeFacts};
@@ -295,7 +295,7 @@ impl Cluster for KubeCluster {
         Ok(true)
     }
 
-    async fn run_job(&self, job: &Job, event: &Value) -> Outcome {
+    async fn run_job(&self, job: &Job, event: &str) -> Outcome {
         let node = &job.node;
         let o = match job.kind {
             JobKind::Remedy => self.run_remedy(job, event).await,

@@ -175,7 +175,7 @@ pub fn remedy_run(
     job: &Job,
     remedy: &str,
     cfg: &RemedyConfig,
-    event: &serde_json::Value,
+    event: &str,
 ) -> Result<PodRun, String> {
     let template = cfg.pod_template()?;
     let mut labels = BTreeMap::from([
@@ -192,7 +192,7 @@ pub fn remedy_run(
         ("MAINTD_REMEDY".to_string(), remedy.to_string()),
         ("MAINTD_REASON".to_string(), job.reason.clone()),
     ];
-    let json = event.to_string();
+    let json = event.to_owned();
     if json.len() <= EVENT_JSON_MAX {
         env.push(("MAINTD_EVENT_JSON".into(), json));
     }
@@ -232,7 +232,7 @@ impl KubeCluster {
     }
 
     /// Runs a remedy job: its Job's verdict is the job's outcome.
-    pub(super) async fn run_remedy(&self, job: &Job, event: &serde_json::Value) -> Outcome {
+    pub(super) async fn run_remedy(&self, job: &Job, event: &str) -> Outcome {
         let Some(remedy) = job.command.as_deref().and_then(crate::verdict::remedy_of) else {
             return Outcome::failed("a remedy job without a remedy name");
         };
@@ -341,13 +341,7 @@ mod tests {
             created: 0,
             finished: None,
         };
-        let run = remedy_run(
-            &job,
-            "fix",
-            &cfg,
-            &serde_json::json!({"status": "live-repair"}),
-        )
-        .unwrap();
+        let run = remedy_run(&job, "fix", &cfg, r#"{"status":"live-repair"}"#).unwrap();
         assert_eq!(run.name, job_name(&event));
         assert!(run.name.len() <= 63);
         assert_eq!(run.labels[EVENT_LABEL], event.to_string());
@@ -360,7 +354,7 @@ mod tests {
         // A node name that cannot be a label value is still in the environment.
         let mut long = job.clone();
         long.node = "n".repeat(100);
-        let run = remedy_run(&long, "fix", &cfg, &serde_json::json!({})).unwrap();
+        let run = remedy_run(&long, "fix", &cfg, "{}").unwrap();
         assert!(!run.labels.contains_key(NODE_LABEL));
     }
 }

@@ -134,7 +134,8 @@ impl<C: Cluster> Fencer<C> {
         let me = self.clone();
         self.effects.tasks().spawn(async move {
             let cluster = &me.shared.cluster;
-            let event = serde_json::json!({"status": "evacuate", "details": {"drill": d.id.to_string()}});
+            let event = serde_json::json!({"status": "evacuate", "details": {"drill": d.id.to_string()}})
+                .to_string();
             let steps: &[(JobKind, i64)] = if drain {
                 &[(JobKind::Evacuate, 1), (JobKind::Offline, 2)]
             } else {
