@@ -77,3 +77,34 @@ pub(super) fn view<T: serde::de::DeserializeOwned>(v: ExactJson) -> Result<T, Cl
 pub(super) fn print_json(v: &ExactJson) {
     println!("{}", v.pretty());
 }
+
+/// The filters the API's lists take; the daemon does the filtering.
+#[derive(Debug, Args)]
+pub struct Filter {
+    /// Only this node.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Only this status (events: noted, pending, canceled, failed, completed; nodes: reachable,
+    /// unreachable; fence flows: new, running, done, error, final).
+    #[arg(long)]
+    pub status: Option<String>,
+}
+
+impl Filter {
+    /// `path` with the filters given, and `more`, as its query string.
+    pub fn query(&self, path: &str, more: &[(&str, Option<&str>)]) -> String {
+        let pairs: Vec<String> = [
+            ("node", self.node.as_deref()),
+            ("status", self.status.as_deref()),
+        ]
+        .iter()
+        .chain(more)
+        .filter_map(|(k, v)| v.map(|v| format!("{k}={}", segment(v))))
+        .collect();
+        if pairs.is_empty() {
+            path.to_string()
+        } else {
+            format!("{path}?{}", pairs.join("&"))
+        }
+    }
+}

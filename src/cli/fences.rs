@@ -10,6 +10,8 @@ pub enum FencesCmd {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
+        filter: super::Filter,
+        #[command(flatten)]
         api: ApiArgs,
     },
     /// One flow: its state, its boots, and its timeline (every witness, decision and call).
@@ -53,8 +55,8 @@ use crate::verdict::Nanos;
 
 pub(super) async fn fences(cmd: &FencesCmd) -> Result<(), CliError> {
     match cmd {
-        FencesCmd::List { json, api } => {
-            let v = api_get(&api.url, "/1/fences").await?;
+        FencesCmd::List { json, filter, api } => {
+            let v = api_get(&api.url, &filter.query("/1/fences", &[])).await?;
             if *json {
                 print_json(&v);
                 return Ok(());

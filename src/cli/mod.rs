@@ -58,12 +58,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
+        filter: Filter,
+        /// Only events of this action (Ok, live-repair, evacuate, evacuate-failover, fence).
+        #[arg(long)]
+        action: Option<String>,
+        #[command(flatten)]
         api: ApiArgs,
     },
     /// Show every node's reachability, last report and diagnose errors.
     Nodes {
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        filter: Filter,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -336,16 +343,22 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             log_fd_limit("collector");
             crate::collector::run(cfg, shutdown_signal()).await?;
         }
-        Command::Status { json, api } => {
-            let v = api_get(&api.url, "/1/status").await?;
+        Command::Status {
+            json,
+            filter,
+            action,
+            api,
+        } => {
+            let path = filter.query("/1/status", &[("action", action.as_deref())]);
+            let v = api_get(&api.url, &path).await?;
             if *json {
                 print_json(&v);
             } else {
                 print!("{}", status_table(&view::<Vec<views::Event>>(v)?));
             }
         }
-        Command::Nodes { json, api } => {
-            let v = api_get(&api.url, "/1/nodes").await?;
+        Command::Nodes { json, filter, api } => {
+            let v = api_get(&api.url, &filter.query("/1/nodes", &[])).await?;
             if *json {
                 print_json(&v);
             } else {

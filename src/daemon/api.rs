@@ -17,7 +17,6 @@ use uuid::Uuid;
 
 use crate::cluster::{Cluster, ClusterError};
 use crate::http::{ApiError, ReplayCache, SignedAuth, require_signed};
-use crate::node::collector_address;
 use crate::report::{DAEMON_TARGET, Key, now_ns};
 use crate::store::{CancelOutcome, FenceCancel, Store};
 use crate::views;
@@ -43,6 +42,8 @@ pub struct ApiState<C: Cluster> {
     /// Signed requests accepted within their window, kept across restarts.
     pub replay: Arc<ReplayCache>,
     pub refused: crate::http::Refused,
+    /// The repair events as `/1/status` last built them.
+    pub status_cache: super::lists::StatusCache,
 }
 
 impl<C: Cluster> ApiState<C> {
@@ -95,6 +96,7 @@ impl<C: Cluster> ApiState<C> {
             replay: Arc::new(replay),
             refused,
             fencer: parts.fencer.clone(),
+            status_cache: Default::default(),
         }
     }
 }
@@ -111,18 +113,18 @@ pub struct ApiSettings {
     pub config_paused: bool,
 }
 
-type S<C> = State<Arc<ApiState<C>>>;
+pub(super) type S<C> = State<Arc<ApiState<C>>>;
 
-fn internal(e: impl std::fmt::Display) -> ApiError {
+pub(super) fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(e.to_string())
 }
 
 /// A store error as the API reports it: naming the database, so an operator knows which file.
-fn db_error(store: &Store, e: impl std::fmt::Display) -> ApiError {
+pub(super) fn db_error(store: &Store, e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!("{}: {e}", store.path()))
 }
 
-fn flows_error<C: Cluster>(s: &ApiState<C>, e: impl std::fmt::Display) -> ApiError {
+pub(super) fn flows_error<C: Cluster>(s: &ApiState<C>, e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!("{}: {e}", s.flows.location()))
 }
 
@@ -150,11 +152,11 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route_layer(middleware::from_fn_with_state(auth, require_signed));
     Router::new()
         .route("/", get(|| async { Json(json!([1])) }))
-        .route("/1/status", get(status::<C>))
+        .route("/1/status", get(super::lists::status::<C>))
         .route("/1/status/{id}", get(one_status::<C>))
-        .route("/1/nodes", get(nodes::<C>))
+        .route("/1/nodes", get(super::lists::nodes::<C>))
         .route("/1/tags", get(tags::<C>))
-        .route("/1/fences", get(fences::<C>))
+        .route("/1/fences", get(super::lists::fences::<C>))
         .route("/1/fences/readiness", get(readiness::<C>))
         .route("/1/fences/summary", get(fencing_summary::<C>))
         .route("/1/fences/{id}", get(super::fencing_api::one::<C>))
@@ -171,6 +173,8 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .method_not_allowed_fallback(crate::http::method_not_allowed)
         .with_state(state)
         .layer(middleware::map_response(crate::http::json_errors))
+        // gzip for a client that asks (a dump of thousands of events shrinks tenfold).
+        .layer(tower_http::compression::CompressionLayer::new().gzip(true))
 }
 
 /// Operator changes go to the replica that acts; a standby's state is a copy it overwrites.
@@ -201,30 +205,6 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("{id:?} is not an event id (a uuid)")))
 }
 
-async fn status<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Event>>, ApiError> {
-    let events = s
-        .store
-        .events_with_jobs()
-        .map_err(|e| db_error(&s.store, e))?;
-    let mut out: Vec<views::Event> = events
-        .iter()
-        .map(|(e, j)| views::Event::of_repair(e, j))
-        .collect();
-    // Fence flows are events too, until they are final.
-    let flows = s
-        .flows
-        .active(i64::MAX)
-        .await
-        .map_err(|e| flows_error(&s, e))?;
-    out.extend(flows.iter().map(views::Event::of_flow));
-    Ok(Json(out))
-}
-
-async fn fences<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Fence>>, ApiError> {
-    let flows = s.flows.recent(1000).await.map_err(|e| flows_error(&s, e))?;
-    Ok(Json(flows.iter().map(views::Fence::of).collect()))
-}
-
 async fn fencing_summary<C: Cluster>(
     State(s): S<C>,
 ) -> Result<Json<views::FencingSummary>, ApiError> {
@@ -253,31 +233,6 @@ async fn one_status<C: Cluster>(
         ))),
         None => Err(ApiError::not_found(format!("no event {id}"))),
     }
-}
-
-async fn nodes<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<views::Node>>, ApiError> {
-    let rows = s.store.nodes().map_err(|e| db_error(&s.store, e))?;
-    let offline = s.cluster.offline_nodes().await.map_err(internal)?;
-    let mut tags = s.cluster.tags().await.map_err(internal)?;
-    let now = crate::report::now_ns();
-    let out = s
-        .members
-        .get()
-        .iter()
-        .map(|n| {
-            let mut v = views::Node::new(
-                &n.name,
-                collector_address(&n.collector).unwrap_or_default(),
-                rows.iter().find(|r| r.name == n.name),
-                offline.contains(&n.name),
-                tags.remove(&n.name).unwrap_or_default(),
-                s.readiness.as_ref().and_then(|b| b.get(&n.name)),
-            );
-            v.witnesses = s.peering.as_ref().map(|p| p.witnesses(&n.name, now));
-            v
-        })
-        .collect();
-    Ok(Json(out))
 }
 
 async fn cancel<C: Cluster>(

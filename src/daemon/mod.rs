@@ -4,6 +4,8 @@
 pub mod api;
 pub mod assembly;
 mod fencing_api;
+mod listing;
+mod lists;
 pub mod lock;
 
 use std::future::Future;
@@ -214,7 +216,8 @@ async fn run_with<C: Cluster>(
     let deps = assembly::Deps {
         shared: Shared {
             health: Arc::new(NodeHealth::from_store(&store)),
-            flows,
+            // Every flow write also moves the API's view of events (flows are events there).
+            flows: crate::store::changes::CountedFlows::wrap(flows, store.changes().clone()),
             store,
             cluster,
             metrics: crate::metrics::Metrics::register(&mut registry),
@@ -243,8 +246,7 @@ async fn run_with<C: Cluster>(
     let mut running = parts.spawn();
     let limits = cfg.daemon.limits;
     let stopping = running.stopping();
-    let server = crate::http::listener::serve(listener, app, limits, listener_metrics, stopping);
-    let mut server = tokio::spawn(server);
+    let mut server = serve_apart(listener, app, limits, listener_metrics, stopping)?;
     // A critical task that ends on its own takes the daemon down rather than leave it half-alive.
     let early = tokio::select! {
         biased;
@@ -266,10 +268,58 @@ async fn run_with<C: Cluster>(
     result
 }
 
-fn served(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), DaemonError> {
+fn served(
+    r: Result<std::io::Result<()>, tokio::sync::oneshot::error::RecvError>,
+) -> Result<(), DaemonError> {
     match r {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(DaemonError::Serve(e)),
-        Err(e) => Err(DaemonError::Serve(std::io::Error::other(e))),
+        Err(_) => Err(DaemonError::Serve(std::io::Error::other(
+            "the API thread ended without a result",
+        ))),
     }
+}
+
+/// How much lower than the poller the API's thread runs (a nice value): observation must
+/// never take the CPU that detection needs, however many clients read.
+const API_NICENESS: i32 = 10;
+
+/// Serves the API on a runtime of its own, one thread that the kernel schedules behind the
+/// poller's and the fencer's. Readers then share the CPU left over; a flood of them slows the
+/// API, never the poll.
+fn serve_apart(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: crate::http::listener::ListenerLimits,
+    metrics: crate::http::listener::ListenerMetrics,
+    stopping: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>, DaemonError> {
+    let listener = listener.into_std().map_err(DaemonError::Serve)?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("maintd-api".into())
+        .spawn(move || {
+            let lower = || {
+                // Per thread on Linux: only this runtime's thread is reniced.
+                let me = rustix::thread::gettid();
+                if let Err(e) = rustix::process::setpriority_process(Some(me), API_NICENESS) {
+                    tracing::warn!(error = %e, "cannot lower the API thread's priority");
+                }
+            };
+            let served = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("maintd-api")
+                .on_thread_start(lower)
+                .enable_all()
+                .build()
+                .and_then(|rt| {
+                    rt.block_on(async move {
+                        let listener = tokio::net::TcpListener::from_std(listener)?;
+                        crate::http::listener::serve(listener, app, limits, metrics, stopping).await
+                    })
+                });
+            let _ = tx.send(served);
+        })
+        .map_err(DaemonError::Serve)?;
+    Ok(rx)
 }

@@ -200,6 +200,7 @@ impl Store {
             Action::ApplyTag { .. } | Action::StartRound { .. } => {}
         }
         tx.commit()?;
+        self.changes.events_changed();
         Ok(())
     }
 
@@ -208,6 +209,7 @@ impl Store {
             "UPDATE events SET tagged=1, updated_ns=?2 WHERE id=?1",
             params![event.to_string(), now],
         )?;
+        self.changes.events_changed();
         Ok(())
     }
 
@@ -248,6 +250,7 @@ impl Store {
             });
         }
         tx.commit()?;
+        self.changes.events_changed();
         Ok(jobs)
     }
 
@@ -261,6 +264,7 @@ impl Store {
             "UPDATE jobs SET status=?2, detail=?3, finished_ns=?4 WHERE id=?1 AND status='running'",
             params![id, status.as_str(), detail, now],
         )?;
+        self.changes.events_changed();
         Ok(())
     }
 
@@ -338,6 +342,7 @@ impl Store {
             params![id.to_string(), now],
         )?;
         tx.commit()?;
+        self.changes.events_changed();
         Ok(CancelOutcome::Canceled)
     }
 

@@ -21,6 +21,7 @@ use crate::verdict::Nanos;
 use crate::verdict::Outcome;
 use crate::verdict::Status;
 
+pub mod changes;
 pub mod checkpoint;
 mod controls;
 mod drills;
@@ -175,6 +176,7 @@ const MIGRATIONS: &[&str] = &[
 pub struct Store {
     conn: Mutex<Connection>,
     path: String,
+    changes: changes::Changes,
 }
 
 fn corrupt(what: impl Into<String>) -> StoreError {
@@ -269,6 +271,11 @@ impl Store {
         Store::init(Connection::open_in_memory()?)
     }
 
+    /// Counts the writes the API shows, for its caches and watchers.
+    pub fn changes(&self) -> &changes::Changes {
+        &self.changes
+    }
+
     /// Where the database lives, for messages about it.
     pub fn path(&self) -> &str {
         &self.path
@@ -296,6 +303,7 @@ impl Store {
         Ok(Store {
             conn: Mutex::new(conn),
             path: ":memory:".into(),
+            changes: changes::Changes::default(),
         })
     }
 

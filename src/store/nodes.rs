@@ -118,6 +118,7 @@ impl Store {
             }
         }
         tx.commit()?;
+        self.changes.nodes_changed();
         Ok(())
     }
 

@@ -1,0 +1,343 @@
+//! The API's lists (`/1/status`, `/1/nodes`, `/1/fences`): filters, pages behind an opaque
+//! cursor, an ETag answered with 304, and the watch, a long poll that answers as soon as the
+//! filtered list differs from the one the client holds.
+
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use crate::http::ApiError;
+use crate::store::changes::{Changes, Generation};
+
+/// The longest a watch may hold a request.
+pub const MAX_WAIT_S: u64 = 60;
+/// The largest page.
+pub const MAX_LIMIT: usize = 10_000;
+/// Where the next page starts; absent on the last page.
+pub const NEXT_CURSOR: &str = "x-next-cursor";
+
+/// A list's query string. Each list takes the filters its items have; any other is refused,
+/// never silently ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    pub node: Option<String>,
+    pub status: Option<String>,
+    pub action: Option<String>,
+    /// Only items updated at or after this time (ns since the epoch).
+    pub since: Option<i64>,
+    pub limit: Option<usize>,
+    pub cursor: Option<String>,
+    /// With `If-None-Match`: hold the request up to this many seconds until the list changes.
+    pub wait: Option<u64>,
+}
+
+impl ListQuery {
+    /// Refuses the filters a list does not have, and limits out of range.
+    pub fn check(&self, unsupported: &[&str]) -> Result<(), ApiError> {
+        for name in unsupported {
+            let given = match *name {
+                "status" => self.status.is_some(),
+                "action" => self.action.is_some(),
+                "since" => self.since.is_some(),
+                _ => false,
+            };
+            if given {
+                return Err(ApiError::bad_request(format!(
+                    "this list has no `{name}` filter"
+                )));
+            }
+        }
+        if let Some(l) = self.limit
+            && !(1..=MAX_LIMIT).contains(&l)
+        {
+            return Err(ApiError::bad_request(format!(
+                "limit {l} is outside 1..={MAX_LIMIT}"
+            )));
+        }
+        if let Some(w) = self.wait
+            && w > MAX_WAIT_S
+        {
+            return Err(ApiError::bad_request(format!(
+                "wait {w} is over the {MAX_WAIT_S}-second maximum"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The sort key the cursor names (items after it come next).
+    pub fn after(&self) -> Result<Option<String>, ApiError> {
+        let Some(c) = &self.cursor else {
+            return Ok(None);
+        };
+        let bad = || ApiError::bad_request(format!("cursor {c:?} is not one this API gave"));
+        if c.len() % 2 != 0 || c.len() > 512 {
+            return Err(bad());
+        }
+        let bytes: Option<Vec<u8>> = (0..c.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(c.get(i..i + 2)?, 16).ok())
+            .collect();
+        // Keys are compared as text; a cursor that was never a key still orders somewhere.
+        Ok(Some(
+            String::from_utf8_lossy(&bytes.ok_or_else(bad)?).into_owned(),
+        ))
+    }
+
+    /// Whether `value` passes the `node` filter.
+    pub fn node_ok(&self, node: &str) -> bool {
+        self.node.as_deref().is_none_or(|n| n == node)
+    }
+
+    pub fn status_ok(&self, status: &str) -> bool {
+        self.status.as_deref().is_none_or(|s| s == status)
+    }
+
+    pub fn action_ok(&self, action: &str) -> bool {
+        self.action.as_deref().is_none_or(|a| a == action)
+    }
+
+    pub fn since_ok(&self, updated: i64) -> bool {
+        self.since.is_none_or(|s| updated >= s)
+    }
+}
+
+/// Refuses a filter value outside the list's vocabulary, naming the values it has.
+pub fn one_of(what: &str, given: Option<&str>, known: &[&str]) -> Result<(), ApiError> {
+    match given {
+        Some(v) if !known.contains(&v) => Err(ApiError::bad_request(format!(
+            "{what} {v:?} is not one of {}",
+            known.join(", ")
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// One item of a list: its sort key and its JSON.
+pub struct Item {
+    pub key: String,
+    pub json: std::sync::Arc<[u8]>,
+}
+
+/// A page of a list as the API sends it.
+pub struct Page {
+    pub body: Vec<u8>,
+    pub next: Option<String>,
+    pub etag: String,
+}
+
+/// Sorts `items` by key, skips up to the cursor, and cuts the page.
+pub fn page(mut items: Vec<Item>, q: &ListQuery) -> Result<Page, ApiError> {
+    items.sort_by(|a, b| a.key.cmp(&b.key));
+    let after = q.after()?;
+    let start = after.as_ref().map_or(0, |a| {
+        items.partition_point(|i| i.key.as_str() <= a.as_str())
+    });
+    let rest = &items[start..];
+    let take = q.limit.unwrap_or(usize::MAX).min(rest.len());
+    let shown = &rest[..take];
+    let next = (take < rest.len())
+        .then(|| shown.last().map(|i| hex(i.key.as_bytes())))
+        .flatten();
+    let mut body = Vec::with_capacity(shown.iter().map(|i| i.json.len() + 1).sum::<usize>() + 2);
+    body.push(b'[');
+    for (n, i) in shown.iter().enumerate() {
+        if n > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&i.json);
+    }
+    body.push(b']');
+    // The page and where it stops: two pages with equal bodies but different ends differ.
+    let mut h = std::hash::DefaultHasher::new();
+    body.hash(&mut h);
+    next.hash(&mut h);
+    let etag = format!("\"{:016x}\"", h.finish());
+    Ok(Page { body, next, etag })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Whether the client already holds this version (`If-None-Match`); `*` holds any.
+fn holds(headers: &HeaderMap, etag: &str) -> bool {
+    held(headers).any(|t| t == etag || t == "*")
+}
+
+/// Whether the client names this very version, the only one a watch waits on.
+fn names_exactly(headers: &HeaderMap, etag: &str) -> bool {
+    held(headers).any(|t| t == etag)
+}
+
+fn held(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().trim_start_matches("W/"))
+}
+
+/// Which part of the state a list shows, so a watcher wakes only for its own changes.
+#[derive(Clone, Copy)]
+pub enum Watches {
+    Events,
+    Nodes,
+}
+
+impl Watches {
+    fn moved(self, a: Generation, b: Generation) -> bool {
+        match self {
+            Watches::Events => a.events != b.events,
+            Watches::Nodes => a != b,
+        }
+    }
+}
+
+/// Answers a list request: 200 with the page, or 304 when the client holds it already. With
+/// `wait`, a request that holds the current version is kept open until the page changes (a
+/// change counted by the store, or one seen by a recheck each second for what the store does
+/// not count) or the wait ends with 304.
+pub async fn answer<F, Fut>(
+    changes: &Changes,
+    watches: Watches,
+    headers: &HeaderMap,
+    q: &ListQuery,
+    build: F,
+) -> Result<Response, ApiError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Page, ApiError>>,
+{
+    let mut rx = changes.subscribe();
+    let mut seen = *rx.borrow_and_update();
+    let mut p = build().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.unwrap_or(0));
+    while names_exactly(headers, &p.etag) && tokio::time::Instant::now() < deadline {
+        let recheck = tokio::time::Instant::now() + Duration::from_secs(1);
+        tokio::select! {
+            r = rx.changed() => {
+                if r.is_err() {
+                    break;
+                }
+                let now = *rx.borrow_and_update();
+                if !watches.moved(seen, now) {
+                    continue;
+                }
+                seen = now;
+            }
+            _ = tokio::time::sleep_until(recheck.min(deadline)) => {}
+        }
+        p = build().await?;
+    }
+    Ok(respond(headers, p))
+}
+
+fn respond(headers: &HeaderMap, p: Page) -> Response {
+    let etag = HeaderValue::from_str(&p.etag).expect("an ETag is ASCII");
+    if holds(headers, &p.etag) {
+        return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+    }
+    let mut r = (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+            (header::ETAG, etag),
+        ],
+        p.body,
+    )
+        .into_response();
+    if let Some(n) = p.next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        r.headers_mut().insert(NEXT_CURSOR, n);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(keys: &[&str]) -> Vec<Item> {
+        keys.iter()
+            .map(|k| Item {
+                key: k.to_string(),
+                json: format!("\"{k}\"").into_bytes().into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pages_follow_the_cursor_to_the_end_without_loss_or_repeat() {
+        let keys = ["c", "a", "e", "b", "d"];
+        let mut q = ListQuery {
+            limit: Some(2),
+            ..Default::default()
+        };
+        let mut seen = String::new();
+        loop {
+            let p = page(items(&keys), &q).unwrap();
+            seen.push_str(std::str::from_utf8(&p.body).unwrap());
+            match p.next {
+                Some(n) => q.cursor = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!(seen, r#"["a","b"]["c","d"]["e"]"#);
+        q.cursor = Some("zz".into());
+        assert!(page(items(&keys), &q).is_err());
+        q.cursor = Some("7a7a".into()); // "zz": past the end, an empty last page
+        assert_eq!(page(items(&keys), &q).unwrap().body, b"[]");
+    }
+
+    #[test]
+    fn the_etag_names_the_page_and_if_none_match_finds_it() {
+        let q = ListQuery::default();
+        let a = page(items(&["a"]), &q).unwrap();
+        let b = page(items(&["b"]), &q).unwrap();
+        assert_ne!(a.etag, b.etag);
+        assert_eq!(a.etag, page(items(&["a"]), &q).unwrap().etag);
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::IF_NONE_MATCH,
+            HeaderValue::from_str(&format!("\"x\", W/{}", a.etag)).unwrap(),
+        );
+        assert!(holds(&h, &a.etag));
+        assert!(!holds(&h, &b.etag));
+    }
+
+    #[test]
+    fn filters_and_limits_out_of_range_are_refused_by_name() {
+        let q = ListQuery {
+            action: Some("evacuate".into()),
+            ..Default::default()
+        };
+        assert!(
+            q.check(&["action"])
+                .unwrap_err()
+                .message
+                .contains("`action`")
+        );
+        let q = ListQuery {
+            limit: Some(0),
+            ..Default::default()
+        };
+        assert!(q.check(&[]).unwrap_err().message.contains("limit 0"));
+        let q = ListQuery {
+            wait: Some(61),
+            ..Default::default()
+        };
+        assert!(q.check(&[]).unwrap_err().message.contains("wait 61"));
+        assert!(
+            one_of("status", Some("x"), &["a", "b"])
+                .unwrap_err()
+                .message
+                .contains("a, b")
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! The three lists of the API (`/1/status`, `/1/nodes`, `/1/fences`) with their filters, pages
+//! and watches, and the built repair events kept until the store counts a change: a dump of
+//! ten thousand events is then a copy, not ten thousand rows read and serialized again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+
+use super::api::{ApiState, S, db_error, flows_error, internal};
+use super::listing::{self, Item, ListQuery, Page, Watches, one_of};
+use crate::cluster::Cluster;
+use crate::http::ApiError;
+use crate::node::collector_address;
+use crate::store::Store;
+use crate::sync::LockExt;
+use crate::views;
+
+const REPAIR_STATUSES: [&str; 5] = ["noted", "pending", "canceled", "failed", "completed"];
+const ACTIONS: [&str; 5] = [
+    "Ok",
+    "live-repair",
+    "evacuate",
+    "evacuate-failover",
+    "fence",
+];
+const FENCE_STATUSES: [&str; 5] = ["new", "running", "done", "error", "final"];
+const NODE_STATES: [&str; 2] = ["reachable", "unreachable"];
+
+/// A sort key that orders by time, then id, as text: times are shifted to be non-negative and
+/// padded, so that the cursor (the last key shown) compares as the items do.
+fn time_key(t: i64, id: &uuid::Uuid) -> String {
+    format!("{:020}.{id}", (t as u64) ^ (1 << 63))
+}
+
+/// One repair event, built, with what the filters look at.
+struct Built {
+    key: String,
+    node: String,
+    status: &'static str,
+    action: &'static str,
+    updated: i64,
+    json: Arc<[u8]>,
+}
+
+/// The repair events as last built, and the store's count of event changes they reflect.
+#[derive(Default)]
+pub struct StatusCache(Mutex<Option<(u64, Arc<Vec<Built>>)>>);
+
+impl StatusCache {
+    fn get(&self, store: &Store) -> Result<Arc<Vec<Built>>, ApiError> {
+        // Read before the rows: a change while building leaves the old count, so the next
+        // request builds again.
+        let generation = store.changes().now().events;
+        if let Some((g, built)) = self.0.lock_unpoisoned().as_ref()
+            && *g == generation
+        {
+            return Ok(built.clone());
+        }
+        let events = store.events_with_jobs().map_err(|e| db_error(store, e))?;
+        let built: Vec<Built> = events
+            .iter()
+            .map(|(e, j)| {
+                let v = views::Event::of_repair(e, j);
+                Built {
+                    key: time_key(v.created, &v.id),
+                    node: v.node.clone(),
+                    status: v.repair_status.as_str(),
+                    action: v.action.as_str(),
+                    updated: v.updated,
+                    json: serde_json::to_vec(&v).expect("a view serializes").into(),
+                }
+            })
+            .collect();
+        let built = Arc::new(built);
+        *self.0.lock_unpoisoned() = Some((generation, built.clone()));
+        Ok(built)
+    }
+}
+
+pub(super) async fn status<C: Cluster>(
+    State(s): S<C>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    q.check(&[])?;
+    one_of("status", q.status.as_deref(), &REPAIR_STATUSES)?;
+    one_of("action", q.action.as_deref(), &ACTIONS)?;
+    listing::answer(s.store.changes(), Watches::Events, &headers, &q, || {
+        status_page(&s, &q)
+    })
+    .await
+}
+
+async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, ApiError> {
+    let built = s.status_cache.get(&s.store)?;
+    let mut items: Vec<Item> = built
+        .iter()
+        .filter(|e| {
+            q.node_ok(&e.node)
+                && q.status_ok(e.status)
+                && q.action_ok(e.action)
+                && q.since_ok(e.updated)
+        })
+        .map(|e| Item {
+            key: e.key.clone(),
+            json: e.json.clone(),
+        })
+        .collect();
+    // Fence flows are events too, until they are final; they are few, and read afresh (on
+    // Kubernetes another replica may have written them).
+    let flows = s
+        .flows
+        .active(i64::MAX)
+        .await
+        .map_err(|e| flows_error(s, e))?;
+    for f in &flows {
+        let v = views::Event::of_flow(f);
+        if q.node_ok(&v.node)
+            && q.status_ok(v.repair_status.as_str())
+            && q.action_ok(v.action.as_str())
+            && q.since_ok(v.updated)
+        {
+            items.push(Item {
+                key: time_key(v.created, &v.id),
+                json: serde_json::to_vec(&v).map_err(internal)?.into(),
+            });
+        }
+    }
+    listing::page(items, q)
+}
+
+pub(super) async fn fences<C: Cluster>(
+    State(s): S<C>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    q.check(&["action"])?;
+    one_of("status", q.status.as_deref(), &FENCE_STATUSES)?;
+    listing::answer(s.store.changes(), Watches::Events, &headers, &q, || async {
+        let flows = s
+            .flows
+            .recent(usize::MAX)
+            .await
+            .map_err(|e| flows_error(&s, e))?;
+        let mut items = Vec::new();
+        for f in flows.iter().filter(|f| {
+            q.node_ok(&f.node) && q.status_ok(f.status.as_str()) && q.since_ok(f.updated)
+        }) {
+            // Newest first, as before paging: the key runs backwards in time.
+            items.push(Item {
+                key: time_key(!f.created, &f.id),
+                json: serde_json::to_vec(&views::Fence::of(f))
+                    .map_err(internal)?
+                    .into(),
+            });
+        }
+        listing::page(items, &q)
+    })
+    .await
+}
+
+pub(super) async fn nodes<C: Cluster>(
+    State(s): S<C>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    q.check(&["action", "since"])?;
+    one_of("status", q.status.as_deref(), &NODE_STATES)?;
+    listing::answer(s.store.changes(), Watches::Nodes, &headers, &q, || {
+        nodes_page(&s, &q)
+    })
+    .await
+}
+
+async fn nodes_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, ApiError> {
+    let rows = s.store.nodes().map_err(|e| db_error(&s.store, e))?;
+    let rows: HashMap<&str, &crate::store::NodeRow> =
+        rows.iter().map(|r| (r.name.as_str(), r)).collect();
+    let offline = s.cluster.offline_nodes().await.map_err(internal)?;
+    let mut tags = s.cluster.tags().await.map_err(internal)?;
+    let now = crate::report::now_ns();
+    let mut items = Vec::new();
+    for n in s.members.get().iter().filter(|n| q.node_ok(&n.name)) {
+        let row = rows.get(n.name.as_str()).copied();
+        let reachable = row.is_some_and(|r| r.reachable);
+        if !q.status_ok(if reachable {
+            "reachable"
+        } else {
+            "unreachable"
+        }) {
+            continue;
+        }
+        let mut v = views::Node::new(
+            &n.name,
+            collector_address(&n.collector).unwrap_or_default(),
+            row,
+            offline.contains(&n.name),
+            tags.remove(&n.name).unwrap_or_default(),
+            s.readiness.as_ref().and_then(|b| b.get(&n.name)),
+        );
+        v.witnesses = s.peering.as_ref().map(|p| p.witnesses(&n.name, now));
+        items.push(Item {
+            key: n.name.clone(),
+            json: serde_json::to_vec(&v).map_err(internal)?.into(),
+        });
+    }
+    listing::page(items, q)
+}

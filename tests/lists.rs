@@ -1,0 +1,140 @@
+//! The API's lists against a real daemon and real collectors: filters, pages behind a cursor,
+//! ETags with 304, gzip, and a watch that answers when a new event appears.
+
+mod common;
+
+use std::io::Read;
+
+use common::*;
+use serde_json::Value;
+
+const EVAC: &str = r#"{"status":"evacuate","details":{"disk":"sda"}}"#;
+const LIVE: &str = r#"{"status":"live-repair","command":"fix","details":{"nic":"eth0"}}"#;
+
+async fn get(c: &Cluster, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut r = c.client.get(format!("{}{path}", c.url()));
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    r.send().await.unwrap()
+}
+
+fn names(v: &Value, field: &str) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e[field].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_pages_etags_gzip_and_a_watch() {
+    let mut c = Cluster::new(4);
+    // Events stay in view: no evacuation runs.
+    c.extra_daemon_toml = "[actions]\nevacuate = false\n".into();
+    c.set_verdict("node1", EVAC);
+    c.set_verdict("node2", LIVE);
+    c.start().await;
+    c.wait_event("node1", "the evacuate event", |e| e["action"] == "evacuate")
+        .await;
+    c.wait_status("node2", "completed").await;
+
+    // Filters: each one is applied by the daemon, and a wrong one is named.
+    let (s, v) = c.get("/1/status?node=node1").await;
+    assert_eq!((s, names(&v, "node")), (200, vec!["node1".to_string()]));
+    let (_, v) = c.get("/1/status?action=live-repair").await;
+    assert_eq!(names(&v, "node"), vec!["node2".to_string()]);
+    let (_, v) = c.get("/1/status?status=completed&node=node1").await;
+    assert_eq!(v, serde_json::json!([]));
+    let (_, v) = c.get("/1/status?since=9000000000000000000").await;
+    assert_eq!(v, serde_json::json!([]));
+    for (path, names_it) in [
+        ("/1/status?status=bogus", "noted, pending"),
+        ("/1/status?nosuch=1", "nosuch"),
+        ("/1/nodes?action=evacuate", "`action`"),
+        ("/1/status?limit=0", "limit 0"),
+        ("/1/status?cursor=zz", "cursor"),
+        ("/1/status?wait=999", "wait 999"),
+    ] {
+        let (s, v) = c.get(path).await;
+        assert_eq!(s, 400, "{path}: {v}");
+        assert!(
+            v["message"].as_str().unwrap_or_default().contains(names_it),
+            "{path}: {v}"
+        );
+    }
+    let (_, v) = c.get("/1/nodes?node=node3").await;
+    assert_eq!(names(&v, "name"), vec!["node3".to_string()]);
+    let (_, all) = c.get("/1/nodes?status=reachable").await;
+    assert_eq!(all.as_array().unwrap().len(), 4);
+
+    // Pages: following the cursor gives the whole list once, in order.
+    let mut cursor = None::<String>;
+    let mut paged = Vec::new();
+    loop {
+        let path = match &cursor {
+            Some(cur) => format!("/1/nodes?limit=3&cursor={cur}"),
+            None => "/1/nodes?limit=3".into(),
+        };
+        let r = get(&c, &path, &[]).await;
+        let next = r
+            .headers()
+            .get("x-next-cursor")
+            .map(|h| h.to_str().unwrap().to_string());
+        let page: Value = r.json().await.unwrap();
+        paged.extend(names(&page, "name"));
+        match next {
+            Some(n) => cursor = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(paged, vec!["node1", "node2", "node3", "node4"]);
+
+    // ETag: the same list is answered 304 to a client that holds it.
+    let r = get(&c, "/1/status", &[]).await;
+    let etag = r.headers()["etag"].to_str().unwrap().to_string();
+    let r = get(&c, "/1/status", &[("if-none-match", &etag)]).await;
+    assert_eq!(r.status(), 304);
+    assert!(r.bytes().await.unwrap().is_empty());
+
+    // gzip when asked, and the same JSON inside.
+    let r = get(&c, "/1/status", &[("accept-encoding", "gzip")]).await;
+    assert_eq!(r.headers()["content-encoding"], "gzip");
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&r.bytes().await.unwrap()[..])
+        .read_to_string(&mut text)
+        .unwrap();
+    let unzipped: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(unzipped, c.get("/1/status").await.1);
+
+    // A watch: held while nothing changes, answered with the new event once it appears.
+    let watch = {
+        let url = format!("{}/1/status?action=evacuate&wait=60", c.url());
+        let client = c.client.clone();
+        let etag = get(&c, "/1/status?action=evacuate", &[]).await.headers()["etag"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        tokio::spawn(async move {
+            let r = client
+                .get(url)
+                .header("if-none-match", etag)
+                .timeout(std::time::Duration::from_secs(90))
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!watch.is_finished(), "a watch with nothing new must wait");
+    c.set_verdict("node3", EVAC);
+    let (s, v) = watch.await.unwrap();
+    assert_eq!(s, 200, "{v}");
+    let mut nodes = names(&v, "node");
+    nodes.sort();
+    assert_eq!(nodes, vec!["node1", "node3"]);
+}
