@@ -88,6 +88,9 @@ pub struct DaemonConfig {
     #[serde(with = "humantime_serde")]
     pub poll_timeout: Duration,
     pub poll_concurrency: usize,
+    /// Descriptors the poll holds at most: connections kept open between polls, plus the
+    /// `poll-concurrency` in flight. Collectors beyond it connect afresh at each poll.
+    pub poll_connections: usize,
     /// How far a report's timestamp may be from the daemon's clock.
     #[serde(with = "humantime_serde")]
     pub report_window: Duration,
@@ -233,6 +236,7 @@ impl Default for DaemonConfig {
             poll_interval: Duration::from_secs(5),
             poll_timeout: Duration::from_secs(2),
             poll_concurrency: 512,
+            poll_connections: 4096,
             report_window: Duration::from_secs(30),
             max_report_bytes: 256 * 1024,
             request_window: Duration::from_secs(60),
@@ -398,8 +402,11 @@ impl Config {
                     .into(),
             );
         }
-        if d.poll_concurrency == 0 {
-            return bad("daemon.poll-concurrency must be at least 1".into());
+        if d.poll_concurrency == 0 || d.poll_connections <= d.poll_concurrency {
+            return bad(format!(
+                "daemon.poll-concurrency must be at least 1 and below daemon.poll-connections ({})",
+                d.poll_connections
+            ));
         }
         if !self.collector.diagnose.is_empty()
             && crate::exec::validate_name(&self.collector.diagnose).is_err()

@@ -49,21 +49,55 @@ pub trait CollectorLink: Send + Sync + 'static {
 /// Collectors over HTTP, one client per component so each keeps its own deadline.
 pub struct HttpLink {
     client: reqwest::Client,
+    /// For the collectors beyond the keep-alive budget: a fresh connection each time, closed
+    /// after the answer, so idle descriptors never exceed the budget.
+    fresh: reqwest::Client,
+    /// The collectors whose connection stays open between polls, first come, at most `keep`.
+    kept: std::sync::Mutex<std::collections::HashSet<String>>,
+    keep: usize,
     key: Key,
 }
 
 impl HttpLink {
-    /// `timeout` bounds each request, connect included.
+    /// `timeout` bounds each request, connect included. Every collector keeps its connection.
     pub fn new(key: Key, timeout: Duration) -> HttpLink {
-        HttpLink {
-            client: reqwest::Client::builder()
+        HttpLink::bounded(key, timeout, usize::MAX)
+    }
+
+    /// At most `keep` collectors keep a connection open between requests. A poll visits every
+    /// node in turn, so a least-recently-used pool smaller than the fleet would never hit: a
+    /// fixed set keeps its connections and the others connect afresh.
+    pub fn bounded(key: Key, timeout: Duration, keep: usize) -> HttpLink {
+        let client = |idle| {
+            reqwest::Client::builder()
                 .timeout(timeout)
                 .connect_timeout(timeout)
-                .pool_max_idle_per_host(1)
+                .pool_max_idle_per_host(idle)
                 .build()
-                .expect("a plain HTTP client always builds"),
+                .expect("a plain HTTP client always builds")
+        };
+        HttpLink {
+            client: client(1),
+            fresh: client(0),
+            kept: Default::default(),
+            keep,
             key,
         }
+    }
+
+    fn client_for(&self, node: &NodeConfig) -> &reqwest::Client {
+        if self.keep == usize::MAX {
+            return &self.client;
+        }
+        let mut kept = crate::sync::LockExt::lock_unpoisoned(&self.kept);
+        if kept.contains(&node.name) {
+            return &self.client;
+        }
+        if kept.len() < self.keep {
+            kept.insert(node.name.clone());
+            return &self.client;
+        }
+        &self.fresh
     }
 
     async fn read(resp: reqwest::Response, cap: usize) -> Result<Answer, LinkError> {
@@ -83,9 +117,10 @@ impl CollectorLink for HttpLink {
     /// read as a silent node. Timeouts are not retried (they are the caller's deadline).
     async fn get(&self, node: &NodeConfig, path: &str, cap: usize) -> Result<Answer, LinkError> {
         let url = node.collector_url(path);
+        let client = self.client_for(node);
         let mut attempt = 0;
         loop {
-            match self.client.get(&url).send().await {
+            match client.get(&url).send().await {
                 Err(e) if attempt < 2 && !e.is_timeout() => {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(25 * attempt)).await;
@@ -142,10 +177,11 @@ pub struct Links {
 impl Links {
     /// Over HTTP. Each probe waits its own node's patience; the client's deadline is the
     /// longest of them.
-    pub fn http(key: &Key, poll_timeout: Duration, probe_max: Duration) -> Links {
+    /// The poll keeps at most `poll_keep` connections open between cycles.
+    pub fn http(key: &Key, poll_timeout: Duration, probe_max: Duration, poll_keep: usize) -> Links {
         let link = |t| std::sync::Arc::new(HttpLink::new(key.clone(), t)) as std::sync::Arc<_>;
         Links {
-            poll: link(poll_timeout),
+            poll: std::sync::Arc::new(HttpLink::bounded(key.clone(), poll_timeout, poll_keep)),
             repair: link(Duration::from_secs(10)),
             probe: link(probe_max),
         }

@@ -64,6 +64,8 @@ pub struct Metrics {
     /// kdump notifications heard, accepted or refused (with the reason; node "" when unknown).
     pub kdump_notifications: Family<KdumpLabel, Counter>,
     pub nodes_unreachable: Gauge,
+    /// Polls a collector did not answer (refused, timed out, broken off).
+    pub polls_failed: Counter,
     pub jobs_started: Counter,
     pub jobs_finished: Family<JobLabel, Counter>,
     pub events_created: Counter,
@@ -121,6 +123,7 @@ impl Metrics {
             reports_rejected: Family::default(),
             kdump_notifications: Family::default(),
             nodes_unreachable: Gauge::default(),
+            polls_failed: Counter::default(),
             jobs_started: Counter::default(),
             jobs_finished: Family::default(),
             events_created: Counter::default(),
@@ -177,6 +180,11 @@ impl Metrics {
             "maintd_nodes_unreachable",
             "Nodes whose collector did not answer the last poll",
             m.nodes_unreachable.clone(),
+        );
+        reg.register(
+            "maintd_polls_failed",
+            "Report polls a collector did not answer (refused, timed out or broken off)",
+            m.polls_failed.clone(),
         );
         reg.register(
             "maintd_jobs_started",

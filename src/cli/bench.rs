@@ -69,16 +69,16 @@ fn peak_rss_mib() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Serves `count` collectors on ephemeral loopback ports, prints the ports as one JSON line, and
-/// serves until stdin closes. Every tenth node reports an evacuation, the rest Ok.
-pub async fn sim_collectors(count: usize) -> Result<(), BenchError> {
+/// Serves `count` collectors (`sim<first>` on) on ephemeral loopback ports, prints the ports as
+/// one JSON line, and serves until stdin closes. Every tenth node reports an evacuation.
+pub async fn sim_collectors(count: usize, first: usize) -> Result<(), BenchError> {
     raise_fd_limit();
     let key_file = std::env::var("MAINTD_KEY_FILE").map_err(|_| BenchError::NoKeyFile)?;
     let key = Key::load(std::path::Path::new(&key_file))?;
     let ok = diagnose(&CollectorConfig::default()).await;
     let mut ports = Vec::with_capacity(count);
     let state = tempfile::tempdir()?;
-    for i in 0..count {
+    for i in first..first + count {
         let cfg = CollectorConfig {
             state_dir: state.path().join(format!("sim{i}")),
             ..CollectorConfig::default()
@@ -112,7 +112,65 @@ pub async fn sim_collectors(count: usize) -> Result<(), BenchError> {
     Ok(())
 }
 
-pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), BenchError> {
+/// Collectors one simulator process serves: each holds a listener and an accepted connection per
+/// collector, so a fleet of 20,000 stays within a process's descriptor limit when split.
+const PER_SIMULATOR: usize = 4000;
+
+/// This process's open descriptors, resident memory (MiB) and write calls and bytes so far.
+fn process_figures() -> (usize, f64, u64, u64) {
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let rss_kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        fds,
+        rss_kib / 1024.0,
+        field("syscw:"),
+        field("write_bytes:"),
+    )
+}
+
+/// Starts simulators for `n` collectors and returns them with every collector's port, in order.
+async fn simulators(
+    exe: &std::path::Path,
+    key_file: &std::path::Path,
+    n: usize,
+) -> Result<(Vec<tokio::process::Child>, Vec<u16>), BenchError> {
+    let mut children = Vec::new();
+    let mut ports = Vec::with_capacity(n);
+    for first in (0..n).step_by(PER_SIMULATOR) {
+        let count = PER_SIMULATOR.min(n - first);
+        let mut child = tokio::process::Command::new(exe)
+            .args(["bench", "sim-collectors", "--count", &count.to_string()])
+            .args(["--first", &first.to_string()])
+            .env("MAINTD_KEY_FILE", key_file)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(BenchError::Spawn)?;
+        let mut out = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line).await?;
+        let some: Vec<u16> = serde_json::from_str(&line)
+            .map_err(|e| BenchError::Collectors(format!("{e}: {line:?}")))?;
+        ports.extend(some);
+        children.push(child);
+    }
+    Ok((children, ports))
+}
+
+pub async fn poll(sizes: &[usize], cycles: usize, connections: usize) -> Result<(), BenchError> {
     raise_fd_limit();
     let dir = tempfile::tempdir()?;
     let key_file = dir.path().join("cluster.key");
@@ -126,24 +184,24 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), BenchError> {
             .unwrap_or(1),
         cycles
     );
+    let concurrency = 512.min(connections / 2).max(1);
     println!(
-        "{:>6}  {:>10}  {:>10}  {:>10}  {:>10}  {:>9}  {:>12}  {:>9}",
-        "nodes", "cold ms", "p50 ms", "max ms", "cpu ms/cyc", "decide ms", "verified", "peak RSS"
+        "{:>6}  {:>8}  {:>7}  {:>7}  {:>9}  {:>8}  {:>9}  {:>8}  {:>6}  {:>9}  {:>9}  {:>12}",
+        "nodes",
+        "cold ms",
+        "p50 ms",
+        "max ms",
+        "cpu ms/cyc",
+        "µs/node",
+        "decide ms",
+        "RSS MiB",
+        "fds",
+        "writes/cyc",
+        "KiB/cyc",
+        "verified"
     );
     for &n in sizes {
-        let mut child = tokio::process::Command::new(&exe)
-            .args(["bench", "sim-collectors", "--count", &n.to_string()])
-            .env("MAINTD_KEY_FILE", &key_file)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(BenchError::Spawn)?;
-        let mut out = tokio::io::BufReader::new(child.stdout.take().expect("piped"));
-        let mut line = String::new();
-        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line).await?;
-        let ports: Vec<u16> = serde_json::from_str(&line)
-            .map_err(|e| BenchError::Collectors(format!("{e}: {line:?}")))?;
+        let (mut children, ports) = simulators(&exe, &key_file, n).await?;
         let members = Arc::new(Members::new(
             ports
                 .iter()
@@ -161,10 +219,14 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), BenchError> {
                 window_s: 30,
                 max_bytes: 256 * 1024,
             },
-            concurrency: 512,
+            concurrency,
             timeout: Duration::from_secs(10),
         };
-        let link = Arc::new(crate::link::HttpLink::new(key.clone(), settings.timeout));
+        let link = Arc::new(crate::link::HttpLink::bounded(
+            key.clone(),
+            settings.timeout,
+            connections - concurrency,
+        ));
         let shared = crate::parts::Shared::standalone(store.clone(), members, metrics);
         let poller = Poller::new(settings, link, key.clone(), &shared)?;
 
@@ -173,6 +235,7 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), BenchError> {
         let cold = t.elapsed();
         let mut walls = Vec::new();
         let cpu0 = cpu_seconds();
+        let (_, _, calls0, bytes0) = process_figures();
         let mut verified = 0;
         let mut decide_ms = 0.0;
         for _ in 0..cycles.max(1) {
@@ -190,27 +253,36 @@ pub async fn poll(sizes: &[usize], cycles: usize) -> Result<(), BenchError> {
             decide_ms = t.elapsed().as_secs_f64() * 1e3;
             std::hint::black_box(actions);
         }
-        let cpu = (cpu_seconds() - cpu0) / cycles.max(1) as f64;
+        let runs = cycles.max(1) as f64;
+        let cpu = (cpu_seconds() - cpu0) / runs;
+        let (fds, rss, calls, bytes) = process_figures();
         walls.sort();
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "{:>6}  {:>10.1}  {:>10.1}  {:>10.1}  {:>10.1}  {:>9.2}  {:>6}/{:<5}  {:>5.1} MiB",
+            "{:>6}  {:>8.1}  {:>7.1}  {:>7.1}  {:>9.1}  {:>8.1}  {:>9.2}  {:>8.1}  {:>6}  {:>9.0}  {:>9.1}  {:>6}/{:<5}",
             n,
             ms(cold),
             ms(walls[walls.len() / 2]),
             ms(*walls.last().expect("at least one cycle")),
             cpu * 1e3,
+            cpu * 1e6 / n as f64,
             decide_ms,
+            rss,
+            fds,
+            (calls - calls0) as f64 / runs,
+            (bytes - bytes0) as f64 / runs / 1024.0,
             verified,
             n,
-            peak_rss_mib()
         );
         if verified != n {
             return Err(BenchError::Unverified { verified, of: n });
         }
-        drop(child.stdin.take());
-        let _ = child.wait().await;
+        for mut child in children.drain(..) {
+            drop(child.stdin.take());
+            let _ = child.wait().await;
+        }
     }
+    println!("peak RSS {:.1} MiB", peak_rss_mib());
     Ok(())
 }
 

@@ -173,6 +173,9 @@ pub enum BenchCmd {
         /// Cycles measured per node count (the first, which opens connections, is reported apart).
         #[arg(long, default_value_t = 5)]
         cycles: usize,
+        /// Descriptors the poll may hold (daemon.poll-connections).
+        #[arg(long, default_value_t = 4096)]
+        connections: usize,
     },
     /// Admission of evacuation candidates (capacity, PDBs, cap) over a synthetic cluster.
     Plan {
@@ -202,6 +205,9 @@ pub enum BenchCmd {
     SimCollectors {
         #[arg(long)]
         count: usize,
+        /// The number of the first node served (its name is sim<first>).
+        #[arg(long, default_value_t = 0)]
+        first: usize,
     },
 }
 
@@ -456,8 +462,12 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             }
         }
         Command::Bench { cmd } => match cmd {
-            BenchCmd::Poll { nodes, cycles } => {
-                bench::poll(nodes, *cycles).await?;
+            BenchCmd::Poll {
+                nodes,
+                cycles,
+                connections,
+            } => {
+                bench::poll(nodes, *cycles, *connections).await?;
             }
             BenchCmd::Plan {
                 nodes,
@@ -469,8 +479,8 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             BenchCmd::Peers { nodes, live, secs } => {
                 bench_peers::peers(*nodes, *live, *secs).await?;
             }
-            BenchCmd::SimCollectors { count } => {
-                bench::sim_collectors(*count).await?;
+            BenchCmd::SimCollectors { count, first } => {
+                bench::sim_collectors(*count, *first).await?;
             }
         },
         Command::RunJob { dir } => {

@@ -230,6 +230,7 @@ async fn run_with<C: Cluster>(
             &key,
             cfg.daemon.poll_timeout,
             cfg.fencing.liveness_timeout_max,
+            cfg.daemon.poll_connections - cfg.daemon.poll_concurrency,
         ),
         agents,
         key: key.clone(),

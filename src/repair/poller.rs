@@ -211,6 +211,7 @@ impl Poller {
                 }
                 Err(e) => {
                     debug!(node = %t.name, error = %e, "collector did not answer");
+                    self.metrics.polls_failed.inc();
                     return Polled::Down(e.to_string());
                 }
             };
