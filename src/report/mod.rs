@@ -17,7 +17,7 @@ use std::cmp::Ordering;
 
 use serde::{Deserialize, Serialize};
 
-use crate::verdict::{ExactJson, Verdict, VerdictError, canonicalize};
+use crate::verdict::{ExactError, ExactJson, Verdict, VerdictError, canonical_parts, canonicalize};
 
 /// Domain separators keep a signature made for one purpose from being valid for another.
 const REPORT_DOMAIN: &[u8] = b"maintd-report-v1\n";
@@ -52,8 +52,11 @@ pub fn age_ns(now_ns: i64, ts: i64) -> u64 {
 
 /// Ganeti mond's report envelope, extended with what makes it verifiable: the node it is for, a
 /// per-collector sequence number and an HMAC over everything else.
+///
+/// `D` is how `data` is held: exact canonical JSON, or, while a report is verified, the raw text
+/// as received (read once, with the rest).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Envelope {
+pub struct Envelope<D = ExactJson> {
     pub name: String,
     pub version: String,
     pub format_version: u32,
@@ -70,7 +73,7 @@ pub struct Envelope {
     #[serde(rename = "diagnose-error")]
     pub diagnose_error: Option<String>,
     /// The diagnose's JSON as it printed it (canonical, numbers as written).
-    pub data: ExactJson,
+    pub data: D,
     /// The node's armed watchdog, signed with the rest: the proof the master needs before it
     /// counts a silent node as reset, once its reset is proven.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -81,6 +84,27 @@ pub struct Envelope {
     pub boot: Option<BootReport>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub signature: String,
+}
+
+impl<D> Envelope<D> {
+    fn with_data<E>(self, data: E) -> Envelope<E> {
+        Envelope {
+            name: self.name,
+            version: self.version,
+            format_version: self.format_version,
+            timestamp: self.timestamp,
+            category: self.category,
+            kind: self.kind,
+            node: self.node,
+            seq: self.seq,
+            diagnosed_at: self.diagnosed_at,
+            diagnose_error: self.diagnose_error,
+            data,
+            watchdog: self.watchdog,
+            boot: self.boot,
+            signature: self.signature,
+        }
+    }
 }
 
 /// Where Linux keeps the id of the current boot.
@@ -188,7 +212,10 @@ impl Envelope {
                 cap: rules.max_bytes,
             });
         }
-        let env: Envelope = serde_json::from_slice(body).map_err(ReportError::Json)?;
+        // Read once: the fields, then one canonical pass over the text for both the signed bytes
+        // and the data (serde_json has judged the grammar by then).
+        let env: Envelope<&serde_json::value::RawValue> =
+            serde_json::from_slice(body).map_err(ReportError::Json)?;
         if env.name != "diagnose" {
             return Err(ReportError::Envelope("name"));
         }
@@ -200,7 +227,13 @@ impl Envelope {
         }
         // The body as received is what was signed: a field this version does not know still
         // counts, so nothing can be added to a signed report on the way.
-        let bytes = Envelope::signing_bytes(body)?;
+        let text = std::str::from_utf8(body).map_err(|e| {
+            ReportError::Verdict(VerdictError::Json(ExactError::Utf8(e.valid_up_to())))
+        })?;
+        let (bytes, data) = canonical_parts(text, "signature", "data")
+            .map_err(|e| ReportError::Verdict(VerdictError::Json(e)))?;
+        let data = data.ok_or(ReportError::Envelope("data"))?;
+        let env = env.with_data(data);
         if !key.verify(REPORT_DOMAIN, &[bytes.as_bytes()], &env.signature) {
             return Err(ReportError::BadSignature);
         }

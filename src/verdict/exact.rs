@@ -106,6 +106,29 @@ pub fn canonicalize(bytes: &[u8], drop: &[&str]) -> Result<String, ExactError> {
     Ok(out)
 }
 
+/// For a document serde_json has already read (so its grammar is known good): its canonical form
+/// without the top-level key `drop`, and the canonical form of the top-level member `part`, in
+/// one pass over the text.
+pub fn canonical_parts(
+    text: &str,
+    drop: &str,
+    part: &str,
+) -> Result<(String, Option<ExactJson>), ExactError> {
+    let mut node = Parser { s: text, i: 0 }.document()?;
+    let mut extracted = None;
+    if let Node::Obj(map) = &mut node {
+        map.remove(drop);
+        if let Some(p) = map.get(part) {
+            let mut out = String::new();
+            p.write(&mut out);
+            extracted = Some(ExactJson(out));
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    node.write(&mut out);
+    Ok((out, extracted))
+}
+
 enum Node<'a> {
     /// A number, `true`, `false` or `null`, as written.
     Text(&'a str),
