@@ -71,7 +71,11 @@ fn peak_rss_mib() -> f64 {
 
 /// Serves `count` collectors (`sim<first>` on) on ephemeral loopback ports, prints the ports as
 /// one JSON line, and serves until stdin closes. Every tenth node reports an evacuation.
-pub async fn sim_collectors(count: usize, first: usize) -> Result<(), BenchError> {
+pub async fn sim_collectors(
+    count: usize,
+    first: usize,
+    addr: std::net::Ipv4Addr,
+) -> Result<(), BenchError> {
     raise_fd_limit();
     let key_file = std::env::var("MAINTD_KEY_FILE").map_err(|_| BenchError::NoKeyFile)?;
     let key = Key::load(std::path::Path::new(&key_file))?;
@@ -91,7 +95,7 @@ pub async fn sim_collectors(count: usize, first: usize) -> Result<(), BenchError
             )?;
         }
         c.set_diagnosis(d);
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let l = tokio::net::TcpListener::bind((addr, 0)).await?;
         ports.push(l.local_addr()?.port());
         let app = c.router();
         tokio::spawn(async move { axum::serve(l, app).await });
@@ -140,19 +144,23 @@ fn process_figures() -> (usize, f64, u64, u64) {
     )
 }
 
-/// Starts simulators for `n` collectors and returns them with every collector's port, in order.
+/// Starts simulators for `n` collectors and returns them with every collector's address, in
+/// order. Each simulator serves on a loopback address of its own (127.0.0.2, .3, …): the
+/// ephemeral ports of one address would not hold 20,000 listeners beside the poll's own
+/// connections.
 async fn simulators(
     exe: &std::path::Path,
     key_file: &std::path::Path,
     n: usize,
-) -> Result<(Vec<tokio::process::Child>, Vec<u16>), BenchError> {
+) -> Result<(Vec<tokio::process::Child>, Vec<String>), BenchError> {
     let mut children = Vec::new();
     let mut ports = Vec::with_capacity(n);
-    for first in (0..n).step_by(PER_SIMULATOR) {
+    for (k, first) in (0..n).step_by(PER_SIMULATOR).enumerate() {
         let count = PER_SIMULATOR.min(n - first);
+        let addr = format!("127.0.0.{}", k + 2);
         let mut child = tokio::process::Command::new(exe)
             .args(["bench", "sim-collectors", "--count", &count.to_string()])
-            .args(["--first", &first.to_string()])
+            .args(["--first", &first.to_string(), "--addr", &addr])
             .env("MAINTD_KEY_FILE", key_file)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -164,7 +172,7 @@ async fn simulators(
         tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line).await?;
         let some: Vec<u16> = serde_json::from_str(&line)
             .map_err(|e| BenchError::Collectors(format!("{e}: {line:?}")))?;
-        ports.extend(some);
+        ports.extend(some.into_iter().map(|p| format!("{addr}:{p}")));
         children.push(child);
     }
     Ok((children, ports))
@@ -208,7 +216,7 @@ pub async fn poll(sizes: &[usize], cycles: usize, connections: usize) -> Result<
                 .enumerate()
                 .map(|(i, p)| NodeConfig {
                     name: format!("sim{i}"),
-                    collector: format!("127.0.0.1:{p}"),
+                    collector: p.clone(),
                 })
                 .collect(),
         ));

@@ -208,6 +208,9 @@ pub enum BenchCmd {
         /// The number of the first node served (its name is sim<first>).
         #[arg(long, default_value_t = 0)]
         first: usize,
+        /// The loopback address to serve on.
+        #[arg(long, default_value = "127.0.0.1")]
+        addr: std::net::Ipv4Addr,
     },
 }
 
@@ -479,8 +482,8 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             BenchCmd::Peers { nodes, live, secs } => {
                 bench_peers::peers(*nodes, *live, *secs).await?;
             }
-            BenchCmd::SimCollectors { count, first } => {
-                bench::sim_collectors(*count, *first).await?;
+            BenchCmd::SimCollectors { count, first, addr } => {
+                bench::sim_collectors(*count, *first, *addr).await?;
             }
         },
         Command::RunJob { dir } => {

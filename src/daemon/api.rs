@@ -44,6 +44,9 @@ pub struct ApiState<C: Cluster> {
     pub refused: crate::http::Refused,
     /// The repair events as `/1/status` last built them.
     pub status_cache: super::lists::StatusCache,
+    /// Lists built at once: a crowd of readers queues here, and `/metrics`, `/1/health` and
+    /// the signed changes are answered beside it.
+    pub builders: tokio::sync::Semaphore,
 }
 
 impl<C: Cluster> ApiState<C> {
@@ -97,9 +100,13 @@ impl<C: Cluster> ApiState<C> {
             refused,
             fencer: parts.fencer.clone(),
             status_cache: Default::default(),
+            builders: tokio::sync::Semaphore::new(LIST_BUILDERS),
         }
     }
 }
+
+/// Lists built at the same time; more readers wait their turn.
+const LIST_BUILDERS: usize = 4;
 
 /// What the API needs of the configuration, resolved once at start-up.
 #[derive(Debug, Clone)]

@@ -203,6 +203,7 @@ impl Watches {
 /// change counted by the store, or one seen by a recheck each second for what the store does
 /// not count) or the wait ends with 304.
 pub async fn answer<F, Fut>(
+    builders: &tokio::sync::Semaphore,
     changes: &Changes,
     watches: Watches,
     headers: &HeaderMap,
@@ -215,6 +216,14 @@ where
 {
     let mut rx = changes.subscribe();
     let mut seen = *rx.borrow_and_update();
+    let build = || async {
+        // Only building takes a permit; a held watch waits without one.
+        let _permit = builders
+            .acquire()
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        build().await
+    };
     let mut p = build().await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.unwrap_or(0));
     while names_exactly(headers, &p.etag) && tokio::time::Instant::now() < deadline {

@@ -88,9 +88,14 @@ pub(super) async fn status<C: Cluster>(
     q.check(&[])?;
     one_of("status", q.status.as_deref(), &REPAIR_STATUSES)?;
     one_of("action", q.action.as_deref(), &ACTIONS)?;
-    listing::answer(s.store.changes(), Watches::Events, &headers, &q, || {
-        status_page(&s, &q)
-    })
+    listing::answer(
+        &s.builders,
+        s.store.changes(),
+        Watches::Events,
+        &headers,
+        &q,
+        || status_page(&s, &q),
+    )
     .await
 }
 
@@ -139,26 +144,33 @@ pub(super) async fn fences<C: Cluster>(
 ) -> Result<Response, ApiError> {
     q.check(&["action"])?;
     one_of("status", q.status.as_deref(), &FENCE_STATUSES)?;
-    listing::answer(s.store.changes(), Watches::Events, &headers, &q, || async {
-        let flows = s
-            .flows
-            .recent(usize::MAX)
-            .await
-            .map_err(|e| flows_error(&s, e))?;
-        let mut items = Vec::new();
-        for f in flows.iter().filter(|f| {
-            q.node_ok(&f.node) && q.status_ok(f.status.as_str()) && q.since_ok(f.updated)
-        }) {
-            // Newest first, as before paging: the key runs backwards in time.
-            items.push(Item {
-                key: time_key(!f.created, &f.id),
-                json: serde_json::to_vec(&views::Fence::of(f))
-                    .map_err(internal)?
-                    .into(),
-            });
-        }
-        listing::page(items, &q)
-    })
+    listing::answer(
+        &s.builders,
+        s.store.changes(),
+        Watches::Events,
+        &headers,
+        &q,
+        || async {
+            let flows = s
+                .flows
+                .recent(usize::MAX)
+                .await
+                .map_err(|e| flows_error(&s, e))?;
+            let mut items = Vec::new();
+            for f in flows.iter().filter(|f| {
+                q.node_ok(&f.node) && q.status_ok(f.status.as_str()) && q.since_ok(f.updated)
+            }) {
+                // Newest first, as before paging: the key runs backwards in time.
+                items.push(Item {
+                    key: time_key(!f.created, &f.id),
+                    json: serde_json::to_vec(&views::Fence::of(f))
+                        .map_err(internal)?
+                        .into(),
+                });
+            }
+            listing::page(items, &q)
+        },
+    )
     .await
 }
 
@@ -169,9 +181,14 @@ pub(super) async fn nodes<C: Cluster>(
 ) -> Result<Response, ApiError> {
     q.check(&["action", "since"])?;
     one_of("status", q.status.as_deref(), &NODE_STATES)?;
-    listing::answer(s.store.changes(), Watches::Nodes, &headers, &q, || {
-        nodes_page(&s, &q)
-    })
+    listing::answer(
+        &s.builders,
+        s.store.changes(),
+        Watches::Nodes,
+        &headers,
+        &q,
+        || nodes_page(&s, &q),
+    )
     .await
 }
 

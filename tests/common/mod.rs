@@ -129,6 +129,8 @@ pub struct Cluster {
     /// The daemon's `poll-interval` and the collectors' `diagnose-interval`: fast for tests,
     /// the defaults for a benchmark that measures them.
     pub poll_interval: String,
+    /// The daemon's per-request poll deadline.
+    pub poll_timeout: String,
     pub diagnose_interval: String,
     /// Appended to every collector's config (after its `[collector]` keys).
     pub extra_collector_toml: String,
@@ -200,6 +202,7 @@ impl Cluster {
             daemon: None,
             extra_daemon_toml: String::new(),
             poll_interval: "200ms".into(),
+            poll_timeout: "2s".into(),
             diagnose_interval: "100ms".into(),
             extra_collector_toml: String::new(),
             env: Vec::new(),
@@ -254,7 +257,7 @@ listen = "{}:{}"
 state-dir = "{root}/state"
 repair-dir = "{root}/repair.d"
 poll-interval = "{poll}"
-poll-timeout = "2s"
+poll-timeout = "{poll_timeout}"
 hook-timeout = "30s"
 live-repair-timeout = "30s"
 {}
@@ -262,7 +265,8 @@ live-repair-timeout = "30s"
             self.daemon_host,
             self.api_port,
             self.extra_daemon_toml,
-            poll = self.poll_interval
+            poll = self.poll_interval,
+            poll_timeout = self.poll_timeout
         );
         for ((n, p), h) in self
             .nodes
