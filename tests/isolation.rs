@@ -14,18 +14,7 @@ use tokio::io::AsyncBufReadExt;
 /// The daemon's metrics, read patiently: the API may be slow under fifty readers (the point is
 /// that the poll is not).
 async fn metrics(c: &Cluster) -> String {
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(120))
-        .build()
-        .unwrap();
-    client
-        .get(format!("{}/metrics", c.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    c.metrics_within(std::time::Duration::from_secs(120)).await
 }
 
 /// The value of an unlabelled metric in Prometheus text.
