@@ -584,14 +584,8 @@ env = {{ NODE = "{node}" }}
 
     /// The daemon's Prometheus metrics text.
     pub async fn metrics(&self) -> String {
-        self.metrics_within(Duration::from_secs(10)).await
-    }
-
-    /// The metrics, waiting up to `patience` for an API that may be slow on purpose.
-    pub async fn metrics_within(&self, patience: Duration) -> String {
         self.client
             .get(format!("{}/metrics", self.url()))
-            .timeout(patience)
             .send()
             .await
             .unwrap()
