@@ -4,7 +4,7 @@
 
 mod exact;
 
-pub use exact::{ExactError, ExactJson, canonical_parts, canonicalize, lossy_value};
+pub use exact::{ExactError, ExactJson, canonical_parts, canonicalize};
 
 use std::fmt;
 

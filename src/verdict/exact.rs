@@ -76,9 +76,9 @@ impl ExactJson {
     }
 }
 
-/// Reads canonical or any other JSON text into a `Value` without failing on numbers out of
-/// range (they become null), for code that only inspects fields.
-pub fn lossy_value(bytes: &[u8]) -> Value {
+/// Reads canonical JSON text into a `Value` without failing on numbers out of range (they
+/// become null), for code that only inspects fields.
+fn lossy_value(bytes: &[u8]) -> Value {
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Value::Null;
     };
