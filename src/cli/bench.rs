@@ -45,6 +45,10 @@ pub enum BenchError {
     Collectors(String),
     #[error("only {verified} of {of} reports verified; the figures are not valid")]
     Unverified { verified: usize, of: usize },
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+    #[error("API bench: {0}")]
+    Api(String),
     #[error("peer set refused: {0}")]
     PeerSet(#[from] crate::report::heartbeat::PeerSetError),
 }

@@ -2,7 +2,9 @@
 //! keygen, diagnose --once) that talk to the daemon's API or run locally.
 
 mod bench;
+mod bench_api;
 mod bench_peers;
+mod benches;
 mod client;
 mod fences;
 mod show;
@@ -132,7 +134,7 @@ pub enum Command {
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
-        cmd: BenchCmd,
+        cmd: benches::BenchCmd,
     },
     /// Internal: run one detached daemon job from its directory.
     #[command(hide = true)]
@@ -160,57 +162,6 @@ pub enum TagsCmd {
         tag: String,
         #[command(flatten)]
         api: ApiArgs,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum BenchCmd {
-    /// One poll-and-verify cycle against N simulated signed collectors on loopback.
-    Poll {
-        /// Comma-separated node counts.
-        #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
-        nodes: Vec<usize>,
-        /// Cycles measured per node count (the first, which opens connections, is reported apart).
-        #[arg(long, default_value_t = 5)]
-        cycles: usize,
-        /// Descriptors the poll may hold (daemon.poll-connections).
-        #[arg(long, default_value_t = 4096)]
-        connections: usize,
-    },
-    /// Admission of evacuation candidates (capacity, PDBs, cap) over a synthetic cluster.
-    Plan {
-        #[arg(long, default_value_t = 5000)]
-        nodes: usize,
-        #[arg(long, default_value_t = 30)]
-        pods_per_node: usize,
-        /// Comma-separated candidate counts.
-        #[arg(long, value_delimiter = ',', default_value = "1,50,500,5000")]
-        candidates: Vec<usize>,
-    },
-    /// What the peer heartbeats and the second opinion cost: assignment, bytes, node and leader
-    /// CPU.
-    Peers {
-        /// Cluster size for the assignment, the bytes and the leader's cost.
-        #[arg(long, default_value_t = 5000)]
-        nodes: usize,
-        /// Real heartbeat tasks run over loopback UDP to measure a node's CPU.
-        #[arg(long, default_value_t = 500)]
-        live: usize,
-        /// Seconds the live nodes are measured.
-        #[arg(long, default_value_t = 20)]
-        secs: u64,
-    },
-    /// Internal: serve N simulated collectors and print their ports.
-    #[command(hide = true)]
-    SimCollectors {
-        #[arg(long)]
-        count: usize,
-        /// The number of the first node served (its name is sim<first>).
-        #[arg(long, default_value_t = 0)]
-        first: usize,
-        /// The loopback address to serve on.
-        #[arg(long, default_value = "127.0.0.1")]
-        addr: std::net::Ipv4Addr,
     },
 }
 
@@ -464,28 +415,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 return Ok(2);
             }
         }
-        Command::Bench { cmd } => match cmd {
-            BenchCmd::Poll {
-                nodes,
-                cycles,
-                connections,
-            } => {
-                bench::poll(nodes, *cycles, *connections).await?;
-            }
-            BenchCmd::Plan {
-                nodes,
-                pods_per_node,
-                candidates,
-            } => {
-                bench::plan(*nodes, *pods_per_node, candidates)?;
-            }
-            BenchCmd::Peers { nodes, live, secs } => {
-                bench_peers::peers(*nodes, *live, *secs).await?;
-            }
-            BenchCmd::SimCollectors { count, first, addr } => {
-                bench::sim_collectors(*count, *first, *addr).await?;
-            }
-        },
+        Command::Bench { cmd } => benches::run(cmd).await?,
         Command::RunJob { dir } => {
             crate::exec::jobs::run_job_main(dir)
                 .await

@@ -50,7 +50,10 @@ struct Built {
 pub struct StatusCache(Mutex<Option<(u64, Arc<Vec<Built>>)>>);
 
 impl StatusCache {
-    fn get(&self, store: &Store) -> Result<Arc<Vec<Built>>, ApiError> {
+    /// The events, all of them or only `node`'s. One node's are read afresh when the cache
+    /// is stale rather than rebuilding it: a watcher of one node sees a change at the cost of
+    /// that node's events, not of all of them.
+    fn get(&self, store: &Store, node: Option<&str>) -> Result<Arc<Vec<Built>>, ApiError> {
         // Read before the rows: a change while building leaves the old count, so the next
         // request builds again.
         let generation = store.changes().now().events;
@@ -59,7 +62,18 @@ impl StatusCache {
         {
             return Ok(built.clone());
         }
-        let events = store.events_with_jobs().map_err(|e| db_error(store, e))?;
+        if node.is_some() {
+            return Ok(Arc::new(Self::build(store, node)?));
+        }
+        let built = Arc::new(Self::build(store, None)?);
+        *self.0.lock_unpoisoned() = Some((generation, built.clone()));
+        Ok(built)
+    }
+
+    fn build(store: &Store, node: Option<&str>) -> Result<Vec<Built>, ApiError> {
+        let events = store
+            .events_with_jobs(node)
+            .map_err(|e| db_error(store, e))?;
         let built: Vec<Built> = events
             .iter()
             .map(|(e, j)| {
@@ -74,8 +88,6 @@ impl StatusCache {
                 }
             })
             .collect();
-        let built = Arc::new(built);
-        *self.0.lock_unpoisoned() = Some((generation, built.clone()));
         Ok(built)
     }
 }
@@ -100,7 +112,7 @@ pub(super) async fn status<C: Cluster>(
 }
 
 async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, ApiError> {
-    let built = s.status_cache.get(&s.store)?;
+    let built = s.status_cache.get(&s.store, q.node.as_deref())?;
     let mut items: Vec<Item> = built
         .iter()
         .filter(|e| {

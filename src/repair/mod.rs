@@ -10,6 +10,7 @@ pub mod decide;
 pub mod engine;
 pub mod live;
 pub mod model;
+pub mod persisted;
 pub mod poller;
 
 #[cfg(test)]

@@ -46,6 +46,12 @@ pub struct Poller {
     health: Arc<crate::members::NodeHealth>,
     /// Judges report freshness and stamps poll records.
     clock: Arc<dyn crate::clock::Clock>,
+    /// When this poller took its sequence floors from the store. The store's floors may lag
+    /// the last accepted sequences (they are written lazily), so no report signed before this
+    /// is accepted: a report captured before a restart cannot be played back after it.
+    resumed_ns: crate::verdict::Nanos,
+    /// What the store already holds, so a cycle writes only what changed.
+    persisted: Mutex<super::persisted::Persisted>,
 }
 
 /// Reachability changes of one node are logged at most this often.
@@ -74,7 +80,11 @@ impl Seqs {
 
 /// One poll's verdict on one node.
 enum Polled {
-    Verified(Box<crate::report::VerifiedReport>),
+    /// `first` when there was no sequence floor (a new node, or its floor was reset).
+    Verified {
+        report: Box<crate::report::VerifiedReport>,
+        first: bool,
+    },
     Rejected(String),
     /// Answered, but without a report (e.g. no diagnose has run yet).
     NoReport(String),
@@ -86,7 +96,7 @@ fn rejection_label(e: &ReportError) -> &'static str {
         ReportError::BadSignature => "signature",
         ReportError::WrongNode { .. } => "node",
         ReportError::Stale { .. } => "stale",
-        ReportError::Replay { .. } => "replay",
+        ReportError::Replay { .. } | ReportError::BeforeResume { .. } => "replay",
         ReportError::TooLarge { .. } => "size",
         _ => "malformed",
     }
@@ -115,6 +125,8 @@ impl Poller {
             store: shared.store.clone(),
             metrics: shared.metrics.clone(),
             health: shared.health.clone(),
+            resumed_ns: shared.clock.now(),
+            persisted: Default::default(),
             clock: shared.clock.clone(),
         })
     }
@@ -151,7 +163,10 @@ impl Poller {
                 ..Default::default()
             };
             let o = match p {
-                Polled::Verified(r) => {
+                Polled::Verified { report: r, first } => {
+                    if first {
+                        self.persisted.lock_unpoisoned().forget(&name);
+                    }
                     u.answered = true;
                     u.seq = Some(r.envelope.seq);
                     u.report = Some(r.envelope.data.as_str().to_owned());
@@ -192,8 +207,17 @@ impl Poller {
             updates.push(u);
         }
         self.log_changes(&updates);
-        if let Err(e) = self.store.record_polls(&updates, self.clock.now()) {
+        let now = self.clock.now();
+        let updates = self.persisted.lock_unpoisoned().select(updates, now);
+        if !updates.is_empty()
+            && let Err(e) = self.store.record_polls(&updates, now)
+        {
             warn!(error = %e, db = %self.store.path(), "cannot record poll results");
+            // Written again next cycle, whatever it says then.
+            let mut persisted = self.persisted.lock_unpoisoned();
+            for u in &updates {
+                persisted.forget(&u.name);
+            }
         }
         self.metrics.nodes_unreachable.set(down);
         self.metrics
@@ -227,11 +251,21 @@ impl Poller {
             self.clock.now(),
             self.rules,
         ) {
+            Ok(r) if r.envelope.timestamp < self.resumed_ns => self.reject(
+                t,
+                ReportError::BeforeResume {
+                    signed: r.envelope.timestamp,
+                    resumed: self.resumed_ns,
+                },
+            ),
             Ok(r) => {
                 // Polls of one node never overlap (one per cycle), so check-then-set is safe.
                 self.seqs.set(&t.name, r.envelope.seq);
                 self.metrics.reports_accepted.inc();
-                Polled::Verified(Box::new(r))
+                Polled::Verified {
+                    report: Box::new(r),
+                    first: last.is_none(),
+                }
             }
             Err(e) => self.reject(t, e),
         }

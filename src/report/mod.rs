@@ -43,6 +43,10 @@ pub enum ReportError {
     SeqRange { seq: u64 },
     #[error("sequence {seq} is not above the last accepted {last} (replay?)")]
     Replay { seq: u64, last: u64 },
+    #[error(
+        "report was signed at {signed} ns, before the poller resumed from its stored sequences at {resumed} ns (replay across a restart?)"
+    )]
+    BeforeResume { signed: i64, resumed: i64 },
 }
 
 /// Distance between two timestamps in ns, without overflow whatever a client sent.

@@ -310,7 +310,7 @@ impl Sim {
 
     /// Every event the store holds, with its jobs, oldest first.
     pub fn events(&self) -> Vec<(Event, Vec<Job>)> {
-        let mut v = self.store.events_with_jobs().expect("events");
+        let mut v = self.store.events_with_jobs(None).expect("events");
         v.sort_by_key(|(e, _)| e.created);
         v
     }

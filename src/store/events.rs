@@ -66,20 +66,23 @@ fn job_from_row(r: &Row) -> Result<Job> {
     })
 }
 
-/// Live (non-cleared) events, oldest first, and all their jobs.
-fn live_events_and_jobs(c: &Connection) -> Result<(Vec<Event>, Vec<Job>)> {
+/// Live (non-cleared) events, oldest first, and all their jobs; only `node`'s when given.
+fn live_events_and_jobs(c: &Connection, node: Option<&str>) -> Result<(Vec<Event>, Vec<Job>)> {
+    // Two statements, not `?1 IS NULL OR ...`: each is planned for its own index (the live
+    // index gives the order without a sort; the node index finds one node's events).
+    let only = if node.is_some() { " AND node = ?1" } else { "" };
     let events = collect(
         c.prepare_cached(&format!(
-            "SELECT {EVENT_COLS} FROM events WHERE cleared_ns IS NULL ORDER BY created_ns, id"
+            "SELECT {EVENT_COLS} FROM events WHERE cleared_ns IS NULL{only} ORDER BY created_ns, id"
         ))?,
-        [],
+        rusqlite::params_from_iter(node),
         event_from_row,
     )?;
     let jobs = collect(
         c.prepare_cached(&format!(
-            "SELECT {JOB_COLS} FROM jobs WHERE event_id IN (SELECT id FROM events WHERE cleared_ns IS NULL) ORDER BY id"
+            "SELECT {JOB_COLS} FROM jobs WHERE event_id IN (SELECT id FROM events WHERE cleared_ns IS NULL{only}) ORDER BY id"
         ))?,
-        [],
+        rusqlite::params_from_iter(node),
         job_from_row,
     )?;
     Ok((events, jobs))
@@ -93,7 +96,7 @@ impl Store {
         tags: BTreeMap<String, BTreeSet<String>>,
     ) -> Result<State> {
         let c = self.conn();
-        let (events, jobs) = live_events_and_jobs(&c)?;
+        let (events, jobs) = live_events_and_jobs(&c, None)?;
         let round_running: Option<i64> = c
             .query_row(
                 "SELECT MIN(round) FROM jobs WHERE status = 'running'",
@@ -279,10 +282,10 @@ impl Store {
         )
     }
 
-    /// Live (non-cleared) events with their jobs, oldest first.
-    pub fn events_with_jobs(&self) -> Result<Vec<(Event, Vec<Job>)>> {
-        let c = self.conn();
-        let (events, jobs) = live_events_and_jobs(&c)?;
+    /// Live (non-cleared) events with their jobs, oldest first; only `node`'s when given.
+    pub fn events_with_jobs(&self, node: Option<&str>) -> Result<Vec<(Event, Vec<Job>)>> {
+        let c = self.reader();
+        let (events, jobs) = live_events_and_jobs(&c, node)?;
         let mut by_event: HashMap<Uuid, Vec<Job>> = HashMap::new();
         for j in jobs {
             by_event.entry(j.event).or_default().push(j);

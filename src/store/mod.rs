@@ -171,10 +171,20 @@ const MIGRATIONS: &[&str] = &[
         data TEXT NOT NULL
     );
     "#,
+    // 4: the live events in their order without a sort, and one node's events without a scan
+    // (the API's lists with many events).
+    r#"
+    CREATE INDEX events_live ON events(created_ns, id) WHERE cleared_ns IS NULL;
+    CREATE INDEX events_node ON events(node, created_ns);
+    "#,
 ];
 
 pub struct Store {
     conn: Mutex<Connection>,
+    /// A second connection for the API's large reads, so that they neither wait for the
+    /// engine's reads and the poll's writes nor hold them up (WAL lets them run side by side).
+    /// None in memory, where a second connection would open another database.
+    reader: Option<Mutex<Connection>>,
     path: String,
     changes: changes::Changes,
 }
@@ -263,6 +273,15 @@ impl Store {
             StoreError::Sql(source) => open_err(source),
             other => other,
         })?;
+        let reader = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(open_err)?;
+        reader
+            .busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(open_err)?;
+        store.reader = Some(Mutex::new(reader));
         store.path = shown;
         Ok(store)
     }
@@ -302,6 +321,7 @@ impl Store {
         }
         Ok(Store {
             conn: Mutex::new(conn),
+            reader: None,
             path: ":memory:".into(),
             changes: changes::Changes::default(),
         })
@@ -310,5 +330,11 @@ impl Store {
     fn conn(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave a half-applied change: SQLite rolls back.
         self.conn.lock_unpoisoned()
+    }
+
+    /// The connection for reads that only show state (the API's lists): it sees every
+    /// committed write.
+    fn reader(&self) -> MutexGuard<'_, Connection> {
+        self.reader.as_ref().unwrap_or(&self.conn).lock_unpoisoned()
     }
 }

@@ -123,7 +123,7 @@ impl Store {
     }
 
     pub fn nodes(&self) -> Result<Vec<NodeRow>> {
-        let c = self.conn();
+        let c = self.reader();
         let stmt = c.prepare_cached(
             "SELECT name, reachable, last_answer_ns, unreachable_since_ns, last_error, last_seq, last_report, diagnosed_ns, diagnose_error, rejected, last_rejection, boot_id, boot_ns FROM nodes ORDER BY name",
         )?;

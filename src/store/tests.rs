@@ -48,7 +48,7 @@ fn events_round_trip_and_survive_reopen() {
     {
         let s = Store::open(&path).unwrap();
         tick(&s, &o, 100);
-        let evs = s.events_with_jobs().unwrap();
+        let evs = s.events_with_jobs(None).unwrap();
         assert_eq!(evs.len(), 1);
         assert_eq!(evs[0].0.status, RepairStatus::Pending);
         assert_eq!(evs[0].1[0].kind, JobKind::Evacuate);
@@ -80,8 +80,8 @@ fn a_checkpoint_carries_the_decision_state_and_a_bad_one_changes_nothing() {
     let standby = Store::open_in_memory().unwrap();
     standby.import_checkpoint(&text, true).unwrap();
     let (a, b) = (
-        leader.events_with_jobs().unwrap(),
-        standby.events_with_jobs().unwrap(),
+        leader.events_with_jobs(None).unwrap(),
+        standby.events_with_jobs(None).unwrap(),
     );
     assert_eq!(a, b);
     let state = standby
@@ -90,7 +90,7 @@ fn a_checkpoint_carries_the_decision_state_and_a_bad_one_changes_nothing() {
     assert_eq!(state.round_running, Some(1), "the running job came along");
     // Importing again replaces rather than duplicates.
     standby.import_checkpoint(&text, true).unwrap();
-    assert_eq!(standby.events_with_jobs().unwrap().len(), 1);
+    assert_eq!(standby.events_with_jobs(None).unwrap().len(), 1);
 
     let mut wrong_column: serde_json::Value = serde_json::from_str(&text).unwrap();
     wrong_column["jobs"]["columns"][0] = "id; DROP TABLE jobs".into();
@@ -111,7 +111,7 @@ fn a_checkpoint_carries_the_decision_state_and_a_bad_one_changes_nothing() {
             .to_string();
         assert!(err.contains(why), "{why}: {err}");
         assert_eq!(
-            standby.events_with_jobs().unwrap(),
+            standby.events_with_jobs(None).unwrap(),
             b,
             "state kept after {why}"
         );
@@ -156,14 +156,14 @@ fn a_full_live_repair_flow_through_the_store() {
     let job = &s.running_jobs().unwrap()[0];
     s.finish_job(job.id, true, "exit 0", 2).unwrap();
     tick(&s, &o, 3);
-    let (e, _) = &s.events_with_jobs().unwrap()[0];
+    let (e, _) = &s.events_with_jobs(None).unwrap()[0];
     assert_eq!(e.status, RepairStatus::Completed);
     assert!(e.tagged);
     assert!(s.inventory_tags().unwrap()["n1"].contains(&e.tag));
     // Operator removes the tag; the problem is gone: forgotten.
     s.inventory_remove_tag("n1", &e.tag).unwrap();
     tick(&s, &obs("n1", r#"{"status":"Ok"}"#), 4);
-    assert!(s.events_with_jobs().unwrap().is_empty());
+    assert!(s.events_with_jobs(None).unwrap().is_empty());
     let (_, _, why) = s.event(&e.id).unwrap().unwrap();
     assert_eq!(why.as_deref(), Some("acknowledged and no longer observed"));
 }

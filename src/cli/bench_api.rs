@@ -1,0 +1,347 @@
+//! `maintd bench api`: the API with many repair events, measured against a real daemon process
+//! on loopback: full dumps at several client counts, one node's events at a fixed request
+//! rate, how soon a watcher sees a change, and the bytes of each answer.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use reqwest::header::{ETAG, IF_NONE_MATCH};
+
+use super::bench::BenchError;
+use crate::repair::model::{Action, Event, RepairStatus};
+use crate::report::Key;
+use crate::store::Store;
+use crate::verdict::Status;
+
+/// Events per node: one waiting, one canceled, the rest completed and acknowledged (history).
+const EVENTS_PER_NODE: usize = 5;
+
+/// Watches measured, each answered by one cancel.
+const WATCHES: usize = 20;
+
+pub async fn api(events: usize, clients: &[usize], secs: u64, rate: u32) -> Result<(), BenchError> {
+    let dir = tempfile::tempdir()?;
+    let key_file = dir.path().join("cluster.key");
+    Key::generate(&key_file)?;
+    let key = Key::load(&key_file)?;
+    let nodes = events.div_ceil(EVENTS_PER_NODE).max(1);
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state)?;
+    let waiting = fill(&state.join("state.db"), nodes, events)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let daemon = start_daemon(dir.path(), &key_file, &state, port, nodes).await?;
+    let client = reqwest::Client::new();
+    if let Err(e) = settle(&client, &base).await {
+        let log = std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        return Err(BenchError::Api(format!(
+            "{e}; the daemon's log ends:\n{}",
+            tail.join("\n")
+        )));
+    }
+
+    let status = client.get(format!("{base}/1/status")).send().await?;
+    let plain = status.bytes().await?.len();
+    let gzip = client
+        .get(format!("{base}/1/status"))
+        .header("accept-encoding", "gzip")
+        .send()
+        .await?
+        .bytes()
+        .await?
+        .len();
+    let one = client
+        .get(format!("{base}/1/status?node=sim7"))
+        .send()
+        .await?
+        .bytes()
+        .await?
+        .len();
+    println!(
+        "API with {events} repair events on {nodes} nodes, {} cores; the daemon polls its (absent) collectors meanwhile",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    println!("bytes: /1/status {plain} (gzip {gzip}), /1/status?node= {one}");
+    println!(
+        "{:<28} {:>7} {:>9} {:>9} {:>9} {:>8}",
+        "request", "clients", "req/s", "p50 ms", "p99 ms", "errors"
+    );
+    let secs = Duration::from_secs(secs);
+    for path in ["/1/status", "/1/nodes"] {
+        for &n in clients {
+            let r = closed_loop(&client, &format!("{base}{path}"), n, secs).await;
+            r.print(path, &n.to_string());
+        }
+    }
+    let r = fixed_rate(&client, &base, nodes, rate, secs).await;
+    r.print("/1/status?node=<random>", &format!("{rate}/s"));
+    let mut delays = watch_delays(&client, &base, &key, &waiting).await?;
+    delays.sort_by(f64::total_cmp);
+    println!(
+        "watch: a cancel seen by a waiting watcher after p50 {:.1} ms, max {:.1} ms ({} changes)",
+        pct(&delays, 0.5),
+        delays.last().copied().unwrap_or(f64::NAN),
+        delays.len()
+    );
+    drop(daemon);
+    Ok(())
+}
+
+/// Writes the events straight into a new state database, before the daemon opens it. Returns
+/// the waiting (noted) events, which a cancel can change.
+fn fill(db: &Path, nodes: usize, events: usize) -> Result<Vec<(String, uuid::Uuid)>, BenchError> {
+    let store = Store::open(db)?;
+    let now = crate::report::now_ns();
+    let mut waiting = Vec::new();
+    for k in 0..events {
+        let (node, j) = (format!("sim{}", k % nodes), k / nodes);
+        let original =
+            serde_json::json!({"status": "evacuate", "details": {"disk": format!("sd{j}")}});
+        let status = match j {
+            0 => RepairStatus::Noted,
+            1 => RepairStatus::Canceled,
+            _ => RepairStatus::Completed,
+        };
+        let e = Event {
+            id: uuid::Uuid::new_v4(),
+            node: node.clone(),
+            canonical: original.to_string(),
+            original,
+            action: Status::Evacuate,
+            command: None,
+            status,
+            tag: format!("maintd:repairready:{k}"),
+            tagged: true,
+            acknowledged: status == RepairStatus::Completed,
+            superseded_by: None,
+            note: Some("written by the benchmark".into()),
+            created: now - (events - k) as i64 * 1_000_000,
+            updated: now,
+        };
+        if status == RepairStatus::Noted {
+            waiting.push((node, e.id));
+        }
+        store.apply(&Action::CreateEvent(e), now)?;
+    }
+    Ok(waiting)
+}
+
+/// The daemon, killed when dropped. Its collectors are absent (nothing listens where they
+/// are), so the events stay as written and its poll still runs beside the API.
+async fn start_daemon(
+    dir: &Path,
+    key_file: &Path,
+    state: &Path,
+    port: u16,
+    nodes: usize,
+) -> Result<tokio::process::Child, BenchError> {
+    let mut toml = format!(
+        "[cluster]\nkey-file = \"{}\"\n[daemon]\nlisten = \"127.0.0.1:{port}\"\nstate-dir = \"{}\"\nrepair-dir = \"{}\"\npoll-interval = \"2s\"\n[actions]\nevacuate = false\nevacuate-failover = false\n",
+        key_file.display(),
+        state.display(),
+        dir.join("repair.d").display(),
+    );
+    std::fs::create_dir_all(dir.join("repair.d"))?;
+    for i in 0..nodes {
+        toml.push_str(&format!(
+            "[[nodes]]\nname = \"sim{i}\"\ncollector = \"127.0.0.1:9\"\n"
+        ));
+    }
+    let cfg = dir.join("daemon.toml");
+    std::fs::write(&cfg, toml)?;
+    let log = std::fs::File::create(dir.join("daemon.log"))?;
+    tokio::process::Command::new(std::env::current_exe()?)
+        .arg("daemon")
+        .env("MAINTD_CONFIG", &cfg)
+        .env("RUST_LOG", "warn")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(BenchError::Spawn)
+}
+
+/// Waits until the daemon answers and its events stop changing (the first decisions).
+async fn settle(client: &reqwest::Client, base: &str) -> Result<(), BenchError> {
+    let url = format!("{base}/1/status");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = None;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let Ok(r) = client.get(&url).send().await else {
+            continue;
+        };
+        let tag = r.headers().get(ETAG).cloned();
+        if r.status().is_success() && tag.is_some() && tag == last {
+            return Ok(());
+        }
+        last = tag;
+    }
+    Err(BenchError::Api(
+        "the daemon did not answer with a steady /1/status within 120 s".into(),
+    ))
+}
+
+struct Figures {
+    latencies_ms: Vec<f64>,
+    errors: usize,
+    elapsed: Duration,
+}
+
+impl Figures {
+    fn print(mut self, what: &str, clients: &str) {
+        self.latencies_ms.sort_by(f64::total_cmp);
+        println!(
+            "{:<28} {:>7} {:>9.0} {:>9.2} {:>9.2} {:>8}",
+            what,
+            clients,
+            self.latencies_ms.len() as f64 / self.elapsed.as_secs_f64(),
+            pct(&self.latencies_ms, 0.5),
+            pct(&self.latencies_ms, 0.99),
+            self.errors
+        );
+    }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `n` clients, each sending its next request when the last is answered, for `secs`.
+async fn closed_loop(client: &reqwest::Client, url: &str, n: usize, secs: Duration) -> Figures {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.to_string());
+            tokio::spawn(async move {
+                let (mut lat, mut errors) = (Vec::new(), 0);
+                while start.elapsed() < secs {
+                    let t = Instant::now();
+                    match get_body(&client, &url).await {
+                        Ok(()) => lat.push(t.elapsed().as_secs_f64() * 1e3),
+                        Err(()) => errors += 1,
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    gather(tasks, start).await
+}
+
+/// One request every 1/`rate` s for a random node's events, whether or not the earlier ones
+/// were answered; each latency counts from when its request was due, so a stall is not hidden.
+async fn fixed_rate(
+    client: &reqwest::Client,
+    base: &str,
+    nodes: usize,
+    rate: u32,
+    secs: Duration,
+) -> Figures {
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::new();
+    let mut k = 0usize;
+    while start.elapsed() < secs {
+        let due = tick.tick().await;
+        // A stride walk visits nodes in a scattered order without a random generator.
+        k = (k + 7919) % nodes;
+        let (client, url) = (client.clone(), format!("{base}/1/status?node=sim{k}"));
+        tasks.push(tokio::spawn(async move {
+            match get_body(&client, &url).await {
+                Ok(()) => (vec![due.elapsed().as_secs_f64() * 1e3], 0),
+                Err(()) => (Vec::new(), 1),
+            }
+        }));
+    }
+    gather(tasks, start).await
+}
+
+async fn gather(tasks: Vec<tokio::task::JoinHandle<(Vec<f64>, usize)>>, start: Instant) -> Figures {
+    let mut f = Figures {
+        latencies_ms: Vec::new(),
+        errors: 0,
+        elapsed: Duration::ZERO,
+    };
+    for t in tasks {
+        let (lat, errors) = t.await.unwrap_or_default();
+        f.latencies_ms.extend(lat);
+        f.errors += errors;
+    }
+    f.elapsed = start.elapsed();
+    f
+}
+
+async fn get_body(client: &reqwest::Client, url: &str) -> Result<(), ()> {
+    let r = client.get(url).send().await.map_err(|_| ())?;
+    if !r.status().is_success() {
+        return Err(());
+    }
+    r.bytes().await.map(drop).map_err(|_| ())
+}
+
+/// For each of up to [`WATCHES`] waiting events: a watcher holds `/1/status?node=` with the
+/// page's ETag, the event is canceled with a signed request, and the delay from sending the
+/// cancel to the watcher's answer is recorded.
+async fn watch_delays(
+    client: &reqwest::Client,
+    base: &str,
+    key: &Key,
+    waiting: &[(String, uuid::Uuid)],
+) -> Result<Vec<f64>, BenchError> {
+    let mut delays = Vec::new();
+    for (node, id) in waiting.iter().take(WATCHES) {
+        let url = format!("{base}/1/status?node={node}");
+        let r = client.get(&url).send().await?;
+        let etag = r
+            .headers()
+            .get(ETAG)
+            .cloned()
+            .ok_or_else(|| BenchError::Api("/1/status has no ETag".into()))?;
+        let watcher = {
+            let client = client.clone();
+            let url = format!("{url}&wait=30");
+            tokio::spawn(async move {
+                let r = client.get(&url).header(IF_NONE_MATCH, etag).send().await;
+                (Instant::now(), r.map(|r| r.status()))
+            })
+        };
+        // Long enough for the watch to be held before the change.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = Instant::now();
+        let path = format!("/1/events/{id}/cancel");
+        let c = crate::http::send_signed(
+            client,
+            key,
+            crate::report::DAEMON_TARGET,
+            reqwest::Method::POST,
+            base,
+            &path,
+            None,
+        )
+        .await?;
+        if !c.status().is_success() {
+            let why = c.text().await.unwrap_or_default();
+            return Err(BenchError::Api(format!("cancel of {id} refused: {why}")));
+        }
+        let (answered, status) = watcher.await?;
+        let status = status?;
+        if status != reqwest::StatusCode::OK {
+            return Err(BenchError::Api(format!(
+                "the watcher got {status}, not the changed page"
+            )));
+        }
+        delays.push(answered.saturating_duration_since(sent).as_secs_f64() * 1e3);
+    }
+    Ok(delays)
+}
