@@ -103,6 +103,14 @@ impl ListQuery {
     pub fn since_ok(&self, updated: i64) -> bool {
         self.since.is_none_or(|s| updated >= s)
     }
+
+    /// Whether a repair event (or a fence flow shown as one) passes every filter.
+    pub fn event_ok(&self, node: &str, status: &str, action: &str, updated: i64) -> bool {
+        self.node_ok(node)
+            && self.status_ok(status)
+            && self.action_ok(action)
+            && self.since_ok(updated)
+    }
 }
 
 /// Refuses a filter value outside the list's vocabulary, naming the values it has.

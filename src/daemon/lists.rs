@@ -115,12 +115,7 @@ async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page,
     let built = s.status_cache.get(&s.store, q.node.as_deref())?;
     let mut items: Vec<Item> = built
         .iter()
-        .filter(|e| {
-            q.node_ok(&e.node)
-                && q.status_ok(e.status)
-                && q.action_ok(e.action)
-                && q.since_ok(e.updated)
-        })
+        .filter(|e| q.event_ok(&e.node, e.status, e.action, e.updated))
         .map(|e| Item {
             key: e.key.clone(),
             json: e.json.clone(),
@@ -135,11 +130,12 @@ async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page,
         .map_err(|e| flows_error(s, e))?;
     for f in &flows {
         let v = views::Event::of_flow(f);
-        if q.node_ok(&v.node)
-            && q.status_ok(v.repair_status.as_str())
-            && q.action_ok(v.action.as_str())
-            && q.since_ok(v.updated)
-        {
+        if q.event_ok(
+            &v.node,
+            v.repair_status.as_str(),
+            v.action.as_str(),
+            v.updated,
+        ) {
             items.push(Item {
                 key: time_key(v.created, &v.id),
                 json: serde_json::to_vec(&v).map_err(internal)?.into(),
