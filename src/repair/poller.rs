@@ -305,3 +305,95 @@ impl Poller {
         Polled::Rejected(e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+    use crate::verdict::Verdict;
+
+    /// Answers every poll with the body it was last given, as an on-path attacker could.
+    struct Played(Mutex<Vec<u8>>);
+
+    #[async_trait::async_trait]
+    impl CollectorLink for Played {
+        async fn get(&self, _: &NodeConfig, _: &str, _: usize) -> Result<Answer, LinkError> {
+            Ok(Answer {
+                status: reqwest::StatusCode::OK,
+                body: self.0.lock_unpoisoned().clone(),
+            })
+        }
+        async fn signed(
+            &self,
+            _: &NodeConfig,
+            _: reqwest::Method,
+            _: &str,
+            _: Option<Vec<u8>>,
+            _: usize,
+        ) -> Result<Answer, LinkError> {
+            Err(LinkError::Down("not used".into()))
+        }
+    }
+
+    const S: i64 = 1_000_000_000;
+
+    #[tokio::test]
+    async fn a_report_captured_before_a_restart_is_refused_after_it_though_the_stored_floor_lags() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("s.db")).unwrap());
+        let key = Key::from_bytes(vec![7; 32]);
+        let members = Arc::new(Members::new(vec![NodeConfig {
+            name: "n1".into(),
+            collector: "127.0.0.1:1".into(),
+        }]));
+        let clock = Arc::new(ManualClock::new(1_000 * S));
+        let mut shared = crate::parts::Shared::standalone(
+            store.clone(),
+            members,
+            Metrics::register(&mut Default::default()),
+        );
+        shared.clock = clock.clone();
+        let settings = PollSettings {
+            rules: VerifyRules {
+                window_s: 30,
+                max_bytes: 64 * 1024,
+            },
+            concurrency: 4,
+            timeout: Duration::from_secs(1),
+        };
+        let link = Arc::new(Played(Mutex::new(Vec::new())));
+        let signed = |seq: u64, at: i64| {
+            let ok = Verdict::builtin_ok();
+            // One diagnose, served (signed afresh) at each poll.
+            let env = Envelope::new("n1", seq, at, 1_000 * S, &ok, None);
+            serde_json::to_vec(&env.sign(&key)).unwrap()
+        };
+        let accepted = |o: &Observations| matches!(o.reports["n1"], Observation::Report(_));
+        let poller = Poller::new(settings.clone(), link.clone(), key.clone(), &shared).unwrap();
+        for (seq, at) in [(10, 1_001), (11, 1_002)] {
+            clock.advance(Duration::from_secs(1));
+            *link.0.lock_unpoisoned() = signed(seq, at * S);
+            assert!(accepted(&poller.poll_all().await), "seq {seq}");
+        }
+        // Only the first was written: the second said the same.
+        assert_eq!(store.last_seqs().unwrap()["n1"], 10);
+
+        // A restart: the new poller takes the lagging floor, 10. The captured seq 11 is above
+        // it and within the window, and is still refused.
+        clock.advance(Duration::from_secs(1));
+        let poller = Poller::new(settings, link.clone(), key.clone(), &shared).unwrap();
+        clock.advance(Duration::from_secs(1));
+        assert!(!accepted(&poller.poll_all().await));
+        let row = store.nodes().unwrap().remove(0);
+        assert!(
+            row.last_rejection
+                .as_deref()
+                .is_some_and(|r| r.contains("before the poller resumed")),
+            "{row:?}"
+        );
+        // What the collector signs now is accepted, and written.
+        *link.0.lock_unpoisoned() = signed(12, clock.now());
+        assert!(accepted(&poller.poll_all().await));
+        assert_eq!(store.last_seqs().unwrap()["n1"], 12);
+    }
+}
