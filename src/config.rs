@@ -88,8 +88,9 @@ pub struct DaemonConfig {
     #[serde(with = "humantime_serde")]
     pub poll_timeout: Duration,
     pub poll_concurrency: usize,
-    /// Descriptors the poll holds at most: connections kept open between polls, plus the
-    /// `poll-concurrency` in flight. Collectors beyond it connect afresh at each poll.
+    /// Connections to collectors open at most (the poll's, the liveness probe's and live
+    /// repairs'): those kept open between requests, plus room for the poll's and the probe's
+    /// requests in flight. Collectors beyond the kept set connect afresh each time.
     pub poll_connections: usize,
     /// How far a report's timestamp may be from the daemon's clock.
     #[serde(with = "humantime_serde")]

@@ -3,11 +3,16 @@
 //! simulated-time harness answers in memory, so the poller, the fencer and the engine run there
 //! without a socket.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::http::{BodyError, error_chain, read_capped, send_signed};
-use crate::node::NodeConfig;
-use crate::report::Key;
+use axum::body::Bytes;
+use http_body_util::Full;
+use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
+
+use crate::http::client::{GetError, KeptClient, get};
+use crate::node::{NodeConfig, collector_address};
+use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 
 /// A collector's answer: the HTTP status and the body, read up to the caller's cap.
 #[derive(Debug, Clone)]
@@ -46,89 +51,61 @@ pub trait CollectorLink: Send + Sync + 'static {
     ) -> Result<Answer, LinkError>;
 }
 
-/// Collectors over HTTP, one client per component so each keeps its own deadline.
+/// Collectors over HTTP. The three conversations share one [`KeptClient`], so a collector the
+/// poll and the probe both ask every cycle costs one kept connection, and the daemon's
+/// descriptors stay bounded whatever the fleet's size.
 pub struct HttpLink {
-    client: reqwest::Client,
-    /// For the collectors beyond the keep-alive budget: a fresh connection each time, closed
-    /// after the answer, so idle descriptors never exceed the budget.
-    fresh: reqwest::Client,
-    /// The collectors whose connection stays open between polls, first come, at most `keep`.
-    kept: std::sync::Mutex<std::collections::HashSet<String>>,
-    keep: usize,
+    conns: Arc<KeptClient>,
+    /// Bounds each request, connect and body included.
+    timeout: Duration,
     key: Key,
 }
 
 impl HttpLink {
-    /// `timeout` bounds each request, connect included. Every collector keeps its connection.
-    pub fn new(key: Key, timeout: Duration) -> HttpLink {
-        HttpLink::bounded(key, timeout, usize::MAX)
-    }
-
-    /// At most `keep` collectors keep a connection open between requests. A poll visits every
-    /// node in turn, so a least-recently-used pool smaller than the fleet would never hit: a
-    /// fixed set keeps its connections and the others connect afresh.
-    pub fn bounded(key: Key, timeout: Duration, keep: usize) -> HttpLink {
-        let client = |idle| {
-            reqwest::Client::builder()
-                .timeout(timeout)
-                .connect_timeout(timeout)
-                .pool_max_idle_per_host(idle)
-                .build()
-                .expect("a plain HTTP client always builds")
-        };
+    pub fn new(conns: Arc<KeptClient>, key: Key, timeout: Duration) -> HttpLink {
         HttpLink {
-            client: client(1),
-            fresh: client(0),
-            kept: Default::default(),
-            keep,
+            conns,
             key,
+            timeout,
         }
     }
 
-    fn client_for(&self, node: &NodeConfig) -> &reqwest::Client {
-        if self.keep == usize::MAX {
-            return &self.client;
-        }
-        let mut kept = crate::sync::LockExt::lock_unpoisoned(&self.kept);
-        if kept.contains(&node.name) {
-            return &self.client;
-        }
-        if kept.len() < self.keep {
-            kept.insert(node.name.clone());
-            return &self.client;
-        }
-        &self.fresh
-    }
-
-    async fn read(resp: reqwest::Response, cap: usize) -> Result<Answer, LinkError> {
-        let status = resp.status();
-        match read_capped(resp, cap).await {
-            Ok(body) => Ok(Answer { status, body }),
-            Err(BodyError::TooLarge { cap }) => Err(LinkError::TooLarge { cap }),
-            Err(BodyError::Transport(e)) => Err(LinkError::Broken(e.to_string())),
+    /// Sends what `build` makes, tried again twice when the connection failed without a timeout
+    /// if `again` allows it: a collector under a connection flood may close a kept or fresh
+    /// connection to make room, and that must not read as a silent node. Timeouts are not
+    /// retried (they are the caller's deadline).
+    async fn send(
+        &self,
+        node: &NodeConfig,
+        again: bool,
+        build: impl Fn(HeaderValue) -> Result<hyper::Request<Full<Bytes>>, GetError>,
+        cap: usize,
+    ) -> Result<Answer, LinkError> {
+        let address = || collector_address(&node.collector).map_err(|e| e.to_string());
+        let mut attempt = 0;
+        loop {
+            let r = self
+                .conns
+                .send(&node.name, address, &build, cap, self.timeout)
+                .await;
+            match r {
+                Ok((status, body)) => return Ok(Answer { status, body }),
+                Err(e) if again && attempt < 2 && e.is_retryable() => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(25 * attempt)).await;
+                }
+                Err(GetError::TooLarge { cap }) => return Err(LinkError::TooLarge { cap }),
+                Err(e @ GetError::Body(_)) => return Err(LinkError::Broken(e.to_string())),
+                Err(e) => return Err(LinkError::Down(e.to_string())),
+            }
         }
     }
 }
 
 #[async_trait::async_trait]
 impl CollectorLink for HttpLink {
-    /// Tried again, twice, when the connection failed without a timeout: a collector under a
-    /// connection flood may close a pooled or fresh connection to make room, and that must not
-    /// read as a silent node. Timeouts are not retried (they are the caller's deadline).
     async fn get(&self, node: &NodeConfig, path: &str, cap: usize) -> Result<Answer, LinkError> {
-        let url = node.collector_url(path);
-        let client = self.client_for(node);
-        let mut attempt = 0;
-        loop {
-            match client.get(&url).send().await {
-                Err(e) if attempt < 2 && !e.is_timeout() => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(25 * attempt)).await;
-                }
-                Err(e) => return Err(LinkError::Down(error_chain(&e))),
-                Ok(resp) => return HttpLink::read(resp, cap).await,
-            }
-        }
+        self.send(node, true, |host| get(path, host), cap).await
     }
 
     async fn signed(
@@ -139,32 +116,33 @@ impl CollectorLink for HttpLink {
         body: Option<Vec<u8>>,
         cap: usize,
     ) -> Result<Answer, LinkError> {
-        let base = node.collector_url("");
-        let mut attempt = 0;
-        loop {
-            // Signed afresh each time (a collector accepts a signature once). Only a GET is
-            // tried again, as `get` does: it changes nothing if the first one got through.
-            let r = send_signed(
-                &self.client,
-                &self.key,
-                &node.name,
-                method.clone(),
-                &base,
-                path,
-                body.clone(),
-            )
-            .await;
-            match r {
-                Err(e) if method == reqwest::Method::GET && attempt < 2 && !e.is_timeout() => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(25 * attempt)).await;
-                }
-                Err(e) => return Err(LinkError::Down(error_chain(&e))),
-                Ok(resp) => return HttpLink::read(resp, cap).await,
+        let body = Bytes::from(body.unwrap_or_default());
+        // Only a GET is tried again, as `get` is: it changes nothing if the first one got
+        // through. Each try is signed afresh (a collector accepts a signature once).
+        let again = method == reqwest::Method::GET;
+        let build = |host| {
+            let ts = now_ns();
+            let sig = self
+                .key
+                .sign_request(&node.name, method.as_str(), path, ts, &body);
+            let mut req = hyper::Request::builder()
+                .method(method.clone())
+                .uri(path)
+                .header(HOST, host)
+                .header(TIMESTAMP_HEADER, ts)
+                .header(SIGNATURE_HEADER, sig);
+            if !body.is_empty() {
+                req = req.header(CONTENT_TYPE, "application/json");
             }
-        }
+            req.body(Full::new(body.clone()))
+                .map_err(|e| GetError::Address(format!("bad request path {path:?}: {e}")))
+        };
+        self.send(node, again, build, cap).await
     }
 }
+
+/// Liveness probes sent at once, at most.
+pub const PROBES_IN_FLIGHT: usize = 256;
 
 /// The daemon's three conversations with the collectors, each with its own deadline: the report
 /// poll, live repairs, and the fencer's liveness probe.
@@ -175,13 +153,22 @@ pub struct Links {
 }
 
 impl Links {
-    /// Over HTTP. Each probe waits its own node's patience; the client's deadline is the
-    /// longest of them.
-    /// The poll keeps at most `poll_keep` connections open between cycles.
-    pub fn http(key: &Key, poll_timeout: Duration, probe_max: Duration, poll_keep: usize) -> Links {
-        let link = |t| std::sync::Arc::new(HttpLink::new(key.clone(), t)) as std::sync::Arc<_>;
+    /// Over HTTP, with at most `connections` connections open to collectors. The poll's and
+    /// the probe's requests in flight have room beside the kept ones, so the collectors beyond
+    /// the kept set connect afresh without waiting. Each probe waits its own node's patience; the
+    /// probe link's deadline is the longest of them.
+    pub fn http(
+        key: &Key,
+        poll_timeout: Duration,
+        probe_max: Duration,
+        connections: usize,
+        poll_concurrency: usize,
+    ) -> Links {
+        let keep = connections.saturating_sub(poll_concurrency + PROBES_IN_FLIGHT);
+        let conns = Arc::new(KeptClient::new(keep, connections));
+        let link = |t| Arc::new(HttpLink::new(conns.clone(), key.clone(), t)) as Arc<_>;
         Links {
-            poll: std::sync::Arc::new(HttpLink::bounded(key.clone(), poll_timeout, poll_keep)),
+            poll: link(poll_timeout),
             repair: link(Duration::from_secs(10)),
             probe: link(probe_max),
         }

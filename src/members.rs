@@ -47,6 +47,11 @@ pub struct NodeHealth(Mutex<std::collections::BTreeMap<String, Health>>);
 pub struct Health {
     pub healthy_at: Option<Nanos>,
     pub boot: Option<crate::fencing::machine::BootSeen>,
+    /// The poll's latest answer from the node (verified or not), and the diagnose time of its
+    /// latest verified report. The API shows these from here: the store writes an unchanged row
+    /// only every so often, so its copy may be that much older.
+    pub answered_at: Option<Nanos>,
+    pub diagnosed_at: Option<Nanos>,
 }
 
 impl NodeHealth {
@@ -65,6 +70,8 @@ impl NodeHealth {
             let h = Health {
                 healthy_at: r.healthy_at(),
                 boot: r.boot(),
+                answered_at: r.last_answer_ns,
+                diagnosed_at: r.diagnosed_ns,
             };
             (r.name, h)
         }))
@@ -80,7 +87,10 @@ impl NodeHealth {
         boot: Option<crate::report::BootReport>,
     ) {
         let mut m = self.0.lock_unpoisoned();
-        let h = m.entry(node.to_string()).or_default();
+        let h = match m.get_mut(node) {
+            Some(h) => h,
+            None => m.entry(node.to_string()).or_default(),
+        };
         h.healthy_at = healthy.then_some(diagnosed_at);
         h.boot = crate::fencing::machine::observe_report(
             h.boot,
@@ -88,6 +98,21 @@ impl NodeHealth {
             diagnosed_at,
             healthy,
         );
+    }
+
+    /// What one poll cycle heard at `now`, in one lock.
+    pub fn heard(&self, updates: &[crate::store::NodeUpdate], now: Nanos) {
+        let mut m = self.0.lock_unpoisoned();
+        for u in updates.iter().filter(|u| u.answered) {
+            let h = match m.get_mut(&u.name) {
+                Some(h) => h,
+                None => m.entry(u.name.clone()).or_default(),
+            };
+            h.answered_at = Some(now);
+            if u.diagnosed_ns.is_some() {
+                h.diagnosed_at = u.diagnosed_ns;
+            }
+        }
     }
 
     pub fn all(&self) -> std::collections::BTreeMap<String, Health> {

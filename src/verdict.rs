@@ -3,6 +3,8 @@
 //! `Nanos`. The pure decisions work on these; how they travel (envelopes, signatures) is `report`'s business.
 
 mod exact;
+#[cfg(test)]
+pub(crate) mod strategies;
 
 pub use exact::{ExactError, ExactJson, canonical_parts, canonicalize};
 

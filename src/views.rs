@@ -277,6 +277,20 @@ impl Node {
     }
 }
 
+impl Node {
+    /// What the poll heard since the store last wrote the node's row: a later answer, the
+    /// sequence floor it holds now, and the diagnose time of the latest verified report.
+    pub fn heard(&mut self, health: Option<&crate::members::Health>, seq: Option<u64>) {
+        if let Some(h) = health {
+            self.last_answer = self.last_answer.max(h.answered_at);
+            self.diagnosed_at = self.diagnosed_at.max(h.diagnosed_at);
+        }
+        if seq.is_some() {
+            self.last_seq = seq;
+        }
+    }
+}
+
 /// `/1/fences/readiness`: the last readiness check of every node with a fence plan.
 pub type Readiness = BTreeMap<String, DeviceCheck>;
 

@@ -138,3 +138,47 @@ async fn filters_pages_etags_gzip_and_a_watch() {
     nodes.sort();
     assert_eq!(nodes, vec!["node1", "node3"]);
 }
+
+/// A steady node's row is not rewritten each poll (its new sequence and diagnose time are no
+/// change), yet `/1/nodes` shows them current: the latest answer comes from the poll's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_node_is_shown_current_though_its_row_is_not_rewritten() {
+    let mut c = Cluster::new(1);
+    c.start().await;
+    let seq = |n: &Value| n["last-seq"].as_u64();
+    let first = wait_for("a first report", || async {
+        let n = c.node("node1").await;
+        seq(&n).map(|_| n)
+    })
+    .await;
+    let stored = || {
+        let db = rusqlite::Connection::open_with_flags(
+            c.path("state/state.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap();
+        db.query_row(
+            "SELECT last_answer_ns, last_seq FROM nodes WHERE name = 'node1'",
+            [],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+        )
+        .unwrap()
+    };
+    let row = stored();
+    // Three more reports (the collector diagnoses and the daemon polls every 200 ms).
+    let later = wait_for("three more reports", || async {
+        let n = c.node("node1").await;
+        (seq(&n)? >= seq(&first)? + 3).then_some(n)
+    })
+    .await;
+    assert!(
+        later["last-answer"].as_i64() > first["last-answer"].as_i64(),
+        "{later}"
+    );
+    assert!(
+        later["diagnosed-at"].as_i64() > first["diagnosed-at"].as_i64(),
+        "{later}"
+    );
+    assert_eq!(stored(), row, "an unchanged report rewrote the row");
+    assert!(later["last-seq"].as_i64().unwrap() > row.1);
+}

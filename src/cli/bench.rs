@@ -234,11 +234,14 @@ pub async fn poll(sizes: &[usize], cycles: usize, connections: usize) -> Result<
             concurrency,
             timeout: Duration::from_secs(10),
         };
-        let link = Arc::new(crate::link::HttpLink::bounded(
-            key.clone(),
+        let link = crate::link::Links::http(
+            &key,
             settings.timeout,
-            connections - concurrency,
-        ));
+            settings.timeout,
+            connections,
+            concurrency,
+        )
+        .poll;
         let shared = crate::parts::Shared::standalone(store.clone(), members, metrics);
         let poller = Poller::new(settings, link, key.clone(), &shared)?;
 

@@ -33,6 +33,8 @@ pub struct ApiState<C: Cluster> {
     pub registry: Arc<Registry>,
     pub seqs: Arc<crate::repair::poller::Seqs>,
     pub health: Arc<crate::repair::engine::Health>,
+    /// What the poll heard of each node lately (fresher than the store's rows).
+    pub heard: Arc<crate::members::NodeHealth>,
     /// The fence readiness checks, when fencing is configured.
     pub readiness: Option<Arc<crate::fencing::readiness::Board>>,
     /// The fencer's peer views, when fencing is configured.
@@ -94,6 +96,7 @@ impl<C: Cluster> ApiState<C> {
             registry: Arc::new(std::mem::take(registry)),
             seqs: parts.engine.seqs(),
             health: parts.engine.health(),
+            heard: shared.health.clone(),
             readiness: parts.readiness.as_ref().map(|r| r.board()),
             peering: parts.peering.clone(),
             replay: Arc::new(replay),

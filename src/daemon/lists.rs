@@ -206,6 +206,7 @@ async fn nodes_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, 
         rows.iter().map(|r| (r.name.as_str(), r)).collect();
     let offline = s.cluster.offline_nodes().await.map_err(internal)?;
     let mut tags = s.cluster.tags().await.map_err(internal)?;
+    let heard = s.heard.all();
     let now = crate::report::now_ns();
     let mut items = Vec::new();
     for n in s.members.get().iter().filter(|n| q.node_ok(&n.name)) {
@@ -227,6 +228,9 @@ async fn nodes_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, 
             s.readiness.as_ref().and_then(|b| b.get(&n.name)),
         );
         v.witnesses = s.peering.as_ref().map(|p| p.witnesses(&n.name, now));
+        if row.is_some() {
+            v.heard(heard.get(&n.name), s.seqs.get(&n.name));
+        }
         items.push(Item {
             key: n.name.clone(),
             json: serde_json::to_vec(&v).map_err(internal)?.into(),

@@ -6,6 +6,7 @@ use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+pub mod client;
 pub mod listener;
 mod signed;
 

@@ -1,9 +1,12 @@
 //! Which poll results the store needs: a node's row is written when what it says changes, and
 //! otherwise only every so often to move its last answer and its sequence floor forward.
 //!
-//! A steady fleet then costs no disk writes per cycle. The floor may lag the last accepted
+//! A steady fleet then costs no disk writes per cycle: a new sequence and a new diagnose time
+//! come with every report, so they do not count as a change. The floor may lag the last accepted
 //! sequence by up to the refresh interval; the poller closes that gap across a restart by
-//! refusing reports signed before it resumed (see `Poller::poll_one`).
+//! refusing reports signed before it resumed (see `Poller::poll_one`). The API reads the latest
+//! answer and diagnose time from memory (`members::NodeHealth`), and a lagging diagnose time in
+//! the store only makes a restarted daemon think a node's last healthy report older than it is.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
@@ -12,7 +15,7 @@ use crate::store::NodeUpdate;
 use crate::verdict::Nanos;
 
 /// How long an unchanged row may go unwritten.
-pub const REFRESH_NS: Nanos = 30_000_000_000;
+pub const REFRESH_NS: Nanos = 600_000_000_000;
 
 struct Entry {
     digest: u64,
@@ -53,13 +56,19 @@ impl Persisted {
             return true;
         }
         let digest = self.digest(u);
-        // Spread the refreshes of a fleet first written in one cycle over half the interval.
-        let spread = (self.hasher.hash_one(&u.name) % (REFRESH_NS as u64 / 2)) as Nanos;
-        if let Some(e) = self.rows.get_mut(&u.name)
-            && e.digest == digest
-            && now.saturating_sub(e.written_ns) < REFRESH_NS - spread
-        {
-            return false;
+        if let Some(e) = self.rows.get_mut(&u.name) {
+            if e.digest == digest {
+                let age = now.saturating_sub(e.written_ns);
+                // Spread the refreshes of a fleet first written in one cycle over half the
+                // interval (the spread is only worked out once a row is that old).
+                let spread = || (self.hasher.hash_one(&u.name) % (REFRESH_NS as u64 / 2)) as Nanos;
+                if age < REFRESH_NS / 2 || age < REFRESH_NS - spread() {
+                    return false;
+                }
+            }
+            e.digest = digest;
+            e.written_ns = now;
+            return true;
         }
         self.rows.insert(
             u.name.clone(),
@@ -71,13 +80,12 @@ impl Persisted {
         true
     }
 
-    /// Everything a row holds but the answer time and the sequence.
+    /// Everything a row holds but the answer time, the sequence and the diagnose time.
     fn digest(&self, u: &NodeUpdate) -> u64 {
         let mut h = self.hasher.build_hasher();
         u.answered.hash(&mut h);
         u.error.hash(&mut h);
         u.report.hash(&mut h);
-        u.diagnosed_ns.hash(&mut h);
         u.diagnose_error.hash(&mut h);
         u.boot.map(|b| (b.id.as_u128(), b.at)).hash(&mut h);
         h.finish()
@@ -110,11 +118,10 @@ mod tests {
             names(&p.select(vec![ok("a", "x", 1), ok("b", "x", 1)], 0)),
             ["a", "b"]
         );
-        // Only the sequence moved: nothing to write.
-        assert!(
-            p.select(vec![ok("a", "x", 2), ok("b", "x", 2)], s)
-                .is_empty()
-        );
+        // Only the sequence and the diagnose time moved: nothing to write.
+        let mut again = vec![ok("a", "x", 2), ok("b", "x", 2)];
+        again[0].diagnosed_ns = Some(s);
+        assert!(p.select(again, s).is_empty());
         // b's report changed.
         assert_eq!(
             names(&p.select(vec![ok("a", "x", 3), ok("b", "y", 3)], 2 * s)),

@@ -208,6 +208,7 @@ impl Poller {
         }
         self.log_changes(&updates);
         let now = self.clock.now();
+        self.health.heard(&updates, now);
         let updates = self.persisted.lock_unpoisoned().select(updates, now);
         if !updates.is_empty()
             && let Err(e) = self.store.record_polls(&updates, now)
@@ -276,7 +277,11 @@ impl Poller {
     fn log_changes(&self, updates: &[NodeUpdate]) {
         let mut seen = self.reach.lock_unpoisoned();
         for u in updates {
-            let e = seen.entry(u.name.clone()).or_insert((true, None));
+            // Looked up before inserting: a steady fleet allocates no key per node and cycle.
+            let e = match seen.get_mut(&u.name) {
+                Some(e) => e,
+                None => seen.entry(u.name.clone()).or_insert((true, None)),
+            };
             if e.0 == u.answered {
                 continue;
             }

@@ -446,26 +446,7 @@ mod tests {
         assert_eq!(s.unwrap(), r#"{"a":{"a":"A","b":2},"z":1}"#);
     }
 
-    fn json() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            any::<f64>()
-                .prop_filter("finite", |f| f.is_finite())
-                .prop_map(Value::from),
-            "\\PC{0,8}".prop_map(Value::String),
-            r#"["\\\x00-\x1f\x7fé]{0,4}"#.prop_map(Value::String),
-        ];
-        leaf.prop_recursive(4, 32, 6, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                prop::collection::btree_map("\\PC{0,6}", inner, 0..6)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
+    use crate::verdict::strategies::json;
 
     proptest! {
         /// For every document serde_json writes (compact or pretty), the exact form is the same

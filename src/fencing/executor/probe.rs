@@ -189,7 +189,7 @@ impl<C: Cluster> Fencer<C> {
                 }
                 (node.name.clone(), true)
             })
-            .buffer_unordered(256)
+            .buffer_unordered(crate::link::PROBES_IN_FLIGHT)
             .collect()
             .await;
         let mut nodes = self.probes.nodes.lock_unpoisoned();
