@@ -3,6 +3,7 @@
 //! simulated-time harness answers in memory, so the poller, the fencer and the engine run there
 //! without a socket.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
 use crate::http::client::{GetError, KeptClient, get};
 use crate::node::{NodeConfig, collector_address};
 use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
+use crate::sync::LockExt;
 
 /// A collector's answer: the HTTP status and the body, read up to the caller's cap.
 #[derive(Debug, Clone)]
@@ -141,12 +143,243 @@ impl CollectorLink for HttpLink {
     }
 }
 
+/// The report poll over UDP: one socket per address family for the whole fleet, a signed
+/// request per node and cycle, the answer paired to its request by a random nonce. A node whose
+/// collector does not answer over UDP (down, switched off, an older version, a firewall, a lost
+/// datagram) is asked over HTTP only for a while, so its polls do not wait for UDP each cycle.
+pub struct UdpPoll {
+    v4: Arc<tokio::net::UdpSocket>,
+    v6: Option<Arc<tokio::net::UdpSocket>>,
+    key: Key,
+    /// How long an answer is awaited before the poll goes over HTTP.
+    patience: Duration,
+    waiting: Arc<std::sync::Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Vec<u8>>>>>,
+    http_only: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+    /// Each collector's address as resolved, with the text it was resolved from.
+    resolved: std::sync::Mutex<HashMap<String, (String, std::net::SocketAddr)>>,
+    receivers: Vec<tokio::task::AbortHandle>,
+    counts: UdpCounts,
+    /// Requests awaiting their answer at once, at most: no more answers arrive together than
+    /// the receive buffer holds, so none is dropped for want of room.
+    in_flight: tokio::sync::Semaphore,
+    nonces: std::sync::atomic::AtomicU64,
+    /// Keyed from the system's randomness once, per process.
+    nonce_key: std::hash::RandomState,
+}
+
+/// The receive buffer asked for (the kernel may give less).
+const RECEIVE_BUFFER: usize = 4 << 20;
+
+/// What became of UDP polls: `answered`, `too-large` and `no-answer` (both then asked over
+/// HTTP), `http-only` (not asked over UDP for now), and `stray` (an answer that matched no
+/// waiting request: late, duplicated or forged; dropped).
+pub type UdpCounts = prometheus_client::metrics::family::Family<
+    UdpOutcome,
+    prometheus_client::metrics::counter::Counter,
+>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct UdpOutcome {
+    pub outcome: &'static str,
+}
+
+fn count(counts: &UdpCounts, outcome: &'static str) {
+    counts.get_or_create(&UdpOutcome { outcome }).inc();
+}
+
+/// How a UDP poll went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum UdpPolled {
+    /// The answer's signed report, still to be verified.
+    Report(Vec<u8>),
+    /// Ask over HTTP: the report does not fit, no answer came, or the node is asked over HTTP
+    /// for now.
+    Http,
+}
+
+/// How long a UDP poll waits for its answer before it asks over HTTP: a quarter of the poll's
+/// deadline, at most half a second (an answer on a LAN takes well under a millisecond).
+pub fn udp_patience(poll_timeout: Duration) -> Duration {
+    (poll_timeout / 4).min(Duration::from_millis(500))
+}
+
+/// How long a node that did not answer over UDP is asked over HTTP only.
+const HTTP_ONLY_FOR: Duration = Duration::from_secs(60);
+
+impl UdpPoll {
+    /// Binds the sockets (IPv6 only where the host has it) and starts their receivers. Must
+    /// run within the runtime.
+    pub fn bind(key: Key, patience: Duration, counts: UdpCounts) -> std::io::Result<UdpPoll> {
+        use nix::sys::socket::{getsockopt, setsockopt, sockopt::RcvBuf};
+        let mut room = usize::MAX;
+        let mut bind = |addr: &str| -> std::io::Result<Arc<tokio::net::UdpSocket>> {
+            let s = std::net::UdpSocket::bind(addr)?;
+            s.set_nonblocking(true)?;
+            // Answers to a whole wave of requests arrive together; the kernel caps this at
+            // net.core.rmem_max, and the requests in flight are bounded by what it gave.
+            let _ = setsockopt(&s, RcvBuf, &RECEIVE_BUFFER);
+            room = room.min(getsockopt(&s, RcvBuf).unwrap_or(RECEIVE_BUFFER / 16));
+            Ok(Arc::new(tokio::net::UdpSocket::from_std(s)?))
+        };
+        let v4 = bind("0.0.0.0:0")?;
+        let v6 = bind("[::]:0").ok();
+        // Each datagram held costs the buffer about 4 KiB of kernel memory, whatever its size.
+        let in_flight = (room / 4096).clamp(16, 1024);
+        let waiting: Arc<std::sync::Mutex<HashMap<u64, _>>> = Default::default();
+        let receivers = std::iter::once(&v4)
+            .chain(v6.as_ref())
+            .map(|s| {
+                let (s, waiting, counts) = (s.clone(), waiting.clone(), counts.clone());
+                tokio::spawn(receive(s, waiting, counts)).abort_handle()
+            })
+            .collect();
+        Ok(UdpPoll {
+            v4,
+            v6,
+            key,
+            patience,
+            waiting,
+            http_only: Default::default(),
+            resolved: Default::default(),
+            receivers,
+            counts,
+            in_flight: tokio::sync::Semaphore::new(in_flight),
+            nonces: Default::default(),
+            nonce_key: Default::default(),
+        })
+    }
+
+    /// A nonce nobody off the path can guess: a counter under a keyed hash (a system call for
+    /// fresh randomness per poll would cost more than the rest of the request).
+    fn nonce(&self) -> u64 {
+        use std::hash::BuildHasher;
+        let n = self
+            .nonces
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.nonce_key.hash_one(n)
+    }
+
+    /// Asks `node` for its report over UDP.
+    pub async fn ask(&self, node: &NodeConfig) -> UdpPolled {
+        let now = std::time::Instant::now();
+        if self
+            .http_only
+            .lock_unpoisoned()
+            .get(&node.name)
+            .is_some_and(|until| now < *until)
+        {
+            count(&self.counts, "http-only");
+            return UdpPolled::Http;
+        }
+        let Some(addr) = self.resolve(node).await else {
+            return UdpPolled::Http;
+        };
+        let socket = match (addr, &self.v6) {
+            (std::net::SocketAddr::V4(_), _) => &self.v4,
+            (std::net::SocketAddr::V6(_), Some(v6)) => v6,
+            (std::net::SocketAddr::V6(_), None) => return UdpPolled::Http,
+        };
+        let _turn = self.in_flight.acquire().await.expect("never closed");
+        let nonce = self.nonce();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.waiting.lock_unpoisoned().insert(nonce, tx);
+        let request = crate::report::poll::request(&self.key, &node.name, nonce, now_ns());
+        let sent = socket.send_to(&request, addr).await;
+        let got = match sent {
+            Ok(_) => tokio::time::timeout(self.patience, rx)
+                .await
+                .ok()
+                .and_then(Result::ok),
+            Err(_) => None,
+        };
+        self.waiting.lock_unpoisoned().remove(&nonce);
+        let (outcome, polled) = match got.as_deref().and_then(crate::report::poll::read_answer) {
+            Some((_, crate::report::poll::Answer::Report(r))) => {
+                ("answered", UdpPolled::Report(r.to_vec()))
+            }
+            Some((_, crate::report::poll::Answer::TooLarge)) => ("too-large", UdpPolled::Http),
+            None => {
+                let until = std::time::Instant::now() + HTTP_ONLY_FOR;
+                self.http_only
+                    .lock_unpoisoned()
+                    .insert(node.name.clone(), until);
+                // Resolved again next time: the name may point elsewhere now.
+                self.resolved.lock_unpoisoned().remove(&node.name);
+                ("no-answer", UdpPolled::Http)
+            }
+        };
+        count(&self.counts, outcome);
+        polled
+    }
+
+    async fn resolve(&self, node: &NodeConfig) -> Option<std::net::SocketAddr> {
+        if let Some((text, addr)) = self.resolved.lock_unpoisoned().get(&node.name)
+            && *text == node.collector
+        {
+            return Some(*addr);
+        }
+        let hostport = collector_address(&node.collector).ok()?;
+        let addr = match hostport.parse() {
+            Ok(a) => a,
+            Err(_) => tokio::net::lookup_host(hostport.as_str())
+                .await
+                .ok()?
+                .next()?,
+        };
+        self.resolved
+            .lock_unpoisoned()
+            .insert(node.name.clone(), (node.collector.clone(), addr));
+        Some(addr)
+    }
+}
+
+impl Drop for UdpPoll {
+    fn drop(&mut self) {
+        for r in &self.receivers {
+            r.abort();
+        }
+    }
+}
+
+/// Hands each answer to the request waiting for its nonce; anything else is counted and dropped.
+async fn receive(
+    socket: Arc<tokio::net::UdpSocket>,
+    waiting: Arc<std::sync::Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Vec<u8>>>>>,
+    counts: UdpCounts,
+) {
+    // One byte over the largest answer, so an oversized datagram is seen as such.
+    let mut buf = vec![0u8; crate::report::poll::MAX_REPORT + 13];
+    loop {
+        let n = match socket.recv_from(&mut buf).await {
+            Ok((n, _)) => n,
+            Err(_) => {
+                // An ICMP error from an earlier send (a node that is down): nothing to read.
+                tokio::task::yield_now().await;
+                continue;
+            }
+        };
+        let d = &buf[..n];
+        let waiter = match crate::report::poll::read_answer(d) {
+            Some((nonce, _)) if n < buf.len() => waiting.lock_unpoisoned().remove(&nonce),
+            _ => None,
+        };
+        match waiter {
+            Some(tx) => {
+                let _ = tx.send(d.to_vec());
+            }
+            None => count(&counts, "stray"),
+        }
+    }
+}
+
 /// Liveness probes sent at once, at most.
 pub const PROBES_IN_FLIGHT: usize = 256;
 
 /// The daemon's three conversations with the collectors, each with its own deadline: the report
 /// poll, live repairs, and the fencer's liveness probe.
 pub struct Links {
+    /// The poll over UDP, tried first when the daemon has it on.
+    pub udp: Option<Arc<UdpPoll>>,
     pub poll: std::sync::Arc<dyn CollectorLink>,
     pub repair: std::sync::Arc<dyn CollectorLink>,
     pub probe: std::sync::Arc<dyn CollectorLink>,
@@ -168,6 +401,7 @@ impl Links {
         let conns = Arc::new(KeptClient::new(keep, connections));
         let link = |t| Arc::new(HttpLink::new(conns.clone(), key.clone(), t)) as Arc<_>;
         Links {
+            udp: None,
             poll: link(poll_timeout),
             repair: link(Duration::from_secs(10)),
             probe: link(probe_max),
@@ -178,6 +412,7 @@ impl Links {
     #[cfg(test)]
     pub fn same(link: std::sync::Arc<dyn CollectorLink>) -> Links {
         Links {
+            udp: None,
             poll: link.clone(),
             repair: link.clone(),
             probe: link,

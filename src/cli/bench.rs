@@ -100,9 +100,21 @@ pub async fn sim_collectors(
         }
         c.set_diagnosis(d);
         let l = tokio::net::TcpListener::bind((addr, 0)).await?;
-        ports.push(l.local_addr()?.port());
+        let port = l.local_addr()?.port();
+        ports.push(port);
         let app = c.router();
         tokio::spawn(async move { axum::serve(l, app).await });
+        // The UDP poll on the same port, as a collector's heartbeat socket answers it.
+        let udp = tokio::net::UdpSocket::bind((addr, port)).await?;
+        let answers = crate::collector::poll::PollAnswers::new(c);
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            while let Ok((n, from)) = udp.recv_from(&mut buf).await {
+                if let Some(a) = answers.answer(&buf[..n], crate::report::now_ns()) {
+                    let _ = udp.send_to(&a, from).await;
+                }
+            }
+        });
     }
     println!("{}", serde_json::to_string(&ports)?);
     std::io::stdout().flush()?;
@@ -182,7 +194,12 @@ async fn simulators(
     Ok((children, ports))
 }
 
-pub async fn poll(sizes: &[usize], cycles: usize, connections: usize) -> Result<(), BenchError> {
+pub async fn poll(
+    sizes: &[usize],
+    cycles: usize,
+    connections: usize,
+    udp: bool,
+) -> Result<(), BenchError> {
     raise_fd_limit();
     let dir = tempfile::tempdir()?;
     let key_file = dir.path().join("cluster.key");
@@ -243,7 +260,15 @@ pub async fn poll(sizes: &[usize], cycles: usize, connections: usize) -> Result<
         )
         .poll;
         let shared = crate::parts::Shared::standalone(store.clone(), members, metrics);
-        let poller = Poller::new(settings, link, key.clone(), &shared)?;
+        let udp = match udp {
+            true => Some(Arc::new(crate::link::UdpPoll::bind(
+                key.clone(),
+                crate::link::udp_patience(Duration::from_secs(2)),
+                Default::default(),
+            )?)),
+            false => None,
+        };
+        let poller = Poller::new(settings, link, key.clone(), &shared)?.with_udp(udp);
 
         let t = Instant::now();
         poller.poll_all().await;

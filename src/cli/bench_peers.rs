@@ -123,7 +123,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
         let set: PeerSet = live_sets.get(&n.name).cloned().unwrap_or_default();
         p.install(set)?;
         all.push(p.clone());
-        tokio::spawn(p.run(socket));
+        tokio::spawn(p.run(socket, None));
     }
     // Let every node hear its peers, then measure.
     tokio::time::sleep(Duration::from_secs(2)).await;

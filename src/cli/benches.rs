@@ -17,6 +17,9 @@ pub enum BenchCmd {
         /// Descriptors the poll may hold (daemon.poll-connections).
         #[arg(long, default_value_t = 4096)]
         connections: usize,
+        /// Poll over HTTP only (daemon.poll-udp = false).
+        #[arg(long)]
+        tcp: bool,
     },
     /// Admission of evacuation candidates (capacity, PDBs, cap) over a synthetic cluster.
     Plan {
@@ -76,8 +79,9 @@ pub async fn run(cmd: &BenchCmd) -> Result<(), bench::BenchError> {
             nodes,
             cycles,
             connections,
+            tcp,
         } => {
-            bench::poll(nodes, *cycles, *connections).await?;
+            bench::poll(nodes, *cycles, *connections, !*tcp).await?;
         }
         BenchCmd::Plan {
             nodes,

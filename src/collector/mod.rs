@@ -30,6 +30,7 @@ use crate::sync::{LockExt, RwLockExt};
 mod diagnose;
 mod journal;
 pub mod peers;
+pub mod poll;
 mod probe;
 pub mod watchdog;
 
@@ -422,7 +423,11 @@ pub async fn run(
         collector
             .peers
             .clone()
-            .run(heartbeat_socket)
+            .run(
+                heartbeat_socket,
+                ccfg.poll_udp
+                    .then(|| Arc::new(poll::PollAnswers::new(collector.clone()))),
+            )
             .instrument(info_span!("heartbeats")),
     );
     info!(node = %node, listen = %ccfg.listen, diagnose = %ccfg.diagnose, state_dir = %ccfg.state_dir.display(), "collector started");

@@ -402,7 +402,12 @@ impl Peers {
     }
 
     /// Sends heartbeats every interval and receives them, until the task is dropped.
-    pub async fn run(self: Arc<Self>, socket: UdpSocket) {
+    /// Poll requests on the same socket go to `polls` (none are answered without it).
+    pub async fn run(
+        self: Arc<Self>,
+        socket: UdpSocket,
+        polls: Option<Arc<super::poll::PollAnswers>>,
+    ) {
         let socket = Arc::new(socket);
         let rx = {
             let me = self.clone();
@@ -412,6 +417,14 @@ impl Peers {
                 let mut buf = vec![0u8; MAX_HEARTBEAT_BYTES + 1];
                 loop {
                     match socket.recv_from(&mut buf).await {
+                        Ok((n, from)) if crate::report::poll::is_request(&buf[..n]) => {
+                            let answer = polls.as_ref().and_then(|p| p.answer(&buf[..n], now_ns()));
+                            if let Some(a) = answer
+                                && let Err(e) = socket.send_to(&a, from).await
+                            {
+                                debug!(error = %e, "poll answer not sent");
+                            }
+                        }
                         Ok((n, _)) => me.receive(&buf[..n], now_ns(), crate::clock::mono_ns()),
                         Err(e) => {
                             debug!(error = %e, "heartbeat socket");

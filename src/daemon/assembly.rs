@@ -97,7 +97,7 @@ pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembl
         agents,
         key,
     } = deps;
-    let poller = Poller::new(settings.poll, links.poll, key.clone(), &shared)?;
+    let poller = Poller::new(settings.poll, links.poll, key.clone(), &shared)?.with_udp(links.udp);
     let repairs = LiveRepairs::new(
         links.repair,
         settings.repair_timeout,

@@ -226,13 +226,16 @@ async fn run_with<C: Cluster>(
             members: Arc::new(crate::members::Members::new(nodes)),
             watch,
         },
-        links: Links::http(
-            &key,
-            cfg.daemon.poll_timeout,
-            cfg.fencing.liveness_timeout_max,
-            cfg.daemon.poll_connections,
-            cfg.daemon.poll_concurrency,
-        ),
+        links: Links {
+            udp: udp_poll(cfg, &key, &mut registry)?,
+            ..Links::http(
+                &key,
+                cfg.daemon.poll_timeout,
+                cfg.fencing.liveness_timeout_max,
+                cfg.daemon.poll_connections,
+                cfg.daemon.poll_concurrency,
+            )
+        },
         agents,
         key: key.clone(),
     };
@@ -268,6 +271,31 @@ async fn run_with<C: Cluster>(
     let result = served(server.await);
     info!("daemon stopped");
     result
+}
+
+/// The poll over UDP, with its counts registered, when `daemon.poll-udp` is on.
+fn udp_poll(
+    cfg: &Config,
+    key: &Key,
+    registry: &mut Registry,
+) -> Result<Option<Arc<crate::link::UdpPoll>>, DaemonError> {
+    if !cfg.daemon.poll_udp {
+        return Ok(None);
+    }
+    let counts = crate::link::UdpCounts::default();
+    registry.register(
+        "maintd_poll_udp",
+        "Report polls over UDP by outcome: answered, too-large and no-answer (then asked over HTTP), http-only (a collector that answers only over HTTP, for a minute), stray (an answer no request waited for)",
+        counts.clone(),
+    );
+    let patience = crate::link::udp_patience(cfg.daemon.poll_timeout);
+    let udp = crate::link::UdpPoll::bind(key.clone(), patience, counts).map_err(|e| {
+        DaemonError::Listen(std::io::Error::new(
+            e.kind(),
+            format!("the UDP poll socket: {e}"),
+        ))
+    })?;
+    Ok(Some(Arc::new(udp)))
 }
 
 fn served(

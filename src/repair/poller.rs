@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
-use crate::link::{Answer, CollectorLink, LinkError};
+use crate::link::{Answer, CollectorLink, LinkError, UdpPoll, UdpPolled};
 use crate::node::NodeConfig;
 use crate::repair::{Observation, Observations};
 use crate::report::{Envelope, Key, ReportError, VerifyRules};
@@ -34,6 +34,8 @@ pub const REPORT_PATH: &str = "/1/report/diagnose";
 
 pub struct Poller {
     link: Arc<dyn CollectorLink>,
+    /// The poll over UDP, asked before `link` when the daemon has it.
+    udp: Option<Arc<UdpPoll>>,
     key: Key,
     members: Arc<Members>,
     rules: VerifyRules,
@@ -116,6 +118,7 @@ impl Poller {
         let seqs = shared.store.last_seqs()?;
         Ok(Poller {
             link,
+            udp: None,
             key,
             members: shared.members.clone(),
             rules,
@@ -129,6 +132,12 @@ impl Poller {
             persisted: Default::default(),
             clock: shared.clock.clone(),
         })
+    }
+
+    /// Polls over UDP first, where `udp` is given.
+    pub fn with_udp(mut self, udp: Option<Arc<UdpPoll>>) -> Poller {
+        self.udp = udp;
+        self
     }
 
     /// The names of the nodes polled now.
@@ -227,19 +236,30 @@ impl Poller {
         obs
     }
 
+    /// Asks over UDP first where the daemon has it, else (or when that brings no report) over
+    /// HTTP.
+    async fn fetch(&self, t: &NodeConfig) -> Result<Answer, LinkError> {
+        if let Some(u) = &self.udp
+            && let UdpPolled::Report(body) = u.ask(t).await
+        {
+            let status = reqwest::StatusCode::OK;
+            return Ok(Answer { status, body });
+        }
+        self.link.get(t, REPORT_PATH, self.rules.max_bytes).await
+    }
+
     async fn poll_one(&self, t: &NodeConfig) -> Polled {
-        let Answer { status, body } =
-            match self.link.get(t, REPORT_PATH, self.rules.max_bytes).await {
-                Ok(a) => a,
-                Err(LinkError::TooLarge { cap }) => {
-                    return self.reject(t, ReportError::TooLarge { size: cap + 1, cap });
-                }
-                Err(e) => {
-                    debug!(node = %t.name, error = %e, "collector did not answer");
-                    self.metrics.polls_failed.inc();
-                    return Polled::Down(e.to_string());
-                }
-            };
+        let Answer { status, body } = match self.fetch(t).await {
+            Ok(a) => a,
+            Err(LinkError::TooLarge { cap }) => {
+                return self.reject(t, ReportError::TooLarge { size: cap + 1, cap });
+            }
+            Err(e) => {
+                debug!(node = %t.name, error = %e, "collector did not answer");
+                self.metrics.polls_failed.inc();
+                return Polled::Down(e.to_string());
+            }
+        };
         if !status.is_success() {
             return Polled::NoReport(crate::http::error_message(status, &body));
         }

@@ -5,6 +5,7 @@
 pub mod heartbeat;
 mod key;
 pub mod live;
+pub mod poll;
 mod request;
 
 pub use key::{Key, KeyError};

@@ -1,0 +1,221 @@
+//! The collector's side of the report poll over UDP: a signed request on the heartbeat socket is
+//! answered with the signed report in one datagram (or a note that it does not fit); anything
+//! else gets no answer, and is counted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tracing::debug;
+
+use super::Collector;
+use crate::http::RefusalLabel;
+use crate::report::poll::{self, PollError};
+use crate::sync::LockExt;
+
+/// Poll requests remembered within the window: a daemon and its standbys send a few per
+/// interval, so this is far above what they need, and it bounds what a flood can hold.
+const REMEMBERED: usize = 4096;
+
+/// Answers poll requests for one collector.
+pub struct PollAnswers {
+    collector: Arc<Collector>,
+    window_s: i64,
+    /// Nonces answered within the window, with their request's timestamp.
+    seen: Mutex<HashMap<u64, i64>>,
+}
+
+impl PollAnswers {
+    pub fn new(collector: Arc<Collector>) -> PollAnswers {
+        let window_s = collector.cfg.request_window.as_secs() as i64;
+        PollAnswers {
+            collector,
+            window_s,
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The answer to datagram `d` received at `now`, if it is a genuine, fresh poll request and
+    /// a diagnose has finished.
+    pub fn answer(&self, d: &[u8], now: i64) -> Option<Vec<u8>> {
+        let c = &self.collector;
+        let asked = poll::verify_request(&c.key, &c.node, d, now, self.window_s)
+            .and_then(|a| self.first_time(a, now).map(|()| a));
+        let asked = match asked {
+            Ok(a) => a,
+            Err(e) => {
+                debug!(reason = %e, "poll request refused");
+                c.refused
+                    .get_or_create(&RefusalLabel {
+                        reason: refusal_label(&e),
+                    })
+                    .inc();
+                return None;
+            }
+        };
+        let report = serde_json::to_vec(&c.signed_report()?).ok()?;
+        Some(poll::answer(asked.nonce, &report))
+    }
+
+    /// Remembers a request's nonce, refusing one seen within the window (a copy played back
+    /// would make this node send its report again).
+    fn first_time(&self, a: poll::Asked, now: i64) -> Result<(), PollError> {
+        let mut seen = self.seen.lock_unpoisoned();
+        let window_ns = self.window_s.saturating_mul(1_000_000_000);
+        if seen.len() >= REMEMBERED {
+            seen.retain(|_, ts| now.saturating_sub(*ts) <= window_ns);
+        }
+        if seen.len() >= REMEMBERED {
+            // Only signed requests get here: the daemon's own, far too many. Refused until
+            // the window moves on, rather than forgetting one that could then be replayed.
+            return Err(PollError::Replay);
+        }
+        match seen.insert(a.nonce, a.ts) {
+            Some(_) => Err(PollError::Replay),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The collector's refusal counter's reasons, as its signed HTTP requests use them.
+fn refusal_label(e: &PollError) -> &'static str {
+    match e {
+        PollError::Shape => "malformed",
+        PollError::WrongNode(_) | PollError::Signature => "forged",
+        PollError::Stale { .. } => "stale",
+        PollError::Replay => "replayed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collector::diagnose::Diagnosis;
+    use crate::link::{UdpCounts, UdpOutcome, UdpPoll, UdpPolled};
+    use crate::node::NodeConfig;
+    use crate::report::{Envelope, Key, VerifyRules, now_ns};
+    use crate::verdict::Verdict;
+    use std::time::Duration;
+
+    fn refused(c: &Collector, reason: &'static str) -> u64 {
+        c.refused.get_or_create(&RefusalLabel { reason }).get()
+    }
+
+    /// A collector answering polls on a real UDP socket, as its heartbeat socket does.
+    async fn serving(key: &Key, details: &str) -> (Arc<Collector>, NodeConfig, tempfile::TempDir) {
+        let (c, state) = crate::collector::tests::collector(key);
+        let verdict = format!(r#"{{"status":"evacuate","details":{details}}}"#);
+        c.set_diagnosis(Diagnosis {
+            verdict: Verdict::parse_bytes(verdict.as_bytes()).unwrap(),
+            error: None,
+            at: now_ns(),
+        });
+        let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let node = NodeConfig {
+            name: "n1".into(),
+            collector: udp.local_addr().unwrap().to_string(),
+        };
+        let answers = PollAnswers::new(c.clone());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            while let Ok((n, from)) = udp.recv_from(&mut buf).await {
+                if let Some(a) = answers.answer(&buf[..n], now_ns()) {
+                    udp.send_to(&a, from).await.unwrap();
+                }
+            }
+        });
+        (c, node, state)
+    }
+
+    fn outcome(counts: &UdpCounts, outcome: &'static str) -> u64 {
+        counts.get_or_create(&UdpOutcome { outcome }).get()
+    }
+
+    #[tokio::test]
+    async fn a_signed_poll_brings_back_a_report_that_verifies() {
+        let key = Key::from_bytes(vec![3; 32]);
+        let (_c, node, _state) = serving(&key, r#"{"disk":"sda"}"#).await;
+        let counts = UdpCounts::default();
+        let udp = UdpPoll::bind(key.clone(), Duration::from_secs(5), counts.clone()).unwrap();
+        let rules = VerifyRules {
+            window_s: 30,
+            max_bytes: 1 << 20,
+        };
+        let mut last = None;
+        for _ in 0..3 {
+            let UdpPolled::Report(body) = udp.ask(&node).await else {
+                panic!("no report over UDP");
+            };
+            let r = Envelope::verify(&body, &key, "n1", last, now_ns(), rules).unwrap();
+            assert!(r.envelope.data.as_str().contains("sda"));
+            last = Some(r.envelope.seq);
+        }
+        assert_eq!(outcome(&counts, "answered"), 3);
+    }
+
+    #[tokio::test]
+    async fn a_report_too_large_for_a_datagram_is_asked_over_http() {
+        let key = Key::from_bytes(vec![3; 32]);
+        let big = format!(r#"{{"log":"{}"}}"#, "x".repeat(poll::MAX_REPORT));
+        let (_c, node, _state) = serving(&key, &big).await;
+        let counts = UdpCounts::default();
+        let udp = UdpPoll::bind(key, Duration::from_secs(5), counts.clone()).unwrap();
+        assert_eq!(udp.ask(&node).await, UdpPolled::Http);
+        assert_eq!(outcome(&counts, "too-large"), 1);
+    }
+
+    #[tokio::test]
+    async fn forged_stale_replayed_and_foreign_requests_get_no_answer_and_are_counted() {
+        let key = Key::from_bytes(vec![3; 32]);
+        let (c, node, _state) = serving(&key, "{}").await;
+        let a = PollAnswers::new(c.clone());
+        let now = now_ns();
+        let genuine = poll::request(&key, "n1", 7, now);
+        assert!(a.answer(&genuine, now).is_some());
+        assert!(a.answer(&genuine, now).is_none(), "a copy played back");
+        assert_eq!(refused(&c, "replayed"), 1);
+        let other_key = Key::from_bytes(vec![4; 32]);
+        assert!(
+            a.answer(&poll::request(&other_key, "n1", 8, now), now)
+                .is_none()
+        );
+        assert!(a.answer(&poll::request(&key, "n2", 9, now), now).is_none());
+        assert_eq!(refused(&c, "forged"), 2);
+        let old = now - 120 * 1_000_000_000;
+        assert!(a.answer(&poll::request(&key, "n1", 10, old), now).is_none());
+        assert_eq!(refused(&c, "stale"), 1);
+        assert!(a.answer(b"MDP1 not a request", now).is_none());
+        assert_eq!(refused(&c, "malformed"), 1);
+        // Over the wire: a collector that answers nothing leaves the poll to HTTP.
+        let key_elsewhere = Key::from_bytes(vec![5; 32]);
+        let counts = UdpCounts::default();
+        let udp = UdpPoll::bind(key_elsewhere, Duration::from_millis(300), counts.clone()).unwrap();
+        assert_eq!(udp.ask(&node).await, UdpPolled::Http);
+        assert_eq!(outcome(&counts, "no-answer"), 1);
+        // Then it is asked over HTTP only for a while.
+        assert_eq!(udp.ask(&node).await, UdpPolled::Http);
+        assert_eq!(outcome(&counts, "http-only"), 1);
+    }
+
+    #[tokio::test]
+    async fn answers_no_request_waits_for_are_dropped_and_counted() {
+        let key = Key::from_bytes(vec![3; 32]);
+        let counts = UdpCounts::default();
+        let udp = UdpPoll::bind(key, Duration::from_millis(300), counts.clone()).unwrap();
+        // A peer that answers with another nonce (a late copy, or a guess).
+        let peer = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let node = NodeConfig {
+            name: "n1".into(),
+            collector: peer.local_addr().unwrap().to_string(),
+        };
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            while let Ok((_, from)) = peer.recv_from(&mut buf).await {
+                peer.send_to(&poll::answer(12345, b"{}"), from)
+                    .await
+                    .unwrap();
+            }
+        });
+        assert_eq!(udp.ask(&node).await, UdpPolled::Http);
+        assert_eq!(outcome(&counts, "stray"), 1);
+    }
+}
