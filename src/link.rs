@@ -170,7 +170,7 @@ pub struct UdpPoll {
 /// The receive buffer asked for (the kernel may give less).
 const RECEIVE_BUFFER: usize = 4 << 20;
 
-/// What became of UDP polls: `answered`, `too-large` and `no-answer` (both then asked over
+/// What became of UDP polls: `answered`, `ask-http` and `no-answer` (both then asked over
 /// HTTP), `http-only` (not asked over UDP for now), and `stray` (an answer that matched no
 /// waiting request: late, duplicated or forged; dropped).
 pub type UdpCounts = prometheus_client::metrics::family::Family<
@@ -297,7 +297,7 @@ impl UdpPoll {
             Some((_, crate::report::poll::Answer::Report(r))) => {
                 ("answered", UdpPolled::Report(r.to_vec()))
             }
-            Some((_, crate::report::poll::Answer::TooLarge)) => ("too-large", UdpPolled::Http),
+            Some((_, crate::report::poll::Answer::AskHttp)) => ("ask-http", UdpPolled::Http),
             None => {
                 let until = std::time::Instant::now() + HTTP_ONLY_FOR;
                 self.http_only

@@ -439,3 +439,50 @@ async fn a_cancel_while_the_power_off_runs_is_refused_and_the_off_completes() {
     assert_eq!(f["canceled"], false);
     assert!(f["fenced-at"].is_i64());
 }
+
+/// The value of `series` in a Prometheus text exposition (0 when absent).
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Reports come over UDP from collectors that answer it, and over HTTP from those that do not
+/// (`collector.poll-udp = false` here), which are then asked over HTTP only: either way every
+/// node's reports arrive, and the counts say which way they came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_come_over_udp_and_over_http_from_a_collector_without_it() {
+    for udp in [true, false] {
+        let mut c = Cluster::new(2);
+        if !udp {
+            c.extra_collector_toml = "poll-udp = false\n".into();
+        }
+        c.start().await;
+        let count = |m: &str, outcome: &str| {
+            sample(
+                m,
+                &format!("maintd_poll_udp_total{{outcome=\"{outcome}\"}}"),
+            )
+        };
+        if udp {
+            // Two cycles' reports from both nodes, over UDP.
+            wait_for("four reports over UDP", || async {
+                let m = c.metrics().await;
+                (count(&m, "answered") >= 4.0).then_some(())
+            })
+            .await;
+        } else {
+            let m = wait_for("six reports", || async {
+                let m = c.metrics().await;
+                (sample(&m, "maintd_reports_accepted_total") >= 6.0).then_some(m)
+            })
+            .await;
+            assert_eq!(count(&m, "answered"), 0.0, "{m}");
+            assert!(count(&m, "no-answer") >= 2.0, "{m}");
+            assert!(
+                count(&m, "http-only") >= 2.0,
+                "the poll stops waiting for UDP: {m}"
+            );
+        }
+    }
+}

@@ -34,8 +34,7 @@ impl PollAnswers {
         }
     }
 
-    /// The answer to datagram `d` received at `now`, if it is a genuine, fresh poll request and
-    /// a diagnose has finished.
+    /// The answer to datagram `d` received at `now`, if it is a genuine, fresh poll request.
     pub fn answer(&self, d: &[u8], now: i64) -> Option<Vec<u8>> {
         let c = &self.collector;
         let asked = poll::verify_request(&c.key, &c.node, d, now, self.window_s)
@@ -52,8 +51,10 @@ impl PollAnswers {
                 return None;
             }
         };
-        let report = serde_json::to_vec(&c.signed_report()?).ok()?;
-        Some(poll::answer(asked.nonce, &report))
+        // Without a report yet, the daemon is told to ask over HTTP, which says why; no answer
+        // at all would have it take this collector for one that does not poll over UDP.
+        let report = c.signed_report().and_then(|r| serde_json::to_vec(&r).ok());
+        Some(poll::answer(asked.nonce, report.as_deref()))
     }
 
     /// Remembers a request's nonce, refusing one seen within the window (a copy played back
@@ -160,7 +161,7 @@ mod tests {
         let counts = UdpCounts::default();
         let udp = UdpPoll::bind(key, Duration::from_secs(5), counts.clone()).unwrap();
         assert_eq!(udp.ask(&node).await, UdpPolled::Http);
-        assert_eq!(outcome(&counts, "too-large"), 1);
+        assert_eq!(outcome(&counts, "ask-http"), 1);
     }
 
     #[tokio::test]
@@ -210,7 +211,7 @@ mod tests {
         tokio::spawn(async move {
             let mut buf = vec![0u8; 2048];
             while let Ok((_, from)) = peer.recv_from(&mut buf).await {
-                peer.send_to(&poll::answer(12345, b"{}"), from)
+                peer.send_to(&poll::answer(12345, Some(b"{}")), from)
                     .await
                     .unwrap();
             }

@@ -285,7 +285,7 @@ fn udp_poll(
     let counts = crate::link::UdpCounts::default();
     registry.register(
         "maintd_poll_udp",
-        "Report polls over UDP by outcome: answered, too-large and no-answer (then asked over HTTP), http-only (a collector that answers only over HTTP, for a minute), stray (an answer no request waited for)",
+        "Report polls over UDP by outcome: answered, ask-http (no report yet, or too large for a datagram) and no-answer (both then asked over HTTP), http-only (a collector that answers only over HTTP, for a minute), stray (an answer no request waited for)",
         counts.clone(),
     );
     let patience = crate::link::udp_patience(cfg.daemon.poll_timeout);

@@ -14,7 +14,7 @@ use super::Key;
 const POLL_DOMAIN: &[u8] = b"maintd-poll-v1\n";
 const REQUEST: &[u8; 4] = b"MDP1";
 const REPORT: &[u8; 4] = b"MDR1";
-const TOO_LARGE: &[u8; 4] = b"MDT1";
+const ASK_HTTP: &[u8; 4] = b"MDH1";
 /// Magic, nonce, timestamp, name length, name (up to 255 bytes), hex signature.
 pub const MAX_REQUEST: usize = 4 + 8 + 8 + 1 + 255 + 64;
 /// The largest report sent in one datagram: with the headers it stays within an Ethernet
@@ -113,12 +113,14 @@ pub fn verify_request(
     Ok(Asked { nonce, ts })
 }
 
-/// The answer to a request with `nonce`: the signed report's JSON if it fits in one datagram,
-/// else a note that it does not (the daemon then asks over HTTP).
-pub fn answer(nonce: u64, report: &[u8]) -> Vec<u8> {
-    let fits = report.len() <= MAX_REPORT;
+/// The answer to a request with `nonce`: the signed report's JSON if there is one and it fits
+/// in one datagram, else a note to ask over HTTP (which says why there is no report yet, or
+/// carries one too large for a datagram).
+pub fn answer(nonce: u64, report: Option<&[u8]>) -> Vec<u8> {
+    let report = report.unwrap_or_default();
+    let fits = !report.is_empty() && report.len() <= MAX_REPORT;
     let mut out = Vec::with_capacity(12 + if fits { report.len() } else { 0 });
-    out.extend_from_slice(if fits { REPORT } else { TOO_LARGE });
+    out.extend_from_slice(if fits { REPORT } else { ASK_HTTP });
     out.extend_from_slice(&nonce.to_be_bytes());
     if fits {
         out.extend_from_slice(report);
@@ -131,8 +133,8 @@ pub fn answer(nonce: u64, report: &[u8]) -> Vec<u8> {
 pub enum Answer<'a> {
     /// The signed report's JSON, still to be verified.
     Report(&'a [u8]),
-    /// The report does not fit in a datagram.
-    TooLarge,
+    /// Ask over HTTP: no report yet, or one that does not fit in a datagram.
+    AskHttp,
 }
 
 /// Reads an answer datagram: its nonce and what it says, or `None` if it is not one.
@@ -143,7 +145,7 @@ pub fn read_answer(d: &[u8]) -> Option<(u64, Answer<'_>)> {
     let nonce = u64::from_be_bytes(d[4..12].try_into().expect("8 bytes"));
     match &d[..4] {
         m if m == REPORT => Some((nonce, Answer::Report(&d[12..]))),
-        m if m == TOO_LARGE && d.len() == 12 => Some((nonce, Answer::TooLarge)),
+        m if m == ASK_HTTP && d.len() == 12 => Some((nonce, Answer::AskHttp)),
         _ => None,
     }
 }
@@ -211,16 +213,17 @@ mod tests {
     }
 
     #[test]
-    fn a_report_that_does_not_fit_is_said_so() {
+    fn a_report_that_does_not_fit_or_is_not_ready_is_asked_over_http() {
         let small = br#"{"x":1}"#;
         assert_eq!(
-            read_answer(&answer(9, small)),
+            read_answer(&answer(9, Some(small))),
             Some((9, Answer::Report(&small[..])))
         );
+        assert_eq!(read_answer(&answer(9, None)), Some((9, Answer::AskHttp)));
         let big = vec![b' '; MAX_REPORT + 1];
-        let a = answer(9, &big);
+        let a = answer(9, Some(&big));
         assert_eq!(a.len(), 12);
-        assert_eq!(read_answer(&a), Some((9, Answer::TooLarge)));
+        assert_eq!(read_answer(&a), Some((9, Answer::AskHttp)));
         assert_eq!(read_answer(b"MDR1"), None);
         assert_eq!(read_answer(b"XXXX12345678{}"), None);
     }
