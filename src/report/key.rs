@@ -9,9 +9,10 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// The cluster HMAC key.
+/// The cluster HMAC key, kept as the MAC's keyed state: every signature starts from a copy of
+/// it, so the key's own two hash blocks are computed once, not per message.
 #[derive(Clone)]
-pub struct Key(Vec<u8>);
+pub struct Key(HmacSha256);
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -44,8 +45,12 @@ pub enum KeyError {
 }
 
 impl Key {
+    fn keyed(bytes: &[u8]) -> Key {
+        Key(HmacSha256::new_from_slice(bytes).expect("HMAC takes any key length"))
+    }
+
     pub fn from_bytes(bytes: Vec<u8>) -> Key {
-        Key(bytes)
+        Key::keyed(&bytes)
     }
 
     /// Loads a key file, refusing one that group or others can read or write.
@@ -65,7 +70,7 @@ impl Key {
         if bytes.len() < 16 {
             return Err(KeyError::Format { path: p });
         }
-        Ok(Key(bytes))
+        Ok(Key::keyed(&bytes))
     }
 
     /// Writes a fresh 256-bit key with mode 0600; refuses to overwrite an existing file.
@@ -89,7 +94,7 @@ impl Key {
     }
 
     fn mac(&self, domain: &[u8], parts: &[&[u8]]) -> HmacSha256 {
-        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
+        let mut mac = self.0.clone();
         mac.update(domain);
         for p in parts {
             mac.update(p);
