@@ -160,9 +160,21 @@ impl KeptClient {
                 .to_bytes();
             Ok((status, body.to_vec(), conn))
         };
-        let (status, body, conn) = tokio::time::timeout(timeout, work)
+        let done = tokio::time::timeout(timeout, work)
             .await
-            .map_err(|_| GetError::Timeout(timeout))??;
+            .map_err(|_| GetError::Timeout(timeout))
+            .and_then(|r| r);
+        let (status, body, conn) = match done {
+            Ok(d) => d,
+            Err(e) => {
+                if slot && matches!(e, GetError::Connect { .. } | GetError::Timeout(_)) {
+                    // A peer that cannot be reached (down, or gone from the fleet) gives up its
+                    // place among the kept ones; it is admitted again if there is room.
+                    self.kept.lock_unpoisoned().remove(name);
+                }
+                return Err(e);
+            }
+        };
         if slot && let Some(s) = self.kept.lock_unpoisoned().get_mut(name) {
             *s = Some(conn);
         }
@@ -332,6 +344,10 @@ mod tests {
         let e = client.get("g", at(&gone), "/x", 4).await.unwrap_err();
         assert!(e.is_retryable(), "{e}");
         assert!(e.to_string().contains(&gone), "{e}");
+        assert!(
+            !client.kept.lock_unpoisoned().contains_key("g"),
+            "a peer that cannot be reached gives up its place among the kept"
+        );
         let e = client
             .get(
                 "z",
