@@ -145,7 +145,15 @@ async fn a_dead_node_is_powered_on_after_the_release_and_returns_only_on_its_new
         .iter()
         .find(|x| x.contains("return to service proven"))
         .unwrap();
-    assert!(proof.contains("3 healthy reports"), "{proof}");
+    // At least `return-reports` (3); the fencer may read the count a poll later, on a loaded
+    // machine, so it can be higher (that it returns exactly at 3 is the property test's).
+    let healthy: u32 = proof
+        .split(" healthy reports")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {proof}"));
+    assert!(healthy >= 3, "{proof}");
     // Unschedulable from before the off until the proven return; released exactly once.
     let log = c.hook_log();
     let (offline, release, reclaim, online) = (
