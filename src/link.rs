@@ -153,7 +153,7 @@ pub struct UdpPoll {
     key: Key,
     /// How long an answer is awaited before the poll goes over HTTP.
     patience: Duration,
-    waiting: Arc<std::sync::Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Vec<u8>>>>>,
+    waiting: Waiting,
     http_only: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     /// Each collector's address as resolved, with the text it was resolved from.
     resolved: std::sync::Mutex<HashMap<String, (String, std::net::SocketAddr)>>,
@@ -225,7 +225,7 @@ impl UdpPoll {
         let v6 = bind("[::]:0").ok();
         // Each datagram held costs the buffer about 4 KiB of kernel memory, whatever its size.
         let in_flight = (room / 4096).clamp(16, 1024);
-        let waiting: Arc<std::sync::Mutex<HashMap<u64, _>>> = Default::default();
+        let waiting: Waiting = Default::default();
         let receivers = std::iter::once(&v4)
             .chain(v6.as_ref())
             .map(|s| {
@@ -293,11 +293,9 @@ impl UdpPoll {
             Err(_) => None,
         };
         self.waiting.lock_unpoisoned().remove(&nonce);
-        let (outcome, polled) = match got.as_deref().and_then(crate::report::poll::read_answer) {
-            Some((_, crate::report::poll::Answer::Report(r))) => {
-                ("answered", UdpPolled::Report(r.to_vec()))
-            }
-            Some((_, crate::report::poll::Answer::AskHttp)) => ("ask-http", UdpPolled::Http),
+        let (outcome, polled) = match got {
+            Some(Some(report)) => ("answered", UdpPolled::Report(report)),
+            Some(None) => ("ask-http", UdpPolled::Http),
             None => {
                 let until = std::time::Instant::now() + HTTP_ONLY_FOR;
                 self.http_only
@@ -341,12 +339,12 @@ impl Drop for UdpPoll {
     }
 }
 
+/// The requests awaiting an answer, by nonce: each gets the report's bytes, or `None` to ask
+/// over HTTP.
+type Waiting = Arc<std::sync::Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Option<Vec<u8>>>>>>;
+
 /// Hands each answer to the request waiting for its nonce; anything else is counted and dropped.
-async fn receive(
-    socket: Arc<tokio::net::UdpSocket>,
-    waiting: Arc<std::sync::Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Vec<u8>>>>>,
-    counts: UdpCounts,
-) {
+async fn receive(socket: Arc<tokio::net::UdpSocket>, waiting: Waiting, counts: UdpCounts) {
     // One byte over the largest answer, so an oversized datagram is seen as such.
     let mut buf = vec![0u8; crate::report::poll::MAX_REPORT + 13];
     loop {
@@ -358,14 +356,22 @@ async fn receive(
                 continue;
             }
         };
-        let d = &buf[..n];
-        let waiter = match crate::report::poll::read_answer(d) {
-            Some((nonce, _)) if n < buf.len() => waiting.lock_unpoisoned().remove(&nonce),
+        // Read once here: the waiting request gets the report's bytes (or `None`: ask over
+        // HTTP), copied out of the buffer once.
+        let answer = match crate::report::poll::read_answer(&buf[..n]) {
+            Some((nonce, a)) if n < buf.len() => Some((nonce, a)),
             _ => None,
         };
+        let waiter = answer.and_then(|(nonce, a)| {
+            let tx = waiting.lock_unpoisoned().remove(&nonce)?;
+            Some((tx, a))
+        });
         match waiter {
-            Some(tx) => {
-                let _ = tx.send(d.to_vec());
+            Some((tx, crate::report::poll::Answer::Report(r))) => {
+                let _ = tx.send(Some(r.to_vec()));
+            }
+            Some((tx, crate::report::poll::Answer::AskHttp)) => {
+                let _ = tx.send(None);
             }
             None => count(&counts, "stray"),
         }
