@@ -92,6 +92,7 @@ impl NodeHealth {
             None => m.entry(node.to_string()).or_default(),
         };
         h.healthy_at = healthy.then_some(diagnosed_at);
+        h.diagnosed_at = Some(diagnosed_at);
         h.boot = crate::fencing::machine::observe_report(
             h.boot,
             boot.map(|b| (b.id, b.at)),
@@ -100,7 +101,7 @@ impl NodeHealth {
         );
     }
 
-    /// What one poll cycle heard at `now`, in one lock.
+    /// Which nodes answered the poll cycle at `now` (verified or not), in one lock.
     pub fn heard(&self, updates: &[crate::store::NodeUpdate], now: Nanos) {
         let mut m = self.0.lock_unpoisoned();
         for u in updates.iter().filter(|u| u.answered) {
@@ -109,9 +110,6 @@ impl NodeHealth {
                 None => m.entry(u.name.clone()).or_default(),
             };
             h.answered_at = Some(now);
-            if u.diagnosed_ns.is_some() {
-                h.diagnosed_at = u.diagnosed_ns;
-            }
         }
     }
 
