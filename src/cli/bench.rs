@@ -79,8 +79,12 @@ pub async fn sim_collectors(
     count: usize,
     first: usize,
     addr: std::net::Ipv4Addr,
+    verdict: Option<&str>,
 ) -> Result<(), BenchError> {
     raise_fd_limit();
+    let every = verdict
+        .map(|v| Verdict::parse_bytes(v.as_bytes()))
+        .transpose()?;
     let key_file = std::env::var("MAINTD_KEY_FILE").map_err(|_| BenchError::NoKeyFile)?;
     let key = Key::load(std::path::Path::new(&key_file))?;
     let ok = diagnose(&CollectorConfig::default()).await;
@@ -93,7 +97,9 @@ pub async fn sim_collectors(
         };
         let c = Collector::new(format!("sim{i}"), key.clone(), cfg)?;
         let mut d = ok.clone();
-        if i % 10 == 0 {
+        if let Some(v) = &every {
+            d.verdict = v.clone();
+        } else if i % 10 == 0 {
             d.verdict = Verdict::parse_bytes(
                 format!(r#"{{"status":"evacuate","details":{{"disk":"sd{i}"}}}}"#).as_bytes(),
             )?;
@@ -164,10 +170,11 @@ fn process_figures() -> (usize, f64, u64, u64) {
 /// order. Each simulator serves on a loopback address of its own (127.0.0.2, .3, …): the
 /// ephemeral ports of one address would not hold 20,000 listeners beside the poll's own
 /// connections.
-async fn simulators(
+pub(super) async fn simulators(
     exe: &std::path::Path,
     key_file: &std::path::Path,
     n: usize,
+    verdict: Option<&str>,
 ) -> Result<(Vec<tokio::process::Child>, Vec<String>), BenchError> {
     let mut children = Vec::new();
     let mut ports = Vec::with_capacity(n);
@@ -177,6 +184,7 @@ async fn simulators(
         let mut child = tokio::process::Command::new(exe)
             .args(["bench", "sim-collectors", "--count", &count.to_string()])
             .args(["--first", &first.to_string(), "--addr", &addr])
+            .args(verdict.iter().flat_map(|v| ["--verdict", v]))
             .env("MAINTD_KEY_FILE", key_file)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -230,7 +238,7 @@ pub async fn poll(
         "verified"
     );
     for &n in sizes {
-        let (mut children, ports) = simulators(&exe, &key_file, n).await?;
+        let (mut children, ports) = simulators(&exe, &key_file, n, None).await?;
         let members = Arc::new(Members::new(
             ports
                 .iter()

@@ -13,26 +13,38 @@ use crate::report::Key;
 use crate::store::Store;
 use crate::verdict::Status;
 
-/// Events per node: one waiting, one canceled, the rest completed and acknowledged (history).
-const EVENTS_PER_NODE: usize = 5;
+/// Of every five events (one per node), one waits, one is canceled and three are completed and
+/// acknowledged.
+const STATUS_CYCLE: usize = 5;
 
 /// Watches measured, each answered by one cancel.
 const WATCHES: usize = 20;
+
+/// What every node's event says, and what its collector keeps reporting: a report that
+/// matches the node's event changes nothing, and keeps a finished event from being cleared.
+const WAITING_VERDICT: &str = r#"{"status":"evacuate","details":{"disk":"sd0"}}"#;
 
 pub async fn api(events: usize, clients: &[usize], secs: u64, rate: u32) -> Result<(), BenchError> {
     let dir = tempfile::tempdir()?;
     let key_file = dir.path().join("cluster.key");
     Key::generate(&key_file)?;
     let key = Key::load(&key_file)?;
-    let nodes = events.div_ceil(EVENTS_PER_NODE).max(1);
+    // One event per node: a node's collector reports one verdict, and an event its node no
+    // longer reports is cleared once finished.
+    let nodes = events.max(1);
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state)?;
-    let waiting = fill(&state.join("state.db"), nodes, events)?;
+    let waiting = fill(&state.join("state.db"), events)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
     let base = format!("http://127.0.0.1:{port}");
-    let daemon = start_daemon(dir.path(), &key_file, &state, port, nodes).await?;
+    // Live collectors that report what each node's waiting event says, so the daemon polls
+    // and verifies a whole fleet while the events stay as written.
+    let exe = std::env::current_exe()?;
+    let (_collectors, addrs) =
+        super::bench::simulators(&exe, &key_file, nodes, Some(WAITING_VERDICT)).await?;
+    let daemon = start_daemon(dir.path(), &key_file, &state, port, &addrs).await?;
     let client = reqwest::Client::new();
     if let Err(e) = settle(&client, &base).await {
         let log = std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
@@ -62,7 +74,7 @@ pub async fn api(events: usize, clients: &[usize], secs: u64, rate: u32) -> Resu
         .await?
         .len();
     println!(
-        "API with {events} repair events on {nodes} nodes, {} cores; the daemon polls its (absent) collectors meanwhile",
+        "API with {events} repair events on {nodes} nodes, {} cores; the daemon polls their live collectors meanwhile",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
@@ -79,8 +91,12 @@ pub async fn api(events: usize, clients: &[usize], secs: u64, rate: u32) -> Resu
             r.print(path, &n.to_string());
         }
     }
+    // Each figure on its own: the lists the last readers asked for are still being built when
+    // they stop waiting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let r = fixed_rate(&client, &base, nodes, rate, secs).await;
     r.print("/1/status?node=<random>", &format!("{rate}/s"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let mut delays = watch_delays(&client, &base, &key, &waiting).await?;
     delays.sort_by(f64::total_cmp);
     println!(
@@ -95,19 +111,18 @@ pub async fn api(events: usize, clients: &[usize], secs: u64, rate: u32) -> Resu
 
 /// Writes the events straight into a new state database, before the daemon opens it. Returns
 /// the waiting (noted) events, which a cancel can change.
-fn fill(db: &Path, nodes: usize, events: usize) -> Result<Vec<(String, uuid::Uuid)>, BenchError> {
+fn fill(db: &Path, events: usize) -> Result<Vec<(String, uuid::Uuid)>, BenchError> {
     let store = Store::open(db)?;
     let now = crate::report::now_ns();
     let mut waiting = Vec::new();
     for k in 0..events {
-        let (node, j) = (format!("sim{}", k % nodes), k / nodes);
-        let original =
-            serde_json::json!({"status": "evacuate", "details": {"disk": format!("sd{j}")}});
-        let status = match j {
+        let node = format!("sim{k}");
+        let status = match k % STATUS_CYCLE {
             0 => RepairStatus::Noted,
             1 => RepairStatus::Canceled,
             _ => RepairStatus::Completed,
         };
+        let original: serde_json::Value = serde_json::from_str(WAITING_VERDICT)?;
         let e = Event {
             id: uuid::Uuid::new_v4(),
             node: node.clone(),
@@ -132,14 +147,13 @@ fn fill(db: &Path, nodes: usize, events: usize) -> Result<Vec<(String, uuid::Uui
     Ok(waiting)
 }
 
-/// The daemon, killed when dropped. Its collectors are absent (nothing listens where they
-/// are), so the events stay as written and its poll still runs beside the API.
+/// The daemon, killed when dropped, polling the given collectors.
 async fn start_daemon(
     dir: &Path,
     key_file: &Path,
     state: &Path,
     port: u16,
-    nodes: usize,
+    collectors: &[String],
 ) -> Result<tokio::process::Child, BenchError> {
     let mut toml = format!(
         "[cluster]\nkey-file = \"{}\"\n[daemon]\nlisten = \"127.0.0.1:{port}\"\nstate-dir = \"{}\"\nrepair-dir = \"{}\"\npoll-interval = \"2s\"\n[actions]\nevacuate = false\nevacuate-failover = false\n",
@@ -148,9 +162,9 @@ async fn start_daemon(
         dir.join("repair.d").display(),
     );
     std::fs::create_dir_all(dir.join("repair.d"))?;
-    for i in 0..nodes {
+    for (i, addr) in collectors.iter().enumerate() {
         toml.push_str(&format!(
-            "[[nodes]]\nname = \"sim{i}\"\ncollector = \"127.0.0.1:9\"\n"
+            "[[nodes]]\nname = \"sim{i}\"\ncollector = \"{addr}\"\n"
         ));
     }
     let cfg = dir.join("daemon.toml");

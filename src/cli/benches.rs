@@ -70,6 +70,10 @@ pub enum BenchCmd {
         /// The loopback address to serve on.
         #[arg(long, default_value = "127.0.0.1")]
         addr: std::net::Ipv4Addr,
+        /// The verdict every collector reports (JSON); by default most report Ok and every
+        /// tenth an evacuation.
+        #[arg(long)]
+        verdict: Option<String>,
     },
 }
 
@@ -99,8 +103,13 @@ pub async fn run(cmd: &BenchCmd) -> Result<(), bench::BenchError> {
             secs,
             rate,
         } => bench_api::api(*events, clients, *secs, *rate).await?,
-        BenchCmd::SimCollectors { count, first, addr } => {
-            bench::sim_collectors(*count, *first, *addr).await?;
+        BenchCmd::SimCollectors {
+            count,
+            first,
+            addr,
+            verdict,
+        } => {
+            bench::sim_collectors(*count, *first, *addr, verdict.as_deref()).await?;
         }
     }
     Ok(())

@@ -45,15 +45,43 @@ struct Built {
     json: Arc<[u8]>,
 }
 
+/// Built repair events, with where each node's are among them.
+struct BuiltEvents {
+    all: Vec<Built>,
+    /// A node's positions in `all`, in order: one node's events out of ten thousand are
+    /// picked, not found by comparing every event's node.
+    by_node: HashMap<String, Vec<usize>>,
+}
+
+impl BuiltEvents {
+    fn new(all: Vec<Built>) -> BuiltEvents {
+        let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, b) in all.iter().enumerate() {
+            by_node.entry(b.node.clone()).or_default().push(i);
+        }
+        BuiltEvents { all, by_node }
+    }
+
+    /// Every event, or only `node`'s, in order.
+    fn of<'a>(&'a self, node: Option<&str>) -> impl Iterator<Item = &'a Built> + 'a {
+        let picked = node.map(|n| self.by_node.get(n).map_or(&[][..], Vec::as_slice));
+        let (all, some) = match picked {
+            None => (Some(self.all.iter()), None),
+            Some(ix) => (None, Some(ix.iter().map(|&i| &self.all[i]))),
+        };
+        all.into_iter().flatten().chain(some.into_iter().flatten())
+    }
+}
+
 /// The repair events as last built, and the store's count of event changes they reflect.
 #[derive(Default)]
-pub struct StatusCache(Mutex<Option<(u64, Arc<Vec<Built>>)>>);
+pub struct StatusCache(Mutex<Option<(u64, Arc<BuiltEvents>)>>);
 
 impl StatusCache {
     /// The events, all of them or only `node`'s. One node's are read afresh when the cache
     /// is stale rather than rebuilding it: a watcher of one node sees a change at the cost of
     /// that node's events, not of all of them.
-    fn get(&self, store: &Store, node: Option<&str>) -> Result<Arc<Vec<Built>>, ApiError> {
+    fn get(&self, store: &Store, node: Option<&str>) -> Result<Arc<BuiltEvents>, ApiError> {
         // Read before the rows: a change while building leaves the old count, so the next
         // request builds again.
         let generation = store.changes().now().events;
@@ -70,7 +98,7 @@ impl StatusCache {
         Ok(built)
     }
 
-    fn build(store: &Store, node: Option<&str>) -> Result<Vec<Built>, ApiError> {
+    fn build(store: &Store, node: Option<&str>) -> Result<BuiltEvents, ApiError> {
         let events = store
             .events_with_jobs(node)
             .map_err(|e| db_error(store, e))?;
@@ -88,7 +116,7 @@ impl StatusCache {
                 }
             })
             .collect();
-        Ok(built)
+        Ok(BuiltEvents::new(built))
     }
 }
 
@@ -114,7 +142,7 @@ pub(super) async fn status<C: Cluster>(
 async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, ApiError> {
     let built = s.status_cache.get(&s.store, q.node.as_deref())?;
     let mut items: Vec<Item> = built
-        .iter()
+        .of(q.node.as_deref())
         .filter(|e| q.event_ok(&e.node, e.status, e.action, e.updated))
         .map(|e| Item {
             key: e.key.clone(),
@@ -125,7 +153,7 @@ async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page,
     // Kubernetes another replica may have written them).
     let flows = s
         .flows
-        .active(i64::MAX)
+        .shown(i64::MAX)
         .await
         .map_err(|e| flows_error(s, e))?;
     for f in &flows {

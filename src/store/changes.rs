@@ -90,6 +90,9 @@ impl FlowStore for CountedFlows {
     async fn active(&self, since: Nanos) -> Result<Vec<Flow>> {
         self.inner.active(since).await
     }
+    async fn shown(&self, since: Nanos) -> Result<Vec<Flow>> {
+        self.inner.shown(since).await
+    }
     async fn recent(&self, limit: usize) -> Result<Vec<Flow>> {
         self.inner.recent(limit).await
     }

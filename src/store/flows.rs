@@ -32,7 +32,13 @@ pub trait FlowStore: Send + Sync + 'static {
     /// The flows the fencer decides on: every one not final, and final ones ended at or after
     /// `since`, oldest first.
     async fn active(&self, since: Nanos) -> Result<Vec<Flow>>;
-    /// Up to `limit` flows, newest first.
+    /// What `active` returns, read to be shown: where the store has a reading path of its
+    /// own, the API's reads then neither wait for the fencer's and the engine's nor hold
+    /// them up.
+    async fn shown(&self, since: Nanos) -> Result<Vec<Flow>> {
+        self.active(since).await
+    }
+    /// Up to `limit` flows, newest first, to be shown (read as `shown` is).
     async fn recent(&self, limit: usize) -> Result<Vec<Flow>>;
     async fn get(&self, id: &Uuid) -> Result<Option<Flow>>;
     /// Deletes final flows that ended before `ended_before`; returns how many, so the store
@@ -89,7 +95,10 @@ impl FlowStore for Store {
         self.cancel_flow(id, now)
     }
     async fn active(&self, since: Nanos) -> Result<Vec<Flow>> {
-        self.fence_flows(since)
+        self.fence_flows(&self.conn(), since)
+    }
+    async fn shown(&self, since: Nanos) -> Result<Vec<Flow>> {
+        self.fence_flows(&self.reader(), since)
     }
     async fn recent(&self, limit: usize) -> Result<Vec<Flow>> {
         self.all_flows(limit)
@@ -274,8 +283,7 @@ impl Store {
     }
 
     /// Flows the fencer decides on: every one not final, and final ones ended after `since`.
-    pub fn fence_flows(&self, since: Nanos) -> Result<Vec<Flow>> {
-        let c = self.conn();
+    fn fence_flows(&self, c: &Connection, since: Nanos) -> Result<Vec<Flow>> {
         collect(
             c.prepare_cached(
                 "SELECT data, version FROM fences WHERE status != 'final' OR updated_ns >= ?1 ORDER BY created_ns",
@@ -287,7 +295,7 @@ impl Store {
 
     /// Every flow, newest first, for the API.
     pub fn all_flows(&self, limit: usize) -> Result<Vec<Flow>> {
-        let c = self.conn();
+        let c = self.reader();
         collect(
             c.prepare_cached("SELECT data, version FROM fences ORDER BY created_ns DESC LIMIT ?1")?,
             [limit as i64],

@@ -141,6 +141,12 @@ pub async fn suite(store: &dyn FlowStore) {
         [a.id, b.id, c.id]
     );
     assert_eq!(ids(store.active(t0 + 11 * S).await.unwrap()), [a.id, c.id]);
+    // What the API shows is what the fencer reads, whichever path it takes.
+    assert_eq!(
+        ids(store.shown(t0 + 10 * S).await.unwrap()),
+        [a.id, b.id, c.id]
+    );
+    assert_eq!(ids(store.shown(t0 + 11 * S).await.unwrap()), [a.id, c.id]);
     assert_eq!(ids(store.recent(2).await.unwrap()), [c.id, b.id]);
 
     // Pruning deletes final flows ended before the given time, and only those.
