@@ -7,6 +7,7 @@ mod bench_peers;
 mod benches;
 mod client;
 mod fences;
+mod manual;
 mod show;
 use client::*;
 pub use fences::{FencesCmd, FencingCmd};
@@ -131,6 +132,11 @@ pub enum Command {
         #[arg(long, required = true)]
         once: bool,
     },
+    /// Print the shell completion script (bash, zsh, fish, elvish or powershell), e.g.
+    /// `maintd completions bash > /usr/share/bash-completion/completions/maintd`.
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages (maintd.1 and one per subcommand) into a directory.
+    Manpages { dir: PathBuf },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -213,6 +219,12 @@ pub enum CliError {
     Collector(#[from] crate::collector::CollectorError),
     #[error(transparent)]
     Bench(#[from] bench::BenchError),
+    #[error("cannot write the man pages into {dir}: {source}")]
+    Manpages {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("job {dir}: {source}")]
     RunJob {
         dir: String,
@@ -384,6 +396,16 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
         Command::Fencing { cmd } => fences::fencing(&cli, cmd).await?,
         Command::Drill { node, wait, api } => return fences::drill(&cli, node, *wait, api).await,
         Command::Drills { json, api } => fences::drills(*json, api).await?,
+        Command::Completions { shell } => manual::completions(*shell, &mut std::io::stdout()),
+        Command::Manpages { dir } => {
+            let pages = manual::man_pages(dir).map_err(|source| CliError::Manpages {
+                dir: dir.display().to_string(),
+                source,
+            })?;
+            for p in pages {
+                println!("{}", p.display());
+            }
+        }
         Command::Crd => {
             print!("{}", crate::cluster::kube::nodefence::crd_yaml());
         }
