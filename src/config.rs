@@ -409,21 +409,23 @@ mod tests {
         assert_eq!(explicit.kubernetes.leader_election.namespace(), "ops");
     }
 
-    /// The `toml` block after the README heading `heading`.
-    fn readme_block(heading: &str) -> &'static str {
-        let readme = include_str!("../README.md");
-        let at = readme.find(heading).expect("the heading is in the README");
-        let rest = &readme[at..];
+    /// The `toml` block after the heading `heading` of the configuration reference.
+    fn reference_block(heading: &str) -> &'static str {
+        let doc = include_str!("../docs/configuration.md");
+        let at = doc
+            .find(heading)
+            .expect("the heading is in docs/configuration.md");
+        let rest = &doc[at..];
         let start = rest.find("```toml\n").expect("a toml block") + "```toml\n".len();
         let len = rest[start..].find("```").expect("the block ends");
         &rest[start..start + len]
     }
 
-    /// The README's configuration reference is what the parser reads, and every value it shows
+    /// The configuration reference is what the parser reads, and every value it shows
     /// is the embedded default (unknown keys are errors, so a stale or misspelt key fails too).
     #[test]
-    fn the_readmes_configuration_reference_is_the_parsers_defaults() {
-        let text = readme_block("\n## Configuration\n");
+    fn the_configuration_reference_is_the_parsers_defaults() {
+        let text = reference_block("\n## Daemon, collector and inventory\n");
         let c = Config::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         let d = Config::default();
         assert_eq!(c.cluster, d.cluster);
@@ -453,10 +455,10 @@ mod tests {
 
     /// And the reference lists every key the parser knows, section by section.
     #[test]
-    fn the_readmes_configuration_reference_lists_every_key() {
-        let reference = readme_block("\n## Configuration\n");
-        let fencing = readme_block("\n### Configuration\n```toml\n[fencing]");
-        let kubernetes = readme_block("\n## Kubernetes backend\n");
+    fn the_configuration_reference_lists_every_key() {
+        let reference = reference_block("\n## Daemon, collector and inventory\n");
+        let fencing = reference_block("\n## Fencing\n");
+        let kubernetes = reference_block("\n## Kubernetes\n");
         for (section, text) in [
             ("cluster", reference),
             ("daemon", reference),
@@ -484,7 +486,7 @@ mod tests {
                             || l.starts_with(&format!("[[{f}"))
                             || l.starts_with(&format!("[[{section}.{f}"))
                     });
-                assert!(listed, "[{section}] {f} is not in the README's reference");
+                assert!(listed, "[{section}] {f} is not in docs/configuration.md");
             }
         }
     }
@@ -492,8 +494,8 @@ mod tests {
     /// The same for the fencing reference: every scalar it shows is the default, and its
     /// templates and nodes parse.
     #[test]
-    fn the_readmes_fencing_reference_is_the_parsers_defaults() {
-        let text = readme_block("\n### Configuration\n```toml\n[fencing]");
+    fn the_fencing_reference_is_the_parsers_defaults() {
+        let text = reference_block("\n## Fencing\n");
         let c: Config = toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         let mut f = c.fencing.clone();
         assert!(!f.templates.is_empty() && !f.nodes.is_empty());

@@ -396,7 +396,12 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
         Command::Fencing { cmd } => fences::fencing(&cli, cmd).await?,
         Command::Drill { node, wait, api } => return fences::drill(&cli, node, *wait, api).await,
         Command::Drills { json, api } => fences::drills(*json, api).await?,
-        Command::Completions { shell } => manual::completions(*shell, &mut std::io::stdout()),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            manual::completions(*shell, &mut script);
+            // A reader that stops early (`| head`) is its choice, not a failure.
+            let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), &script);
+        }
         Command::Manpages { dir } => {
             let pages = manual::man_pages(dir).map_err(|source| CliError::Manpages {
                 dir: dir.display().to_string(),

@@ -535,7 +535,7 @@ methods = [{{ template = "ipmi" }}]
         );
     }
 
-    /// An SNMP community given inline (as the README's switch example does) is redacted like a
+    /// An SNMP community given inline (as the configuration reference's switch example does) is redacted like a
     /// password from a file: from agent output, and so from the log and the API.
     #[test]
     fn inline_values_secret_by_name_are_redacted() {
