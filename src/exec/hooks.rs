@@ -1,6 +1,6 @@
 //! The contract every script of `repair.d/` is run under: its arguments and `MAINTD_*`
 //! environment, built in one place for inventory jobs, fence hooks and live repairs, so the three
-//! callers cannot drift apart from what the README promises.
+//! callers cannot drift apart from what docs/configuration.md promises.
 
 use std::time::Duration;
 

@@ -26,7 +26,7 @@ use tower::ServiceExt;
 use tracing::{debug, warn};
 
 /// What a listener tolerates from its clients. The defaults suit a collector or a daemon on a
-/// network where an attacker may connect (see the README's security model).
+/// network where an attacker may connect (see the security model in docs/operations.md).
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ListenerLimits {

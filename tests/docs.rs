@@ -1,0 +1,125 @@
+//! The documentation a newcomer navigates: a short README, and links between the pages that
+//! all lead somewhere (a file that exists, a heading that is there).
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The pages: the README, BENCHMARKS.md and everything under docs/.
+fn pages() -> Vec<PathBuf> {
+    let mut out = vec![root().join("README.md"), root().join("BENCHMARKS.md")];
+    for e in std::fs::read_dir(root().join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to dashes.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(text: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && l.starts_with('#') {
+            out.push(anchor(l.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// Every `](target)` of a page outside code blocks.
+fn links(text: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut rest = l;
+        while let Some(i) = rest.find("](") {
+            let after = &rest[i + 2..];
+            let Some(end) = after.find(')') else { break };
+            out.push(after[..end].to_string());
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_link_between_pages_leads_to_a_file_and_a_heading() {
+    let mut checked = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let dir = page.parent().unwrap();
+        for link in links(&text) {
+            if link.starts_with("http://") || link.starts_with("https://") {
+                continue;
+            }
+            let (file, frag) = link.split_once('#').unwrap_or((&link, ""));
+            let target: PathBuf = if file.is_empty() {
+                page.clone()
+            } else {
+                dir.join(file)
+            };
+            assert!(
+                target.exists(),
+                "{}: link {link:?} leads nowhere",
+                page.display()
+            );
+            if !frag.is_empty() {
+                let t = std::fs::read_to_string(&target).unwrap();
+                assert!(
+                    anchors(&t).iter().any(|a| a == frag),
+                    "{}: link {link:?}: no heading #{frag} in {}",
+                    page.display(),
+                    target.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 15,
+        "the pages link to each other ({checked} links)"
+    );
+}
+
+#[test]
+fn the_readme_is_short_and_links_every_page_of_docs() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 150,
+        "the README is {lines} lines; the detail goes in docs/"
+    );
+    for page in pages() {
+        let name = page.file_name().unwrap().to_str().unwrap();
+        if page.parent() == Some(Path::new(&root().join("docs"))) {
+            assert!(
+                readme.contains(&format!("(docs/{name})")),
+                "the README does not link docs/{name}"
+            );
+        }
+    }
+}
