@@ -123,3 +123,21 @@ fn the_readme_is_short_and_links_every_page_of_docs() {
         }
     }
 }
+
+#[test]
+fn every_shipped_alert_has_a_runbook_entry() {
+    let rules = std::fs::read_to_string(root().join("deploy/prometheus/alerts.yaml")).unwrap();
+    let ops = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert!(alerts.len() >= 10, "{alerts:?}");
+    for a in alerts {
+        let at = ops
+            .find(&format!("\n### {a}\n"))
+            .unwrap_or_else(|| panic!("no runbook entry for {a} in docs/operations.md"));
+        let entry = ops[at + 1..].split("\n#").next().unwrap();
+        assert!(entry.len() > 150, "{a}: the entry says what it means and what to do");
+    }
+}
