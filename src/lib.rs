@@ -21,6 +21,7 @@
 //! - `http`: JSON errors, signed-request middleware, and the bounded listener.
 //! - `fsutil`: atomic writes of state files.
 //! - `secret`: reading owner-only secret files (the cluster key, agent passwords).
+//! - `sdnotify`: systemd's readiness and watchdog notifications.
 //! - `store`: SQLite persistence, one file per table group; the `FlowStore` and `Checkpoint`
 //!   seams.
 //! - `cluster`: the backend traits, the inventory backend and the Kubernetes backend (`kube`).
@@ -58,6 +59,7 @@ mod node;
 mod parts;
 pub mod repair;
 pub mod report;
+mod sdnotify;
 mod secret;
 #[cfg(test)]
 mod sim;

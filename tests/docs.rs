@@ -138,6 +138,9 @@ fn every_shipped_alert_has_a_runbook_entry() {
             .find(&format!("\n### {a}\n"))
             .unwrap_or_else(|| panic!("no runbook entry for {a} in docs/operations.md"));
         let entry = ops[at + 1..].split("\n#").next().unwrap();
-        assert!(entry.len() > 150, "{a}: the entry says what it means and what to do");
+        assert!(
+            entry.len() > 150,
+            "{a}: the entry says what it means and what to do"
+        );
     }
 }

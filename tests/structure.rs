@@ -214,9 +214,8 @@ fn layer(g: &BTreeMap<String, BTreeSet<String>>, unit: &str) -> usize {
         return g[unit].iter().map(|d| layer(g, d)).max().unwrap_or(0);
     }
     match top {
-        "clock" | "sync" | "fsutil" | "secret" | "exec" | "node" | "report" | "http" | "ticker" => {
-            1
-        }
+        "clock" | "sync" | "fsutil" | "secret" | "exec" | "node" | "report" | "http" | "ticker"
+        | "sdnotify" => 1,
         "store" | "cluster" | "leader" | "members" | "link" | "metrics" | "parts" | "views" => 2,
         "repair" | "fencing" => 3,
         "collector" | "daemon" | "config" => 4,

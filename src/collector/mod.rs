@@ -431,6 +431,8 @@ pub async fn run(
             .instrument(info_span!("heartbeats")),
     );
     info!(node = %node, listen = %ccfg.listen, diagnose = %ccfg.diagnose, state_dir = %ccfg.state_dir.display(), "collector started");
+    let systemd =
+        crate::sdnotify::announce_ready(&format!("node {node}, listening on {}", ccfg.listen));
 
     let c = collector.clone();
     let diag_loop = tokio::spawn(
@@ -457,6 +459,9 @@ pub async fn run(
     )
     .await
     .map_err(CollectorError::Serve);
+    if let Some(n) = &systemd {
+        n.stopping();
+    }
     diag_loop.abort();
     heartbeats.abort();
     // Let a running repair reach its end rather than abandon it half-way.

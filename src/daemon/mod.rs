@@ -252,6 +252,16 @@ async fn run_with<C: Cluster>(
     let limits = cfg.daemon.limits;
     let stopping = running.stopping();
     let mut server = serve_apart(listener, app, limits, listener_metrics, stopping)?;
+    let systemd = crate::sdnotify::announce_ready(&format!(
+        "polling {} nodes, API on {}",
+        names.len(),
+        cfg.daemon.listen
+    ));
+    if let Some(n) = &systemd {
+        let health = parts.engine.health();
+        let cycle = cfg.daemon.poll_interval + cfg.daemon.poll_timeout;
+        crate::sdnotify::feed_watchdog(n.clone(), move || health.turns(), cycle);
+    }
     // A critical task that ends on its own takes the daemon down rather than leave it half-alive.
     let early = tokio::select! {
         biased;
@@ -261,6 +271,9 @@ async fn run_with<C: Cluster>(
         why = parts.shared.leadership.lost() => Some(Err(crate::leader::LeaderError::Lost(why).into())),
     };
     info!("shutting down");
+    if let Some(n) = &systemd {
+        n.stopping();
+    }
     if let Some(result) = early {
         running.abort();
         return result;

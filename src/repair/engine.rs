@@ -109,6 +109,9 @@ pub struct Health {
     last_ok_ns: std::sync::atomic::AtomicI64,
     last_error: std::sync::Mutex<Option<String>>,
     started_ns: std::sync::atomic::AtomicI64,
+    /// Turns of the engine's loop (a poll and a decision, failed or not): what the service
+    /// manager's watchdog is fed by, so a hung loop gets the daemon restarted.
+    turns: std::sync::atomic::AtomicU64,
 }
 
 impl Health {
@@ -127,6 +130,11 @@ impl Health {
 
     fn failed(&self, why: String) {
         *self.last_error.lock_unpoisoned() = Some(why);
+    }
+
+    /// Turns of the engine's loop so far.
+    pub fn turns(&self) -> u64 {
+        self.turns.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `Ok(age of the last decision)` while one completed within `stale_ns` (or the daemon is
@@ -209,6 +217,9 @@ impl<C: Cluster> Engine<C> {
                 obs = self.poller.poll_all().instrument(info_span!("poll")).await;
             }
             self.tick(&mut obs).await;
+            self.health
+                .turns
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         info!("engine stopped");
     }
