@@ -1,0 +1,142 @@
+//! The Debian package: `scripts/package` builds it with this build's binary, it carries what
+//! an operator installs (binary, units, conffiles, collectors, man pages, completions), and it
+//! installs into a fresh Debian root (mmdebstrap), where the binary runs and the shipped
+//! configuration produces a signed report.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Whether `tool` runs; a missing one skips with a notice, or fails where `require` is set.
+fn have(tool: &str, require: &str) -> bool {
+    if Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return true;
+    }
+    assert!(
+        std::env::var_os(require).is_none(),
+        "{tool} is required here ({require}) but missing"
+    );
+    eprintln!("skipping: {tool} not installed");
+    false
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{cmd:?}: {text}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_shipped_configuration_is_valid() {
+    let text = std::fs::read_to_string(repo().join("deploy/debian/maintd.toml")).unwrap();
+    let c = maintd::config::Config::parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.collector.diagnose, "maintd-diagnose");
+}
+
+#[test]
+fn the_package_installs_into_a_fresh_debian_root_and_runs() {
+    if !have("dpkg-deb", "MAINTD_REQUIRE_DEBIAN") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let deb = run(Command::new(repo().join("scripts/package"))
+        .env("MAINTD_BIN", &*BIN)
+        .env("MAINTD_PACKAGE_OUT", &out));
+    let deb = Path::new(deb.trim());
+    assert!(deb.exists(), "{}", deb.display());
+
+    let contents = run(Command::new("dpkg-deb").arg("-c").arg(deb));
+    for path in [
+        "./usr/bin/maintd",
+        "./lib/systemd/system/maintd.service",
+        "./lib/systemd/system/maintd-collector.service",
+        "./etc/maintd/maintd.toml",
+        "./etc/maintd/diagnose.d/maintd-diagnose",
+        "./etc/maintd/repair.d/offline",
+        "./usr/lib/maintd/collectors/fs-check",
+        "./usr/share/man/man1/maintd-daemon.1.gz",
+        "./usr/share/bash-completion/completions/maintd",
+        "./usr/share/zsh/vendor-completions/_maintd",
+        "./usr/share/fish/vendor_completions.d/maintd.fish",
+    ] {
+        assert!(
+            contents.lines().any(|l| l.ends_with(path)),
+            "{path} is not in the package:\n{contents}"
+        );
+    }
+    let conffiles = run(Command::new("dpkg-deb")
+        .args(["--info"])
+        .arg(deb)
+        .arg("conffiles"));
+    assert!(conffiles.contains("/etc/maintd/maintd.toml"), "{conffiles}");
+    assert!(
+        conffiles.contains("/etc/maintd/repair.d/offline"),
+        "{conffiles}"
+    );
+
+    // Installing it needs a Debian root (mmdebstrap, the archive) and root for chroot.
+    if !have("mmdebstrap", "MAINTD_REQUIRE_DEBIAN") {
+        return;
+    }
+    if !nix_is_root() {
+        assert!(
+            std::env::var_os("MAINTD_REQUIRE_DEBIAN").is_none(),
+            "installing the package needs root"
+        );
+        eprintln!("skipping the install: not root");
+        return;
+    }
+    let suite = std::fs::read_to_string("/etc/os-release")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_string))
+        .expect("a Debian release to build the root from");
+    let root = dir.path().join("root");
+    run(Command::new("mmdebstrap")
+        .args(["--quiet", "--variant=essential", "--include=passwd,python3"])
+        .arg(&suite)
+        .arg(&root));
+    std::fs::copy(deb, root.join("tmp/maintd.deb")).unwrap();
+    let chroot = |args: &[&str]| run(Command::new("chroot").arg(&root).args(args));
+    chroot(&["dpkg", "-i", "/tmp/maintd.deb"]);
+    let version = chroot(&["/usr/bin/maintd", "--version"]);
+    assert_eq!(
+        version.trim(),
+        format!("maintd {}", env!("CARGO_PKG_VERSION"))
+    );
+    assert!(chroot(&["getent", "passwd", "maintd"]).contains("/usr/sbin/nologin"));
+    // The shipped configuration runs the shipped diagnose and collectors into a signed report.
+    chroot(&["/usr/bin/maintd", "keygen"]);
+    let report = chroot(&["/usr/bin/maintd", "diagnose", "--once"]);
+    let v: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(v["name"], "diagnose", "{report}");
+    assert!(v["data"]["status"].is_string(), "{report}");
+    assert_eq!(v["signature"].as_str().unwrap().len(), 64, "{report}");
+    // Removing keeps the configuration (conffiles); purging deletes it.
+    chroot(&["dpkg", "-r", "maintd"]);
+    assert!(root.join("etc/maintd/maintd.toml").exists());
+    assert!(!root.join("usr/bin/maintd").exists());
+    chroot(&["dpkg", "-P", "maintd"]);
+    assert!(!root.join("etc/maintd/maintd.toml").exists());
+}
+
+fn nix_is_root() -> bool {
+    run(Command::new("id").arg("-u")).trim() == "0"
+}
