@@ -9,21 +9,6 @@ use std::process::{Command, Stdio};
 
 use common::*;
 
-fn have(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("MAINTD_REQUIRE_IMAGE").is_none(),
-            "{tool} is required here (MAINTD_REQUIRE_IMAGE) but missing"
-        );
-        eprintln!("skipping: {tool} not installed");
-    }
-    found
-}
-
 /// A container removed when dropped.
 struct Container(String);
 
@@ -39,7 +24,11 @@ impl Drop for Container {
 /// refuses hybrid cgroups), and limits within the host's own (podman asks for more by default).
 fn run_args() -> Vec<String> {
     let mut a = vec!["run".to_string()];
-    if have_quiet("runc") {
+    if Command::new("sh")
+        .args(["-c", "command -v runc"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
         a.splice(0..0, ["--runtime".to_string(), "runc".to_string()]);
     }
     a.extend(
@@ -56,16 +45,13 @@ fn run_args() -> Vec<String> {
     a
 }
 
-fn have_quiet(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 #[tokio::test]
 async fn the_image_runs_a_daemon_and_a_collector_that_create_an_event() {
-    if !have("podman") || !have("mmdebstrap") || !have("dpkg-deb") {
+    let require = "MAINTD_REQUIRE_IMAGE";
+    if !["podman", "mmdebstrap", "dpkg-deb"]
+        .iter()
+        .all(|t| have_tool(t, require))
+    {
         return;
     }
     let tag = format!("localhost/maintd:test-{}", std::process::id());

@@ -14,23 +14,6 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Whether `tool` runs; a missing one skips with a notice, or fails where `require` is set.
-fn have(tool: &str, require: &str) -> bool {
-    if Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        return true;
-    }
-    assert!(
-        std::env::var_os(require).is_none(),
-        "{tool} is required here ({require}) but missing"
-    );
-    eprintln!("skipping: {tool} not installed");
-    false
-}
-
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
     let text = format!(
@@ -51,7 +34,7 @@ fn the_shipped_configuration_is_valid() {
 
 #[test]
 fn the_package_installs_into_a_fresh_debian_root_and_runs() {
-    if !have("dpkg-deb", "MAINTD_REQUIRE_DEBIAN") {
+    if !have_tool("dpkg-deb", "MAINTD_REQUIRE_DEBIAN") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -92,7 +75,7 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs() {
     );
 
     // Installing it needs a Debian root (mmdebstrap, the archive) and root for chroot.
-    if !have("mmdebstrap", "MAINTD_REQUIRE_DEBIAN") {
+    if !have_tool("mmdebstrap", "MAINTD_REQUIRE_DEBIAN") {
         return;
     }
     if !nix_is_root() {

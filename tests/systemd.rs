@@ -9,26 +9,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// `systemd-analyze`, or None with a notice (required where MAINTD_REQUIRE_SYSTEMD is set).
-fn systemd_analyze() -> Option<()> {
-    let found = std::process::Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if found {
-        return Some(());
-    }
-    assert!(
-        std::env::var_os("MAINTD_REQUIRE_SYSTEMD").is_none(),
-        "systemd-analyze is required here (MAINTD_REQUIRE_SYSTEMD) but missing"
-    );
-    eprintln!("skipping: systemd-analyze not installed");
-    None
-}
-
 #[test]
 fn the_units_pass_systemd_analyze_verify() {
-    if systemd_analyze().is_none() {
+    if !have_tool("systemd-analyze", "MAINTD_REQUIRE_SYSTEMD") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

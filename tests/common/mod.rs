@@ -33,6 +33,23 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Generous: tests must pass on a loaded 2-core machine.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// Whether `tool` is installed. A missing one skips the test with a notice, or fails it where
+/// the environment variable `require` is set (`scripts/test` sets it where it installs `tool`).
+pub fn have_tool(tool: &str, require: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var_os(require).is_none(),
+            "{tool} is required here ({require}) but missing"
+        );
+        eprintln!("skipping: {tool} not installed");
+    }
+    found
+}
+
 /// A port no other test of this process has been given. Asking the kernel for port 0 and
 /// releasing it is racy: the tests of one binary run in parallel, and the kernel hands a
 /// released ephemeral port to the next bind or outgoing connection, so a daemon could come up on
