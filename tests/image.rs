@@ -24,11 +24,7 @@ impl Drop for Container {
 /// refuses hybrid cgroups), and limits within the host's own (podman asks for more by default).
 fn run_args() -> Vec<String> {
     let mut a = vec!["run".to_string()];
-    if Command::new("sh")
-        .args(["-c", "command -v runc"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
+    if installed("runc") {
         a.splice(0..0, ["--runtime".to_string(), "runc".to_string()]);
     }
     a.extend(

@@ -33,13 +33,18 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Generous: tests must pass on a loaded 2-core machine.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// Whether `tool` is on the PATH.
+pub fn installed(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 /// Whether `tool` is installed. A missing one skips the test with a notice, or fails it where
 /// the environment variable `require` is set (`scripts/test` sets it where it installs `tool`).
 pub fn have_tool(tool: &str, require: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let found = installed(tool);
     if !found {
         assert!(
             std::env::var_os(require).is_none(),
