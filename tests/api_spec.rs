@@ -92,6 +92,7 @@ async fn real_responses_match_the_openapi_spec() {
     let id = |e: &Value| e["id"].as_str().unwrap().to_string();
 
     api.call(false, &base, "GET", "/", "/", None).await;
+    api.call(false, &base, "GET", "/ui/", "/ui/", None).await;
     let (_, all) = api
         .call(false, &base, "GET", "/1/status", "/1/status", None)
         .await;

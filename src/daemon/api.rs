@@ -11,7 +11,6 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -161,7 +160,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         )
         .route_layer(middleware::from_fn_with_state(auth, require_signed));
     Router::new()
-        .route("/", get(|| async { Json(json!([1])) }))
+        .route("/", get(super::ui::root))
         .route("/1/status", get(super::lists::status::<C>))
         .route("/1/status/{id}", get(one_status::<C>))
         .route("/1/nodes", get(super::lists::nodes::<C>))
@@ -179,6 +178,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/health", get(health::<C>))
         .route("/metrics", get(metrics::<C>))
         .merge(signed)
+        .merge(super::ui::routes())
         .fallback(crate::http::not_found_fallback)
         .method_not_allowed_fallback(crate::http::method_not_allowed)
         .with_state(state)

@@ -7,6 +7,7 @@ mod fencing_api;
 mod listing;
 mod lists;
 pub mod lock;
+mod ui;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod attack;
+pub mod browser;
 pub mod fake_kube;
 pub mod jobpods;
 pub mod k8s;
