@@ -83,6 +83,31 @@ async fn the_image_runs_a_daemon_and_a_collector_that_create_an_event() {
         String::from_utf8_lossy(&version.stderr)
     );
 
+    // The agents run in it (their Python dependencies are there), dpkg's records are whole, and
+    // the two cloud agents whose SDKs the image leaves out are not there to fail at import.
+    let inside = |entry: &str, args: &[&str]| {
+        let o = Command::new("podman")
+            .args(run_args())
+            .args(["--rm", "--entrypoint", entry, &tag])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    for agent in ["fence_ipmilan", "fence_redfish", "fence_apc_snmp"] {
+        let (ok, out) = inside(&format!("/usr/sbin/{agent}"), &["-o", "metadata"]);
+        assert!(ok && out.contains("<resource-agent"), "{agent}: {out}");
+    }
+    assert_eq!(inside("dpkg", &["--audit"]), (true, String::new()));
+    let (_, listed) = inside("ls", &["/usr/sbin"]);
+    assert!(
+        !listed.contains("fence_aws") && !listed.contains("fence_gce"),
+        "{listed}"
+    );
+
     // The test cluster's configs, key and scripts, mounted at the same path in both
     // containers; the binary that runs is the image's.
     let mut c = Cluster::new(1);
