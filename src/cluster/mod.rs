@@ -3,6 +3,7 @@
 //! (nodes from the config file, tags and offline flags in SQLite, actions as whitelisted hooks);
 //! `kube` the Kubernetes implementation of the same traits.
 
+pub mod ganeti;
 mod inventory;
 pub mod kube;
 pub mod pods;

@@ -7,6 +7,7 @@
 pub mod attack;
 pub mod browser;
 pub mod fake_kube;
+pub mod ganeti;
 pub mod jobpods;
 pub mod k8s;
 pub mod netns;

@@ -1,0 +1,453 @@
+//! A client of Ganeti's remote API, version 2: reads (cluster info, nodes, jobs) and job
+//! submission, each job followed to its end with the queue's own long poll, child jobs (those a
+//! node migrate or evacuate submits) included. The certificate is pinned, the password comes
+//! from an owner-only file and never reaches a log or an error.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// Where the RAPI is and how to reach it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RapiSettings {
+    /// `https://<master>:5080`.
+    pub url: String,
+    /// The RAPI's certificate (PEM), copied from the master's `/var/lib/ganeti/rapi.pem`.
+    pub certificate: PathBuf,
+    pub user: String,
+    /// An owner-only file holding the user's password.
+    pub password_file: PathBuf,
+    /// Each request's deadline; a job wait asks for at most this long at a time.
+    pub timeout: Duration,
+    /// Extra tries of a request that never reached the RAPI (connection refused or reset).
+    pub retries: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RapiError {
+    #[error("RAPI certificate {path}: {detail}")]
+    Certificate { path: PathBuf, detail: String },
+    #[error("RAPI password file {path}: {source}")]
+    Password {
+        path: PathBuf,
+        #[source]
+        source: crate::secret::SecretFileError,
+    },
+    #[error("RAPI client: {0}")]
+    Setup(String),
+    #[error("{method} {path}: {detail}")]
+    Transport {
+        method: &'static str,
+        path: String,
+        detail: String,
+    },
+    #[error("{method} {path}: HTTP {status}: {message}")]
+    Status {
+        method: &'static str,
+        path: String,
+        status: u16,
+        message: String,
+    },
+    #[error("{method} {path}: unexpected answer: {detail}")]
+    Answer {
+        method: &'static str,
+        path: String,
+        detail: String,
+    },
+    #[error("Ganeti job {id} ended {status}: {message}")]
+    JobFailed {
+        id: u64,
+        status: String,
+        message: String,
+    },
+    #[error("Ganeti job {id} is not done after {waited:?}")]
+    JobTimeout { id: u64, waited: Duration },
+}
+
+/// A node as `/2/nodes?bulk=1` lists it (the fields maintd reads).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RapiNode {
+    pub name: String,
+    pub offline: bool,
+    pub drained: bool,
+    pub master_candidate: bool,
+    /// `M` master, `C` candidate, `R` regular, `D` drained, `O` offline.
+    pub role: String,
+    #[serde(default)]
+    pub pinst_list: Vec<String>,
+    #[serde(default)]
+    pub sinst_list: Vec<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// A finished job: its id and every child job it submitted, all successful.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobDone {
+    pub id: u64,
+    pub children: Vec<u64>,
+    pub result: Value,
+}
+
+const FINAL: [&str; 3] = ["success", "error", "canceled"];
+
+pub struct Rapi {
+    http: reqwest::Client,
+    base: String,
+    user: String,
+    password: String,
+    retries: u32,
+}
+
+impl std::fmt::Debug for Rapi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("Rapi")
+            .field("base", &self.base)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rapi {
+    pub fn new(s: &RapiSettings) -> Result<Rapi, RapiError> {
+        let cert_err = |detail: String| RapiError::Certificate {
+            path: s.certificate.clone(),
+            detail,
+        };
+        let pem = std::fs::read(&s.certificate).map_err(|e| cert_err(e.to_string()))?;
+        let cert = CertificateDer::pem_slice_iter(&pem)
+            .next()
+            .ok_or_else(|| cert_err("no PEM certificate in it".into()))?
+            .map_err(|e| cert_err(e.to_string()))?;
+        let tls = super::pin::pinned(cert).map_err(cert_err)?;
+        let password = crate::secret::read(&s.password_file)
+            .map_err(|source| RapiError::Password {
+                path: s.password_file.clone(),
+                source,
+            })?
+            .trim_end_matches(['\n', '\r'])
+            .to_string();
+        let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .connect_timeout(s.timeout)
+            // A job wait is held up to ten seconds by the RAPI itself.
+            .timeout(s.timeout.max(Duration::from_secs(15)))
+            .build()
+            .map_err(|e| RapiError::Setup(e.to_string()))?;
+        Ok(Rapi {
+            http,
+            base: s.url.trim_end_matches('/').to_string(),
+            user: s.user.clone(),
+            password,
+            retries: s.retries,
+        })
+    }
+
+    async fn call(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, RapiError> {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
+        let mut tries = 0;
+        loop {
+            let mut req = self
+                .http
+                .request(m.clone(), format!("{}{path}", self.base))
+                .basic_auth(&self.user, Some(&self.password));
+            if let Some(b) = body {
+                // Ganeti refuses a write without this type (415).
+                req = req.json(b);
+            }
+            let resp = match req.send().await {
+                Ok(r) => r,
+                // Only a request that never reached the RAPI is sent again: a write that timed
+                // out may have been queued, and the caller finds it by its reason.
+                Err(e) if e.is_connect() && tries < self.retries => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(200 << tries.min(4))).await;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(RapiError::Transport {
+                        method,
+                        path: path.into(),
+                        detail: without_url(e),
+                    });
+                }
+            };
+            let status = resp.status().as_u16();
+            let text = resp.text().await.map_err(|e| RapiError::Transport {
+                method,
+                path: path.into(),
+                detail: without_url(e),
+            })?;
+            if !(200..300).contains(&status) {
+                return Err(RapiError::Status {
+                    method,
+                    path: path.into(),
+                    status,
+                    message: error_message(&text),
+                });
+            }
+            return serde_json::from_str(&text).map_err(|e| RapiError::Answer {
+                method,
+                path: path.into(),
+                detail: e.to_string(),
+            });
+        }
+    }
+
+    fn answer<T: for<'de> Deserialize<'de>>(
+        method: &'static str,
+        path: &str,
+        v: Value,
+    ) -> Result<T, RapiError> {
+        serde_json::from_value(v).map_err(|e| RapiError::Answer {
+            method,
+            path: path.into(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// The node Ganeti's own vote made master.
+    pub async fn master(&self) -> Result<String, RapiError> {
+        let v = self.call("GET", "/2/info", None).await?;
+        v["master"]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| RapiError::Answer {
+                method: "GET",
+                path: "/2/info".into(),
+                detail: "no master".into(),
+            })
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<RapiNode>, RapiError> {
+        let path = "/2/nodes?bulk=1";
+        Self::answer("GET", path, self.call("GET", path, None).await?)
+    }
+
+    /// Submits a job (`path` with its query, `reason` added) and returns its id.
+    pub async fn submit(
+        &self,
+        method: &'static str,
+        path: &str,
+        reason: &str,
+        body: Option<&Value>,
+    ) -> Result<u64, RapiError> {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let full = format!("{path}{sep}reason={}", encode(reason));
+        let v = self.call(method, &full, body).await?;
+        // The id is a number, or a number as text, depending on the resource.
+        v.as_u64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            .ok_or_else(|| RapiError::Answer {
+                method,
+                path: path.into(),
+                detail: format!("{v} is not a job id"),
+            })
+    }
+
+    /// The id of a job in the queue whose reason trail holds `reason`, the newest: a job
+    /// submitted before a restart is adopted instead of submitted twice.
+    pub async fn find_job(&self, reason: &str) -> Result<Option<u64>, RapiError> {
+        let path = "/2/jobs?bulk=1";
+        let jobs: Vec<Value> = Self::answer("GET", path, self.call("GET", path, None).await?)?;
+        Ok(jobs
+            .iter()
+            .filter(|j| carries(j, reason))
+            .filter_map(|j| j["id"].as_u64())
+            .max())
+    }
+
+    /// Waits for job `id` and every child job it submits, for at most `limit` in all.
+    pub async fn wait(&self, id: u64, limit: Duration) -> Result<JobDone, RapiError> {
+        let deadline = tokio::time::Instant::now() + limit;
+        let result = self.wait_one(id, deadline, limit).await?;
+        let mut children = Vec::new();
+        for r in result.as_array().into_iter().flatten() {
+            for child in r["jobs"].as_array().into_iter().flatten() {
+                match (child[0].as_bool(), child[1].as_u64()) {
+                    (Some(true), Some(c)) => {
+                        self.wait_one(c, deadline, limit).await?;
+                        children.push(c);
+                    }
+                    _ => {
+                        return Err(RapiError::JobFailed {
+                            id,
+                            status: "with a child job refused".into(),
+                            message: child[1].to_string(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(JobDone {
+            id,
+            children,
+            result,
+        })
+    }
+
+    /// One job to its end; its `opresult` when it succeeded.
+    async fn wait_one(
+        &self,
+        id: u64,
+        deadline: tokio::time::Instant,
+        limit: Duration,
+    ) -> Result<Value, RapiError> {
+        let mut seen: Option<Value> = None;
+        loop {
+            let path = format!("/2/jobs/{id}/wait");
+            let body = json!({"fields": ["status"], "previous_job_info": seen});
+            let v = self.call("GET", &path, Some(&body)).await?;
+            // null: nothing changed within the RAPI's own wait.
+            if let Some(info) = v.get("job_info").filter(|i| i.is_array()) {
+                seen = Some(info.clone());
+                if FINAL.contains(&info[0].as_str().unwrap_or("")) {
+                    break;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(RapiError::JobTimeout { id, waited: limit });
+            }
+        }
+        let path = format!("/2/jobs/{id}");
+        let job = self.call("GET", &path, None).await?;
+        let status = job["status"].as_str().unwrap_or("unknown").to_string();
+        if status == "success" {
+            return Ok(job["opresult"].clone());
+        }
+        Err(RapiError::JobFailed {
+            id,
+            status,
+            message: job_error(&job),
+        })
+    }
+}
+
+/// Whether any opcode of a job (as `/2/jobs?bulk=1` lists it) carries `reason` in its trail.
+fn carries(job: &Value, reason: &str) -> bool {
+    job["ops"].as_array().into_iter().flatten().any(|op| {
+        op["reason"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|entry| entry[1].as_str() == Some(reason))
+    })
+}
+
+/// Ganeti's own words for a failed job: the first failed opcode's error class and message
+/// (`OpPrereqError: Instance 'x' not known (unknown_entity)`).
+pub fn job_error(job: &Value) -> String {
+    let results = job["opresult"].as_array().cloned().unwrap_or_default();
+    let statuses = job["opstatus"].as_array().cloned().unwrap_or_default();
+    let failed = statuses
+        .iter()
+        .position(|s| s.as_str() == Some("error"))
+        .and_then(|i| results.get(i));
+    match failed.or(results.last()) {
+        Some(Value::Array(e)) if e.len() == 2 => {
+            let class = e[0].as_str().unwrap_or("error");
+            match &e[1] {
+                Value::Array(a) if !a.is_empty() => {
+                    let msg = a[0].as_str().map(String::from).unwrap_or(a[0].to_string());
+                    match a.get(1).and_then(Value::as_str) {
+                        Some(code) => format!("{class}: {msg} ({code})"),
+                        None => format!("{class}: {msg}"),
+                    }
+                }
+                other => format!("{class}: {}", other.as_str().unwrap_or(&other.to_string())),
+            }
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => format!("no result (status {})", job["status"]),
+    }
+}
+
+/// The RAPI's error body (`{"code":…,"message":…,"explain":…}`), or its text.
+fn error_message(text: &str) -> String {
+    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    let msg = v["message"].as_str().map(String::from);
+    let explain = v["explain"].as_str().filter(|e| !e.is_empty());
+    match (msg, explain) {
+        (Some(m), Some(e)) => format!("{m}: {e}"),
+        (Some(m), None) => m,
+        _ => text.chars().take(300).collect(),
+    }
+}
+
+/// A transport error without the URL reqwest puts in its text (the path is named apart).
+fn without_url(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// Percent-encodes a query value.
+fn encode(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_job_is_told_in_ganetis_words() {
+        let job = json!({"status": "error", "opstatus": ["error"],
+            "opresult": [["OpPrereqError", ["Instance 'x' not known", "unknown_entity"]]]});
+        assert_eq!(
+            job_error(&job),
+            "OpPrereqError: Instance 'x' not known (unknown_entity)"
+        );
+        let job = json!({"status": "error", "opstatus": ["success", "error"],
+            "opresult": [null, ["OpExecError", ["Could not migrate"]]]});
+        assert_eq!(job_error(&job), "OpExecError: Could not migrate");
+        let job = json!({"status": "canceled", "opstatus": ["canceled"], "opresult": [null]});
+        assert_eq!(job_error(&job), "null");
+    }
+
+    #[test]
+    fn jobs_are_found_by_their_reason() {
+        let job = json!({"id": 7, "ops": [{"reason": [
+            ["gnt:user", "gnt:daemon:maintd maintd:e1 job:3", 1],
+            ["gnt:library:rlib2:NodeMigrate", "", 2]]}]});
+        assert!(carries(&job, "gnt:daemon:maintd maintd:e1 job:3"));
+        assert!(!carries(&job, "gnt:daemon:maintd maintd:e1 job:4"));
+    }
+
+    #[test]
+    fn query_values_are_encoded() {
+        assert_eq!(
+            encode("gnt:daemon:maintd maintd:1&x=y"),
+            "gnt:daemon:maintd%20maintd:1%26x%3Dy"
+        );
+        assert_eq!(
+            error_message(r#"{"code": 400, "message": "Bad Request", "explain": "no"}"#),
+            "Bad Request: no"
+        );
+    }
+}

@@ -1,0 +1,158 @@
+//! The Ganeti RAPI client against a real two-node Ganeti 3.0 cluster (Ganeti's virtual-cluster
+//! mode in namespaces, `scripts/ganeti-cluster`): Ganeti's vote on the master, the node list,
+//! real node tags set and removed by jobs carrying maintd's reason, jobs found again by that
+//! reason, Ganeti's own error for a failed job, a node migrate followed through its child job,
+//! and the pinned certificate and the password refusing what they should. Needs root and
+//! Debian's ganeti (skipped with a notice without them; `scripts/test` requires them).
+
+mod common;
+
+use std::time::Duration;
+
+use common::ganeti::Ganeti;
+use maintd::cluster::ganeti::{Rapi, RapiError};
+use serde_json::json;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rapi_client_drives_a_real_ganeti_cluster() {
+    let Some(g) = Ganeti::up() else { return };
+    let rapi = Rapi::new(&g.settings()).unwrap();
+
+    // Who is master is Ganeti's to say.
+    assert_eq!(rapi.master().await.unwrap(), "node1");
+    let nodes = rapi.nodes().await.unwrap();
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["node1", "node2"]);
+    assert_eq!(nodes[0].role, "M");
+    assert!(nodes.iter().all(|n| !n.offline && !n.drained));
+
+    // A real node tag, set by a job that carries maintd's reason, seen by Ganeti's own CLI.
+    let tag = "maintd:repairready:8c7e1a64-3b4b-4c7b-9a43-1f0a2b3c4d5e";
+    let reason = "gnt:daemon:maintd maintd:8c7e1a64 job:1";
+    let id = rapi
+        .submit(
+            "PUT",
+            &format!("/2/nodes/node2/tags?tag={tag}"),
+            reason,
+            None,
+        )
+        .await
+        .unwrap();
+    rapi.wait(id, LIMIT).await.unwrap();
+    assert!(g.gnt(&["gnt-node", "list-tags", "node2"]).contains(tag));
+    assert!(
+        rapi.nodes().await.unwrap()[1]
+            .tags
+            .contains(&tag.to_string())
+    );
+    // After a restart the job is found by its reason, not submitted again.
+    assert_eq!(rapi.find_job(reason).await.unwrap(), Some(id));
+    assert_eq!(
+        rapi.find_job("gnt:daemon:maintd other").await.unwrap(),
+        None
+    );
+    // Removing it with Ganeti's CLI is what maintd sees.
+    g.gnt(&["gnt-node", "remove-tags", "node2", tag]);
+    assert!(rapi.nodes().await.unwrap()[1].tags.is_empty());
+
+    // A job Ganeti refuses ends in Ganeti's own words.
+    let id = rapi
+        .submit(
+            "PUT",
+            "/2/instances/no-such-instance/migrate",
+            reason,
+            Some(&json!({})),
+        )
+        .await
+        .unwrap();
+    match rapi.wait(id, LIMIT).await {
+        Err(RapiError::JobFailed { message, .. }) => {
+            assert!(
+                message.starts_with("OpPrereqError") && message.contains("no-such-instance"),
+                "{message}"
+            );
+        }
+        other => panic!("a failed job, not {other:?}"),
+    }
+
+    // A node migrate submits one child job per instance; the wait follows them to the end.
+    g.gnt(&[
+        "gnt-instance",
+        "add",
+        "-t",
+        "diskless",
+        "-o",
+        "noop",
+        "-n",
+        "node2",
+        "--no-name-check",
+        "--no-ip-check",
+        "--no-install",
+        "-B",
+        "memory=128",
+        "--net=0:link=gnt-br",
+        "inst1",
+    ]);
+    g.gnt(&["gnt-instance", "startup", "inst1"]);
+    let id = rapi
+        .submit(
+            "POST",
+            "/2/nodes/node2/migrate",
+            reason,
+            Some(&json!({"mode": "live", "iallocator": "hail"})),
+        )
+        .await
+        .unwrap();
+    let done = rapi.wait(id, LIMIT).await.unwrap();
+    assert_eq!(done.children.len(), 1, "{done:?}");
+    let list = g.gnt(&[
+        "gnt-instance",
+        "list",
+        "--no-headers",
+        "-o",
+        "name,pnode,status",
+    ]);
+    assert!(list.contains("inst1 node1 running"), "{list}");
+
+    // The wrong password is refused; so is a server with another certificate.
+    let mut s = g.settings();
+    let wrong = g.path("wrong-password");
+    std::fs::write(&wrong, "nope\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
+    s.password_file = wrong;
+    match Rapi::new(&s).unwrap().master().await {
+        Err(RapiError::Status { status: 401, .. }) => {}
+        other => panic!("401, not {other:?}"),
+    }
+    let other = g.path("other.crt");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=ganeti.example.com", "-keyout"])
+        .arg(g.path("other.key"))
+        .arg("-out")
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(made.status.success());
+    let mut s = g.settings();
+    s.certificate = other;
+    match Rapi::new(&s).unwrap().master().await {
+        Err(RapiError::Transport { detail, .. }) => {
+            assert!(detail.to_lowercase().contains("certificate"), "{detail}")
+        }
+        other => panic!("a refused certificate, not {other:?}"),
+    }
+    // An exposed password file is never read.
+    let mut s = g.settings();
+    let exposed = g.path("exposed-password");
+    std::fs::write(&exposed, "x\n").unwrap();
+    std::fs::set_permissions(&exposed, std::fs::Permissions::from_mode(0o644)).unwrap();
+    s.password_file = exposed;
+    let e = Rapi::new(&s).unwrap_err().to_string();
+    assert!(e.contains("mode 644"), "{e}");
+}
