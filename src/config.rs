@@ -47,6 +47,7 @@ pub struct Config {
     pub nodes: Vec<NodeConfig>,
     pub fencing: crate::fencing::config::FencingConfig,
     pub kubernetes: crate::cluster::kube::KubeConfig,
+    pub ganeti: crate::cluster::ganeti::GanetiConfig,
     /// This host's name, resolved once at load (`resolve_environment`).
     #[serde(skip)]
     pub host: String,
@@ -57,8 +58,8 @@ pub struct Config {
 pub struct ClusterConfig {
     /// The HMAC key shared by the daemon, the collectors and the CLI (hex, mode 0600).
     pub key_file: PathBuf,
-    /// Which cluster backend the daemon drives: "inventory" (the embedded default) or
-    /// "kubernetes".
+    /// Which cluster backend the daemon drives: "inventory" (the embedded default),
+    /// "kubernetes" or "ganeti".
     pub backend: Backend,
 }
 
@@ -71,6 +72,8 @@ pub enum Backend {
     /// database, jobs as hooks.
     Inventory,
     Kubernetes,
+    /// A Ganeti cluster, over its remote API.
+    Ganeti,
 }
 
 impl Backend {
@@ -455,10 +458,18 @@ mod tests {
 
     /// And the reference lists every key the parser knows, section by section.
     #[test]
+    fn the_ganeti_reference_is_the_parsers_defaults() {
+        let text = reference_block("\n## Ganeti\n");
+        let c = Config::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(c.ganeti, crate::cluster::ganeti::GanetiConfig::default());
+    }
+
+    #[test]
     fn the_configuration_reference_lists_every_key() {
         let reference = reference_block("\n## Daemon, collector and inventory\n");
         let fencing = reference_block("\n## Fencing\n");
         let kubernetes = reference_block("\n## Kubernetes\n");
+        let ganeti = reference_block("\n## Ganeti\n");
         for (section, text) in [
             ("cluster", reference),
             ("daemon", reference),
@@ -472,6 +483,7 @@ mod tests {
             ("fencing", fencing),
             ("kubernetes", kubernetes),
             ("kubernetes.leader-election", kubernetes),
+            ("ganeti", ganeti),
         ] {
             let fields = known_fields(section);
             assert!(!fields.is_empty(), "{section}");
@@ -558,7 +570,7 @@ mod tests {
         assert!(err("[daemon]\npoll-interval = \"0s\"").contains("greater than zero"));
         let e = err("[cluster]\nbackend = \"nope\"");
         assert!(
-            e.contains("`inventory` or `kubernetes`") && e.contains("nope"),
+            e.contains("`inventory`, `kubernetes`, `ganeti`") && e.contains("nope"),
             "{e}"
         );
         assert!(

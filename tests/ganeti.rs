@@ -156,3 +156,135 @@ async fn the_rapi_client_drives_a_real_ganeti_cluster() {
     let e = Rapi::new(&s).unwrap_err().to_string();
     assert!(e.contains("mode 644"), "{e}");
 }
+
+/// The daemon on the Ganeti master with collectors on both nodes (port 1817: Ganeti's monitoring
+/// daemon holds 1815): an evacuate verdict migrates the node's instance away with `hail`, offlines
+/// the node and tags it with a real Ganeti tag, each job carrying maintd's reason; removing the
+/// tag with `gnt-node remove-tags` acknowledges, and the node comes back online. A daemon on a
+/// node that is not the master exits with 11.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
+    let Some(g) = Ganeti::up() else { return };
+    g.gnt(&[
+        "gnt-instance",
+        "add",
+        "-t",
+        "diskless",
+        "-o",
+        "noop",
+        "-n",
+        "node2",
+        "--no-name-check",
+        "--no-ip-check",
+        "--no-install",
+        "-B",
+        "memory=128",
+        "--net=0:link=gnt-br",
+        "inst1",
+    ]);
+    g.gnt(&["gnt-instance", "startup", "inst1"]);
+
+    let mut c = common::Cluster::new(2);
+    c.inventory_nodes = false;
+    c.node_hosts = vec!["192.0.2.10".into(), "192.0.2.11".into()];
+    c.ports = vec![1817; 2];
+    c.daemon_host = "192.0.2.10".into();
+    let ganeti = |url: &str, node: &str| {
+        format!(
+            "[ganeti]\nrapi-url = \"{url}\"\nrapi-certificate = \"{}\"\nrapi-password-file = \"{}\"\nnode-name = \"{node}\"\nrapi-timeout = \"20s\"\n",
+            g.path("rapi.crt").display(),
+            g.path("rapi-password").display()
+        )
+    };
+    // Ganeti's vote decides: on node2 the daemon refuses to act, with Ganeti's exit code.
+    c.extra_daemon_toml = ganeti(&format!("https://127.0.0.1:{}", g.port), "node2");
+    let cfg = c.daemon_config();
+    let (code, err) = c.daemon_exit(&cfg, &["--cluster", "ganeti"]);
+    assert_eq!(code, Some(11), "{err}");
+    assert!(err.contains("not the Ganeti master (node1)"), "{err}");
+
+    c.extra_daemon_toml = ganeti("https://192.0.2.10:5080", "node1");
+    let cfg = c.daemon_config();
+    let inside = g.inside();
+    let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
+    for i in 0..2 {
+        let ccfg = c.collector_config(i, "scripted", "cluster.key");
+        let name = format!("collector-{}", c.nodes[i]);
+        c.collectors[i] = Some(c.spawn_wrapped(
+            &name,
+            &wrap,
+            &["--config", ccfg.to_str().unwrap(), "collector"],
+        ));
+    }
+    c.daemon = Some(c.spawn_wrapped(
+        "daemon",
+        &wrap,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "daemon",
+            "--cluster",
+            "ganeti",
+        ],
+    ));
+    let (port, _fwd) = g.forward(&format!("192.0.2.10:{}", c.api_port));
+    c.daemon_host = "127.0.0.1".into();
+    c.api_port = port;
+    c.wait_api().await;
+    common::wait_for("both nodes polled", || async {
+        let (_, nodes) = c.get("/1/nodes").await;
+        (nodes
+            .as_array()
+            .map(|n| n.iter().filter(|n| n["reachable"] == true).count())
+            == Some(2))
+        .then_some(())
+    })
+    .await;
+
+    c.set_verdict("node2", r#"{"status":"evacuate","details":{"disk":"sdb"}}"#);
+    let e = c.wait_status("node2", "completed").await;
+    let id = e["id"].as_str().unwrap().to_string();
+    let tag = format!("maintd:repairready:{id}");
+    let list = g.gnt(&[
+        "gnt-instance",
+        "list",
+        "--no-headers",
+        "-o",
+        "name,pnode,status",
+    ]);
+    assert!(list.contains("inst1 node1 running"), "{list}");
+    let nodes = g.gnt(&["gnt-node", "list", "--no-headers", "-o", "name,offline"]);
+    assert!(nodes.contains("node2 Y"), "{nodes}");
+    assert!(g.gnt(&["gnt-node", "list-tags", "node2"]).contains(&tag));
+    // Every job carries maintd's reason with the event.
+    let rapi = Rapi::new(&g.settings()).unwrap();
+    let evacuate = e["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["kind"] == "evacuate")
+        .unwrap();
+    let reason = format!(
+        "gnt:daemon:maintd maintd:{id} job:{} migrate",
+        evacuate["id"]
+    );
+    assert!(rapi.find_job(&reason).await.unwrap().is_some(), "{reason}");
+    assert!(
+        evacuate["detail"].as_str().unwrap().contains("child jobs"),
+        "{evacuate}"
+    );
+
+    // The operator acknowledges with Ganeti's own CLI; the node comes back.
+    c.set_verdict("node2", r#"{"status":"Ok"}"#);
+    g.gnt(&["gnt-node", "remove-tags", "node2", &tag]);
+    c.wait_event("node2", "acknowledged and back online", |e| {
+        e["acknowledged"] == true
+            && e["jobs"].as_array().is_some_and(|j| {
+                j.iter()
+                    .any(|j| j["kind"] == "online" && j["status"] == "succeeded")
+            })
+    })
+    .await;
+    let nodes = g.gnt(&["gnt-node", "list", "--no-headers", "-o", "name,offline"]);
+    assert!(nodes.contains("node2 N"), "{nodes}");
+}

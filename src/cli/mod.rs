@@ -179,7 +179,7 @@ pub struct DaemonArgs {
     /// State directory (lock, database, job directories).
     #[arg(long, env = "MAINTD_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Cluster backend: inventory or kubernetes (overrides `cluster.backend`).
+    /// Cluster backend: inventory, kubernetes or ganeti (overrides `cluster.backend`).
     #[arg(long, env = "MAINTD_CLUSTER")]
     pub cluster: Option<crate::config::Backend>,
 }

@@ -48,6 +48,8 @@ pub enum ClusterError {
     NotSynced { what: &'static str, detail: String },
     #[error("the {what} watch is broken: {detail}")]
     WatchBroken { what: &'static str, detail: String },
+    #[error("Ganeti: {0}")]
+    Ganeti(String),
     #[error("Job {name}: {problem}")]
     Job { name: String, problem: String },
 }

@@ -398,6 +398,7 @@ pub async fn run(
                 collector.peers.clone(),
                 stop_rx,
                 ccfg.state_dir.join("watchdog.json"),
+                collector.boot.id.to_string(),
             )
             .instrument(info_span!("watchdog")),
         )

@@ -164,12 +164,6 @@ pub fn resume(earlier: Option<&FeedRecord>, boot: &str, now: Nanos, uptime: Opti
     }
 }
 
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 /// Seconds since boot (suspend included), as the kernel counts them for every process alike.
 fn since_boot() -> Option<f64> {
     std::fs::read_to_string("/proc/uptime")
@@ -193,7 +187,8 @@ fn keep(path: &Path, r: &FeedRecord) {
 
 /// Feeds the device while the rules hold, until `stop` says to disarm. Returns once disarmed, or
 /// never after the rules said stop (the watchdog then resets the node). `record` keeps the
-/// feeding state across restarts of the collector on the same boot.
+/// feeding state across restarts of the collector on the same boot, `boot` (the boot id its
+/// reports carry, from `boot-id-file`): one notion of a boot for the reports and the watchdog.
 pub async fn run(
     mut device: Device,
     cfg: WatchdogConfig,
@@ -201,6 +196,7 @@ pub async fn run(
     peers: Arc<Peers>,
     mut stop: tokio::sync::watch::Receiver<bool>,
     record: std::path::PathBuf,
+    boot: String,
 ) {
     let settings = FeedSettings {
         lost_after: hb.lost_after.as_nanos() as Nanos,
@@ -209,7 +205,6 @@ pub async fn run(
     };
     // Every time here is the monotonic clock: setting the wall clock never feeds the watchdog.
     let now = mono_ns();
-    let boot = boot_id();
     let armed_at = match resume(read_record(&record).as_ref(), &boot, now, since_boot()) {
         Resume::WaitingFrom(t) => t,
         Resume::Never => {

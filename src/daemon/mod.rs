@@ -53,6 +53,9 @@ pub enum DaemonError {
     Rules(#[from] crate::repair::conditions::RuleError),
     #[error(transparent)]
     Leader(#[from] crate::leader::LeaderError),
+    /// Ganeti's vote made another node master: maintd acts only on the master.
+    #[error("this node ({node}) is not the Ganeti master ({master})")]
+    NotGanetiMaster { node: String, master: String },
 }
 
 impl DaemonError {
@@ -60,6 +63,7 @@ impl DaemonError {
     pub fn exit_code(&self) -> i32 {
         match self {
             DaemonError::Lock(lock::LockError::Held { .. }) => lock::EXIT_NOT_MASTER,
+            DaemonError::NotGanetiMaster { .. } => lock::EXIT_NOT_MASTER,
             DaemonError::Leader(_) => crate::leader::EXIT_LOST_LEADERSHIP,
             _ => 1,
         }
@@ -129,6 +133,22 @@ pub async fn run(
                 (Arc::new(PlanBook::fixed(plans)), None)
             };
             run_with(&cfg, (key, book), store, k, parts, lock, shutdown).await
+        }
+        Backend::Ganeti => {
+            let g = Arc::new(crate::cluster::ganeti::Ganeti::connect(&cfg.ganeti)?);
+            // Master only, by Ganeti's own vote (the lock above only keeps two daemons on one
+            // host apart).
+            let (node, master) = (cfg.ganeti.this_node(&cfg.host), g.master().await?);
+            if node != master {
+                return Err(DaemonError::NotGanetiMaster { node, master });
+            }
+            let nodes = g.members().await?;
+            info!(nodes = nodes.len(), %master, "nodes read from the Ganeti RAPI");
+            let leadership = Leadership::single(node, store.clone());
+            let parts = (nodes, leadership, None, store.clone() as Arc<dyn FlowStore>);
+            let (key, plans) = loaded;
+            let book = Arc::new(PlanBook::fixed(plans));
+            run_with(&cfg, (key, book), store, g, parts, lock, shutdown).await
         }
         Backend::Inventory => {
             let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);

@@ -75,6 +75,36 @@ impl Ganeti {
         self.run(&all)
     }
 
+    /// The command prefix that runs a program in the cluster's network namespace.
+    pub fn inside(&self) -> Vec<String> {
+        vec![
+            "nsenter".into(),
+            format!("--net={}", self.path("ns/net").display()),
+            "--".into(),
+        ]
+    }
+
+    /// `target` (an address in the namespace) on `127.0.0.1:<port>`; stops when dropped.
+    pub fn forward(&self, target: &str) -> (u16, super::Proc) {
+        let port = super::free_port();
+        let child = Command::new("socat")
+            .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"))
+            .arg(format!(
+                "EXEC:nsenter --net={} socat STDIO TCP\\:{}",
+                self.path("ns/net").display(),
+                target.replace(':', "\\:")
+            ))
+            .spawn()
+            .unwrap();
+        (
+            port,
+            super::Proc {
+                child,
+                log: PathBuf::new(),
+            },
+        )
+    }
+
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }

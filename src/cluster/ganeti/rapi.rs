@@ -96,11 +96,17 @@ pub struct JobDone {
 const FINAL: [&str; 3] = ["success", "error", "canceled"];
 
 pub struct Rapi {
-    http: reqwest::Client,
+    tls: tokio_rustls::TlsConnector,
+    host: String,
+    port: u16,
+    server: rustls_pki_types::ServerName<'static>,
     base: String,
+    /// `Basic <user:password>`, the only place the password is kept.
+    auth: hyper::header::HeaderValue,
     user: String,
-    password: String,
     retries: u32,
+    /// Connect and handshake; a whole request gets at least the RAPI's own job wait more.
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for Rapi {
@@ -113,8 +119,18 @@ impl std::fmt::Debug for Rapi {
     }
 }
 
+/// The largest answer read (the job list of a busy cluster stays far below).
+const MAX_ANSWER: usize = 64 << 20;
+
+/// Why one try failed: before the request left (worth another try) or after.
+enum Try {
+    NotSent(String),
+    Failed(String),
+}
+
 impl Rapi {
     pub fn new(s: &RapiSettings) -> Result<Rapi, RapiError> {
+        use base64::Engine;
         let cert_err = |detail: String| RapiError::Certificate {
             path: s.certificate.clone(),
             detail,
@@ -132,20 +148,100 @@ impl Rapi {
             })?
             .trim_end_matches(['\n', '\r'])
             .to_string();
-        let http = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .connect_timeout(s.timeout)
-            // A job wait is held up to ten seconds by the RAPI itself.
-            .timeout(s.timeout.max(Duration::from_secs(15)))
-            .build()
-            .map_err(|e| RapiError::Setup(e.to_string()))?;
+        let uri: hyper::Uri = s
+            .url
+            .parse()
+            .map_err(|e| RapiError::Setup(format!("rapi-url {:?}: {e}", s.url)))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(RapiError::Setup(format!(
+                "rapi-url {:?}: the RAPI speaks https only",
+                s.url
+            )));
+        }
+        let host = uri
+            .host()
+            .ok_or_else(|| RapiError::Setup(format!("rapi-url {:?}: no host", s.url)))?
+            .trim_matches(['[', ']'])
+            .to_string();
+        // The name is not checked (the certificate is pinned), but TLS needs one.
+        let server = rustls_pki_types::ServerName::try_from(host.clone())
+            .map_err(|e| RapiError::Setup(format!("rapi-url {:?}: {e}", s.url)))?;
+        let token =
+            base64::engine::general_purpose::STANDARD.encode(format!("{}:{password}", s.user));
+        let mut auth = hyper::header::HeaderValue::from_str(&format!("Basic {token}"))
+            .map_err(|_| RapiError::Setup("the RAPI user or password is not header text".into()))?;
+        auth.set_sensitive(true);
         Ok(Rapi {
-            http,
+            tls: tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls)),
+            port: uri.port_u16().unwrap_or(5080),
+            host,
+            server,
             base: s.url.trim_end_matches('/').to_string(),
+            auth,
             user: s.user.clone(),
-            password,
             retries: s.retries,
+            timeout: s.timeout,
         })
+    }
+
+    /// One request on a connection of its own (the RAPI is asked rarely).
+    async fn once(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Vec<u8>), Try> {
+        use http_body_util::BodyExt;
+        let connect = async {
+            let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
+                .await
+                .map_err(|e| Try::NotSent(format!("connect: {e}")))?;
+            let tls = self
+                .tls
+                .connect(self.server.clone(), tcp)
+                .await
+                .map_err(|e| Try::NotSent(format!("TLS: {e}")))?;
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .map_err(|e| Try::NotSent(format!("HTTP: {e}")))
+        };
+        let (mut send, conn) = tokio::time::timeout(self.timeout, connect)
+            .await
+            .map_err(|_| Try::NotSent(format!("no connection within {:?}", self.timeout)))??;
+        let driver = tokio::spawn(conn);
+        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, &self.host)
+            .header(hyper::header::AUTHORIZATION, self.auth.clone())
+            .header(hyper::header::ACCEPT, "application/json");
+        if body.is_some() {
+            // Ganeti refuses a write without this type (415).
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(http_body_util::Full::new(hyper::body::Bytes::from(bytes)))
+            .map_err(|e| Try::NotSent(e.to_string()))?;
+        let exchange = async {
+            let resp = send
+                .send_request(req)
+                .await
+                .map_err(|e| Try::Failed(e.to_string()))?;
+            let status = resp.status().as_u16();
+            let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| Try::Failed(format!("reading the answer: {e}")))?;
+            Ok((status, body.to_bytes().to_vec()))
+        };
+        // A job wait is held up to ten seconds by the RAPI itself.
+        let deadline = self.timeout.max(Duration::from_secs(15));
+        let out = tokio::time::timeout(deadline, exchange)
+            .await
+            .unwrap_or_else(|_| Err(Try::Failed(format!("no answer within {deadline:?}"))));
+        driver.abort();
+        out
     }
 
     async fn call(
@@ -154,54 +250,39 @@ impl Rapi {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, RapiError> {
-        let m = reqwest::Method::from_bytes(method.as_bytes()).expect("a method");
         let mut tries = 0;
-        loop {
-            let mut req = self
-                .http
-                .request(m.clone(), format!("{}{path}", self.base))
-                .basic_auth(&self.user, Some(&self.password));
-            if let Some(b) = body {
-                // Ganeti refuses a write without this type (415).
-                req = req.json(b);
-            }
-            let resp = match req.send().await {
-                Ok(r) => r,
-                // Only a request that never reached the RAPI is sent again: a write that timed
-                // out may have been queued, and the caller finds it by its reason.
-                Err(e) if e.is_connect() && tries < self.retries => {
+        let (status, text) = loop {
+            match self.once(method, path, body).await {
+                Ok(r) => break r,
+                // Only a request that never left is sent again: a write that timed out may
+                // have been queued, and the caller finds it by its reason.
+                Err(Try::NotSent(_)) if tries < self.retries => {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(200 << tries.min(4))).await;
-                    continue;
                 }
-                Err(e) => {
+                Err(Try::NotSent(detail) | Try::Failed(detail)) => {
                     return Err(RapiError::Transport {
                         method,
                         path: path.into(),
-                        detail: without_url(e),
+                        detail,
                     });
                 }
-            };
-            let status = resp.status().as_u16();
-            let text = resp.text().await.map_err(|e| RapiError::Transport {
-                method,
-                path: path.into(),
-                detail: without_url(e),
-            })?;
-            if !(200..300).contains(&status) {
-                return Err(RapiError::Status {
-                    method,
-                    path: path.into(),
-                    status,
-                    message: error_message(&text),
-                });
             }
-            return serde_json::from_str(&text).map_err(|e| RapiError::Answer {
+        };
+        let text = String::from_utf8_lossy(&text);
+        if !(200..300).contains(&status) {
+            return Err(RapiError::Status {
                 method,
                 path: path.into(),
-                detail: e.to_string(),
+                status,
+                message: error_message(&text),
             });
         }
+        serde_json::from_str(&text).map_err(|e| RapiError::Answer {
+            method,
+            path: path.into(),
+            detail: e.to_string(),
+        })
     }
 
     fn answer<T: for<'de> Deserialize<'de>>(
@@ -214,6 +295,11 @@ impl Rapi {
             path: path.into(),
             detail: e.to_string(),
         })
+    }
+
+    /// A read of any resource.
+    pub async fn get(&self, path: &str) -> Result<Value, RapiError> {
+        self.call("GET", path, None).await
     }
 
     /// The node Ganeti's own vote made master.
@@ -385,21 +471,8 @@ fn error_message(text: &str) -> String {
     }
 }
 
-/// A transport error without the URL reqwest puts in its text (the path is named apart).
-fn without_url(e: reqwest::Error) -> String {
-    let e = e.without_url();
-    let mut s = e.to_string();
-    let mut src = std::error::Error::source(&e);
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
-}
-
 /// Percent-encodes a query value.
-fn encode(v: &str) -> String {
+pub fn encode(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
     for b in v.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~:".contains(&b) {

@@ -1,0 +1,365 @@
+//! The Ganeti backend: nodes, roles and tags from the RAPI; every action a Ganeti job carrying
+//! maintd's reason (`gnt:daemon:maintd` and the event), adopted after a restart instead of
+//! submitted twice, and followed to its end with its child jobs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::rapi::{Rapi, RapiError, RapiNode, RapiSettings};
+use crate::cluster::{Cluster, ClusterError};
+use crate::node::NodeConfig;
+use crate::repair::{Job, JobKind};
+use crate::verdict::Outcome;
+
+/// The `[ganeti]` section.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct GanetiConfig {
+    pub rapi_url: String,
+    /// The RAPI's certificate, pinned: its first PEM certificate is the only one trusted.
+    pub rapi_certificate: PathBuf,
+    pub rapi_user: String,
+    pub rapi_password_file: PathBuf,
+    #[serde(with = "humantime_serde")]
+    pub rapi_timeout: Duration,
+    pub rapi_retries: u32,
+    /// How Ganeti picks where instances go.
+    pub iallocator: String,
+    /// How long one action's jobs (child jobs included) may take.
+    #[serde(with = "humantime_serde")]
+    pub job_timeout: Duration,
+    /// The collectors' port on Ganeti nodes: Ganeti's monitoring daemon holds 1815.
+    pub collector_port: u16,
+    /// This host's Ganeti node name (default: `GANETI_HOSTNAME` when set, else the host name).
+    pub node_name: Option<String>,
+}
+
+impl Default for GanetiConfig {
+    fn default() -> Self {
+        GanetiConfig {
+            rapi_url: "https://localhost:5080".into(),
+            rapi_certificate: "/var/lib/ganeti/rapi.pem".into(),
+            rapi_user: "maintd".into(),
+            rapi_password_file: "/etc/maintd/ganeti-rapi-password".into(),
+            rapi_timeout: Duration::from_secs(30),
+            rapi_retries: 3,
+            iallocator: "hail".into(),
+            job_timeout: Duration::from_secs(30 * 60),
+            collector_port: 1817,
+            node_name: None,
+        }
+    }
+}
+
+impl GanetiConfig {
+    pub fn rapi(&self) -> RapiSettings {
+        RapiSettings {
+            url: self.rapi_url.clone(),
+            certificate: self.rapi_certificate.clone(),
+            user: self.rapi_user.clone(),
+            password_file: self.rapi_password_file.clone(),
+            timeout: self.rapi_timeout,
+            retries: self.rapi_retries,
+        }
+    }
+
+    /// The name Ganeti knows this host by.
+    pub fn this_node(&self, host: &str) -> String {
+        self.node_name
+            .clone()
+            .or_else(|| std::env::var("GANETI_HOSTNAME").ok())
+            .unwrap_or_else(|| host.to_string())
+    }
+}
+
+impl From<RapiError> for ClusterError {
+    fn from(e: RapiError) -> Self {
+        ClusterError::Ganeti(e.to_string())
+    }
+}
+
+/// The marker every job of maintd's carries in its reason trail.
+pub const REASON_SOURCE: &str = "gnt:daemon:maintd";
+
+pub struct Ganeti {
+    rapi: Rapi,
+    iallocator: String,
+    job_timeout: Duration,
+    collector_port: u16,
+}
+
+impl Ganeti {
+    pub fn connect(cfg: &GanetiConfig) -> Result<Ganeti, ClusterError> {
+        Ok(Ganeti {
+            rapi: Rapi::new(&cfg.rapi())?,
+            iallocator: cfg.iallocator.clone(),
+            job_timeout: cfg.job_timeout,
+            collector_port: cfg.collector_port,
+        })
+    }
+
+    pub fn rapi(&self) -> &Rapi {
+        &self.rapi
+    }
+
+    /// The master by Ganeti's own vote.
+    pub async fn master(&self) -> Result<String, ClusterError> {
+        Ok(self.rapi.master().await?)
+    }
+
+    /// Every node with its collector at its primary address.
+    pub async fn members(&self) -> Result<Vec<NodeConfig>, ClusterError> {
+        let path = "/2/nodes?bulk=1";
+        let nodes: Vec<Value> = serde_json::from_value(self.rapi_get(path).await?)
+            .map_err(|e| ClusterError::Ganeti(format!("GET {path}: {e}")))?;
+        Ok(nodes
+            .iter()
+            .filter_map(|n| {
+                let name = n["name"].as_str()?;
+                let ip = n["pip"].as_str()?;
+                Some(NodeConfig {
+                    name: name.into(),
+                    collector: format!("{ip}:{}", self.collector_port),
+                })
+            })
+            .collect())
+    }
+
+    async fn rapi_get(&self, path: &str) -> Result<Value, ClusterError> {
+        Ok(self.rapi.get(path).await?)
+    }
+
+    async fn node(&self, name: &str) -> Result<RapiNode, ClusterError> {
+        self.rapi
+            .nodes()
+            .await?
+            .into_iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| ClusterError::UnknownNode(name.into()))
+    }
+
+    /// Runs one job to its end: the one already queued with `reason` (submitted before a
+    /// restart), else a new one.
+    async fn job(
+        &self,
+        method: &'static str,
+        path: &str,
+        reason: &str,
+        body: Option<Value>,
+    ) -> Result<String, RapiError> {
+        let id = match self.rapi.find_job(reason).await? {
+            Some(id) => id,
+            None => {
+                self.rapi
+                    .submit(method, path, reason, body.as_ref())
+                    .await?
+            }
+        };
+        let done = self.rapi.wait(id, self.job_timeout).await?;
+        Ok(if done.children.is_empty() {
+            format!("job {id}")
+        } else {
+            let c: Vec<String> = done.children.iter().map(u64::to_string).collect();
+            format!("job {id} (child jobs {})", c.join(", "))
+        })
+    }
+
+    fn reason(what: &str) -> String {
+        format!("{REASON_SOURCE} {what}")
+    }
+
+    /// Moves the node's instances away: primaries by live migration (`live`) or failover,
+    /// secondaries by a secondary evacuation, each with the iallocator.
+    async fn evacuate(&self, job: &Job, live: bool) -> Result<String, ClusterError> {
+        let node = self.node(&job.node).await?;
+        let n = &job.node;
+        let base = format!("maintd:{} job:{}", job.event, job.id);
+        let mut done = Vec::new();
+        if !node.pinst_list.is_empty() {
+            if live {
+                let body = json!({"mode": "live", "iallocator": self.iallocator});
+                let r = Self::reason(&format!("{base} migrate"));
+                done.push(
+                    self.job("POST", &format!("/2/nodes/{n}/migrate"), &r, Some(body))
+                        .await?,
+                );
+            } else {
+                for inst in &node.pinst_list {
+                    let body = json!({"iallocator": self.iallocator});
+                    let r = Self::reason(&format!("{base} failover {inst}"));
+                    let path = format!("/2/instances/{inst}/failover");
+                    done.push(self.job("PUT", &path, &r, Some(body)).await?);
+                }
+            }
+        }
+        if !node.sinst_list.is_empty() {
+            let body = json!({"mode": "secondary-only", "iallocator": self.iallocator});
+            let r = Self::reason(&format!("{base} evacuate-secondaries"));
+            done.push(
+                self.job("POST", &format!("/2/nodes/{n}/evacuate"), &r, Some(body))
+                    .await?,
+            );
+        }
+        let left = self.node(n).await?;
+        if !left.pinst_list.is_empty() || !left.sinst_list.is_empty() {
+            return Err(ClusterError::Ganeti(format!(
+                "{n} still holds instances after {}: primary {:?}, secondary {:?}",
+                done.join(", "),
+                left.pinst_list,
+                left.sinst_list
+            )));
+        }
+        Ok(if done.is_empty() {
+            format!("{n} holds no instance")
+        } else {
+            format!("{n} evacuated: {}", done.join(", "))
+        })
+    }
+
+    /// Sets a node offline (`true`) or back to a regular role (`false`), unless it is so.
+    async fn set_offline(
+        &self,
+        n: &str,
+        offline: bool,
+        what: &str,
+    ) -> Result<String, ClusterError> {
+        let node = self.node(n).await?;
+        if node.offline == offline && !node.drained {
+            return Ok(format!(
+                "{n} already {}",
+                if offline { "offline" } else { "online" }
+            ));
+        }
+        let r = Self::reason(what);
+        Ok(if offline {
+            let body = json!({"offline": true});
+            self.job("POST", &format!("/2/nodes/{n}/modify"), &r, Some(body))
+                .await?
+        } else {
+            let body = json!("regular");
+            self.job("PUT", &format!("/2/nodes/{n}/role?force=1"), &r, Some(body))
+                .await?
+        })
+    }
+}
+
+fn outcome(r: Result<String, ClusterError>) -> Outcome {
+    match r {
+        Ok(d) => Outcome::done(d),
+        Err(e) => Outcome::failed(e.to_string()),
+    }
+}
+
+#[async_trait::async_trait]
+impl Cluster for Ganeti {
+    async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError> {
+        Ok(self
+            .rapi
+            .nodes()
+            .await?
+            .into_iter()
+            .map(|n| (n.name, n.tags.into_iter().collect()))
+            .collect())
+    }
+
+    async fn add_tag(&self, node: &str, tag: &str) -> Result<(), ClusterError> {
+        if self.node(node).await?.tags.iter().any(|t| t == tag) {
+            return Ok(());
+        }
+        let path = format!("/2/nodes/{node}/tags?tag={}", super::rapi::encode(tag));
+        self.job("PUT", &path, &Self::reason(&format!("tag {tag}")), None)
+            .await?;
+        Ok(())
+    }
+
+    async fn remove_tag(&self, node: &str, tag: &str) -> Result<bool, ClusterError> {
+        if !self.node(node).await?.tags.iter().any(|t| t == tag) {
+            return Ok(false);
+        }
+        let path = format!("/2/nodes/{node}/tags?tag={}", super::rapi::encode(tag));
+        self.job(
+            "DELETE",
+            &path,
+            &Self::reason(&format!("untag {tag}")),
+            None,
+        )
+        .await?;
+        Ok(true)
+    }
+
+    async fn run_job(&self, job: &Job, _event_json: &str) -> Outcome {
+        let what = format!("maintd:{} job:{} {}", job.event, job.id, job.kind.as_str());
+        match job.kind {
+            JobKind::Evacuate => outcome(self.evacuate(job, true).await),
+            JobKind::EvacuateFailover => outcome(self.evacuate(job, false).await),
+            JobKind::Offline => outcome(self.set_offline(&job.node, true, &what).await),
+            JobKind::Online => outcome(self.set_offline(&job.node, false, &what).await),
+            JobKind::LiveRepair | JobKind::Remedy => Outcome::failed(format!(
+                "{} is not a Ganeti job (live repairs run on the collector)",
+                job.kind.as_str()
+            )),
+        }
+    }
+
+    async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
+        Ok(self
+            .rapi
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|n| n.offline)
+            .map(|n| n.name)
+            .collect())
+    }
+
+    /// The node is proven off: marked offline, then each of its instances failed over to a
+    /// healthy node ignoring the dead node's disks.
+    async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome {
+        let r = async {
+            let base = format!("fence:{flow} release:{attempt}");
+            let mut done = vec![
+                self.set_offline(node, true, &Self::reason(&format!("{base} offline")))
+                    .await?,
+            ];
+            for inst in self.node(node).await?.pinst_list {
+                let body = json!({"iallocator": self.iallocator, "ignore_consistency": true});
+                let r = Self::reason(&format!("{base} failover {inst}"));
+                let path = format!("/2/instances/{inst}/failover");
+                done.push(format!(
+                    "{inst}: {}",
+                    self.job("PUT", &path, &r, Some(body)).await?
+                ));
+            }
+            Ok(done.join("; "))
+        };
+        outcome(r.await)
+    }
+
+    async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
+        outcome(
+            self.set_offline(node, false, &Self::reason(&format!("fence:{flow} reclaim")))
+                .await,
+        )
+    }
+
+    /// A self-fencing node is drained (no new instances) until it is back.
+    async fn mark_unschedulable(&self, node: &str, flow: &Uuid, on: bool) -> Outcome {
+        let r = async {
+            let n = self.node(node).await?;
+            if n.drained == on {
+                return Ok(format!("{node} drained: {on}"));
+            }
+            let r = Self::reason(&format!("fence:{flow} drained:{on}"));
+            let body = json!({"drained": on});
+            Ok(self
+                .job("POST", &format!("/2/nodes/{node}/modify"), &r, Some(body))
+                .await?)
+        };
+        outcome(r.await)
+    }
+}
