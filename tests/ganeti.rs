@@ -78,24 +78,7 @@ async fn the_rapi_client_drives_a_real_ganeti_cluster() {
     }
 
     // A node migrate submits one child job per instance; the wait follows them to the end.
-    g.gnt(&[
-        "gnt-instance",
-        "add",
-        "-t",
-        "diskless",
-        "-o",
-        "noop",
-        "-n",
-        "node2",
-        "--no-name-check",
-        "--no-ip-check",
-        "--no-install",
-        "-B",
-        "memory=128",
-        "--net=0:link=gnt-br",
-        "inst1",
-    ]);
-    g.gnt(&["gnt-instance", "startup", "inst1"]);
+    g.running_instance("inst1", "node2");
     let id = rapi
         .submit(
             "POST",
@@ -165,24 +148,7 @@ async fn the_rapi_client_drives_a_real_ganeti_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     let Some(g) = Ganeti::up() else { return };
-    g.gnt(&[
-        "gnt-instance",
-        "add",
-        "-t",
-        "diskless",
-        "-o",
-        "noop",
-        "-n",
-        "node2",
-        "--no-name-check",
-        "--no-ip-check",
-        "--no-install",
-        "-B",
-        "memory=128",
-        "--net=0:link=gnt-br",
-        "inst1",
-    ]);
-    g.gnt(&["gnt-instance", "startup", "inst1"]);
+    g.running_instance("inst1", "node2");
 
     let mut c = common::Cluster::new(2);
     c.inventory_nodes = false;
@@ -285,6 +251,69 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
             })
     })
     .await;
+    let nodes = g.gnt(&["gnt-node", "list", "--no-headers", "-o", "name,offline"]);
+    assert!(nodes.contains("node2 N"), "{nodes}");
+}
+
+/// Fencing's release on Ganeti, once a node is proven off: its node daemon dies (the node is
+/// gone), the release marks it offline and fails its instance over to node1 ignoring the dead
+/// node's disks; once it is back, the reclaim returns it to the regular role. Both are
+/// idempotent: a second call changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_nodes_instances_fail_over_and_it_returns_after_recovery() {
+    use maintd::cluster::Cluster;
+    use maintd::cluster::ganeti::{Ganeti as Backend, GanetiConfig};
+    let Some(g) = Ganeti::up() else { return };
+    g.running_instance("inst1", "node2");
+    let s = g.settings();
+    let cfg = GanetiConfig {
+        rapi_url: s.url,
+        rapi_certificate: s.certificate,
+        rapi_password_file: s.password_file,
+        ..GanetiConfig::default()
+    };
+    let b = Backend::connect(&cfg).unwrap();
+
+    let pid = std::fs::read_to_string(g.path("vc/node2/var/run/ganeti/ganeti-noded.pid")).unwrap();
+    g.run(&["kill", "-KILL", pid.trim()]);
+    common::wait_for("inst1 seen on a dead node", || async {
+        let l = g.gnt(&["gnt-instance", "list", "--no-headers", "-o", "name,status"]);
+        l.contains("ERROR_nodedown").then_some(())
+    })
+    .await;
+
+    let flow = uuid::Uuid::new_v4();
+    let o = b.release("node2", &flow, 1).await;
+    assert!(o.ok, "{o:?}");
+    let list = g.gnt(&[
+        "gnt-instance",
+        "list",
+        "--no-headers",
+        "-o",
+        "name,pnode,status",
+    ]);
+    assert!(list.contains("inst1 node1 running"), "{list}");
+    assert_eq!(
+        b.offline_nodes()
+            .await
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["node2"]
+    );
+    let again = b.release("node2", &flow, 1).await;
+    assert!(again.ok, "{again:?}");
+
+    // The node is back (its node daemon runs again); the reclaim returns it to service.
+    g.run(&[
+        "node2/cmd",
+        "/usr/lib/ganeti/daemon-util",
+        "start",
+        "ganeti-noded",
+    ]);
+    let o = b.reclaim("node2", &flow).await;
+    assert!(o.ok, "{o:?}");
+    assert!(b.offline_nodes().await.unwrap().is_empty());
     let nodes = g.gnt(&["gnt-node", "list", "--no-headers", "-o", "name,offline"]);
     assert!(nodes.contains("node2 N"), "{nodes}");
 }

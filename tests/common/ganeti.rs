@@ -75,6 +75,28 @@ impl Ganeti {
         self.run(&all)
     }
 
+    /// A diskless instance `name`, running on `node` (the fake hypervisor, the no-op OS).
+    pub fn running_instance(&self, name: &str, node: &str) {
+        self.gnt(&[
+            "gnt-instance",
+            "add",
+            "-t",
+            "diskless",
+            "-o",
+            "noop",
+            "-n",
+            node,
+            "--no-name-check",
+            "--no-ip-check",
+            "--no-install",
+            "-B",
+            "memory=128",
+            "--net=0:link=gnt-br",
+            name,
+        ]);
+        self.gnt(&["gnt-instance", "startup", name]);
+    }
+
     /// The command prefix that runs a program in the cluster's network namespace.
     pub fn inside(&self) -> Vec<String> {
         vec![
