@@ -157,9 +157,10 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     c.daemon_host = "192.0.2.10".into();
     let ganeti = |url: &str, node: &str| {
         format!(
-            "[ganeti]\nrapi-url = \"{url}\"\nrapi-certificate = \"{}\"\nrapi-password-file = \"{}\"\nnode-name = \"{node}\"\nrapi-timeout = \"20s\"\n",
+            "[ganeti]\nrapi-url = \"{url}\"\nrapi-certificate = \"{}\"\nrapi-password-file = \"{}\"\nnode-name = \"{node}\"\nrapi-timeout = \"20s\"\nssconf-dir = \"{}\"\n",
             g.path("rapi.crt").display(),
-            g.path("rapi-password").display()
+            g.path("rapi-password").display(),
+            g.path(&format!("vc/{node}/var/lib/ganeti")).display()
         )
     };
     // Ganeti's vote decides: on node2 the daemon refuses to act, with Ganeti's exit code.
@@ -253,6 +254,16 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     .await;
     let nodes = g.gnt(&["gnt-node", "list", "--no-headers", "-o", "name,offline"]);
     assert!(nodes.contains("node2 N"), "{nodes}");
+
+    // Ganeti moves its master: the daemon on the old one stops acting and exits with 11.
+    g.run(&["node2/cmd", "gnt-cluster", "master-failover"]);
+    let daemon = &mut c.daemon.as_mut().unwrap().child;
+    let code = common::wait_for("the old master's daemon to stop", || {
+        let code = daemon.try_wait().unwrap().map(|s| s.code());
+        async move { code }
+    })
+    .await;
+    assert_eq!(code, Some(11), "{}", c.daemon_log());
 }
 
 /// Fencing's release on Ganeti, once a node is proven off: its node daemon dies (the node is

@@ -144,11 +144,25 @@ pub async fn run(
             }
             let nodes = g.members().await?;
             info!(nodes = nodes.len(), %master, "nodes read from the Ganeti RAPI");
-            let leadership = Leadership::single(node, store.clone());
+            let leadership = Leadership::single(node.clone(), store.clone());
             let parts = (nodes, leadership, None, store.clone() as Arc<dyn FlowStore>);
             let (key, plans) = loaded;
             let book = Arc::new(PlanBook::fixed(plans));
-            run_with(&cfg, (key, book), store, g, parts, lock, shutdown).await
+            // After a master failover this daemon stops acting (a graceful stop, fence steps
+            // finished) and exits with 11; the new master's daemon takes over.
+            let lost = Arc::new(std::sync::Mutex::new(None::<String>));
+            let watch = master_watch(g.clone(), node.clone(), lost.clone());
+            let either = async move {
+                tokio::select! {
+                    _ = shutdown => {}
+                    _ = watch => {}
+                }
+            };
+            run_with(&cfg, (key, book), store, g, parts, lock, either).await?;
+            match lost.lock().ok().and_then(|mut l| l.take()) {
+                Some(master) => Err(DaemonError::NotGanetiMaster { node, master }),
+                None => Ok(()),
+            }
         }
         Backend::Inventory => {
             let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
@@ -162,6 +176,30 @@ pub async fn run(
             let (key, plans) = loaded;
             let book = Arc::new(PlanBook::fixed(plans));
             run_with(&cfg, (key, book), store, inv, parts, lock, shutdown).await
+        }
+    }
+}
+
+/// Every few seconds asks Ganeti who the master is; returns (with the new master recorded in
+/// `lost`) once it is another node. A RAPI that does not answer is no proof of a failover.
+async fn master_watch(
+    g: Arc<crate::cluster::ganeti::Ganeti>,
+    node: String,
+    lost: Arc<std::sync::Mutex<Option<String>>>,
+) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        match g.current_master().await {
+            Ok(m) if m != node => {
+                tracing::error!(node = %node, master = %m, "Ganeti made another node master: stopping");
+                if let Ok(mut l) = lost.lock() {
+                    *l = Some(m);
+                }
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot ask Ganeti who the master is"),
         }
     }
 }

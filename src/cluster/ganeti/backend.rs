@@ -37,6 +37,9 @@ pub struct GanetiConfig {
     pub collector_port: u16,
     /// This host's Ganeti node name (default: `GANETI_HOSTNAME` when set, else the host name).
     pub node_name: Option<String>,
+    /// Where Ganeti keeps this node's `ssconf_*` files: `ssconf_master_node` says who is master
+    /// now, even when the RAPI moved away with a failover.
+    pub ssconf_dir: PathBuf,
 }
 
 impl Default for GanetiConfig {
@@ -52,6 +55,7 @@ impl Default for GanetiConfig {
             job_timeout: Duration::from_secs(30 * 60),
             collector_port: 1817,
             node_name: None,
+            ssconf_dir: "/var/lib/ganeti".into(),
         }
     }
 }
@@ -88,6 +92,7 @@ pub const REASON_SOURCE: &str = "gnt:daemon:maintd";
 
 pub struct Ganeti {
     rapi: Rapi,
+    ssconf_master: PathBuf,
     iallocator: String,
     job_timeout: Duration,
     collector_port: u16,
@@ -97,10 +102,20 @@ impl Ganeti {
     pub fn connect(cfg: &GanetiConfig) -> Result<Ganeti, ClusterError> {
         Ok(Ganeti {
             rapi: Rapi::new(&cfg.rapi())?,
+            ssconf_master: cfg.ssconf_dir.join("ssconf_master_node"),
             iallocator: cfg.iallocator.clone(),
             job_timeout: cfg.job_timeout,
             collector_port: cfg.collector_port,
         })
+    }
+
+    /// Who is master as Ganeti told this node (its ssconf), or the RAPI when that file cannot
+    /// be read. After a failover the old master's RAPI is gone, but its ssconf is updated.
+    pub async fn current_master(&self) -> Result<String, ClusterError> {
+        match std::fs::read_to_string(&self.ssconf_master) {
+            Ok(m) if !m.trim().is_empty() => Ok(m.trim().to_string()),
+            _ => self.master().await,
+        }
     }
 
     pub fn rapi(&self) -> &Rapi {
