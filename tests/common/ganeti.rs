@@ -116,6 +116,8 @@ impl Ganeti {
                 self.path("ns/net").display(),
                 target.replace(':', "\\:")
             ))
+            // Connections refused before the daemon listens are the caller's to retry.
+            .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
         (
