@@ -90,13 +90,7 @@ async fn the_rapi_client_drives_a_real_ganeti_cluster() {
         .unwrap();
     let done = rapi.wait(id, LIMIT).await.unwrap();
     assert_eq!(done.children.len(), 1, "{done:?}");
-    let list = g.gnt(&[
-        "gnt-instance",
-        "list",
-        "--no-headers",
-        "-o",
-        "name,pnode,status",
-    ]);
+    let list = g.instances();
     assert!(list.contains("inst1 node1 running"), "{list}");
 
     // The wrong password is refused; so is a server with another certificate.
@@ -150,54 +144,18 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     let Some(g) = Ganeti::up() else { return };
     g.running_instance("inst1", "node2");
 
-    let mut c = common::Cluster::new(2);
-    c.inventory_nodes = false;
-    c.node_hosts = vec!["192.0.2.10".into(), "192.0.2.11".into()];
-    c.ports = vec![1817; 2];
-    c.daemon_host = "192.0.2.10".into();
-    let ganeti = |url: &str, node: &str| {
-        format!(
-            "[ganeti]\nrapi-url = \"{url}\"\nrapi-certificate = \"{}\"\nrapi-password-file = \"{}\"\nnode-name = \"{node}\"\nrapi-timeout = \"20s\"\nssconf-dir = \"{}\"\n",
-            g.path("rapi.crt").display(),
-            g.path("rapi-password").display(),
-            g.path(&format!("vc/{node}/var/lib/ganeti")).display()
-        )
-    };
+    let mut c = g.maintd("");
     // Ganeti's vote decides: on node2 the daemon refuses to act, with Ganeti's exit code.
-    c.extra_daemon_toml = ganeti(&format!("https://127.0.0.1:{}", g.port), "node2");
+    let own = c.extra_daemon_toml.clone();
+    c.extra_daemon_toml = g.daemon_toml(&format!("https://127.0.0.1:{}", g.port), "node2", "");
     let cfg = c.daemon_config();
     let (code, err) = c.daemon_exit(&cfg, &["--cluster", "ganeti"]);
     assert_eq!(code, Some(11), "{err}");
     assert!(err.contains("not the Ganeti master (node1)"), "{err}");
 
-    c.extra_daemon_toml = ganeti("https://192.0.2.10:5080", "node1");
-    let cfg = c.daemon_config();
-    let inside = g.inside();
-    let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
-    for i in 0..2 {
-        let ccfg = c.collector_config(i, "scripted", "cluster.key");
-        let name = format!("collector-{}", c.nodes[i]);
-        c.collectors[i] = Some(c.spawn_wrapped(
-            &name,
-            &wrap,
-            &["--config", ccfg.to_str().unwrap(), "collector"],
-        ));
-    }
-    c.daemon = Some(c.spawn_wrapped(
-        "daemon",
-        &wrap,
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "daemon",
-            "--cluster",
-            "ganeti",
-        ],
-    ));
-    let (port, _fwd) = g.forward(&format!("192.0.2.10:{}", c.api_port));
-    c.daemon_host = "127.0.0.1".into();
-    c.api_port = port;
-    c.wait_api().await;
+    c.extra_daemon_toml = own;
+    let port = c.api_port;
+    let _fwd = g.start(&mut c, port, None).await;
     common::wait_for("both nodes polled", || async {
         let (_, nodes) = c.get("/1/nodes").await;
         (nodes
@@ -212,15 +170,9 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     let e = c.wait_status("node2", "completed").await;
     let id = e["id"].as_str().unwrap().to_string();
     let tag = format!("maintd:repairready:{id}");
-    let list = g.gnt(&[
-        "gnt-instance",
-        "list",
-        "--no-headers",
-        "-o",
-        "name,pnode,status",
-    ]);
+    let list = g.instances();
     assert!(list.contains("inst1 node1 running"), "{list}");
-    let nodes = g.gnt(&["gnt-node", "list", "--no-headers", "-o", "name,offline"]);
+    let nodes = g.offline();
     assert!(nodes.contains("node2 Y"), "{nodes}");
     assert!(g.gnt(&["gnt-node", "list-tags", "node2"]).contains(&tag));
     // Every job carries maintd's reason with the event.
@@ -252,7 +204,7 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     })
     .await;
     assert!(why.contains("acknowledged; node back online"), "{why}");
-    let nodes = g.gnt(&["gnt-node", "list", "--no-headers", "-o", "name,offline"]);
+    let nodes = g.offline();
     assert!(nodes.contains("node2 N"), "{nodes}");
 
     // Ganeti moves its master: the daemon on the old one stops acting and exits with 11.
@@ -288,21 +240,14 @@ async fn a_fenced_nodes_instances_fail_over_and_it_returns_after_recovery() {
     let pid = std::fs::read_to_string(g.path("vc/node2/var/run/ganeti/ganeti-noded.pid")).unwrap();
     g.run(&["kill", "-KILL", pid.trim()]);
     common::wait_for("inst1 seen on a dead node", || async {
-        let l = g.gnt(&["gnt-instance", "list", "--no-headers", "-o", "name,status"]);
-        l.contains("ERROR_nodedown").then_some(())
+        g.instances().contains("ERROR_nodedown").then_some(())
     })
     .await;
 
     let flow = uuid::Uuid::new_v4();
     let o = b.release("node2", &flow, 1).await;
     assert!(o.ok, "{o:?}");
-    let list = g.gnt(&[
-        "gnt-instance",
-        "list",
-        "--no-headers",
-        "-o",
-        "name,pnode,status",
-    ]);
+    let list = g.instances();
     assert!(list.contains("inst1 node1 running"), "{list}");
     assert_eq!(
         b.offline_nodes()
@@ -325,6 +270,215 @@ async fn a_fenced_nodes_instances_fail_over_and_it_returns_after_recovery() {
     let o = b.reclaim("node2", &flow).await;
     assert!(o.ok, "{o:?}");
     assert!(b.offline_nodes().await.unwrap().is_empty());
-    let nodes = g.gnt(&["gnt-node", "list", "--no-headers", "-o", "name,offline"]);
+    let nodes = g.offline();
     assert!(nodes.contains("node2 N"), "{nodes}");
+}
+
+/// A job Ganeti refuses fails the event in Ganeti's own words and tags the node
+/// `maintd:repairfailed` in Ganeti; and a daemon killed while its job waits in Ganeti's queue
+/// adopts that job when it starts again, rather than submitting a second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_job_fails_the_event_and_a_restarted_daemon_adopts_its_job() {
+    let Some(g) = Ganeti::up() else { return };
+    // A `file` instance cannot migrate: the evacuation's child job fails.
+    g.instance_of("file", "f1", "node2");
+    let mut c = g.maintd("members-interval = \"1s\"\n");
+    let port = c.api_port;
+    c.set_verdict("node2", r#"{"status":"evacuate","details":{"disk":"sdb"}}"#);
+    let fwd = g.start(&mut c, port, None).await;
+    let e = c.wait_status("node2", "failed").await;
+    let id = e["id"].as_str().unwrap().to_string();
+    let detail = e["jobs"][0]["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        detail.contains("OpPrereqError: Instance's disk layout 'file' does not allow migrations"),
+        "{e}"
+    );
+    let failed = format!("maintd:repairfailed:{id}");
+    assert!(g.gnt(&["gnt-node", "list-tags", "node2"]).contains(&failed));
+    assert!(g.instances().contains("f1 node2 running"));
+
+    // The operator removes the instance and the tag: the flow starts again, and its migrate
+    // waits in Ganeti's queue behind a job holding node2.
+    g.gnt(&["gnt-instance", "remove", "-f", "f1"]);
+    g.running_instance("d1", "node2");
+    g.gnt(&[
+        "gnt-debug",
+        "delay",
+        "--submit",
+        "--no-master",
+        "-n",
+        "node2",
+        "15",
+    ]);
+    g.gnt(&["gnt-node", "remove-tags", "node2", &failed]);
+    let again = c
+        .wait_event("node2", "a new event", |e| e["id"] != id.as_str())
+        .await;
+    let reason = common::wait_for("the migrate job in Ganeti's queue", || {
+        let (g, again) = (&g, &again);
+        async move {
+            let job = again["jobs"]
+                .as_array()?
+                .iter()
+                .find(|j| j["kind"] == "evacuate")?
+                .clone();
+            let r = format!(
+                "gnt:daemon:maintd maintd:{} job:{} migrate",
+                again["id"].as_str()?,
+                job["id"]
+            );
+            (g.jobs_with_reason(&r, "OP_NODE_MIGRATE").await == 1).then_some(r)
+        }
+    })
+    .await;
+    c.kill_daemon();
+    assert!(
+        g.instances().contains("d1 node2 running"),
+        "the job was still waiting"
+    );
+    g.start(&mut c, port, Some(fwd)).await;
+    let done = c.wait_status("node2", "completed").await;
+    assert_eq!(done["id"], again["id"]);
+    assert!(g.instances().contains("d1 node1 running"));
+    assert_eq!(
+        g.jobs_with_reason(&reason, "OP_NODE_MIGRATE").await,
+        1,
+        "adopted, not submitted twice"
+    );
+    assert!(c.daemon_log().contains("resuming job"));
+
+    // The membership follows Ganeti's node list without a restart: node2 removed, added back.
+    let polled = |present: bool| {
+        let c = &c;
+        move || async move {
+            let (_, nodes) = c.get("/1/nodes").await;
+            let has = nodes.as_array()?.iter().any(|n| n["name"] == "node2");
+            (has == present).then_some(())
+        }
+    };
+    g.gnt(&["gnt-node", "remove", "node2"]);
+    common::wait_for("node2 gone from the managed nodes", polled(false)).await;
+    // Removing it took the cluster's key from node2's root (one root for both nodes here).
+    g.run(&[
+        "sh",
+        "-c",
+        "cat /root/.ssh/id_rsa.pub >> /root/.ssh/authorized_keys",
+    ]);
+    g.gnt(&["gnt-node", "add", "--no-ssh-key-check", "node2"]);
+    common::wait_for("node2 managed again", polled(true)).await;
+}
+
+/// harep's and hbal's work in maintd's rounds. An evacuation of node2 runs first; no balancing
+/// move touches node2 while its event holds it. Once node2 is back, hbal's moves spread
+/// node1's instances onto it. Then node2 dies and is marked offline: the instances tagged
+/// `ganeti:watcher:autorepair:failover` are failed over with harep's pending and result tags;
+/// an untagged one is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_repairs_and_balancing_run_in_rounds_apart_from_evacuations() {
+    let Some(g) = Ganeti::up() else { return };
+    for i in 1..=4 {
+        let name = format!("s{i}");
+        g.instance_of("sharedfile", &name, "node1");
+        g.gnt(&[
+            "gnt-instance",
+            "add-tags",
+            &name,
+            "ganeti:watcher:autorepair:failover",
+        ]);
+    }
+    g.running_instance("d1", "node2");
+    let mut c = g.maintd("repairs = true\nbalance = true\nupkeep-interval = \"1s\"\n");
+    let port = c.api_port;
+    c.set_verdict("node2", r#"{"status":"evacuate","details":{"disk":"sdb"}}"#);
+    let _fwd = g.start(&mut c, port, None).await;
+    let e = c.wait_status("node2", "completed").await;
+    let id = e["id"].as_str().unwrap().to_string();
+    assert!(g.instances().contains("d1 node1 running"));
+    // Held by its event (offline, awaiting repair): no move onto it.
+    common::some_polls().await;
+    assert!(!g.instances().contains("node2"), "{}", g.instances());
+
+    c.set_verdict("node2", r#"{"status":"Ok"}"#);
+    g.gnt(&[
+        "gnt-node",
+        "remove-tags",
+        "node2",
+        &format!("maintd:repairready:{id}"),
+    ]);
+    let list = common::wait_for("hbal's moves onto node2", || async {
+        let l = g.instances();
+        (l.lines().filter(|l| l.contains(" node2 running")).count() >= 2).then_some(l)
+    })
+    .await;
+    // Every balancing job ran after the evacuation's last job ended.
+    let rapi = maintd::cluster::ganeti::Rapi::new(&g.settings()).unwrap();
+    let jobs = rapi.get("/2/jobs?bulk=1").await.unwrap();
+    let reasons = |j: &serde_json::Value| -> Vec<String> {
+        j["ops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|op| op["reason"].as_array().cloned().unwrap_or_default())
+            .filter_map(|r| r[1].as_str().map(str::to_string))
+            .collect()
+    };
+    let ts = |j: &serde_json::Value, f: &str| {
+        j[f][0].as_f64().unwrap_or(0.0) + j[f][1].as_f64().unwrap_or(0.0) / 1e6
+    };
+    let (mut evac_end, mut balance_start) = (0.0f64, f64::MAX);
+    for j in jobs.as_array().unwrap() {
+        let r = reasons(j);
+        if r.iter().any(|r| r.contains(&format!("maintd:{id}"))) {
+            evac_end = evac_end.max(ts(j, "end_ts"));
+        }
+        if r.iter().any(|r| r.starts_with("gnt:daemon:maintd balance")) {
+            balance_start = balance_start.min(ts(j, "start_ts"));
+        }
+    }
+    assert!(balance_start < f64::MAX, "no balancing job: {list}");
+    assert!(
+        evac_end > 0.0 && balance_start > evac_end,
+        "{evac_end} {balance_start}"
+    );
+
+    // node2 dies; the operator marks it offline (as harep needs): the tagged instances there
+    // are failed over, each under harep's pending tag, ending with a result tag.
+    g.running_instance("u1", "node2");
+    let moved: Vec<String> = g
+        .instances()
+        .lines()
+        .filter(|l| l.contains(" node2 ") && l.starts_with('s'))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    assert!(!moved.is_empty());
+    let pid = std::fs::read_to_string(g.path("vc/node2/var/run/ganeti/ganeti-noded.pid")).unwrap();
+    g.run(&["kill", "-KILL", pid.trim()]);
+    g.gnt(&["gnt-node", "modify", "-O", "yes", "--force", "node2"]);
+    for name in &moved {
+        let tags = common::wait_for("the repair's result tag", || async {
+            let t = g.gnt(&["gnt-instance", "list-tags", name]);
+            t.contains("ganeti:watcher:autorepair:result:failover:")
+                .then_some(t)
+        })
+        .await;
+        assert!(tags.contains(":success:"), "{name}: {tags}");
+        assert!(
+            g.instances().contains(&format!("{name} node1 running")),
+            "{}",
+            g.instances()
+        );
+    }
+    let list = g.instances();
+    assert!(
+        list.contains("u1 node2 ERROR_nodeoffline"),
+        "untagged: left alone: {list}"
+    );
+    assert!(
+        g.gnt(&["gnt-instance", "list-tags", "u1"])
+            .trim()
+            .is_empty()
+    );
 }

@@ -214,4 +214,44 @@ pub trait Cluster: Send + Sync + 'static {
     async fn capacity(&self) -> Result<Option<crate::repair::capacity::Snapshot>, ClusterError> {
         Ok(None)
     }
+    /// The managed nodes as the backend lists them now, for backends whose membership can
+    /// change while the daemon runs without a watch of their own (Ganeti).
+    async fn members(&self) -> Result<Option<Vec<crate::node::NodeConfig>>, ClusterError> {
+        Ok(None)
+    }
+    /// How often `members` is worth asking; `None` when it never changes.
+    fn members_interval(&self) -> Option<std::time::Duration> {
+        None
+    }
+    /// The cluster's own upkeep for a round besides the events' jobs (Ganeti: instance repairs
+    /// and balancing moves), none touching a node in `busy` (being evacuated or repaired) and
+    /// no balancing move touching a node in `failed` (a failed event). `round` says a round of
+    /// events starts with it; otherwise the backend may decline to look (its own interval).
+    async fn plan_upkeep(&self, _plan: &UpkeepPlan) -> Result<Vec<Upkeep>, ClusterError> {
+        Ok(Vec::new())
+    }
+    /// Runs one planned upkeep task to its end. Idempotent across restarts, like jobs.
+    async fn run_upkeep(&self, u: &Upkeep) -> Outcome {
+        Outcome::failed(format!("{}: this backend has no upkeep", u.what))
+    }
+}
+
+/// What the engine knows when it asks for a round's upkeep.
+#[derive(Debug, Clone, Default)]
+pub struct UpkeepPlan {
+    /// Nodes with an active event or a job in the round.
+    pub busy: BTreeSet<String>,
+    /// Nodes with a failed event: no balancing there.
+    pub failed: BTreeSet<String>,
+    /// A round of events starts now (the upkeep joins it).
+    pub round: bool,
+}
+
+/// One upkeep task of a round: what it does (for logs and the API), the nodes it touches, and
+/// the backend's own description of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upkeep {
+    pub what: String,
+    pub nodes: BTreeSet<String>,
+    pub op: serde_json::Value,
 }

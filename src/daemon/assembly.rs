@@ -152,6 +152,11 @@ impl<C: Cluster> Assembly<C> {
             let run = w.clone().run(cluster, members, stopped(rx.clone()));
             others.push(tokio::spawn(run.instrument(info_span!("nodes"))));
         }
+        if let (None, Some(every)) = (&self.shared.watch, self.shared.cluster.members_interval()) {
+            let (cluster, members) = (self.shared.cluster.clone(), self.shared.members.clone());
+            let run = crate::members::refresh(cluster, members, every, stopped(rx.clone()));
+            others.push(tokio::spawn(run.instrument(info_span!("nodes"))));
+        }
         let (elect_stop, elect_rx) = watch::channel(false);
         let election = tokio::spawn(
             self.shared

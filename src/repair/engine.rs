@@ -46,6 +46,7 @@ pub struct Engine<C: Cluster> {
     /// When the last decision completed, and why the last one did not; `/1/health` reads it.
     health: Arc<Health>,
     clock: Arc<dyn crate::clock::Clock>,
+    upkeep: super::upkeep::Upkeeps,
 }
 
 /// Why a decision was skipped; the next tick tries again.
@@ -187,6 +188,7 @@ impl<C: Cluster> Engine<C> {
             resumed_term: std::sync::atomic::AtomicU64::new(0),
             health: Arc::new(Health::new(shared.clock.now())),
             clock: shared.clock.clone(),
+            upkeep: Default::default(),
         }
     }
 
@@ -273,6 +275,7 @@ impl<C: Cluster> Engine<C> {
         };
         state.members = Some(self.poller.member_names());
         state.max_remedies = Some(self.settings.max_remedies);
+        state.upkeep_running = self.upkeep.running();
         let now = self.clock.now();
         if let Some(w) = &self.watch {
             obs.conditions = w.evaluate(now).map(|e| e.verdicts);
@@ -300,11 +303,27 @@ impl<C: Cluster> Engine<C> {
             self.metrics.standby_dropped.inc_by(actions.len() as u64);
             return;
         }
-        for action in actions {
-            if let Err(e) = self.execute(&action, now).await {
+        for action in &actions {
+            if let Err(e) = self.execute(action, now).await {
                 // The next tick rebuilds from the store and decides again.
                 self.metrics.action_failed(e.metric_label());
                 error!(error = %e, reason = e.metric_label(), ?action, "action failed");
+            }
+        }
+        if let Some(plan) = super::upkeep::plan(&state, &actions, self.upkeep.running()) {
+            match self.cluster.plan_upkeep(&plan).await {
+                Ok(tasks) if !tasks.is_empty() => {
+                    info!(
+                        tasks = tasks.len(),
+                        round = plan.round,
+                        "cluster upkeep started"
+                    );
+                    self.upkeep.spawn(&self.cluster, tasks, &self.wake);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(error = %e, "cannot plan the cluster's upkeep; asked again next tick")
+                }
             }
         }
         if let Err(e) = self.leadership.checkpoint().await {

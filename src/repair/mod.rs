@@ -2,7 +2,7 @@
 //! jobs, rounds, actions), `decide` (what to do now), `capacity` (may this node be evacuated) and
 //! `conditions` (node-condition rules); the shell is `poller` (verified reports become
 //! observations), `engine` (the tick loop and executor of the actions) and `live` (live repairs on
-//! the collector). Hook jobs run through `exec::jobs`, behind the cluster backend.
+//! the collector), with `upkeep` the cluster's own work in rounds. Hook jobs run through `exec::jobs`, behind the cluster backend.
 
 pub mod capacity;
 pub mod conditions;
@@ -12,6 +12,7 @@ pub mod live;
 pub mod model;
 pub mod persisted;
 pub mod poller;
+pub mod upkeep;
 
 #[cfg(test)]
 mod tests;

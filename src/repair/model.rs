@@ -248,6 +248,9 @@ pub struct State {
     pub members: Option<BTreeSet<String>>,
     /// At most this many remedy Jobs in one round (cluster-wide); the others wait.
     pub max_remedies: Option<usize>,
+    /// The cluster's own upkeep (instance repairs, balancing moves) still runs: the next round
+    /// waits for it.
+    pub upkeep_running: bool,
 }
 
 /// What the last poll says about a node.

@@ -117,6 +117,7 @@ impl Store {
             capacity: None,
             members: None,
             max_remedies: None,
+            upkeep_running: false,
         })
     }
 

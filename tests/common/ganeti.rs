@@ -77,15 +77,25 @@ impl Ganeti {
 
     /// A diskless instance `name`, running on `node` (the fake hypervisor, the no-op OS).
     pub fn running_instance(&self, name: &str, node: &str) {
-        self.gnt(&[
+        self.instance_of("diskless", name, node)
+    }
+
+    /// A running instance with disk template `template` (a 1 GiB disk unless diskless).
+    pub fn instance_of(&self, template: &str, name: &str, node: &str) {
+        let mut args = vec![
             "gnt-instance",
             "add",
             "-t",
-            "diskless",
+            template,
             "-o",
             "noop",
             "-n",
             node,
+        ];
+        if template != "diskless" {
+            args.extend(["--disk", "0:size=1G", "--no-wait-for-sync"]);
+        }
+        args.extend([
             "--no-name-check",
             "--no-ip-check",
             "--no-install",
@@ -94,6 +104,7 @@ impl Ganeti {
             "--net=0:link=gnt-br",
             name,
         ]);
+        self.gnt(&args);
         self.gnt(&["gnt-instance", "startup", name]);
     }
 
@@ -127,6 +138,109 @@ impl Ganeti {
                 log: PathBuf::new(),
             },
         )
+    }
+
+    /// `gnt-instance list`: one `name pnode status` line per instance.
+    pub fn instances(&self) -> String {
+        self.gnt(&[
+            "gnt-instance",
+            "list",
+            "--no-headers",
+            "-o",
+            "name,pnode,status",
+        ])
+    }
+
+    /// `gnt-node list`: one `name offline` (Y/N) line per node.
+    pub fn offline(&self) -> String {
+        self.gnt(&["gnt-node", "list", "--no-headers", "-o", "name,offline"])
+    }
+
+    /// The `[ganeti]` section of a daemon on `node` reaching the RAPI at `url`, then `extra`.
+    pub fn daemon_toml(&self, url: &str, node: &str, extra: &str) -> String {
+        format!(
+            "[ganeti]\nrapi-url = \"{url}\"\nrapi-certificate = \"{}\"\nrapi-password-file = \"{}\"\nnode-name = \"{node}\"\nrapi-timeout = \"20s\"\nssconf-dir = \"{}\"\nluxi-socket = \"{}\"\n{extra}",
+            self.path("rapi.crt").display(),
+            self.path("rapi-password").display(),
+            self.path(&format!("vc/{node}/var/lib/ganeti")).display(),
+            self.path(&format!("vc/{node}/var/run/ganeti/socket/ganeti-query"))
+                .display(),
+        )
+    }
+
+    /// A test cluster of maintd for this Ganeti: collectors on both nodes' addresses (port
+    /// 1817), the daemon on node1's, all in the cluster's network namespace.
+    pub fn maintd(&self, extra: &str) -> super::Cluster {
+        let mut c = super::Cluster::new(2);
+        c.inventory_nodes = false;
+        c.node_hosts = vec!["192.0.2.10".into(), "192.0.2.11".into()];
+        c.ports = vec![1817; 2];
+        c.daemon_host = "192.0.2.10".into();
+        c.extra_daemon_toml = self.daemon_toml("https://192.0.2.10:5080", "node1", extra);
+        c
+    }
+
+    /// Starts the collectors (when not running) and the daemon of `c` inside the namespace,
+    /// and points `c` at the daemon's API through a forward (returned: it stops when dropped).
+    pub async fn start(
+        &self,
+        c: &mut super::Cluster,
+        daemon_port: u16,
+        fwd: Option<(u16, super::Proc)>,
+    ) -> (u16, super::Proc) {
+        let inside = self.inside();
+        let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
+        for i in 0..2 {
+            if c.collectors[i].is_none() {
+                let ccfg = c.collector_config(i, "scripted", "cluster.key");
+                let name = format!("collector-{}", c.nodes[i]);
+                c.collectors[i] = Some(c.spawn_wrapped(
+                    &name,
+                    &wrap,
+                    &["--config", ccfg.to_str().unwrap(), "collector"],
+                ));
+            }
+        }
+        c.daemon_host = "192.0.2.10".into();
+        c.api_port = daemon_port;
+        let cfg = c.daemon_config();
+        c.daemon = Some(c.spawn_wrapped(
+            "daemon",
+            &wrap,
+            &[
+                "--config",
+                cfg.to_str().unwrap(),
+                "daemon",
+                "--cluster",
+                "ganeti",
+            ],
+        ));
+        let fwd = fwd.unwrap_or_else(|| self.forward(&format!("192.0.2.10:{daemon_port}")));
+        c.daemon_host = "127.0.0.1".into();
+        c.api_port = fwd.0;
+        c.wait_api().await;
+        fwd
+    }
+
+    /// How many jobs in Ganeti's queue carry `reason` in their reason trail and run opcode
+    /// `op` (child jobs inherit their parent's trail).
+    pub async fn jobs_with_reason(&self, reason: &str, op: &str) -> usize {
+        let rapi = maintd::cluster::ganeti::Rapi::new(&self.settings()).unwrap();
+        let jobs = rapi.get("/2/jobs?bulk=1").await.unwrap();
+        jobs.as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["ops"][0]["OP_ID"] == op)
+            .filter(|j| {
+                j["ops"].as_array().into_iter().flatten().any(|op| {
+                    op["reason"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|e| e[1].as_str() == Some(reason))
+                })
+            })
+            .count()
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::rapi::{Rapi, RapiError, RapiNode, RapiSettings};
-use crate::cluster::{Cluster, ClusterError};
+use super::upkeep::UpkeepSettings;
+use crate::cluster::{Cluster, ClusterError, Upkeep, UpkeepPlan};
 use crate::node::NodeConfig;
 use crate::repair::{Job, JobKind};
 use crate::verdict::Outcome;
@@ -40,6 +41,25 @@ pub struct GanetiConfig {
     /// Where Ganeti keeps this node's `ssconf_*` files: `ssconf_master_node` says who is master
     /// now, even when the RAPI moved away with a failover.
     pub ssconf_dir: PathBuf,
+    /// How often the node list is read again (nodes added or removed without a restart).
+    #[serde(with = "humantime_serde")]
+    pub members_interval: Duration,
+    /// Instance repairs as harep does them, by its tags.
+    pub repairs: bool,
+    /// How long an instance stays `ERROR_down` before a repair moves it: Ganeti's watcher
+    /// restarts it in place first.
+    #[serde(with = "humantime_serde")]
+    pub repair_down_after: Duration,
+    /// Balancing moves from hbal in each round.
+    pub balance: bool,
+    /// hbal weighs the nodes' load from Ganeti's monitoring daemons (`--mond=yes`).
+    pub balance_mond: bool,
+    pub hbal: PathBuf,
+    /// Ganeti's query socket on the master, which hbal reads.
+    pub luxi_socket: PathBuf,
+    /// How often an idle daemon looks for repairs and moves (a round of events always looks).
+    #[serde(with = "humantime_serde")]
+    pub upkeep_interval: Duration,
 }
 
 impl Default for GanetiConfig {
@@ -56,6 +76,14 @@ impl Default for GanetiConfig {
             collector_port: 1817,
             node_name: None,
             ssconf_dir: "/var/lib/ganeti".into(),
+            members_interval: Duration::from_secs(30),
+            repairs: false,
+            repair_down_after: Duration::from_secs(10 * 60),
+            balance: false,
+            balance_mond: false,
+            hbal: "hbal".into(),
+            luxi_socket: "/var/run/ganeti/socket/ganeti-query".into(),
+            upkeep_interval: Duration::from_secs(60),
         }
     }
 }
@@ -91,11 +119,17 @@ impl From<RapiError> for ClusterError {
 pub const REASON_SOURCE: &str = "gnt:daemon:maintd";
 
 pub struct Ganeti {
-    rapi: Rapi,
+    pub(super) rapi: Rapi,
     ssconf_master: PathBuf,
-    iallocator: String,
-    job_timeout: Duration,
+    pub(super) iallocator: String,
+    pub(super) job_timeout: Duration,
     collector_port: u16,
+    members_interval: Duration,
+    pub(super) upkeep: UpkeepSettings,
+    /// When the upkeep last looked (it looks every `upkeep-interval` when idle).
+    pub(super) last_plan: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Since when each `ERROR_down` instance has been seen so.
+    pub(super) down_since: std::sync::Mutex<BTreeMap<String, tokio::time::Instant>>,
 }
 
 impl Ganeti {
@@ -106,6 +140,18 @@ impl Ganeti {
             iallocator: cfg.iallocator.clone(),
             job_timeout: cfg.job_timeout,
             collector_port: cfg.collector_port,
+            members_interval: cfg.members_interval,
+            upkeep: UpkeepSettings {
+                repairs: cfg.repairs,
+                repair_down_after: cfg.repair_down_after,
+                balance: cfg.balance,
+                balance_mond: cfg.balance_mond,
+                hbal: cfg.hbal.clone(),
+                luxi_socket: cfg.luxi_socket.clone(),
+                interval: cfg.upkeep_interval,
+            },
+            last_plan: Default::default(),
+            down_since: Default::default(),
         })
     }
 
@@ -167,6 +213,23 @@ impl Ganeti {
         reason: &str,
         body: Option<Value>,
     ) -> Result<String, RapiError> {
+        let (id, children) = self.job_ids(method, path, reason, body).await?;
+        Ok(if children.is_empty() {
+            format!("job {id}")
+        } else {
+            let c: Vec<String> = children.iter().map(u64::to_string).collect();
+            format!("job {id} (child jobs {})", c.join(", "))
+        })
+    }
+
+    /// `job`, returning the job's id and its child jobs' ids.
+    pub(super) async fn job_ids(
+        &self,
+        method: &'static str,
+        path: &str,
+        reason: &str,
+        body: Option<Value>,
+    ) -> Result<(u64, Vec<u64>), RapiError> {
         let id = match self.rapi.find_job(reason).await? {
             Some(id) => id,
             None => {
@@ -176,12 +239,7 @@ impl Ganeti {
             }
         };
         let done = self.rapi.wait(id, self.job_timeout).await?;
-        Ok(if done.children.is_empty() {
-            format!("job {id}")
-        } else {
-            let c: Vec<String> = done.children.iter().map(u64::to_string).collect();
-            format!("job {id} (child jobs {})", c.join(", "))
-        })
+        Ok((id, done.children))
     }
 
     fn reason(what: &str) -> String {
@@ -319,6 +377,22 @@ impl Cluster for Ganeti {
                 job.kind.as_str()
             )),
         }
+    }
+
+    async fn members(&self) -> Result<Option<Vec<NodeConfig>>, ClusterError> {
+        Ok(Some(Ganeti::members(self).await?))
+    }
+
+    fn members_interval(&self) -> Option<Duration> {
+        Some(self.members_interval)
+    }
+
+    async fn plan_upkeep(&self, plan: &UpkeepPlan) -> Result<Vec<Upkeep>, ClusterError> {
+        self.plan(plan).await
+    }
+
+    async fn run_upkeep(&self, u: &Upkeep) -> Outcome {
+        self.run(u).await
     }
 
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {

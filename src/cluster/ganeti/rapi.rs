@@ -83,6 +83,9 @@ pub struct RapiNode {
     pub sinst_list: Vec<String>,
     #[serde(default)]
     pub tags: Vec<String>,
+    /// The node group's name.
+    #[serde(default)]
+    pub group: String,
 }
 
 /// A finished job: its id and every child job it submitted, all successful.
@@ -341,16 +344,29 @@ impl Rapi {
             })
     }
 
-    /// The id of a job in the queue whose reason trail holds `reason`, the newest: a job
-    /// submitted before a restart is adopted instead of submitted twice.
+    /// The id of the job in the queue whose reason trail holds `reason`, the oldest: a job
+    /// submitted before a restart is adopted instead of submitted twice. (The child jobs a node
+    /// migrate submits inherit its reason trail; they come after it.)
     pub async fn find_job(&self, reason: &str) -> Result<Option<u64>, RapiError> {
-        let path = "/2/jobs?bulk=1";
-        let jobs: Vec<Value> = Self::answer("GET", path, self.call("GET", path, None).await?)?;
-        Ok(jobs
+        let jobs = self.jobs().await?;
+        let mine = jobs.iter().filter(|j| carries(j, |r| r == reason));
+        Ok(mine.filter_map(|j| j["id"].as_u64()).min())
+    }
+
+    /// The ids of the jobs in the queue not yet ended whose reason trail has an entry that
+    /// starts with `prefix` (maintd's balancing moves after a restart).
+    pub async fn unfinished(&self, prefix: &str) -> Result<Vec<u64>, RapiError> {
+        let jobs = self.jobs().await?;
+        let open = jobs
             .iter()
-            .filter(|j| carries(j, reason))
-            .filter_map(|j| j["id"].as_u64())
-            .max())
+            .filter(|j| !FINAL.contains(&j["status"].as_str().unwrap_or("")));
+        let mine = open.filter(|j| carries(j, |r| r.starts_with(prefix)));
+        Ok(mine.filter_map(|j| j["id"].as_u64()).collect())
+    }
+
+    async fn jobs(&self) -> Result<Vec<Value>, RapiError> {
+        let path = "/2/jobs?bulk=1";
+        Self::answer("GET", path, self.call("GET", path, None).await?)
     }
 
     /// Waits for job `id` and every child job it submits, for at most `limit` in all.
@@ -419,15 +435,11 @@ impl Rapi {
     }
 }
 
-/// Whether any opcode of a job (as `/2/jobs?bulk=1` lists it) carries `reason` in its trail.
-fn carries(job: &Value, reason: &str) -> bool {
-    job["ops"].as_array().into_iter().flatten().any(|op| {
-        op["reason"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|entry| entry[1].as_str() == Some(reason))
-    })
+/// Whether any opcode of a job (as `/2/jobs?bulk=1` lists it) has a reason entry that `ok`.
+fn carries(job: &Value, ok: impl Fn(&str) -> bool) -> bool {
+    let ops = job["ops"].as_array().into_iter().flatten();
+    ops.flat_map(|op| op["reason"].as_array().into_iter().flatten())
+        .any(|entry| entry[1].as_str().is_some_and(&ok))
 }
 
 /// Ganeti's own words for a failed job: the first failed opcode's error class and message
@@ -508,8 +520,8 @@ mod tests {
         let job = json!({"id": 7, "ops": [{"reason": [
             ["gnt:user", "gnt:daemon:maintd maintd:e1 job:3", 1],
             ["gnt:library:rlib2:NodeMigrate", "", 2]]}]});
-        assert!(carries(&job, "gnt:daemon:maintd maintd:e1 job:3"));
-        assert!(!carries(&job, "gnt:daemon:maintd maintd:e1 job:4"));
+        assert!(carries(&job, |r| r == "gnt:daemon:maintd maintd:e1 job:3"));
+        assert!(!carries(&job, |r| r == "gnt:daemon:maintd maintd:e1 job:4"));
     }
 
     #[test]

@@ -42,6 +42,15 @@ fn plan_nodes(
         }
         return None;
     }
+    if d.state.upkeep_running {
+        let why = "waiting for the cluster's instance repairs and balancing moves to finish";
+        for e in nodes.values().flatten() {
+            if d.status(e) == RepairStatus::Noted {
+                d.note(e, Some(why.into()));
+            }
+        }
+        return None;
+    }
     let mut specs = Vec::new();
     for (node, evs) in &nodes {
         let active: Vec<&Event> = evs

@@ -111,6 +111,7 @@ fn state(events: Vec<Event>, jobs: Vec<Job>) -> State {
         capacity: None,
         members: None,
         max_remedies: None,
+        upkeep_running: false,
     }
 }
 
@@ -232,6 +233,36 @@ fn no_new_round_while_a_job_runs() {
     assert!(a.iter().any(
         |x| matches!(x, Action::Note { note: Some(n), .. } if n.contains("waiting for round 1"))
     ));
+}
+
+#[test]
+fn no_new_round_while_the_clusters_upkeep_runs_and_the_plan_keeps_its_nodes_apart() {
+    let e = Event::test("n1", evac("sda"), NOW - 100);
+    let mut s = state(vec![e.clone()], vec![]);
+    s.upkeep_running = true;
+    let a = decide(&s, &Observations::new(), NOW);
+    assert!(round(&a).is_none());
+    assert!(a.iter().any(
+        |x| matches!(x, Action::Note { note: Some(n), .. } if n.contains("instance repairs and balancing"))
+    ));
+    // Once it ended the round starts, and the upkeep it is offered keeps off the round's
+    // node and the failed event's node.
+    s.upkeep_running = false;
+    let failed = Event::test("n2", evac("sdb"), NOW - 300).with(RepairStatus::Failed);
+    s.events.push(failed);
+    let a = decide(&s, &Observations::new(), NOW);
+    assert!(round(&a).is_some());
+    let plan = crate::repair::upkeep::plan(&s, &a, false).unwrap();
+    assert!(plan.round);
+    assert_eq!(plan.busy.iter().collect::<Vec<_>>(), ["n1"]);
+    assert_eq!(plan.failed.iter().collect::<Vec<_>>(), ["n2"]);
+    assert!(
+        crate::repair::upkeep::plan(&s, &a, true).is_none(),
+        "one upkeep at a time"
+    );
+    let mut running = s.clone();
+    running.round_running = Some(1);
+    assert!(crate::repair::upkeep::plan(&running, &[], false).is_none());
 }
 
 #[test]

@@ -1,0 +1,84 @@
+//! The cluster's own upkeep in rounds (Ganeti: instance repairs and balancing moves): asked of
+//! the backend when a round of events starts (it joins that round) or while the engine is idle,
+//! never on the nodes the events hold; the next round waits for it as for the round's jobs.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::Notify;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::cluster::{Cluster, Upkeep, UpkeepPlan};
+use crate::repair::{Action, RepairStatus, State};
+
+/// How many upkeep tasks run now.
+#[derive(Default)]
+pub struct Upkeeps {
+    running: Arc<AtomicUsize>,
+}
+
+impl Upkeeps {
+    pub fn running(&self) -> bool {
+        self.running.load(Ordering::SeqCst) > 0
+    }
+
+    /// Runs each task to its end; the last one to end wakes the engine for the next round.
+    pub fn spawn<C: Cluster>(&self, cluster: &Arc<C>, tasks: Vec<Upkeep>, wake: &Arc<Notify>) {
+        self.running.fetch_add(tasks.len(), Ordering::SeqCst);
+        for task in tasks {
+            let (cluster, running, wake) = (cluster.clone(), self.running.clone(), wake.clone());
+            let span = info_span!("upkeep", what = %task.what);
+            tokio::spawn(
+                async move {
+                    info!(nodes = ?task.nodes, "upkeep started");
+                    let o = cluster.run_upkeep(&task).await;
+                    if o.ok {
+                        info!(detail = %o.detail, "upkeep done");
+                    } else {
+                        warn!(detail = %o.detail, "upkeep failed");
+                    }
+                    if running.fetch_sub(1, Ordering::SeqCst) == 1 {
+                        wake.notify_one();
+                    }
+                }
+                .instrument(span),
+            );
+        }
+    }
+}
+
+/// What the backend is told when it may plan upkeep: `None` while a round or upkeep runs. The
+/// nodes of events that still hold them (noted, pending, or completed and not acknowledged)
+/// are busy; those of failed events get no balancing.
+pub fn plan(state: &State, actions: &[Action], running: bool) -> Option<UpkeepPlan> {
+    if running || state.round_running.is_some() {
+        return None;
+    }
+    let mut busy = BTreeSet::new();
+    let mut failed = BTreeSet::new();
+    for e in &state.events {
+        match e.status {
+            RepairStatus::Failed => {
+                failed.insert(e.node.clone());
+            }
+            RepairStatus::Canceled => {}
+            _ if e.acknowledged => {}
+            _ => {
+                busy.insert(e.node.clone());
+            }
+        }
+    }
+    let mut round = false;
+    for a in actions {
+        if let Action::StartRound { jobs, .. } = a {
+            round = true;
+            busy.extend(jobs.iter().map(|j| j.node.clone()));
+        }
+    }
+    Some(UpkeepPlan {
+        busy,
+        failed,
+        round,
+    })
+}
