@@ -193,10 +193,19 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: "<text>".into(),
             message: e.to_string(),
         })?;
+        // On a Ganeti node the collector's default port is Ganeti's free one (its monitoring
+        // daemon holds 1815), unless the file names a listen address.
+        if cfg.cluster.backend == Backend::Ganeti {
+            let raw: toml::Table = toml::from_str(text).unwrap_or_default();
+            let named = raw.get("collector").and_then(|c| c.get("listen")).is_some();
+            if !named {
+                cfg.collector.listen.set_port(cfg.ganeti.collector_port);
+            }
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -457,6 +466,18 @@ mod tests {
     }
 
     /// And the reference lists every key the parser knows, section by section.
+    #[test]
+    fn a_ganeti_nodes_collector_leaves_1815_to_ganetis_monitoring_daemon() {
+        let c = Config::parse("[cluster]\nbackend = \"ganeti\"\n").unwrap();
+        assert_eq!(c.collector.listen.port(), 1817);
+        let c = Config::parse("[cluster]\nbackend = \"ganeti\"\n[ganeti]\ncollector-port = 1900\n")
+            .unwrap();
+        assert_eq!(c.collector.listen.port(), 1900);
+        let named = "[cluster]\nbackend = \"ganeti\"\n[collector]\nlisten = \"0.0.0.0:1815\"\n";
+        assert_eq!(Config::parse(named).unwrap().collector.listen.port(), 1815);
+        assert_eq!(Config::parse("").unwrap().collector.listen.port(), 1815);
+    }
+
     #[test]
     fn the_ganeti_reference_is_the_parsers_defaults() {
         let text = reference_block("\n## Ganeti\n");

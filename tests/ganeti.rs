@@ -207,6 +207,28 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     let nodes = g.offline();
     assert!(nodes.contains("node2 N"), "{nodes}");
 
+    // evacuate-failover: the instance, back on node2, is failed over (a job per instance).
+    g.gnt(&["gnt-instance", "migrate", "-f", "-n", "node2", "inst1"]);
+    c.set_verdict("node2", r#"{"status":"evacuate-failover"}"#);
+    let e = c
+        .wait_event("node2", "the failover evacuation", |e| {
+            e["action"] == "evacuate-failover" && e["repair-status"] == "completed"
+        })
+        .await;
+    assert!(g.instances().contains("inst1 node1 running"));
+    assert!(g.offline().contains("node2 Y"));
+    let fid = e["id"].as_str().unwrap().to_string();
+    let job = e["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["kind"] == "evacuate-failover")
+        .unwrap()["id"]
+        .clone();
+    let reason = format!("gnt:daemon:maintd maintd:{fid} job:{job} failover inst1");
+    assert_eq!(g.jobs_with_reason(&reason, "OP_INSTANCE_FAILOVER").await, 1);
+    acknowledge(&g, &c, &fid).await;
+
     // Ganeti moves its master: the daemon on the old one stops acting and exits with 11.
     g.run(&["node2/cmd", "gnt-cluster", "master-failover"]);
     let daemon = &mut c.daemon.as_mut().unwrap().child;
@@ -216,62 +238,6 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     })
     .await;
     assert_eq!(code, Some(11), "{}", c.daemon_log());
-}
-
-/// Fencing's release on Ganeti, once a node is proven off: its node daemon dies (the node is
-/// gone), the release marks it offline and fails its instance over to node1 ignoring the dead
-/// node's disks; once it is back, the reclaim returns it to the regular role. Both are
-/// idempotent: a second call changes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fenced_nodes_instances_fail_over_and_it_returns_after_recovery() {
-    use maintd::cluster::Cluster;
-    use maintd::cluster::ganeti::{Ganeti as Backend, GanetiConfig};
-    let Some(g) = Ganeti::up() else { return };
-    g.running_instance("inst1", "node2");
-    let s = g.settings();
-    let cfg = GanetiConfig {
-        rapi_url: s.url,
-        rapi_certificate: s.certificate,
-        rapi_password_file: s.password_file,
-        ..GanetiConfig::default()
-    };
-    let b = Backend::connect(&cfg).unwrap();
-
-    let pid = std::fs::read_to_string(g.path("vc/node2/var/run/ganeti/ganeti-noded.pid")).unwrap();
-    g.run(&["kill", "-KILL", pid.trim()]);
-    common::wait_for("inst1 seen on a dead node", || async {
-        g.instances().contains("ERROR_nodedown").then_some(())
-    })
-    .await;
-
-    let flow = uuid::Uuid::new_v4();
-    let o = b.release("node2", &flow, 1).await;
-    assert!(o.ok, "{o:?}");
-    let list = g.instances();
-    assert!(list.contains("inst1 node1 running"), "{list}");
-    assert_eq!(
-        b.offline_nodes()
-            .await
-            .unwrap()
-            .into_iter()
-            .collect::<Vec<_>>(),
-        ["node2"]
-    );
-    let again = b.release("node2", &flow, 1).await;
-    assert!(again.ok, "{again:?}");
-
-    // The node is back (its node daemon runs again); the reclaim returns it to service.
-    g.run(&[
-        "node2/cmd",
-        "/usr/lib/ganeti/daemon-util",
-        "start",
-        "ganeti-noded",
-    ]);
-    let o = b.reclaim("node2", &flow).await;
-    assert!(o.ok, "{o:?}");
-    assert!(b.offline_nodes().await.unwrap().is_empty());
-    let nodes = g.offline();
-    assert!(nodes.contains("node2 N"), "{nodes}");
 }
 
 /// A job Ganeti refuses fails the event in Ganeti's own words and tags the node
@@ -481,4 +447,231 @@ async fn instance_repairs_and_balancing_run_in_rounds_apart_from_evacuations() {
             .trim()
             .is_empty()
     );
+}
+
+/// A dead node on Ganeti: node2's node daemon and its collector die. maintd's staged flow
+/// powers node2 off through its BMC (ipmi_sim, driven by the real fence_ipmilan), and only once
+/// the BMC reads off does the release set node2 offline and fail its instance over to node1
+/// (the failover job starts after the agent's last status call ended). Back on, the recovery
+/// returns node2 to the regular role.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_is_fenced_and_its_instances_fail_over_only_after_the_verified_off() {
+    if !common::sims::available() {
+        return;
+    }
+    let Some(g) = Ganeti::up() else { return };
+    g.running_instance("inst1", "node2");
+    let inside = g.inside();
+    let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
+    let mut c = g.maintd("");
+    // The BMC in the cluster's network namespace, where the daemon runs its agents.
+    let ipmi = common::sims::Ipmi::start_in(c.dir.path(), "node2", &wrap);
+    c.extra_daemon_toml += &format!(
+        r#"
+[fencing]
+check-interval = "0s"
+grace = "1s"
+liveness-interval = "200ms"
+liveness-timeout = "500ms"
+storm-percent = 50
+max-restarts = 0
+[fencing.templates.ipmi]
+agent = "fence_ipmilan"
+secrets = {{ password = "{}" }}
+[fencing.nodes.node2.power-management]
+retries = 0
+timeout = "20s"
+methods = [{{ template = "ipmi", params = {{ {} }} }}]
+[fencing.nodes.node2.recovery]
+retries = 1
+timeout = "20s"
+methods = [{{ template = "ipmi", params = {{ {} }} }}]
+"#,
+        c.secret("bmc.pw", "s3cret").display(),
+        ipmi.params(),
+        ipmi.params()
+    );
+    let port = c.api_port;
+    let _fwd = g.start(&mut c, port, None).await;
+    common::wait_for("both nodes polled", || async {
+        let (_, nodes) = c.get("/1/nodes").await;
+        let up = nodes.as_array()?.iter().filter(|n| n["reachable"] == true);
+        (up.count() == 2).then_some(())
+    })
+    .await;
+
+    let died = std::time::Instant::now();
+    let pid = std::fs::read_to_string(g.path("vc/node2/var/run/ganeti/ganeti-noded.pid")).unwrap();
+    g.run(&["kill", "-KILL", pid.trim()]);
+    c.kill_collector(1);
+    let f = c
+        .wait_flow("node2 released", |f| {
+            f["node"] == "node2" && f["released"] == true
+        })
+        .await;
+    let elsewhere = common::wait_for("inst1 running on node1", || async {
+        g.instances()
+            .contains("inst1 node1 running")
+            .then(|| died.elapsed())
+    })
+    .await;
+    eprintln!("node death to its instance running elsewhere: {elsewhere:?}");
+    assert!(!ipmi.powered_on(), "the BMC reads off");
+    assert!(g.offline().contains("node2 Y"));
+    // The release's failover started only after the verified off.
+    let verified_off = f["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["action"] == "status" && x["ok"] == true)
+        .map(|x| x["at"].as_i64().unwrap() + x["elapsed-ms"].as_i64().unwrap() * 1_000_000)
+        .max()
+        .expect("a status call read the power off");
+    let rapi = maintd::cluster::ganeti::Rapi::new(&g.settings()).unwrap();
+    let jobs = rapi.get("/2/jobs?bulk=1").await.unwrap();
+    let failover = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["ops"][0]["OP_ID"] == "OP_INSTANCE_FAILOVER")
+        .expect("the release's failover job");
+    let started = failover["start_ts"][0].as_i64().unwrap() * 1_000_000_000
+        + failover["start_ts"][1].as_i64().unwrap() * 1_000;
+    assert!(started > verified_off, "{started} {verified_off}");
+    assert!(
+        failover["ops"][0]["ignore_consistency"] == true,
+        "{failover}"
+    );
+    // The release runs at most once per flow and attempt, even when asked again (a restart
+    // between its jobs): a second call changes nothing.
+    {
+        use maintd::cluster::Cluster;
+        let st = g.settings();
+        let cfg = maintd::cluster::ganeti::GanetiConfig {
+            rapi_url: st.url,
+            rapi_certificate: st.certificate,
+            rapi_password_file: st.password_file,
+            ..Default::default()
+        };
+        let b = maintd::cluster::ganeti::Ganeti::connect(&cfg).unwrap();
+        let flow = uuid::Uuid::parse_str(f["id"].as_str().unwrap()).unwrap();
+        let again = b.release("node2", &flow, 1).await;
+        assert!(again.ok, "{again:?}");
+        assert!(g.instances().contains("inst1 node1 running"));
+        let failovers = jobs_of(&g, "OP_INSTANCE_FAILOVER").await;
+        assert_eq!(failovers, 1, "no second failover");
+    }
+
+    // node2 comes back (its node daemon and collector): the recovery powers it on and the
+    // reclaim returns it to the regular role.
+    g.run(&[
+        "node2/cmd",
+        "/usr/lib/ganeti/daemon-util",
+        "start",
+        "ganeti-noded",
+    ]);
+    g.start_collectors(&mut c);
+    common::wait_for("node2 online again", || async {
+        g.offline().contains("node2 N").then_some(())
+    })
+    .await;
+    assert!(ipmi.powered_on());
+}
+
+/// A benchmark, run by hand (`cargo test --test ganeti -- --ignored --nocapture`): both
+/// evacuations of a node with `MAINTD_BENCH_INSTANCES` instances (3 by default; BENCHMARKS.md
+/// has the figures for 20), `evacuate` (one node migrate, its child jobs followed) and
+/// `evacuate-failover` (one failover job per instance), each ending with every instance
+/// running on node1 and node2 offline and tagged. Prints how long each took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: prints figures for BENCHMARKS.md"]
+async fn evacuate_and_evacuate_failover_move_every_instance() {
+    let Some(g) = Ganeti::up() else { return };
+    let n: usize = std::env::var("MAINTD_BENCH_INSTANCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    // Room for them all on one node of this 2-CPU machine (hail counts virtual CPUs).
+    g.gnt(&["gnt-cluster", "modify", "--ipolicy-vcpu-ratio=64"]);
+    for i in 0..n {
+        g.running_instance(&format!("e{i}"), "node2");
+    }
+    let mut c = g.maintd("");
+    let port = c.api_port;
+    let _fwd = g.start(&mut c, port, None).await;
+    for (verdict, job) in [
+        ("evacuate", "evacuate"),
+        ("evacuate-failover", "evacuate-failover"),
+    ] {
+        let t = std::time::Instant::now();
+        c.set_verdict("node2", &format!(r#"{{"status":"{verdict}"}}"#));
+        // Longer than the tests' usual wait: many instances move one after another.
+        let e = loop {
+            let done = c.status().await.into_iter().find(|e| {
+                e["node"] == "node2" && e["action"] == verdict && e["repair-status"] != "pending"
+            });
+            if let Some(e) = done.filter(|e| e["repair-status"] != "noted") {
+                break e;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(1800),
+                "{verdict} not done"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_eq!(e["repair-status"], "completed", "{e}");
+        let took = t.elapsed();
+        eprintln!("{verdict} of {n} instances: verdict to event completed in {took:?}");
+        let list = g.instances();
+        assert_eq!(
+            list.lines()
+                .filter(|l| l.ends_with("node1 running"))
+                .count(),
+            n,
+            "{list}"
+        );
+        assert!(g.offline().contains("node2 Y"));
+        let detail = e["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["kind"] == job)
+            .map(|j| j["detail"].to_string())
+            .unwrap();
+        let id = e["id"].as_str().unwrap();
+        if verdict == "evacuate-failover" {
+            assert_eq!(
+                detail.matches("job ").count(),
+                n,
+                "one failover each: {detail}"
+            );
+            break;
+        }
+        // Acknowledged, back online; the instances return to node2 for the next evacuation.
+        acknowledge(&g, &c, id).await;
+        g.gnt(&["gnt-node", "migrate", "-f", "node1"]);
+    }
+}
+
+/// How many jobs in Ganeti's queue run opcode `op` first.
+async fn jobs_of(g: &Ganeti, op: &str) -> usize {
+    let rapi = Rapi::new(&g.settings()).unwrap();
+    let jobs = rapi.get("/2/jobs?bulk=1").await.unwrap();
+    jobs.as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["ops"][0]["OP_ID"] == op)
+        .count()
+}
+
+/// The operator's hand-back of node2 after event `id`: healthy again, its `repairready` tag
+/// removed with Ganeti's CLI; returns once Ganeti has it online.
+async fn acknowledge(g: &Ganeti, c: &common::Cluster, id: &str) {
+    c.set_verdict("node2", r#"{"status":"Ok"}"#);
+    let tag = format!("maintd:repairready:{id}");
+    g.gnt(&["gnt-node", "remove-tags", "node2", &tag]);
+    common::wait_for("node2 back online", || async {
+        g.offline().contains("node2 N").then_some(())
+    })
+    .await;
 }

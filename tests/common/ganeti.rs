@@ -180,14 +180,8 @@ impl Ganeti {
         c
     }
 
-    /// Starts the collectors (when not running) and the daemon of `c` inside the namespace,
-    /// and points `c` at the daemon's API through a forward (returned: it stops when dropped).
-    pub async fn start(
-        &self,
-        c: &mut super::Cluster,
-        daemon_port: u16,
-        fwd: Option<(u16, super::Proc)>,
-    ) -> (u16, super::Proc) {
+    /// Starts the collectors of `c` that are not running, inside the namespace.
+    pub fn start_collectors(&self, c: &mut super::Cluster) {
         let inside = self.inside();
         let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
         for i in 0..2 {
@@ -201,6 +195,19 @@ impl Ganeti {
                 ));
             }
         }
+    }
+
+    /// Starts the collectors (when not running) and the daemon of `c` inside the namespace,
+    /// and points `c` at the daemon's API through a forward (returned: it stops when dropped).
+    pub async fn start(
+        &self,
+        c: &mut super::Cluster,
+        daemon_port: u16,
+        fwd: Option<(u16, super::Proc)>,
+    ) -> (u16, super::Proc) {
+        self.start_collectors(c);
+        let inside = self.inside();
+        let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
         c.daemon_host = "192.0.2.10".into();
         c.api_port = daemon_port;
         let cfg = c.daemon_config();

@@ -85,6 +85,19 @@ pub struct Ipmi {
 
 impl Ipmi {
     pub fn start(dir: &Path, name: &str) -> Ipmi {
+        Ipmi::start_in(dir, name, &[])
+    }
+
+    /// A BMC under `wrapper` (e.g. `nsenter --net=…`: 127.0.0.1 of another network namespace).
+    pub fn start_in(dir: &Path, name: &str, wrapper: &[&str]) -> Ipmi {
+        let command = |program: &str| match wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(program);
+                c
+            }
+            None => Command::new(program),
+        };
         let d = dir.join(format!("ipmi-{name}"));
         make_dir(&d.join("state"));
         let port = free_udp_port();
@@ -119,7 +132,7 @@ set_working_mc 0x20
         )
         .unwrap();
         let proc = spawn(
-            Command::new("ipmi_sim")
+            command("ipmi_sim")
                 .arg("-c")
                 .arg(d.join("lan.conf"))
                 .arg("-f")
@@ -137,7 +150,7 @@ set_working_mc 0x20
             proc: Some(proc),
         };
         wait_until("ipmi_sim to answer", || {
-            Command::new("ipmitool")
+            command("ipmitool")
                 .args([
                     "-I",
                     "lanplus",
