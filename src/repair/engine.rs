@@ -47,6 +47,8 @@ pub struct Engine<C: Cluster> {
     health: Arc<Health>,
     clock: Arc<dyn crate::clock::Clock>,
     upkeep: super::upkeep::Upkeeps,
+    /// Fence flows: a node being fenced is the fencer's, never the upkeep's.
+    flows: Arc<dyn crate::store::FlowStore>,
 }
 
 /// Why a decision was skipped; the next tick tries again.
@@ -189,6 +191,7 @@ impl<C: Cluster> Engine<C> {
             health: Arc::new(Health::new(shared.clock.now())),
             clock: shared.clock.clone(),
             upkeep: Default::default(),
+            flows: shared.flows.clone(),
         }
     }
 
@@ -224,6 +227,27 @@ impl<C: Cluster> Engine<C> {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         info!("engine stopped");
+    }
+
+    /// Asks the backend for the round's upkeep, away from nodes being fenced, and starts it.
+    async fn start_upkeep(self: &Arc<Self>, mut plan: crate::cluster::UpkeepPlan) {
+        // Every flow not ended (`active` keeps no ended one before `i64::MAX`).
+        match self.flows.active(i64::MAX).await {
+            Ok(flows) => plan.busy.extend(flows.into_iter().map(|f| f.node)),
+            Err(e) => return warn!(error = %e, "cannot read the fence flows; no upkeep now"),
+        }
+        match self.cluster.plan_upkeep(&plan).await {
+            Ok(tasks) if !tasks.is_empty() => {
+                info!(
+                    tasks = tasks.len(),
+                    round = plan.round,
+                    "cluster upkeep started"
+                );
+                self.upkeep.spawn(&self.cluster, tasks, &self.wake);
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "cannot plan the cluster's upkeep; asked again next tick"),
+        }
     }
 
     /// Jobs recorded as running lost their executor (a restart, or the previous leader died):
@@ -311,20 +335,7 @@ impl<C: Cluster> Engine<C> {
             }
         }
         if let Some(plan) = super::upkeep::plan(&state, &actions, self.upkeep.running()) {
-            match self.cluster.plan_upkeep(&plan).await {
-                Ok(tasks) if !tasks.is_empty() => {
-                    info!(
-                        tasks = tasks.len(),
-                        round = plan.round,
-                        "cluster upkeep started"
-                    );
-                    self.upkeep.spawn(&self.cluster, tasks, &self.wake);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    warn!(error = %e, "cannot plan the cluster's upkeep; asked again next tick")
-                }
-            }
+            self.start_upkeep(plan).await;
         }
         if let Err(e) = self.leadership.checkpoint().await {
             warn!(error = %e, "state checkpoint failed; retried next tick");
