@@ -356,7 +356,10 @@ async fn instance_repairs_and_balancing_run_in_rounds_apart_from_evacuations() {
         ]);
     }
     g.running_instance("d1", "node2");
-    let mut c = g.maintd("repairs = true\nbalance = true\nupkeep-interval = \"1s\"\n");
+    // With the monitoring daemons' load asked for: they have none here (their default
+    // collectors fail without DRBD and LVM), and hbal balances without it.
+    let mut c =
+        g.maintd("repairs = true\nbalance = true\nbalance-mond = true\nupkeep-interval = \"1s\"\n");
     let port = c.api_port;
     c.set_verdict("node2", r#"{"status":"evacuate","details":{"disk":"sdb"}}"#);
     let _fwd = g.start(&mut c, port, None).await;
