@@ -340,8 +340,8 @@ async fn a_failed_job_fails_the_event_and_a_restarted_daemon_adopts_its_job() {
 /// harep's and hbal's work in maintd's rounds. An evacuation of node2 runs first; no balancing
 /// move touches node2 while its event holds it. Once node2 is back, hbal's moves spread
 /// node1's instances onto it. Then node2 dies and is marked offline: the instances tagged
-/// `ganeti:watcher:autorepair:failover` are failed over with harep's pending and result tags;
-/// an untagged one is left alone.
+/// `ganeti:watcher:autorepair:failover` (sharedfile and diskless) are failed over with harep's
+/// pending and result tags; an untagged one is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instance_repairs_and_balancing_run_in_rounds_apart_from_evacuations() {
     let Some(g) = Ganeti::up() else { return };
@@ -416,13 +416,21 @@ async fn instance_repairs_and_balancing_run_in_rounds_apart_from_evacuations() {
     // node2 dies; the operator marks it offline (as harep needs): the tagged instances there
     // are failed over, each under harep's pending tag, ending with a result tag.
     g.running_instance("u1", "node2");
-    let moved: Vec<String> = g
+    g.running_instance("d2", "node2");
+    g.gnt(&[
+        "gnt-instance",
+        "add-tags",
+        "d2",
+        "ganeti:watcher:autorepair:failover",
+    ]);
+    let mut moved: Vec<String> = g
         .instances()
         .lines()
         .filter(|l| l.contains(" node2 ") && l.starts_with('s'))
         .map(|l| l.split_whitespace().next().unwrap().to_string())
         .collect();
     assert!(!moved.is_empty());
+    moved.push("d2".into());
     let pid = std::fs::read_to_string(g.path("vc/node2/var/run/ganeti/ganeti-noded.pid")).unwrap();
     g.run(&["kill", "-KILL", pid.trim()]);
     g.gnt(&["gnt-node", "modify", "-O", "yes", "--force", "node2"]);
