@@ -227,6 +227,10 @@ pub trait Cluster: Send + Sync + 'static {
     /// and balancing moves), none touching a node in `busy` (being evacuated or repaired) and
     /// no balancing move touching a node in `failed` (a failed event). `round` says a round of
     /// events starts with it; otherwise the backend may decline to look (its own interval).
+    /// Whether this backend does any upkeep (so the engine need not prepare a plan).
+    fn upkeep_enabled(&self) -> bool {
+        false
+    }
     async fn plan_upkeep(&self, _plan: &UpkeepPlan) -> Result<Vec<Upkeep>, ClusterError> {
         Ok(Vec::new())
     }

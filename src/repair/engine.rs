@@ -334,7 +334,9 @@ impl<C: Cluster> Engine<C> {
                 error!(error = %e, reason = e.metric_label(), ?action, "action failed");
             }
         }
-        if let Some(plan) = super::upkeep::plan(&state, &actions, self.upkeep.running()) {
+        if self.cluster.upkeep_enabled()
+            && let Some(plan) = super::upkeep::plan(&state, &actions, self.upkeep.running())
+        {
             self.start_upkeep(plan).await;
         }
         if let Err(e) = self.leadership.checkpoint().await {

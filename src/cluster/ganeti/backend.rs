@@ -387,6 +387,10 @@ impl Cluster for Ganeti {
         Some(self.members_interval)
     }
 
+    fn upkeep_enabled(&self) -> bool {
+        self.upkeep.repairs || self.upkeep.balance
+    }
+
     async fn plan_upkeep(&self, plan: &UpkeepPlan) -> Result<Vec<Upkeep>, ClusterError> {
         self.plan(plan).await
     }
