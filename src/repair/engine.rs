@@ -243,7 +243,8 @@ impl<C: Cluster> Engine<C> {
                     round = plan.round,
                     "cluster upkeep started"
                 );
-                self.upkeep.spawn(&self.cluster, tasks, &self.wake);
+                self.upkeep
+                    .spawn(&self.cluster, tasks, &self.wake, &self.metrics);
             }
             Ok(_) => {}
             Err(e) => warn!(error = %e, "cannot plan the cluster's upkeep; asked again next tick"),

@@ -24,10 +24,18 @@ impl Upkeeps {
     }
 
     /// Runs each task to its end; the last one to end wakes the engine for the next round.
-    pub fn spawn<C: Cluster>(&self, cluster: &Arc<C>, tasks: Vec<Upkeep>, wake: &Arc<Notify>) {
+    /// Each ends counted in `maintd_jobs_finished` under the kind `upkeep`.
+    pub fn spawn<C: Cluster>(
+        &self,
+        cluster: &Arc<C>,
+        tasks: Vec<Upkeep>,
+        wake: &Arc<Notify>,
+        metrics: &crate::metrics::Metrics,
+    ) {
         self.running.fetch_add(tasks.len(), Ordering::SeqCst);
         for task in tasks {
             let (cluster, running, wake) = (cluster.clone(), self.running.clone(), wake.clone());
+            let metrics = metrics.clone();
             let span = info_span!("upkeep", what = %task.what);
             tokio::spawn(
                 async move {
@@ -38,6 +46,12 @@ impl Upkeeps {
                     } else {
                         warn!(detail = %o.detail, "upkeep failed");
                     }
+                    let outcome = if o.ok { "succeeded" } else { "failed" };
+                    let label = crate::metrics::JobLabel {
+                        kind: "upkeep",
+                        outcome,
+                    };
+                    metrics.jobs_finished.get_or_create(&label).inc();
                     if running.fetch_sub(1, Ordering::SeqCst) == 1 {
                         wake.notify_one();
                     }
