@@ -130,6 +130,8 @@ pub struct Ganeti {
     pub(super) last_plan: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// Since when each `ERROR_down` instance has been seen so.
     pub(super) down_since: std::sync::Mutex<BTreeMap<String, tokio::time::Instant>>,
+    /// Why each instance's repair last waited, as logged.
+    pub(super) said: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl Ganeti {
@@ -152,6 +154,7 @@ impl Ganeti {
             },
             last_plan: Default::default(),
             down_since: Default::default(),
+            said: Default::default(),
         })
     }
 

@@ -55,6 +55,12 @@ impl Ganeti {
                 .iter()
                 .any(|x| &x.name == i && x.status == "ERROR_down")
         });
+        drop(down);
+        let names: BTreeSet<&str> = instances.iter().map(|i| i.name.as_str()).collect();
+        let mut said = self.said.lock().unwrap_or_else(|p| p.into_inner());
+        said.retain(|i, _| names.contains(i.as_str()));
+        drop(said);
+        let mut down = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
         for inst in instances {
             let down_long = inst.status == "ERROR_down" && {
                 let since = *down
@@ -76,7 +82,7 @@ impl Ganeti {
             let (what, task, nodes) = match autorepair::step(inst, &need, policy) {
                 Step::Nothing => continue,
                 Step::Blocked(why) => {
-                    info!(instance = %inst.name, why = %why, "instance repair waits");
+                    self.say_once(&inst.name, &why);
                     continue;
                 }
                 Step::Refuse(t) => (
@@ -113,7 +119,7 @@ impl Ganeti {
                 } => {
                     let nodes: BTreeSet<String> = inst.nodes().cloned().collect();
                     if !nodes.is_disjoint(taken) {
-                        info!(instance = %inst.name, "instance repair waits for a round without its nodes");
+                        self.say_once(&inst.name, "waits for a round without its nodes");
                         continue;
                     }
                     let steps = self.repair_steps(inst, op);
@@ -235,6 +241,16 @@ impl Ganeti {
         match failed {
             Some(e) => Err(e),
             None => Ok(format!("{instance}: {tag}")),
+        }
+    }
+
+    /// Logs why an instance's repair waits, once until the reason changes (the plan runs
+    /// every round and every `upkeep-interval`).
+    fn say_once(&self, instance: &str, why: &str) {
+        let mut said = self.said.lock().unwrap_or_else(|p| p.into_inner());
+        if said.get(instance).map(String::as_str) != Some(why) {
+            info!(instance = %instance, why = %why, "instance repair waits");
+            said.insert(instance.to_string(), why.to_string());
         }
     }
 
