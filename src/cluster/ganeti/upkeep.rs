@@ -111,7 +111,10 @@ impl Ganeti {
         }
         if s.balance {
             taken.extend(plan.failed.iter().cloned());
-            self.plan_balance(&instances, &taken, &mut out).await?;
+            // hbal out of reach costs the moves, never the repairs planned beside them.
+            if let Err(e) = self.plan_balance(&instances, &taken, &mut out).await {
+                warn!(error = %e, "no balancing moves this round");
+            }
         }
         Ok(out)
     }
