@@ -465,7 +465,6 @@ mod tests {
             .collect()
     }
 
-    /// And the reference lists every key the parser knows, section by section.
     #[test]
     fn a_ganeti_nodes_collector_leaves_1815_to_ganetis_monitoring_daemon() {
         let c = Config::parse("[cluster]\nbackend = \"ganeti\"\n").unwrap();
@@ -478,6 +477,7 @@ mod tests {
         assert_eq!(Config::parse("").unwrap().collector.listen.port(), 1815);
     }
 
+    /// And the reference lists every key the parser knows, section by section.
     #[test]
     fn the_ganeti_reference_is_the_parsers_defaults() {
         let text = reference_block("\n## Ganeti\n");

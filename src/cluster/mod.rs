@@ -223,14 +223,14 @@ pub trait Cluster: Send + Sync + 'static {
     fn members_interval(&self) -> Option<std::time::Duration> {
         None
     }
-    /// The cluster's own upkeep for a round besides the events' jobs (Ganeti: instance repairs
-    /// and balancing moves), none touching a node in `busy` (being evacuated or repaired) and
-    /// no balancing move touching a node in `failed` (a failed event). `round` says a round of
-    /// events starts with it; otherwise the backend may decline to look (its own interval).
     /// Whether this backend does any upkeep (so the engine need not prepare a plan).
     fn upkeep_enabled(&self) -> bool {
         false
     }
+    /// The cluster's own upkeep for a round besides the events' jobs (Ganeti: instance repairs
+    /// and balancing moves), none touching a node in `busy` (being evacuated or repaired) and
+    /// no balancing move touching a node in `failed` (a failed event). `round` says a round of
+    /// events starts with it; otherwise the backend may decline to look (its own interval).
     async fn plan_upkeep(&self, _plan: &UpkeepPlan) -> Result<Vec<Upkeep>, ClusterError> {
         Ok(Vec::new())
     }

@@ -49,18 +49,16 @@ impl Ganeti {
         let cluster_tags: Vec<String> = serde_json::from_value(self.rapi.get("/2/tags").await?)
             .map_err(|e| ClusterError::Ganeti(format!("GET /2/tags: {e}")))?;
         let now = now_s();
+        let names: BTreeSet<&str> = instances.iter().map(|i| i.name.as_str()).collect();
+        let mut said = self.said.lock().unwrap_or_else(|p| p.into_inner());
+        said.retain(|i, _| names.contains(i.as_str()));
+        drop(said);
         let mut down = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
         down.retain(|i, _| {
             instances
                 .iter()
                 .any(|x| &x.name == i && x.status == "ERROR_down")
         });
-        drop(down);
-        let names: BTreeSet<&str> = instances.iter().map(|i| i.name.as_str()).collect();
-        let mut said = self.said.lock().unwrap_or_else(|p| p.into_inner());
-        said.retain(|i, _| names.contains(i.as_str()));
-        drop(said);
-        let mut down = self.down_since.lock().unwrap_or_else(|p| p.into_inner());
         for inst in instances {
             let down_long = inst.status == "ERROR_down" && {
                 let since = *down
