@@ -147,10 +147,17 @@ async fn ipmi_power_off_with_ifmib_isolation_then_recovery_powers_on_and_unisola
 
     // The node is repaired and its collector answers again: recovery powers on and un-isolates.
     c.start_collector_with(0, "scripted", "cluster.key");
+    // Read while recovery runs: the list the API keeps must not outlive the flow's changes.
+    let _ = c.status().await;
     let f = wait_flow(&c, "recovery", |f| f["status"] == "final").await;
     assert!(ipmi.powered_on(), "recovery powers the node back on");
     assert!(snmp.port_up(1), "recovery brings the switch port back up");
     assert_eq!(f["reclaimed"], true);
+    let st = c.status().await;
+    assert!(
+        !st.iter().any(|e| e["id"] == f["id"]),
+        "a final flow is no event: {st:?}"
+    );
     assert!(c.hook_log().iter().any(|l| l.starts_with("reclaim node1")));
     assert_eq!(c.node("node1").await["offline"], false);
     assert_eq!(releases(&c), 1);

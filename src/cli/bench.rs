@@ -169,19 +169,28 @@ fn process_figures() -> (usize, f64, u64, u64) {
 /// Starts simulators for `n` collectors and returns them with every collector's address, in
 /// order. Each simulator serves on a loopback address of its own (127.0.0.2, .3, …): the
 /// ephemeral ports of one address would not hold 20,000 listeners beside the poll's own
-/// connections.
+/// connections. With `idle`, they run under the idle scheduling class (`chrt --idle`): they stand
+/// for other machines, and take only the CPU the daemon and its clients leave.
 pub(super) async fn simulators(
     exe: &std::path::Path,
     key_file: &std::path::Path,
     n: usize,
     verdict: Option<&str>,
+    idle: bool,
 ) -> Result<(Vec<tokio::process::Child>, Vec<String>), BenchError> {
     let mut children = Vec::new();
     let mut ports = Vec::with_capacity(n);
     for (k, first) in (0..n).step_by(PER_SIMULATOR).enumerate() {
         let count = PER_SIMULATOR.min(n - first);
         let addr = format!("127.0.0.{}", k + 2);
-        let mut child = tokio::process::Command::new(exe)
+        let mut cmd = if idle {
+            let mut c = tokio::process::Command::new("chrt");
+            c.args(["--idle", "0"]).arg(exe);
+            c
+        } else {
+            tokio::process::Command::new(exe)
+        };
+        let mut child = cmd
             .args(["bench", "sim-collectors", "--count", &count.to_string()])
             .args(["--first", &first.to_string(), "--addr", &addr])
             .args(verdict.iter().flat_map(|v| ["--verdict", v]))
@@ -238,7 +247,7 @@ pub async fn poll(
         "verified"
     );
     for &n in sizes {
-        let (mut children, ports) = simulators(&exe, &key_file, n, None).await?;
+        let (mut children, ports) = simulators(&exe, &key_file, n, None, false).await?;
         let members = Arc::new(Members::new(
             ports
                 .iter()

@@ -24,7 +24,13 @@ const WATCHES: usize = 20;
 /// matches the node's event changes nothing, and keeps a finished event from being cleared.
 const WAITING_VERDICT: &str = r#"{"status":"evacuate","details":{"disk":"sd0"}}"#;
 
-pub async fn api(events: usize, clients: &[usize], secs: u64, rate: u32) -> Result<(), BenchError> {
+pub async fn api(
+    events: usize,
+    clients: &[usize],
+    secs: u64,
+    rate: u32,
+    collectors_share: bool,
+) -> Result<(), BenchError> {
     let dir = tempfile::tempdir()?;
     let key_file = dir.path().join("cluster.key");
     Key::generate(&key_file)?;
@@ -42,8 +48,14 @@ pub async fn api(events: usize, clients: &[usize], secs: u64, rate: u32) -> Resu
     // Live collectors that report what each node's waiting event says, so the daemon polls
     // and verifies a whole fleet while the events stay as written.
     let exe = std::env::current_exe()?;
-    let (_collectors, addrs) =
-        super::bench::simulators(&exe, &key_file, nodes, Some(WAITING_VERDICT)).await?;
+    let (_collectors, addrs) = super::bench::simulators(
+        &exe,
+        &key_file,
+        nodes,
+        Some(WAITING_VERDICT),
+        !collectors_share,
+    )
+    .await?;
     let daemon = start_daemon(dir.path(), &key_file, &state, port, &addrs).await?;
     let client = reqwest::Client::new();
     if let Err(e) = settle(&client, &base).await {
@@ -78,6 +90,14 @@ pub async fn api(events: usize, clients: &[usize], secs: u64, rate: u32) -> Resu
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
+    );
+    println!(
+        "the simulated collectors run {}",
+        if collectors_share {
+            "at normal priority, sharing the cores with the daemon and the client"
+        } else {
+            "in the idle scheduling class, as the other machines they stand for"
+        }
     );
     println!("bytes: /1/status {plain} (gzip {gzip}), /1/status?node= {one}");
     println!(

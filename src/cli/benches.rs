@@ -58,6 +58,11 @@ pub enum BenchCmd {
         /// Requests per second for one node's events.
         #[arg(long, default_value_t = 500)]
         rate: u32,
+        /// Run the simulated collectors at normal priority, sharing the two cores with the
+        /// daemon and the client; by default they run in the idle scheduling class, as the
+        /// other machines they stand for would take none of the daemon's CPU.
+        #[arg(long)]
+        collectors_share: bool,
     },
     /// Internal: serve N simulated collectors and print their ports.
     #[command(hide = true)]
@@ -102,7 +107,8 @@ pub async fn run(cmd: &BenchCmd) -> Result<(), bench::BenchError> {
             clients,
             secs,
             rate,
-        } => bench_api::api(*events, clients, *secs, *rate).await?,
+            collectors_share,
+        } => bench_api::api(*events, clients, *secs, *rate, *collectors_share).await?,
         BenchCmd::SimCollectors {
             count,
             first,

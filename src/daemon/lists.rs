@@ -73,9 +73,13 @@ impl BuiltEvents {
     }
 }
 
-/// The repair events as last built, and the store's count of event changes they reflect.
+/// The repair events as last built, and the store's count of event changes they reflect; and
+/// likewise the fence flows shown beside them, where this daemon is their only writer.
 #[derive(Default)]
-pub struct StatusCache(Mutex<Option<(u64, Arc<BuiltEvents>)>>);
+pub struct StatusCache {
+    events: Mutex<Option<(u64, Arc<BuiltEvents>)>>,
+    flows: Mutex<Option<(u64, Arc<[Built]>)>>,
+}
 
 impl StatusCache {
     /// The events, all of them or only `node`'s. One node's are read afresh when the cache
@@ -85,7 +89,7 @@ impl StatusCache {
         // Read before the rows: a change while building leaves the old count, so the next
         // request builds again.
         let generation = store.changes().now().events;
-        if let Some((g, built)) = self.0.lock_unpoisoned().as_ref()
+        if let Some((g, built)) = self.events.lock_unpoisoned().as_ref()
             && *g == generation
         {
             return Ok(built.clone());
@@ -94,7 +98,44 @@ impl StatusCache {
             return Ok(Arc::new(Self::build(store, node)?));
         }
         let built = Arc::new(Self::build(store, None)?);
-        *self.0.lock_unpoisoned() = Some((generation, built.clone()));
+        *self.events.lock_unpoisoned() = Some((generation, built.clone()));
+        Ok(built)
+    }
+
+    /// The fence flows to show, built. Every write of this daemon's flows is counted as an event
+    /// change, so they are kept until the count moves; flows other replicas write (cluster
+    /// objects) are read afresh each time.
+    async fn flows<C: Cluster>(&self, s: &ApiState<C>) -> Result<Arc<[Built]>, ApiError> {
+        let shared = s.flows.shared();
+        let generation = s.store.changes().now().events;
+        if !shared
+            && let Some((g, built)) = self.flows.lock_unpoisoned().as_ref()
+            && *g == generation
+        {
+            return Ok(built.clone());
+        }
+        let flows = s
+            .flows
+            .shown(i64::MAX)
+            .await
+            .map_err(|e| flows_error(s, e))?;
+        let built: Arc<[Built]> = flows
+            .iter()
+            .map(|f| {
+                let v = views::Event::of_flow(f);
+                Ok(Built {
+                    key: time_key(v.created, &v.id),
+                    status: v.repair_status.as_str(),
+                    action: v.action.as_str(),
+                    updated: v.updated,
+                    json: serde_json::to_vec(&v).map_err(internal)?.into(),
+                    node: v.node,
+                })
+            })
+            .collect::<Result<_, ApiError>>()?;
+        if !shared {
+            *self.flows.lock_unpoisoned() = Some((generation, built.clone()));
+        }
         Ok(built)
     }
 
@@ -149,27 +190,17 @@ async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page,
             json: e.json.clone(),
         })
         .collect();
-    // Fence flows are events too, until they are final; they are few, and read afresh (on
-    // Kubernetes another replica may have written them).
-    let flows = s
-        .flows
-        .shown(i64::MAX)
-        .await
-        .map_err(|e| flows_error(s, e))?;
-    for f in &flows {
-        let v = views::Event::of_flow(f);
-        if q.event_ok(
-            &v.node,
-            v.repair_status.as_str(),
-            v.action.as_str(),
-            v.updated,
-        ) {
-            items.push(Item {
-                key: time_key(v.created, &v.id),
-                json: serde_json::to_vec(&v).map_err(internal)?.into(),
-            });
-        }
-    }
+    // Fence flows are events too, until they are final.
+    let flows = s.status_cache.flows(s).await?;
+    items.extend(
+        flows
+            .iter()
+            .filter(|f| q.event_ok(&f.node, f.status, f.action, f.updated))
+            .map(|f| Item {
+                key: f.key.clone(),
+                json: f.json.clone(),
+            }),
+    );
     listing::page(items, q)
 }
 

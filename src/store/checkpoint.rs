@@ -194,6 +194,9 @@ impl Store {
             }
         }
         tx.commit()?;
+        // What the API built from the rows before is stale now.
+        self.changes.events_changed();
+        self.changes.nodes_changed();
         Ok(())
     }
 }
