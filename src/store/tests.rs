@@ -78,7 +78,12 @@ fn a_checkpoint_carries_the_decision_state_and_a_bad_one_changes_nothing() {
     );
     let text = leader.export_checkpoint(true).unwrap();
     let standby = Store::open_in_memory().unwrap();
+    let before = standby.changes().now();
     standby.import_checkpoint(&text, true).unwrap();
+    // Lists the API built before the import must not be served after it.
+    let after = standby.changes().now();
+    assert_ne!(before.events, after.events);
+    assert_ne!(before.nodes, after.nodes);
     let (a, b) = (
         leader.events_with_jobs(None).unwrap(),
         standby.events_with_jobs(None).unwrap(),
