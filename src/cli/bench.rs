@@ -232,13 +232,14 @@ pub async fn poll(
     );
     let concurrency = 512.min(connections / 2).max(1);
     println!(
-        "{:>6}  {:>8}  {:>7}  {:>7}  {:>9}  {:>12}  {:>9}  {:>8}  {:>6}  {:>9}  {:>9}  {:>12}",
+        "{:>6}  {:>8}  {:>7}  {:>7}  {:>9}  {:>12}  {:>8}  {:>9}  {:>8}  {:>6}  {:>9}  {:>9}  {:>12}",
         "nodes",
         "cold ms",
         "p50 ms",
         "max ms",
         "cpu ms/cyc",
         "poll µs/node",
+        "floor µs",
         "decide ms",
         "RSS MiB",
         "fds",
@@ -285,11 +286,16 @@ pub async fn poll(
             )?)),
             false => None,
         };
-        let poller = Poller::new(settings, link, key.clone(), &shared)?.with_udp(udp);
+        let poller = Poller::new(settings, link, key.clone(), &shared)?.with_udp(udp.clone());
 
         let t = Instant::now();
         poller.poll_all().await;
         let cold = t.elapsed();
+        let first = NodeConfig {
+            name: "sim0".into(),
+            collector: ports[0].clone(),
+        };
+        let floor = super::bench_floor::floor_us(&key, udp.as_deref(), &first).await;
         let mut walls = Vec::new();
         let cpu0 = cpu_seconds();
         let (_, _, calls0, bytes0) = process_figures();
@@ -319,13 +325,14 @@ pub async fn poll(
         walls.sort();
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "{:>6}  {:>8.1}  {:>7.1}  {:>7.1}  {:>9.1}  {:>12.1}  {:>9.2}  {:>8.1}  {:>6}  {:>9.0}  {:>9.1}  {:>6}/{:<5}",
+            "{:>6}  {:>8.1}  {:>7.1}  {:>7.1}  {:>9.1}  {:>12.1}  {:>8.1}  {:>9.2}  {:>8.1}  {:>6}  {:>9.0}  {:>9.1}  {:>6}/{:<5}",
             n,
             ms(cold),
             ms(walls[walls.len() / 2]),
             ms(*walls.last().expect("at least one cycle")),
             cpu * 1e3,
             poll_cpu / runs * 1e6 / n as f64,
+            floor.unwrap_or(f64::NAN),
             decide_ms,
             rss,
             fds,

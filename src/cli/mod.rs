@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_api;
+mod bench_floor;
 mod bench_peers;
 mod benches;
 mod client;

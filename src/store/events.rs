@@ -95,7 +95,9 @@ impl Store {
         policy: Policy,
         tags: BTreeMap<String, BTreeSet<String>>,
     ) -> Result<State> {
-        let c = self.conn();
+        let c = self.engine_reader();
+        // One read transaction: the events, the jobs and the rounds of one committed state.
+        let c = c.unchecked_transaction()?;
         let (events, jobs) = live_events_and_jobs(&c, None)?;
         let round_running: Option<i64> = c
             .query_row(
@@ -286,6 +288,8 @@ impl Store {
     /// Live (non-cleared) events with their jobs, oldest first; only `node`'s when given.
     pub fn events_with_jobs(&self, node: Option<&str>) -> Result<Vec<(Event, Vec<Job>)>> {
         let c = self.reader();
+        // One read transaction: the jobs belong to the same committed state as the events.
+        let c = c.unchecked_transaction()?;
         let (events, jobs) = live_events_and_jobs(&c, node)?;
         let mut by_event: HashMap<Uuid, Vec<Job>> = HashMap::new();
         for j in jobs {

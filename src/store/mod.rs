@@ -185,6 +185,9 @@ pub struct Store {
     /// engine's reads and the poll's writes nor hold them up (WAL lets them run side by side).
     /// None in memory, where a second connection would open another database.
     reader: Option<Mutex<Connection>>,
+    /// A third connection for the engine's read of the live state each cycle, so that an
+    /// operator's write (a cancel) never waits for that read, nor the read for the API's.
+    engine: Option<Mutex<Connection>>,
     path: String,
     changes: changes::Changes,
 }
@@ -273,15 +276,17 @@ impl Store {
             StoreError::Sql(source) => open_err(source),
             other => other,
         })?;
-        let reader = Connection::open_with_flags(
-            path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(open_err)?;
-        reader
-            .busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(open_err)?;
-        store.reader = Some(Mutex::new(reader));
+        let read_only = || {
+            let c = Connection::open_with_flags(
+                path,
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?;
+            c.busy_timeout(std::time::Duration::from_secs(5))?;
+            Ok(Mutex::new(c))
+        };
+        store.reader = Some(read_only().map_err(open_err)?);
+        store.engine = Some(read_only().map_err(open_err)?);
         store.path = shown;
         Ok(store)
     }
@@ -322,6 +327,7 @@ impl Store {
         Ok(Store {
             conn: Mutex::new(conn),
             reader: None,
+            engine: None,
             path: ":memory:".into(),
             changes: changes::Changes::default(),
         })
@@ -336,5 +342,11 @@ impl Store {
     /// committed write.
     fn reader(&self) -> MutexGuard<'_, Connection> {
         self.reader.as_ref().unwrap_or(&self.conn).lock_unpoisoned()
+    }
+
+    /// The connection for the engine's read of the live state: it sees every committed write,
+    /// and holds no lock that a write waits for.
+    fn engine_reader(&self) -> MutexGuard<'_, Connection> {
+        self.engine.as_ref().unwrap_or(&self.conn).lock_unpoisoned()
     }
 }

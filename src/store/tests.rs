@@ -154,6 +154,34 @@ fn cancel_outcomes() {
 }
 
 #[test]
+fn an_operators_cancel_never_waits_for_the_engines_read_of_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(&dir.path().join("s.db")).unwrap();
+    let a = tick(&s, &obs("n1", r#"{"status":"evacuate"}"#), 1);
+    let Action::CreateEvent(e) = &a[0] else {
+        panic!("no event: {a:?}")
+    };
+    {
+        // The engine in the middle of its read, as `load_state` holds it.
+        let engine = s.engine_reader();
+        let read = engine.unchecked_transaction().unwrap();
+        let live: i64 = read
+            .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(live, 1);
+        assert!(
+            s.conn.try_lock().is_ok(),
+            "a write must not wait for the engine's read"
+        );
+        assert_eq!(s.cancel(&e.id, 2).unwrap(), CancelOutcome::Canceled);
+    }
+    // The engine's next read sees the committed cancel.
+    let state = s.load_state(Policy::default(), BTreeMap::new()).unwrap();
+    let ev = state.events.iter().find(|x| x.id == e.id).unwrap();
+    assert_eq!(ev.status, RepairStatus::Canceled);
+}
+
+#[test]
 fn a_full_live_repair_flow_through_the_store() {
     let s = Store::open_in_memory().unwrap();
     let o = obs("n1", r#"{"status":"live-repair","command":"fix"}"#);
