@@ -3,6 +3,7 @@
 //! decimals that a float would round; the event, the signed report, the API and a live repair's
 //! stdin all carry the number as printed.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -118,7 +119,7 @@ pub fn canonical_parts(
     let mut extracted = None;
     if let Node::Obj(map) = &mut node {
         map.remove(drop);
-        if let Some(p) = map.get(part) {
+        if let Some((_, p)) = map.get(part) {
             let mut out = String::new();
             p.write(&mut out);
             extracted = Some(ExactJson(out));
@@ -135,7 +136,9 @@ enum Node<'a> {
     /// A string already encoded as canonical JSON (with its quotes).
     Str(std::borrow::Cow<'a, str>),
     Arr(Vec<Node<'a>>),
-    Obj(BTreeMap<String, Node<'a>>),
+    /// Members by name (decoded, the order they are written in), each with its name as written
+    /// in canonical form (with its quotes).
+    Obj(BTreeMap<Cow<'a, str>, (Cow<'a, str>, Node<'a>)>),
 }
 
 impl Node<'_> {
@@ -155,11 +158,11 @@ impl Node<'_> {
             }
             Node::Obj(map) => {
                 out.push('{');
-                for (i, (k, v)) in map.iter().enumerate() {
+                for (i, (k, v)) in map.values().enumerate() {
                     if i > 0 {
                         out.push(',');
                     }
-                    out.push_str(&encode(k));
+                    out.push_str(k);
                     out.push(':');
                     v.write(out);
                 }
@@ -188,12 +191,12 @@ impl Node<'_> {
             }
             Node::Obj(map) if !map.is_empty() => {
                 out.push('{');
-                for (i, (k, v)) in map.iter().enumerate() {
+                for (i, (k, v)) in map.values().enumerate() {
                     if i > 0 {
                         out.push(',');
                     }
                     pad(out, level + 1);
-                    out.push_str(&encode(k));
+                    out.push_str(k);
                     out.push_str(": ");
                     v.write_pretty(out, level + 1);
                 }
@@ -219,9 +222,11 @@ impl Node<'_> {
                 .unwrap_or(Value::Null),
             Node::Str(s) => serde_json::from_str(&s).unwrap_or(Value::Null),
             Node::Arr(items) => Value::Array(items.into_iter().map(Node::into_value).collect()),
-            Node::Obj(map) => {
-                Value::Object(map.into_iter().map(|(k, v)| (k, v.into_value())).collect())
-            }
+            Node::Obj(map) => Value::Object(
+                map.into_iter()
+                    .map(|(k, (_, v))| (k.into_owned(), v.into_value()))
+                    .collect(),
+            ),
         }
     }
 }
@@ -280,11 +285,19 @@ impl<'a> Parser<'a> {
                 }
                 loop {
                     self.ws();
-                    let key = self.string()?;
-                    let key: String = serde_json::from_str(&key).map_err(ExactError::Json)?;
+                    // A name without escapes is its own canonical form, and its text between the
+                    // quotes is its decoded value: neither is copied.
+                    let (name, written) = match self.string()? {
+                        Cow::Borrowed(w) => (Cow::Borrowed(&w[1..w.len() - 1]), Cow::Borrowed(w)),
+                        Cow::Owned(w) => {
+                            let name: String =
+                                serde_json::from_str(&w).map_err(ExactError::Json)?;
+                            (Cow::Owned(name), Cow::Owned(w))
+                        }
+                    };
                     self.eat(b':')?;
                     // A repeated key keeps its last value, as serde_json's own maps do.
-                    map.insert(key, self.value(depth + 1)?);
+                    map.insert(name, (written, self.value(depth + 1)?));
                     self.ws();
                     match self.peek() {
                         Some(b',') => self.i += 1,
@@ -444,6 +457,12 @@ mod tests {
             &["signature"],
         );
         assert_eq!(s.unwrap(), r#"{"a":{"a":"A","b":2},"z":1}"#);
+    }
+
+    #[test]
+    fn names_sort_and_repeat_by_their_value_however_written() {
+        let s = canonicalize(br#"{"\u0062":1,"c\"d":3,"a":0,"\u0061":2}"#, &[]);
+        assert_eq!(s.unwrap(), r#"{"a":2,"b":1,"c\"d":3}"#);
     }
 
     use crate::verdict::strategies::json;
