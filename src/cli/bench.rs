@@ -58,12 +58,7 @@ fn raise_fd_limit() {
 }
 
 pub(super) fn cpu_seconds() -> f64 {
-    getrusage(UsageWho::RUSAGE_SELF)
-        .map(|u| {
-            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
-            t(u.user_time()) + t(u.system_time())
-        })
-        .unwrap_or(0.0)
+    super::bench_floor::cpu_seconds_of(UsageWho::RUSAGE_SELF)
 }
 
 fn peak_rss_mib() -> f64 {

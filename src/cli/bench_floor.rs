@@ -26,19 +26,13 @@ pub async fn floor_us(key: &Key, udp: Option<&UdpPoll>, node: &NodeConfig) -> Op
         },
         None => TYPICAL_ANSWER,
     };
-    let measured =
-        tokio::task::spawn_blocking(move || udp_exchange_us(request, answer, EXCHANGES)).await;
-    match measured {
-        Ok(Ok(us)) => Some(us),
-        Ok(Err(e)) => {
-            eprintln!("the floor was not measured: {e}");
-            None
-        }
-        Err(e) => {
-            eprintln!("the floor was not measured: {e}");
-            None
-        }
-    }
+    let measured = tokio::task::spawn_blocking(move || udp_exchange_us(request, answer, EXCHANGES))
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r);
+    measured
+        .inspect_err(|e| eprintln!("the floor was not measured: {e}"))
+        .ok()
 }
 
 /// About the size of a simulated collector's answer, in bytes.
@@ -48,9 +42,10 @@ const TYPICAL_ANSWER: usize = 600;
 /// wave of answers fits the default receive buffer (each datagram takes about 2 KiB of it).
 const WAVE: usize = 64;
 
-/// The calling thread's CPU seconds, user and system.
-fn thread_cpu() -> f64 {
-    getrusage(UsageWho::RUSAGE_THREAD)
+/// CPU seconds, user and system, of the process (`RUSAGE_SELF`) or the calling thread
+/// (`RUSAGE_THREAD`).
+pub fn cpu_seconds_of(who: UsageWho) -> f64 {
+    getrusage(who)
         .map(|u| {
             let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
             t(u.user_time()) + t(u.system_time())
@@ -81,7 +76,7 @@ pub fn udp_exchange_us(request: usize, answer: usize, exchanges: usize) -> std::
     let ask = vec![b'q'; request.max(1)];
     let mut buf = vec![0u8; 2048];
     let waves = exchanges.div_ceil(WAVE).max(1);
-    let start = thread_cpu();
+    let start = cpu_seconds_of(UsageWho::RUSAGE_THREAD);
     let mut measured = Ok(());
     'waves: for _ in 0..waves {
         for _ in 0..WAVE {
@@ -97,7 +92,7 @@ pub fn udp_exchange_us(request: usize, answer: usize, exchanges: usize) -> std::
             }
         }
     }
-    let cpu = thread_cpu() - start;
+    let cpu = cpu_seconds_of(UsageWho::RUSAGE_THREAD) - start;
     // The empty datagram stops the answering thread.
     asker.send_to(&[], to)?;
     answers

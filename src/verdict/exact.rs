@@ -134,10 +134,10 @@ enum Node<'a> {
     /// A number, `true`, `false` or `null`, as written.
     Text(&'a str),
     /// A string already encoded as canonical JSON (with its quotes).
-    Str(std::borrow::Cow<'a, str>),
+    Str(Cow<'a, str>),
     Arr(Vec<Node<'a>>),
-    /// Members by name (decoded, the order they are written in), each with its name as written
-    /// in canonical form (with its quotes).
+    /// Members keyed by their decoded name (which orders them as the canonical form writes
+    /// them), each with that name in canonical encoding (with its quotes).
     Obj(BTreeMap<Cow<'a, str>, (Cow<'a, str>, Node<'a>)>),
 }
 
@@ -350,7 +350,7 @@ impl<'a> Parser<'a> {
 
     /// A string at the cursor, in canonical encoding: as written when it holds no escape (then
     /// nothing in it needs one), else decoded and encoded again so equal strings give equal bytes.
-    fn string(&mut self) -> Result<std::borrow::Cow<'a, str>, ExactError> {
+    fn string(&mut self) -> Result<Cow<'a, str>, ExactError> {
         if self.peek() != Some(b'"') {
             return Err(ExactError::Syntax(self.i));
         }
