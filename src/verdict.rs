@@ -6,7 +6,7 @@ mod exact;
 #[cfg(test)]
 pub(crate) mod strategies;
 
-pub use exact::{ExactError, ExactJson, canonical_parts, canonicalize};
+pub use exact::{ExactError, ExactJson, Spans, canonical_parts, canonical_spans, canonicalize};
 
 use std::fmt;
 

@@ -303,7 +303,11 @@ impl Collector {
 
 async fn report(State(c): State<Arc<Collector>>) -> Response {
     match c.signed_report() {
-        Some(env) => Json(env).into_response(),
+        Some(env) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            env.to_wire(),
+        )
+            .into_response(),
         None => ApiError::unavailable("no diagnose has finished yet").into_response(),
     }
 }

@@ -53,7 +53,7 @@ impl PollAnswers {
         };
         // Without a report yet, the daemon is told to ask over HTTP, which says why; no answer
         // at all would have it take this collector for one that does not poll over UDP.
-        let report = c.signed_report().and_then(|r| serde_json::to_vec(&r).ok());
+        let report = c.signed_report().map(|r| r.to_wire());
         Some(poll::answer(asked.nonce, report.as_deref()))
     }
 

@@ -153,16 +153,42 @@ impl Poller {
     pub async fn poll_all(&self) -> Observations {
         let start = Instant::now();
         let targets = self.members.get();
-        let targets = &targets;
+        let mut polled: Vec<Option<Polled>> = targets.iter().map(|_| None).collect();
+        let mut over_http = Vec::new();
+        match &self.udp {
+            Some(u) => {
+                let asked = u.ask_all(targets.clone()).await;
+                for (i, p) in asked.into_iter().enumerate() {
+                    match p {
+                        UdpPolled::Report(body) => {
+                            let status = reqwest::StatusCode::OK;
+                            polled[i] = Some(self.judge(&targets[i], Ok(Answer { status, body })));
+                        }
+                        UdpPolled::Http => over_http.push(i),
+                    }
+                }
+            }
+            None => over_http.extend(0..targets.len()),
+        }
+        let targets_ref = &targets;
         // Indices, not references, keep the stream's futures free of higher-ranked lifetimes.
-        let results: Vec<(String, Polled)> = futures::stream::iter(0..targets.len())
+        let fetched: Vec<(usize, Polled)> = futures::stream::iter(over_http)
             .map(|i| async move {
-                let t = &targets[i];
-                (t.name.clone(), self.poll_one(t).await)
+                let t = &targets_ref[i];
+                let answer = self.link.get(t, REPORT_PATH, self.rules.max_bytes).await;
+                (i, self.judge(t, answer))
             })
             .buffer_unordered(self.concurrency)
             .collect()
             .await;
+        for (i, p) in fetched {
+            polled[i] = Some(p);
+        }
+        let results = targets.iter().zip(polled).map(|(t, p)| {
+            // Every node was asked one way or the other.
+            let p = p.unwrap_or_else(|| Polled::Down("not asked".into()));
+            (t.name.clone(), p)
+        });
         let mut obs = Observations::new();
         let mut updates = Vec::with_capacity(results.len());
         let mut down = 0;
@@ -236,20 +262,9 @@ impl Poller {
         obs
     }
 
-    /// Asks over UDP first where the daemon has it, else (or when that brings no report) over
-    /// HTTP.
-    async fn fetch(&self, t: &NodeConfig) -> Result<Answer, LinkError> {
-        if let Some(u) = &self.udp
-            && let UdpPolled::Report(body) = u.ask(t).await
-        {
-            let status = reqwest::StatusCode::OK;
-            return Ok(Answer { status, body });
-        }
-        self.link.get(t, REPORT_PATH, self.rules.max_bytes).await
-    }
-
-    async fn poll_one(&self, t: &NodeConfig) -> Polled {
-        let Answer { status, body } = match self.fetch(t).await {
+    /// Judges what one collector answered: its report, verified, or why there is none.
+    fn judge(&self, t: &NodeConfig, answer: Result<Answer, LinkError>) -> Polled {
+        let Answer { status, body } = match answer {
             Ok(a) => a,
             Err(LinkError::TooLarge { cap }) => {
                 return self.reject(t, ReportError::TooLarge { size: cap + 1, cap });

@@ -108,8 +108,10 @@ impl Key {
 
     /// Constant-time comparison (hmac's `verify_slice`).
     pub(super) fn verify(&self, domain: &[u8], parts: &[&[u8]], sig_hex: &str) -> bool {
-        match hex::decode(sig_hex) {
-            Ok(sig) => self.mac(domain, parts).verify_slice(&sig).is_ok(),
+        // Decoded in place: a signature of any other length than the MAC's never verifies.
+        let mut sig = [0u8; 32];
+        match hex::decode_to_slice(sig_hex, &mut sig) {
+            Ok(()) => self.mac(domain, parts).verify_slice(&sig).is_ok(),
             Err(_) => false,
         }
     }

@@ -18,7 +18,17 @@ use std::cmp::Ordering;
 
 use serde::{Deserialize, Serialize};
 
-use crate::verdict::{ExactError, ExactJson, Verdict, VerdictError, canonical_parts, canonicalize};
+use crate::verdict::{
+    ExactError, ExactJson, Spans, Verdict, VerdictError, canonical_parts, canonical_spans,
+    canonicalize,
+};
+
+/// The bytes a report's signature covers: pieces of the text as received, or the text brought
+/// to canonical form.
+enum Signed<'a> {
+    Spans([&'a str; 2]),
+    Owned(String),
+}
 
 /// Domain separators keep a signature made for one purpose from being valid for another.
 const REPORT_DOMAIN: &[u8] = b"maintd-report-v1\n";
@@ -201,6 +211,17 @@ impl Envelope {
         self
     }
 
+    /// The report as served: canonical JSON, its signature included, which the daemon checks
+    /// as it stands instead of bringing it to canonical form first.
+    pub fn to_wire(&self) -> Vec<u8> {
+        let body = serde_json::to_vec(self).expect("envelope serializes");
+        // Fails only where signing did (data nested to the very limit): served as it is, and
+        // refused by the daemon either way.
+        canonicalize(&body, &[])
+            .map(String::into_bytes)
+            .unwrap_or(body)
+    }
+
     /// Verifies a raw report body fetched from `expected_node`. `last_seq` is the highest sequence
     /// accepted so far from that node.
     pub fn verify(
@@ -235,11 +256,29 @@ impl Envelope {
         let text = std::str::from_utf8(body).map_err(|e| {
             ReportError::Verdict(VerdictError::Json(ExactError::Utf8(e.valid_up_to())))
         })?;
-        let (bytes, data) = canonical_parts(text, "signature", "data")
-            .map_err(|e| ReportError::Verdict(VerdictError::Json(e)))?;
+        // A report served in canonical form (as this version's collectors serve it) is checked
+        // as it stands: the signed bytes are its text less the signature. Any other form is
+        // brought to canonical form first.
+        let (signed, data) = match canonical_spans(text, "signature", "data") {
+            Some(Spans { without, part }) => {
+                let data = part.map(|p| ExactJson::assume_canonical(p.to_owned()));
+                (Signed::Spans(without), data)
+            }
+            None => {
+                let (bytes, data) = canonical_parts(text, "signature", "data")
+                    .map_err(|e| ReportError::Verdict(VerdictError::Json(e)))?;
+                (Signed::Owned(bytes), data)
+            }
+        };
         let data = data.ok_or(ReportError::Envelope("data"))?;
         let env = env.with_data(data);
-        if !key.verify(REPORT_DOMAIN, &[bytes.as_bytes()], &env.signature) {
+        let verified = match &signed {
+            Signed::Spans([a, b]) => {
+                key.verify(REPORT_DOMAIN, &[a.as_bytes(), b.as_bytes()], &env.signature)
+            }
+            Signed::Owned(bytes) => key.verify(REPORT_DOMAIN, &[bytes.as_bytes()], &env.signature),
+        };
+        if !verified {
             return Err(ReportError::BadSignature);
         }
         if env.node != expected_node {

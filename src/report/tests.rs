@@ -56,6 +56,32 @@ fn a_signed_report_verifies_and_tampering_is_caught() {
 }
 
 #[test]
+fn a_report_served_in_canonical_form_is_checked_as_it_stands() {
+    let v = Verdict::parse_bytes(br#"{"status":"evacuate","details":{"disk":"sda","n":1.50}}"#)
+        .unwrap();
+    let env = Envelope::new("n1", 5, 1_000, 1_000, &v, None).sign(&key());
+    let wire = env.to_wire();
+    let text = std::str::from_utf8(&wire).unwrap();
+    // The signed bytes are found in the text itself, and are what the signature was made over.
+    let spans = canonical_spans(text, "signature", "data").expect("served in canonical form");
+    let signed = canonicalize(&serde_json::to_vec(&env).unwrap(), &["signature"]).unwrap();
+    assert_eq!(spans.without.concat(), signed);
+    assert_eq!(spans.part, Some(v.exact.as_str()));
+    let r = Envelope::verify(&wire, &key(), "n1", None, 2_000, RULES).unwrap();
+    assert_eq!(r.envelope.data, v.exact);
+    // The same report in serde's field order is brought to canonical form and verifies too.
+    let older = serde_json::to_vec(&env).unwrap();
+    assert!(canonical_spans(std::str::from_utf8(&older).unwrap(), "signature", "data").is_none());
+    assert!(Envelope::verify(&older, &key(), "n1", None, 2_000, RULES).is_ok());
+    // Tampered in canonical form: caught like any other.
+    let tampered = text.replace("sda", "sdb");
+    assert!(matches!(
+        Envelope::verify(tampered.as_bytes(), &key(), "n1", None, 2_000, RULES),
+        Err(ReportError::BadSignature)
+    ));
+}
+
+#[test]
 fn request_signatures_bind_target_method_path_time_and_body() {
     let k = key();
     let sig = k.sign_request("n1", "POST", "/1/events/x/cancel", 10, b"{}");
@@ -194,9 +220,11 @@ mod properties {
         /// Whatever the details hold, a genuine report verifies: what the collector signs
         /// is what the daemon recomputes from the bytes it receives.
         #[test]
-        fn every_genuine_report_verifies(details in json(), seq in 1..=MAX_SEQ) {
+        fn every_genuine_report_verifies(details in json(), seq in 1..=MAX_SEQ, wire in any::<bool>()) {
             let v = Verdict::from_value(serde_json::json!({"status": "evacuate", "details": details})).unwrap();
-            let body = serde_json::to_vec(&Envelope::new("n1", seq, 1_000, 1_000, &v, None).sign(&key())).unwrap();
+            let env = Envelope::new("n1", seq, 1_000, 1_000, &v, None).sign(&key());
+            // As this version serves it (canonical), and as an older one did (serde's order).
+            let body = if wire { env.to_wire() } else { serde_json::to_vec(&env).unwrap() };
             let r = Envelope::verify(&body, &key(), "n1", None, 2_000, VerifyRules { window_s: 30, max_bytes: usize::MAX });
             prop_assert!(r.is_ok(), "{:?}", r.err());
             prop_assert_eq!(r.unwrap().verdict.canonical(), v.canonical());
@@ -204,9 +232,10 @@ mod properties {
 
         /// Flipping any byte of a signed report never yields a different accepted report.
         #[test]
-        fn a_changed_report_never_verifies_as_another(details in json(), at in any::<prop::sample::Index>(), bit in 0u8..8) {
+        fn a_changed_report_never_verifies_as_another(details in json(), at in any::<prop::sample::Index>(), bit in 0u8..8, wire in any::<bool>()) {
             let v = Verdict::from_value(serde_json::json!({"status": "evacuate", "details": details})).unwrap();
-            let mut body = serde_json::to_vec(&Envelope::new("n1", 7, 1_000, 1_000, &v, None).sign(&key())).unwrap();
+            let env = Envelope::new("n1", 7, 1_000, 1_000, &v, None).sign(&key());
+            let mut body = if wire { env.to_wire() } else { serde_json::to_vec(&env).unwrap() };
             let i = at.index(body.len());
             body[i] ^= 1 << bit;
             if let Ok(r) = Envelope::verify(&body, &key(), "n1", None, 2_000, RULES) {

@@ -10,6 +10,9 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
+mod scan;
+pub use scan::{Spans, canonical_spans};
+
 /// At most this many arrays and objects nest: serde_json's own limit, so that whatever this
 /// module accepts, serde_json reads too.
 pub const MAX_DEPTH: usize = 127;
@@ -73,7 +76,10 @@ impl ExactJson {
     /// A `Value` to read fields from. Lossy: a number no float holds becomes its nearest float,
     /// or null past the float range. Never serialize this where the exact text matters.
     pub fn value(&self) -> Value {
-        lossy_value(self.0.as_bytes())
+        // serde_json reads every number here the way the lossy reading does (it reads each
+        // number's text with serde_json too), in one pass; only a number out of the float
+        // range makes it refuse the text, and that takes the lossy reading.
+        serde_json::from_str(&self.0).unwrap_or_else(|_| lossy_value(self.0.as_bytes()))
     }
 }
 
@@ -480,6 +486,20 @@ mod tests {
             let sorted: Value = serde_json::from_str(e.as_str()).unwrap();
             prop_assert_eq!(e.pretty(), serde_json::to_string_pretty(&sorted).unwrap());
             prop_assert_eq!(ExactJson::parse(e.pretty().as_bytes()).unwrap(), e);
+        }
+
+        /// The one-pass reading of a document's fields is the lossy one, for every number a
+        /// script may print (integers past 64 bits, long decimals, exponents past the float
+        /// range).
+        #[test]
+        fn the_quick_reading_is_the_lossy_one(v in json(), n in prop_oneof![
+            "-?[1-9][0-9]{0,39}",
+            "-?(0|[1-9][0-9]{0,4})\\.[0-9]{1,30}",
+            "-?[1-9](\\.[0-9]{1,3})?[eE][+-]?[0-9]{1,3}",
+        ]) {
+            let text = format!("[{},{}]", serde_json::to_string(&v).unwrap(), n);
+            let e = ExactJson::parse(text.as_bytes()).unwrap();
+            prop_assert_eq!(e.value(), lossy_value(e.as_str().as_bytes()));
         }
 
         /// Whatever bytes arrive, the exact reading never panics, accepts every document
