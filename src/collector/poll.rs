@@ -198,6 +198,71 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn one_exchange_asks_the_whole_fleet_in_waves_and_keeps_each_answer_in_its_place() {
+        let key = Key::from_bytes(vec![3; 32]);
+        let mut serving_now = Vec::new();
+        let mut answering = Vec::new();
+        for k in 0..6 {
+            let (c, node, state) = serving(&key, &format!(r#"{{"disk":"sd{k}"}}"#)).await;
+            answering.push(node);
+            serving_now.push((c, state));
+        }
+        let big = format!(r#"{{"log":"{}"}}"#, "x".repeat(poll::MAX_REPORT));
+        let (_b, too_big, _sb) = serving(&key, &big).await;
+        // Bound, never answering: a collector that is down.
+        let mute = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let silent = NodeConfig {
+            name: "n9".into(),
+            collector: mute.local_addr().unwrap().to_string(),
+        };
+        // Eight times as many nodes as requests in flight, so the exchange goes in waves.
+        let mut nodes: Vec<NodeConfig> = (0..64).map(|i| answering[i % 6].clone()).collect();
+        nodes[3] = silent;
+        nodes[40] = too_big;
+        let counts = UdpCounts::default();
+        let udp = UdpPoll::bind(key.clone(), Duration::from_secs(2), counts.clone())
+            .unwrap()
+            .with_in_flight(8);
+        let polled = udp.ask_all(Arc::new(nodes.clone())).await;
+        assert_eq!(polled.len(), nodes.len());
+        for (i, p) in polled.iter().enumerate() {
+            match i {
+                3 | 40 => assert_eq!(*p, UdpPolled::Http, "node {i}"),
+                _ => assert!(matches!(p, UdpPolled::Report(_)), "node {i}: {p:?}"),
+            }
+        }
+        assert_eq!(outcome(&counts, "answered"), 62);
+        assert_eq!(outcome(&counts, "no-answer"), 1);
+        assert_eq!(outcome(&counts, "ask-http"), 1);
+        // Each answer is the report of the collector that node names, and no report is
+        // handed to two nodes.
+        let rules = VerifyRules {
+            window_s: 30,
+            max_bytes: 1 << 20,
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, p) in polled.iter().enumerate() {
+            if let UdpPolled::Report(body) = p {
+                let r = Envelope::verify(body, &key, "n1", None, now_ns(), rules).unwrap();
+                let k = answering
+                    .iter()
+                    .position(|a| a.collector == nodes[i].collector);
+                let own = format!("sd{}", k.unwrap());
+                assert!(r.envelope.data.as_str().contains(&own), "node {i}");
+                assert!(
+                    seen.insert((&nodes[i].collector, r.envelope.seq)),
+                    "node {i}"
+                );
+            }
+        }
+        // The next cycle asks the silent node over HTTP only, and the rest over UDP again.
+        let polled = udp.ask_all(Arc::new(nodes)).await;
+        assert_eq!(polled[3], UdpPolled::Http);
+        assert_eq!(outcome(&counts, "http-only"), 1);
+        assert_eq!(outcome(&counts, "answered"), 2 * 62);
+    }
+
+    #[tokio::test]
     async fn answers_no_request_waits_for_are_dropped_and_counted() {
         let key = Key::from_bytes(vec![3; 32]);
         let counts = UdpCounts::default();

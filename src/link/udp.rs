@@ -137,6 +137,15 @@ impl UdpPoll {
         })
     }
 
+    /// At most `n` requests awaiting their answer at once, whatever the receive buffer holds.
+    #[cfg(test)]
+    pub fn with_in_flight(mut self, n: usize) -> UdpPoll {
+        Arc::get_mut(&mut self.io)
+            .expect("not shared yet")
+            .in_flight = n;
+        self
+    }
+
     /// Asks `node` for its report over UDP.
     pub async fn ask(&self, node: &NodeConfig) -> UdpPolled {
         let mut polled = self.ask_all(Arc::new(vec![node.clone()])).await;
@@ -324,9 +333,10 @@ impl Exchange {
             if matched + stray > 0 || room {
                 continue;
             }
+            // Nothing in flight only when a send would block: a short wait for room, then on.
             let wait = sent
                 .front()
-                .map_or(Duration::ZERO, |(_, a)| a.deadline - now);
+                .map_or(Duration::from_millis(1), |(_, a)| a.deadline - now);
             self.sleep(wait, blocked);
         }
         (heard, strays)
