@@ -23,13 +23,6 @@ use crate::verdict::{
     canonicalize,
 };
 
-/// The bytes a report's signature covers: pieces of the text as received, or the text brought
-/// to canonical form.
-enum Signed<'a> {
-    Spans([&'a str; 2]),
-    Owned(String),
-}
-
 /// Domain separators keep a signature made for one purpose from being valid for another.
 const REPORT_DOMAIN: &[u8] = b"maintd-report-v1\n";
 
@@ -258,27 +251,24 @@ impl Envelope {
         })?;
         // A report served in canonical form (as this version's collectors serve it) is checked
         // as it stands: the signed bytes are its text less the signature. Any other form is
-        // brought to canonical form first.
+        // brought to canonical form first. The signature covers the two pieces' concatenation.
+        let canonical;
         let (signed, data) = match canonical_spans(text, "signature", "data") {
             Some(Spans { without, part }) => {
                 let data = part.map(|p| ExactJson::assume_canonical(p.to_owned()));
-                (Signed::Spans(without), data)
+                (without, data)
             }
             None => {
-                let (bytes, data) = canonical_parts(text, "signature", "data")
+                let data;
+                (canonical, data) = canonical_parts(text, "signature", "data")
                     .map_err(|e| ReportError::Verdict(VerdictError::Json(e)))?;
-                (Signed::Owned(bytes), data)
+                ([canonical.as_str(), ""], data)
             }
         };
         let data = data.ok_or(ReportError::Envelope("data"))?;
         let env = env.with_data(data);
-        let verified = match &signed {
-            Signed::Spans([a, b]) => {
-                key.verify(REPORT_DOMAIN, &[a.as_bytes(), b.as_bytes()], &env.signature)
-            }
-            Signed::Owned(bytes) => key.verify(REPORT_DOMAIN, &[bytes.as_bytes()], &env.signature),
-        };
-        if !verified {
+        let [before, after] = signed.map(str::as_bytes);
+        if !key.verify(REPORT_DOMAIN, &[before, after], &env.signature) {
             return Err(ReportError::BadSignature);
         }
         if env.node != expected_node {
