@@ -322,7 +322,6 @@ impl Config {
     pub fn poll_settings(&self) -> crate::repair::poller::PollSettings {
         crate::repair::poller::PollSettings {
             rules: crate::report::VerifyRules {
-                window_s: self.daemon.report_window.as_secs(),
                 max_bytes: self.daemon.max_report_bytes,
             },
             concurrency: self.daemon.poll_concurrency,
@@ -330,13 +329,11 @@ impl Config {
         }
     }
 
-    /// How the fencer uses the peers: a view may be as far from the master's clock as a report,
-    /// and counts for three liveness intervals (at least the collectors' `lost-after`), so a
-    /// watcher missing one probe is still heard.
+    /// How the fencer uses the peers: a view counts for three liveness intervals (at least the
+    /// collectors' `lost-after`), so a watcher missing one probe is still heard.
     pub fn peering_settings(&self) -> crate::fencing::peering::PeeringSettings {
         crate::fencing::peering::PeeringSettings {
             watchers: self.fencing.watchers,
-            window: self.daemon.report_window,
             fresh_for: (self.fencing.liveness_interval * 3)
                 .max(self.collector.heartbeat.lost_after),
         }

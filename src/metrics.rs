@@ -83,6 +83,8 @@ pub struct Metrics {
     pub probe_silences: Counter,
     /// The liveness probe's current patience per node.
     pub probe_timeout_seconds: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// How far each node's wall clock is from the master's, from the probe's round trip.
+    pub node_clock_offset_seconds: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Time from detection to release, per stage (detection, isolation, power-off, release, total).
     pub fence_stage_seconds: Family<StepLabel, Histogram>,
     /// Actions a standby decided and did not carry out (repair and fence decisions).
@@ -133,6 +135,7 @@ impl Metrics {
             fencing_paused: Gauge::default(),
             fencing_storm_seconds: Counter::default(),
             probe_timeout_seconds: Family::default(),
+            node_clock_offset_seconds: Family::default(),
             probe_failures: Counter::default(),
             probe_silences: Counter::default(),
             standby_dropped: Counter::default(),
@@ -260,6 +263,11 @@ impl Metrics {
             "maintd_probe_timeout_seconds",
             "How long the liveness probe waits for each collector (adapted to its round trips)",
             m.probe_timeout_seconds.clone(),
+        );
+        reg.register(
+            "maintd_node_clock_offset_seconds",
+            "How far each node's wall clock is from the master's (positive: ahead), from the liveness probe's round trip; shown, never used to judge a node",
+            m.node_clock_offset_seconds.clone(),
         );
         reg.register(
             "maintd_fence_stage_seconds",
@@ -411,7 +419,15 @@ impl std::fmt::Debug for StateGauges {
 
 impl Collector for StateGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let now = crate::report::now_ns();
+        let now = crate::clock::steady_ns();
+        ConstGauge::new(crate::clock::wall_step_ns() as f64 / 1e9).encode(
+            encoder.encode_descriptor(
+                "maintd_clock_step_seconds",
+                "How far the master's wall clock has stepped from its steady clock since the daemon started (spans are measured on the steady clock; this is what its records' times are off by)",
+                None,
+                MetricType::Gauge,
+            )?,
+        )?;
         if let Ok(counts) = self.store.event_status_counts() {
             let mut family = encoder.encode_descriptor(
                 "maintd_events",

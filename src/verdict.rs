@@ -227,8 +227,23 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
-/// Wall-clock instants in ns since the epoch, always passed in.
+/// Instants in ns since the epoch, always passed in. A decision's `now` is the daemon's steady
+/// timeline (`clock::Clock::now`): near the wall clock, but it never steps, so a span between two
+/// of its instants taken by one process is a true span.
 pub type Nanos = i64;
+
+/// A moment on one boot's `CLOCK_BOOTTIME` (never steps, counts suspend), with that boot's id:
+/// what a span that must survive a restart is kept as. A reading from another boot (the master
+/// rebooted, or another replica leads) says nothing about now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub struct BootInstant {
+    /// The kernel's boot id.
+    #[schemars(with = "String")]
+    pub boot: uuid::Uuid,
+    /// ns since that boot.
+    pub ns: Nanos,
+}
 
 /// How an effect (a job, a fence step attempt, a release) ended, as its executor recorded it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -164,9 +164,20 @@ pub struct Fence {
 }
 
 impl Fence {
-    pub fn of(f: &Flow) -> Fence {
+    /// The flow as shown, with its waits still to come (the retry, the self-fencing node's
+    /// reset) moved by `wall_step` (the wall clock less the steady clock now): a wait is kept
+    /// and decided on the steady clock, and shown as the wall clock will read it.
+    pub fn of(f: &Flow, wall_step: Nanos) -> Fence {
+        let mut flow = f.clone();
+        let to_wall = |t: Nanos| t.saturating_add(wall_step);
+        if !flow.fenced {
+            flow.safe_until = flow.safe_until.map(to_wall);
+        }
+        if flow.status != crate::fencing::machine::FenceStatus::Final {
+            flow.next_attempt = to_wall(flow.next_attempt);
+        }
         Fence {
-            flow: f.clone(),
+            flow,
             tag: fence_failed_tag(&f.id),
         }
     }
@@ -201,6 +212,10 @@ pub struct Node {
     /// What the node's watchers say of it; null without fencing.
     #[serde(default)]
     pub witnesses: Option<PeerWitnesses>,
+    /// How far its wall clock is from the master's (positive: ahead), measured by the liveness
+    /// probe's round trip; shown, never used to judge it. Null without fencing.
+    #[serde(default)]
+    pub clock_offset_ms: Option<i64>,
 }
 
 /// A node's watchers as the master last heard them.
@@ -252,6 +267,7 @@ impl Node {
                 booted_at: None,
                 fencing,
                 witnesses: None,
+                clock_offset_ms: None,
             };
         };
         Node {
@@ -273,6 +289,7 @@ impl Node {
             booted_at: r.booted_ns,
             fencing,
             witnesses: None,
+            clock_offset_ms: None,
         }
     }
 }

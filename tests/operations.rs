@@ -183,16 +183,21 @@ async fn sequences_out_of_range_are_refused_and_an_operator_can_reset_a_node() {
     let s = seq.clone();
     let app = axum::Router::new().route(
         "/1/report/diagnose",
-        get(move || {
+        get(move |axum::extract::RawQuery(q): axum::extract::RawQuery| {
             let (key, s) = (key.clone(), s.clone());
             async move {
                 let now = now_ns();
                 let v = Verdict::builtin_ok();
                 let n = s.load(Ordering::SeqCst);
+                let nonce = q
+                    .as_deref()
+                    .and_then(|q| q.strip_prefix("nonce="))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
                 // Every answer moves on by one, as a real collector's does.
                 s.store(n.saturating_add(1).max(n), Ordering::SeqCst);
-                serde_json::to_string(&Envelope::new("node1", n, now, now, &v, None).sign(&key))
-                    .unwrap()
+                let env = Envelope::new("node1", n, now, now, &v, None).answering(nonce);
+                serde_json::to_string(&env.sign(&key)).unwrap()
             }
         }),
     );

@@ -1,5 +1,6 @@
 //! Bad input never triggers an action: rejected reports (wrong key, forged signature, replay,
-//! staleness, oversized body, wrong node), whitelist escapes, diagnose timeouts and bad output.
+//! a report answering no poll, oversized body, wrong node), whitelist escapes, diagnose
+//! timeouts and bad output; and a node whose clock is far off is still heard.
 
 mod common;
 
@@ -7,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
+use axum::extract::RawQuery;
 use axum::routing::get;
 use common::*;
 use maintd::report::{Envelope, Key, now_ns};
@@ -17,9 +19,12 @@ use maintd::verdict::Verdict;
 enum Fake {
     Forged,
     Replay,
-    Stale,
+    /// Signed now, answering no poll (a report held back, or one served to another reader).
+    Unasked,
     Oversized,
     WrongNode,
+    /// Honest, with a clock ten minutes behind and an Ok verdict: taken.
+    Skewed,
 }
 
 fn evacuate() -> Verdict {
@@ -31,20 +36,27 @@ async fn fake_collector(port: u16, node: &'static str, key: Key, mode: Fake) {
     let replayed: Arc<Mutex<Option<String>>> = Arc::default();
     let app = Router::new().route(
         "/1/report/diagnose",
-        get(move || {
+        get(move |RawQuery(q): RawQuery| {
             let key = key.clone();
             let replayed = replayed.clone();
             async move {
                 let now = now_ns();
                 let v = evacuate();
+                let nonce: u64 = q
+                    .as_deref()
+                    .and_then(|q| q.strip_prefix("nonce="))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
                 match mode {
                     Fake::Forged => {
-                        let mut env =
-                            Envelope::new(node, now as u64, now, now, &v, None).sign(&key);
+                        let mut env = Envelope::new(node, now as u64, now, now, &v, None)
+                            .answering(nonce)
+                            .sign(&key);
                         // Signed for an Ok verdict, then the data is swapped.
                         let ok = Verdict::builtin_ok();
-                        let mut okenv =
-                            Envelope::new(node, now as u64, now, now, &ok, None).sign(&key);
+                        let mut okenv = Envelope::new(node, now as u64, now, now, &ok, None)
+                            .answering(nonce)
+                            .sign(&key);
                         okenv.data = env.data.clone();
                         env = okenv;
                         serde_json::to_string(&env).unwrap()
@@ -55,17 +67,26 @@ async fn fake_collector(port: u16, node: &'static str, key: Key, mode: Fake) {
                             let ok = Verdict::builtin_ok();
                             *r = Some(
                                 serde_json::to_string(
-                                    &Envelope::new(node, 5, now, now, &ok, None).sign(&key),
+                                    &Envelope::new(node, 5, now, now, &ok, None)
+                                        .answering(nonce)
+                                        .sign(&key),
                                 )
                                 .unwrap(),
                             );
                         }
                         r.clone().unwrap()
                     }
-                    Fake::Stale => {
+                    Fake::Unasked => serde_json::to_string(
+                        &Envelope::new(node, now as u64, now, now, &v, None).sign(&key),
+                    )
+                    .unwrap(),
+                    Fake::Skewed => {
                         let old = now - 600_000_000_000;
+                        let ok = Verdict::builtin_ok();
                         serde_json::to_string(
-                            &Envelope::new(node, now as u64, old, old, &v, None).sign(&key),
+                            &Envelope::new(node, now as u64, old, old, &ok, None)
+                                .answering(nonce)
+                                .sign(&key),
                         )
                         .unwrap()
                     }
@@ -75,12 +96,16 @@ async fn fake_collector(port: u16, node: &'static str, key: Key, mode: Fake) {
                         )
                         .unwrap();
                         serde_json::to_string(
-                            &Envelope::new(node, now as u64, now, now, &big, None).sign(&key),
+                            &Envelope::new(node, now as u64, now, now, &big, None)
+                                .answering(nonce)
+                                .sign(&key),
                         )
                         .unwrap()
                     }
                     Fake::WrongNode => serde_json::to_string(
-                        &Envelope::new("node9", now as u64, now, now, &v, None).sign(&key),
+                        &Envelope::new("node9", now as u64, now, now, &v, None)
+                            .answering(nonce)
+                            .sign(&key),
                     )
                     .unwrap(),
                 }
@@ -95,18 +120,19 @@ async fn fake_collector(port: u16, node: &'static str, key: Key, mode: Fake) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_reports_create_no_event_and_are_counted_with_their_reason() {
-    let mut c = Cluster::new(6);
+    let mut c = Cluster::new(7);
     let key = Key::load(&c.path("cluster.key")).unwrap();
     let modes = [
         ("node1", Fake::Forged, "signature does not verify"),
-        ("node2", Fake::Replay, "not above the last accepted"),
-        ("node3", Fake::Stale, "away from now"),
+        ("node2", Fake::Replay, "not the poll"),
+        ("node3", Fake::Unasked, "answers poll 0, not the poll"),
         ("node4", Fake::Oversized, "cap"),
         ("node5", Fake::WrongNode, "signed for node \"node9\""),
     ];
     for (i, (node, mode, _)) in modes.iter().enumerate() {
         fake_collector(c.ports[i], node, key.clone(), *mode).await;
     }
+    fake_collector(c.ports[6], "node7", key.clone(), Fake::Skewed).await;
     // node6 is a real collector with the wrong key.
     let other = c.path("other.key");
     assert!(
@@ -138,6 +164,14 @@ async fn rejected_reports_create_no_event_and_are_counted_with_their_reason() {
     }
     // The replaying node's first report was accepted; every repeat is rejected.
     assert!(c.node("node2").await["last-seq"].as_u64() == Some(5));
+    // A node whose clock is ten minutes behind answers the poll: it is heard, and nothing
+    // refused.
+    let n = wait_for("the skewed node's reports", || async {
+        let n = c.node("node7").await;
+        (n["last-seq"].as_u64().is_some()).then_some(n)
+    })
+    .await;
+    assert_eq!(n["rejected-reports"], 0, "{n}");
     some_polls().await;
     assert!(
         c.status().await.is_empty(),
@@ -145,7 +179,7 @@ async fn rejected_reports_create_no_event_and_are_counted_with_their_reason() {
     );
     let metrics = c.metrics().await;
     assert!(
-        metrics.contains("maintd_reports_rejected_total{reason=\"replay\",node=\"node2\"}"),
+        metrics.contains("maintd_reports_rejected_total{reason=\"unanswered\",node=\"node2\"}"),
         "{metrics}"
     );
 }

@@ -258,7 +258,6 @@ pub async fn poll(
         let metrics = Metrics::register(&mut Registry::default());
         let settings = PollSettings {
             rules: VerifyRules {
-                window_s: 30,
                 max_bytes: 256 * 1024,
             },
             concurrency,

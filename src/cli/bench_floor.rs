@@ -21,7 +21,7 @@ pub async fn floor_us(key: &Key, udp: Option<&UdpPoll>, node: &NodeConfig) -> Op
     let answer = match udp {
         Some(u) => match u.ask(node).await {
             // The answer's header: its magic and nonce.
-            UdpPolled::Report(r) => r.len() + 12,
+            UdpPolled::Report { body, .. } => body.len() + 12,
             UdpPolled::Http => TYPICAL_ANSWER,
         },
         None => TYPICAL_ANSWER,

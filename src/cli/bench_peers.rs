@@ -27,7 +27,6 @@ fn members(n: usize) -> Vec<NodeConfig> {
 fn settings() -> PeeringSettings {
     PeeringSettings {
         watchers: DEFAULT_WATCHERS,
-        window: Duration::from_secs(30),
         fresh_for: Duration::from_secs(3),
     }
 }
@@ -163,7 +162,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
     let t = Instant::now();
     let verified = sample
         .iter()
-        .filter(|(n, b)| verifier.accept(n, b, PROBE, now, now).is_ok())
+        .filter(|(n, b)| verifier.accept(n, b, PROBE, (now, now), now).is_ok())
         .count();
     let best = t.elapsed().as_secs_f64();
     if verified != sample.len() {

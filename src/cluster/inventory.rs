@@ -11,12 +11,12 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{Cluster, ClusterError};
+use crate::clock::steady_ns;
 use crate::exec;
 use crate::exec::hooks::HookCall;
 use crate::exec::jobs::JobRunner;
 use crate::repair::Policy;
 use crate::repair::{Job, JobKind};
-use crate::report::now_ns;
 use crate::store::Store;
 use crate::verdict::Outcome;
 
@@ -154,7 +154,7 @@ impl Cluster for Inventory {
 
     async fn add_tag(&self, node: &str, tag: &str) -> Result<(), ClusterError> {
         self.known(node)?;
-        Ok(self.store.inventory_add_tag(node, tag, now_ns())?)
+        Ok(self.store.inventory_add_tag(node, tag, steady_ns())?)
     }
 
     async fn remove_tag(&self, node: &str, tag: &str) -> Result<bool, ClusterError> {
@@ -194,7 +194,7 @@ impl Cluster for Inventory {
             if let Some(offline) = flag
                 && let Err(e) = self
                     .store
-                    .inventory_set_offline(&job.node, offline, now_ns())
+                    .inventory_set_offline(&job.node, offline, steady_ns())
             {
                 return Outcome::failed(format!("hook succeeded but recording it failed: {e}"));
             }
@@ -241,7 +241,7 @@ impl Inventory {
         if !o.ok {
             return o;
         }
-        match self.store.inventory_set_offline(node, offline, now_ns()) {
+        match self.store.inventory_set_offline(node, offline, steady_ns()) {
             Ok(()) => o,
             Err(e) => Outcome::failed(format!("hook succeeded but recording it failed: {e}")),
         }

@@ -173,13 +173,15 @@ impl Collector {
         *self.latest.write_unpoisoned() = Some(d);
     }
 
-    /// Signs the cached verdict now, with the next sequence number.
-    pub fn signed_report(&self) -> Option<Envelope> {
+    /// Signs the cached verdict now, with the next sequence number, in answer to the poll
+    /// numbered `answers` (0: none).
+    pub fn signed_report(&self, answers: u64) -> Option<Envelope> {
         let d = self.latest.read_unpoisoned().clone()?;
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let mut env = Envelope::new(&self.node, seq, now_ns(), d.at, &d.verdict, d.error.clone());
         env.watchdog = *self.peers.watchdog.read_unpoisoned();
         env.boot = Some(self.boot);
+        env.answers = answers;
         Some(env.sign(&self.key))
     }
 
@@ -301,8 +303,17 @@ impl Collector {
     }
 }
 
-async fn report(State(c): State<Arc<Collector>>) -> Response {
-    match c.signed_report() {
+/// The report, signed now; `?nonce=N` makes it answer the daemon's poll numbered `N` (anyone may
+/// read a report: what the nonce proves is only that it was signed after the question).
+async fn report(State(c): State<Arc<Collector>>, uri: axum::http::Uri) -> Response {
+    let nonce = uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("nonce="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    match c.signed_report(nonce) {
         Some(env) => (
             [(axum::http::header::CONTENT_TYPE, "application/json")],
             env.to_wire(),
@@ -556,7 +567,7 @@ mod tests {
         let app = c.router();
         let get_report = || {
             app.clone().oneshot(
-                Request::get("/1/report/diagnose")
+                Request::get("/1/report/diagnose?nonce=77")
                     .body(Body::empty())
                     .unwrap(),
             )
@@ -570,11 +581,8 @@ mod tests {
             let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
                 .await
                 .unwrap();
-            let rules = crate::report::VerifyRules {
-                window_s: 30,
-                max_bytes: 1 << 20,
-            };
-            let v = Envelope::verify(&body, &key, "n1", last, now_ns(), rules).unwrap();
+            let rules = crate::report::VerifyRules { max_bytes: 1 << 20 };
+            let v = Envelope::verify(&body, &key, "n1", last, 77, rules).unwrap();
             last = Some(v.envelope.seq);
         }
     }

@@ -88,6 +88,20 @@ pub struct Peers {
     saved: Option<std::path::PathBuf>,
 }
 
+/// What a verified probe of the master says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MasterProbe {
+    /// The beat of this node's view the master last took (0: none).
+    pub echo: u64,
+    /// The probe's number, which the view answers.
+    pub probe: u64,
+    /// The nodes the master has marked for fencing.
+    pub marked: BTreeSet<String>,
+    /// A probe's marks are taken only when its echo is of a view this node served within this
+    /// span of its own clock.
+    pub mark_window: Nanos,
+}
+
 impl Peers {
     pub fn new(me: String, key: Key, cfg: HeartbeatConfig) -> Peers {
         Peers {
@@ -158,16 +172,14 @@ impl Peers {
             .map(|i| sent[i].1)
     }
 
-    /// A verified probe of the master: `echo` is the beat of this node's view it last took,
-    /// `probe` the number the view answers. Returns the view, signed.
-    pub fn master_probe(
-        &self,
-        echo: u64,
-        probe: u64,
-        marked: BTreeSet<String>,
-        now: Nanos,
-        mono: Nanos,
-    ) -> SignedView {
+    /// A verified probe of the master. Returns the view, signed, answering it.
+    pub fn master_probe(&self, p: MasterProbe, now: Nanos, mono: Nanos) -> SignedView {
+        let MasterProbe {
+            echo,
+            probe,
+            marked,
+            mark_window,
+        } = p;
         let acked = {
             let served = self.served.lock_unpoisoned();
             served
@@ -177,16 +189,25 @@ impl Peers {
         };
         {
             let mut m = self.master.lock_unpoisoned();
+            // The marks of a probe that echoes no recent view of this node are not taken: a
+            // copy played back (its signature forgotten) or one delayed past the window marks
+            // nothing, whatever its timestamp says. A mark only ever stops the feeding, so the
+            // next probe, echoing a recent view, brings it.
+            let recent = acked
+                .as_ref()
+                .is_some_and(|(at, _)| mono.saturating_sub(*at) <= mark_window);
             if let Some((at, hears)) = acked
                 && m.contact.is_none_or(|c| at > c)
             {
                 m.contact = Some(at);
                 m.acked = hears;
             }
-            if marked.contains(&self.me) && !m.marked.contains(&self.me) {
-                warn!("the master marked this node for fencing");
+            if recent {
+                if marked.contains(&self.me) && !m.marked.contains(&self.me) {
+                    warn!("the master marked this node for fencing");
+                }
+                m.marked = marked;
             }
-            m.marked = marked;
         }
         let beat = self.beat(mono);
         let hears: BTreeMap<String, u64> = self
@@ -418,7 +439,9 @@ impl Peers {
                 loop {
                     match socket.recv_from(&mut buf).await {
                         Ok((n, from)) if crate::report::poll::is_request(&buf[..n]) => {
-                            let answer = polls.as_ref().and_then(|p| p.answer(&buf[..n], now_ns()));
+                            let answer = polls
+                                .as_ref()
+                                .and_then(|p| p.answer(&buf[..n], crate::clock::mono_ns()));
                             if let Some(a) = answer
                                 && let Err(e) = socket.send_to(&a, from).await
                             {

@@ -16,29 +16,44 @@ use crate::sync::LockExt;
 /// interval, so this is far above what they need, and it bounds what a flood can hold.
 const REMEMBERED: usize = 4096;
 
+/// Answers per second at most, and the burst allowed: a daemon and its standbys ask about once
+/// per poll interval each. A request played back after it left the memory is answered again
+/// (nothing compares the daemon's timestamp with this clock), so this bounds how much traffic
+/// copies of captured requests can make this node send toward a spoofed address.
+const ANSWERS_PER_S: i64 = 16;
+const BURST: i64 = 32;
+
 /// Answers poll requests for one collector.
 pub struct PollAnswers {
     collector: Arc<Collector>,
-    window_s: i64,
-    /// Nonces answered within the window, with their request's timestamp.
+    /// How long a nonce is remembered, on this node's boot clock.
+    window_ns: i64,
+    /// Nonces answered lately, with when they came (this node's boot clock).
     seen: Mutex<HashMap<u64, i64>>,
+    /// Tokens (ns of credit at `ANSWERS_PER_S`), and when they were last counted.
+    bucket: Mutex<(i64, i64)>,
 }
 
 impl PollAnswers {
     pub fn new(collector: Arc<Collector>) -> PollAnswers {
-        let window_s = collector.cfg.request_window.as_secs() as i64;
+        let window_ns = i64::try_from(collector.cfg.request_window.as_nanos()).unwrap_or(i64::MAX);
         PollAnswers {
             collector,
-            window_s,
+            window_ns,
             seen: Mutex::new(HashMap::new()),
+            bucket: Mutex::new((BURST * 1_000_000_000, 0)),
         }
     }
 
-    /// The answer to datagram `d` received at `now`, if it is a genuine, fresh poll request.
-    pub fn answer(&self, d: &[u8], now: i64) -> Option<Vec<u8>> {
+    /// The answer to datagram `d` received at `mono` (this node's boot clock), if it is a
+    /// genuine poll request not seen lately. The request's timestamp is the daemon's clock and
+    /// is never compared with this one: a daemon whose clock is off still polls every node, and
+    /// the report it gets back is fresh because it answers the nonce.
+    pub fn answer(&self, d: &[u8], mono: i64) -> Option<Vec<u8>> {
         let c = &self.collector;
-        let asked = poll::verify_request(&c.key, &c.node, d, now, self.window_s)
-            .and_then(|a| self.first_time(a, now).map(|()| a));
+        let asked = poll::verify_request(&c.key, &c.node, d)
+            .and_then(|a| self.first_time(a, mono).map(|()| a))
+            .and_then(|a| self.take_token(mono).map(|()| a));
         let asked = match asked {
             Ok(a) => a,
             Err(e) => {
@@ -53,27 +68,43 @@ impl PollAnswers {
         };
         // Without a report yet, the daemon is told to ask over HTTP, which says why; no answer
         // at all would have it take this collector for one that does not poll over UDP.
-        let report = c.signed_report().map(|r| r.to_wire());
+        let report = c.signed_report(asked.nonce).map(|r| r.to_wire());
         Some(poll::answer(asked.nonce, report.as_deref()))
     }
 
     /// Remembers a request's nonce, refusing one seen within the window (a copy played back
     /// would make this node send its report again).
-    fn first_time(&self, a: poll::Asked, now: i64) -> Result<(), PollError> {
+    fn first_time(&self, a: poll::Asked, mono: i64) -> Result<(), PollError> {
         let mut seen = self.seen.lock_unpoisoned();
-        let window_ns = self.window_s.saturating_mul(1_000_000_000);
         if seen.len() >= REMEMBERED {
-            seen.retain(|_, ts| now.saturating_sub(*ts) <= window_ns);
+            seen.retain(|_, at| mono.saturating_sub(*at) <= self.window_ns);
         }
         if seen.len() >= REMEMBERED {
             // Only signed requests get here: the daemon's own, far too many. Refused until
             // the window moves on, rather than forgetting one that could then be replayed.
             return Err(PollError::Replay);
         }
-        match seen.insert(a.nonce, a.ts) {
-            Some(_) => Err(PollError::Replay),
-            None => Ok(()),
+        if seen
+            .get(&a.nonce)
+            .is_some_and(|at| mono.saturating_sub(*at) <= self.window_ns)
+        {
+            return Err(PollError::Replay);
         }
+        seen.insert(a.nonce, mono);
+        Ok(())
+    }
+
+    fn take_token(&self, mono: i64) -> Result<(), PollError> {
+        let mut b = self.bucket.lock_unpoisoned();
+        let (credit, at) = *b;
+        let earned = mono.saturating_sub(at).max(0).saturating_mul(ANSWERS_PER_S);
+        let credit = credit.saturating_add(earned).min(BURST * 1_000_000_000);
+        if credit < 1_000_000_000 {
+            *b = (credit, mono);
+            return Err(PollError::Rate);
+        }
+        *b = (credit - 1_000_000_000, mono);
+        Ok(())
     }
 }
 
@@ -82,8 +113,8 @@ fn refusal_label(e: &PollError) -> &'static str {
     match e {
         PollError::Shape => "malformed",
         PollError::WrongNode(_) | PollError::Signature => "forged",
-        PollError::Stale { .. } => "stale",
         PollError::Replay => "replayed",
+        PollError::Rate => "rate",
     }
 }
 
@@ -119,7 +150,7 @@ mod tests {
         tokio::spawn(async move {
             let mut buf = vec![0u8; 2048];
             while let Ok((n, from)) = udp.recv_from(&mut buf).await {
-                if let Some(a) = answers.answer(&buf[..n], now_ns()) {
+                if let Some(a) = answers.answer(&buf[..n], crate::clock::mono_ns()) {
                     udp.send_to(&a, from).await.unwrap();
                 }
             }
@@ -137,16 +168,17 @@ mod tests {
         let (_c, node, _state) = serving(&key, r#"{"disk":"sda"}"#).await;
         let counts = UdpCounts::default();
         let udp = UdpPoll::bind(key.clone(), Duration::from_secs(5), counts.clone()).unwrap();
-        let rules = VerifyRules {
-            window_s: 30,
-            max_bytes: 1 << 20,
-        };
+        let rules = VerifyRules { max_bytes: 1 << 20 };
         let mut last = None;
+        let mut nonces = std::collections::BTreeSet::new();
         for _ in 0..3 {
-            let UdpPolled::Report(body) = udp.ask(&node).await else {
+            let UdpPolled::Report { nonce, body } = udp.ask(&node).await else {
                 panic!("no report over UDP");
             };
-            let r = Envelope::verify(&body, &key, "n1", last, now_ns(), rules).unwrap();
+            // Each report answers its own request, and no other.
+            assert!(nonces.insert(nonce));
+            assert!(Envelope::verify(&body, &key, "n1", last, nonce ^ 1, rules).is_err());
+            let r = Envelope::verify(&body, &key, "n1", last, nonce, rules).unwrap();
             assert!(r.envelope.data.as_str().contains("sda"));
             last = Some(r.envelope.seq);
         }
@@ -165,26 +197,53 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn forged_stale_replayed_and_foreign_requests_get_no_answer_and_are_counted() {
+    async fn forged_replayed_flooding_and_foreign_requests_get_no_answer_and_are_counted() {
         let key = Key::from_bytes(vec![3; 32]);
         let (c, node, _state) = serving(&key, "{}").await;
         let a = PollAnswers::new(c.clone());
-        let now = now_ns();
+        let (now, mono) = (now_ns(), crate::clock::mono_ns());
         let genuine = poll::request(&key, "n1", 7, now);
-        assert!(a.answer(&genuine, now).is_some());
-        assert!(a.answer(&genuine, now).is_none(), "a copy played back");
+        assert!(a.answer(&genuine, mono).is_some());
+        assert!(a.answer(&genuine, mono).is_none(), "a copy played back");
         assert_eq!(refused(&c, "replayed"), 1);
         let other_key = Key::from_bytes(vec![4; 32]);
         assert!(
-            a.answer(&poll::request(&other_key, "n1", 8, now), now)
+            a.answer(&poll::request(&other_key, "n1", 8, now), mono)
                 .is_none()
         );
-        assert!(a.answer(&poll::request(&key, "n2", 9, now), now).is_none());
+        assert!(a.answer(&poll::request(&key, "n2", 9, now), mono).is_none());
         assert_eq!(refused(&c, "forged"), 2);
+        // A daemon whose clock is two minutes off is answered: nothing here compares clocks.
         let old = now - 120 * 1_000_000_000;
-        assert!(a.answer(&poll::request(&key, "n1", 10, old), now).is_none());
-        assert_eq!(refused(&c, "stale"), 1);
-        assert!(a.answer(b"MDP1 not a request", now).is_none());
+        assert!(
+            a.answer(&poll::request(&key, "n1", 10, old), mono)
+                .is_some()
+        );
+        // A copy played back once the window has passed is answered again, but no faster than
+        // the rate a daemon and its standbys poll at: a burst, then one per 1/16 s.
+        let later = mono + 61 * 1_000_000_000;
+        assert!(
+            a.answer(&genuine, later).is_some(),
+            "forgotten after the window"
+        );
+        let burst = (100..200)
+            .filter(|n| {
+                a.answer(&poll::request(&key, "n1", *n, now), later)
+                    .is_some()
+            })
+            .count();
+        assert_eq!(burst, 31, "the rest of the burst");
+        assert_eq!(refused(&c, "rate"), 69);
+        let next = later + 1_000_000_000 / 16;
+        assert!(
+            a.answer(&poll::request(&key, "n1", 300, now), next)
+                .is_some()
+        );
+        assert!(
+            a.answer(&poll::request(&key, "n1", 301, now), next)
+                .is_none()
+        );
+        assert!(a.answer(b"MDP1 not a request", mono).is_none());
         assert_eq!(refused(&c, "malformed"), 1);
         // Over the wire: a collector that answers nothing leaves the poll to HTTP.
         let key_elsewhere = Key::from_bytes(vec![5; 32]);
@@ -228,7 +287,7 @@ mod tests {
         for (i, p) in polled.iter().enumerate() {
             match i {
                 3 | 40 => assert_eq!(*p, UdpPolled::Http, "node {i}"),
-                _ => assert!(matches!(p, UdpPolled::Report(_)), "node {i}: {p:?}"),
+                _ => assert!(matches!(p, UdpPolled::Report { .. }), "node {i}: {p:?}"),
             }
         }
         assert_eq!(outcome(&counts, "answered"), 62);
@@ -236,14 +295,11 @@ mod tests {
         assert_eq!(outcome(&counts, "ask-http"), 1);
         // Each answer is the report of the collector that node names, and no report is
         // handed to two nodes.
-        let rules = VerifyRules {
-            window_s: 30,
-            max_bytes: 1 << 20,
-        };
+        let rules = VerifyRules { max_bytes: 1 << 20 };
         let mut seen = std::collections::BTreeSet::new();
         for (i, p) in polled.iter().enumerate() {
-            if let UdpPolled::Report(body) = p {
-                let r = Envelope::verify(body, &key, "n1", None, now_ns(), rules).unwrap();
+            if let UdpPolled::Report { nonce, body } = p {
+                let r = Envelope::verify(body, &key, "n1", None, *nonce, rules).unwrap();
                 let k = answering
                     .iter()
                     .position(|a| a.collector == nodes[i].collector);

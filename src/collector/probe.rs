@@ -44,6 +44,12 @@ const MAX_MARKED: usize = 64;
 /// which the watchdog's rules read, and gets a view with a beat that answers it. A forged or
 /// replayed signature is ignored, never an error: the view is served either way, without a
 /// beat, so an unsigned request records nothing.
+///
+/// The probe's timestamp is the master's clock and is never compared with this one (a master
+/// whose clock is a minute off still hears every node). What makes it count is its echo: a
+/// beat this node sent, timed on its own clock. Contact counts from when that beat was sent,
+/// and the marks are taken only from a probe echoing a beat sent within `request-window`, so a
+/// probe played back later marks nothing.
 pub(super) async fn peer_view(
     State(c): State<Arc<Collector>>,
     headers: axum::http::HeaderMap,
@@ -54,7 +60,14 @@ pub(super) async fn peer_view(
         match c.master_probe(&headers, &uri, now) {
             Ok(q) => {
                 let mono = crate::clock::mono_ns();
-                return Json(c.peers.master_probe(q.echo, q.probe, q.marked, now, mono));
+                let window = i64::try_from(c.cfg.request_window.as_nanos()).unwrap_or(i64::MAX);
+                let p = crate::collector::peers::MasterProbe {
+                    echo: q.echo,
+                    probe: q.probe,
+                    marked: q.marked,
+                    mark_window: window,
+                };
+                return Json(c.peers.master_probe(p, now, mono));
             }
             Err(e) => tracing::debug!(error = %e, "master probe signature refused"),
         }
@@ -111,13 +124,10 @@ impl Collector {
             body: b"",
         };
         let window = self.cfg.request_window.as_secs();
-        crate::report::check_signed_request(&self.key, &req, now, window)
-            .map_err(|e| e.to_string())?;
-        let ts = h(crate::report::TIMESTAMP_HEADER)
-            .and_then(|t| t.parse().ok())
-            .unwrap_or_default();
+        crate::report::check_signature_only(&self.key, &req).map_err(|e| e.to_string())?;
+        // Remembered from its arrival, on this clock: the same probe is taken once.
         self.replay
-            .check_and_remember(req.signature.unwrap_or_default(), ts, now, window)
+            .check_and_remember(req.signature.unwrap_or_default(), now, now, window)
             .map_err(|_| "replayed or too many probes".to_string())?;
         Ok(probe_query(uri.query().unwrap_or_default()))
     }
@@ -141,7 +151,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_a_signed_fresh_unreplayed_probe_echoing_a_view_of_this_node_counts_as_contact() {
+    async fn only_a_signed_unreplayed_probe_echoing_a_recent_view_of_this_node_counts_and_marks() {
         let key = Key::from_bytes(vec![1; 32]);
         let (c, _state) = crate::collector::tests::collector(&key);
         let probe = |key: &Key, target: &str, path: &str, ts: i64| {
@@ -163,11 +173,9 @@ mod tests {
         let mono = crate::clock::mono_ns;
         let marked_path = "/1/peers?echo=0&probe=3&marked=n1";
         let wrong = Key::from_bytes(vec![2; 32]);
-        let stale = now_ns() - 3_600_000_000_000;
         for req in [
             probe(&wrong, "n1", marked_path, now_ns()),
             probe(&key, "n2", marked_path, now_ns()),
-            probe(&key, "n1", marked_path, stale),
             Request::get(marked_path).body(Body::empty()).unwrap(),
         ] {
             let resp = c.router().oneshot(req).await.unwrap();
@@ -181,7 +189,15 @@ mod tests {
             let (contact, marked, _) = c.peers.feed_view(mono());
             assert!(contact.is_none() && !marked);
         }
-        // A signed probe gets a view with a beat that answers it; no contact yet (no echo).
+        // A signed probe gets a view with a beat that answers it; no contact yet (no echo), and
+        // its marks are not taken: it echoes no view of this node. Its timestamp is an hour
+        // off, which no check compares with this clock.
+        let stale = now_ns() - 3_600_000_000_000;
+        let unechoed = probe(&key, "n1", "/1/peers?echo=0&probe=7&marked=n1", stale);
+        let v = view(c.router().oneshot(unechoed).await.unwrap()).await;
+        assert_eq!(v.answers, 7);
+        assert_eq!(c.peers.feed_view(mono()).0, None);
+        assert!(!c.peers.feed_view(mono()).1, "no echo, no mark");
         let good = probe(&key, "n1", "/1/peers?echo=0&probe=8&marked=", now_ns());
         let replay = good.headers().clone();
         let taken = mono();
@@ -215,10 +231,20 @@ mod tests {
         *again.headers_mut() = replay;
         c.router().oneshot(again).await.unwrap();
         assert!(!c.peers.feed_view(mono()).1);
+        // A mark echoing no view of this node is not taken; one echoing a recent view is.
         c.router()
             .oneshot(probe(&key, "n1", marked_path, now_ns()))
             .await
             .unwrap();
-        assert!(c.peers.feed_view(mono()).1, "a signed mark is taken");
+        assert!(!c.peers.feed_view(mono()).1, "no echo, no mark");
+        let path = format!("/1/peers?echo={}&probe=11&marked=n1", first.beat);
+        c.router()
+            .oneshot(probe(&key, "n1", &path, stale))
+            .await
+            .unwrap();
+        assert!(
+            c.peers.feed_view(mono()).1,
+            "a signed mark echoing a recent view"
+        );
     }
 }

@@ -253,12 +253,12 @@ async fn cancel<C: Cluster>(
     require_leader(&s)?;
     match s
         .store
-        .cancel(&id, now_ns())
+        .cancel(&id, crate::clock::steady_ns())
         .map_err(|e| db_error(&s.store, e))?
     {
         CancelOutcome::NotFound => match s
             .flows
-            .cancel(&id, now_ns())
+            .cancel(&id, crate::clock::steady_ns())
             .await
             .map_err(|e| flows_error(&s, e))?
         {
@@ -346,7 +346,7 @@ async fn remove_tag<C: Cluster>(
 /// and for alerting.
 async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<views::Health>, ApiError> {
     let stale_ns = i64::try_from(s.settings.stall_after.as_nanos()).unwrap_or(i64::MAX);
-    match s.health.check(now_ns(), stale_ns) {
+    match s.health.check(crate::clock::steady_ns(), stale_ns) {
         Ok(age) => Ok(Json(views::Health {
             status: "ok".into(),
             last_decision_age_seconds: age.map(|a| a as f64 / 1e9),

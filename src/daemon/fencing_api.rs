@@ -8,9 +8,9 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::api::{ApiState, require_leader};
+use crate::clock::steady_ns;
 use crate::cluster::Cluster;
 use crate::http::ApiError;
-use crate::report::now_ns;
 use crate::views;
 
 type S<C> = State<Arc<ApiState<C>>>;
@@ -35,7 +35,10 @@ pub(super) async fn one<C: Cluster>(
     State(s): S<C>,
     Path(id): Path<String>,
 ) -> Result<Json<views::Fence>, ApiError> {
-    Ok(Json(views::Fence::of(&flow(&s, &id).await?)))
+    Ok(Json(views::Fence::of(
+        &flow(&s, &id).await?,
+        crate::clock::wall_step_ns(),
+    )))
 }
 
 pub(super) async fn timeline<C: Cluster>(
@@ -98,7 +101,7 @@ pub(super) async fn pause<C: Cluster>(
         .unwrap_or_else(|| "paused by an operator".into());
     let was = s
         .store
-        .pause_fencing(&reason, now_ns())
+        .pause_fencing(&reason, steady_ns())
         .map_err(|e| ApiError::internal(format!("{}: {e}", s.store.path())))?;
     tracing::info!(reason = %reason, already = was, "fencing paused by an operator");
     changed(&s).await
@@ -111,7 +114,7 @@ pub(super) async fn resume<C: Cluster>(
     require_leader(&s)?;
     let was = s
         .store
-        .resume_fencing(now_ns())
+        .resume_fencing(steady_ns())
         .map_err(|e| ApiError::internal(format!("{}: {e}", s.store.path())))?;
     tracing::info!(was_paused = was, "fencing resumed by an operator");
     changed(&s).await
@@ -173,7 +176,7 @@ pub(super) async fn drill<C: Cluster>(
         .store
         .insert_drill(&crate::fencing::drill::Drill::new(
             &node,
-            now_ns(),
+            steady_ns(),
             Uuid::new_v4(),
             Uuid::new_v4(),
         ))

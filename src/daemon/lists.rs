@@ -230,7 +230,7 @@ pub(super) async fn fences<C: Cluster>(
                 // Newest first, as before paging: the key runs backwards in time.
                 items.push(Item {
                     key: time_key(!f.created, &f.id),
-                    json: serde_json::to_vec(&views::Fence::of(f))
+                    json: serde_json::to_vec(&views::Fence::of(f, crate::clock::wall_step_ns()))
                         .map_err(internal)?
                         .into(),
                 });
@@ -266,7 +266,7 @@ async fn nodes_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, 
     let offline = s.cluster.offline_nodes().await.map_err(internal)?;
     let mut tags = s.cluster.tags().await.map_err(internal)?;
     let heard = s.heard.all();
-    let now = crate::report::now_ns();
+    let now = crate::clock::steady_ns();
     let mut items = Vec::new();
     for n in s.members.get().iter().filter(|n| q.node_ok(&n.name)) {
         let row = rows.get(n.name.as_str()).copied();
@@ -287,6 +287,11 @@ async fn nodes_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, 
             s.readiness.as_ref().and_then(|b| b.get(&n.name)),
         );
         v.witnesses = s.peering.as_ref().map(|p| p.witnesses(&n.name, now));
+        v.clock_offset_ms = s
+            .peering
+            .as_ref()
+            .and_then(|p| p.clock_offset(&n.name))
+            .map(|o| o / 1_000_000);
         if row.is_some() {
             v.heard(heard.get(&n.name), s.seqs.get(&n.name));
         }

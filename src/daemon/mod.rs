@@ -85,6 +85,7 @@ pub async fn run(
     let lock = lock::acquire(&cfg.daemon.state_dir, &cfg.host)?;
     warn_lost_database(&cfg);
     let store = Arc::new(Store::open(&cfg.db_path())?);
+    continue_steady_clock(&store)?;
     match cfg.cluster.backend {
         Backend::Kubernetes => {
             let k = Arc::new(KubeCluster::connect(cfg.kubernetes.clone()).await?);
@@ -215,6 +216,28 @@ impl Drop for AbortOnDrop {
 
 /// A missing database beside job directories means the previous state was lost (deleted, or a
 /// wrong `db` path): jobs those directories describe will not be resumed.
+/// Continues this boot's steady timeline where an earlier daemon on the same boot left it, so
+/// every span the database records (retries, windows, deadlines, waits) means the same after a
+/// restart, whatever the wall clock did meanwhile; says so when the wall clock has moved.
+fn continue_steady_clock(store: &Store) -> Result<(), DaemonError> {
+    let proposed = crate::clock::wall_offset_now();
+    let offset = store.steady_offset(crate::clock::boot_id(), proposed)?;
+    if !crate::clock::continue_timeline(offset) {
+        tracing::warn!(
+            "the steady clock was read before its offset was loaded; spans recorded by an earlier process on this boot may be shifted"
+        );
+    }
+    let stepped = proposed - offset;
+    if stepped.abs() >= 1_000_000_000 {
+        tracing::warn!(
+            stepped_s = stepped as f64 / 1e9,
+            "the wall clock has moved {:+.1} s from this boot's steady clock since the daemon first started on it: every span is measured on the steady clock, and the times the daemon records and shows are that far from the wall clock (maintd_clock_step_seconds)",
+            stepped as f64 / 1e9
+        );
+    }
+    Ok(())
+}
+
 fn warn_lost_database(cfg: &Config) {
     let db = cfg.db_path();
     let jobs = cfg.daemon.state_dir.join("jobs");

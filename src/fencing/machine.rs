@@ -241,6 +241,8 @@ pub struct FenceState {
     pub kdump: BTreeMap<String, Nanos>,
     /// The witnesses of fenced nodes' return besides their reports (absent: none known).
     pub returns: BTreeMap<String, ReturnFacts>,
+    /// This master's boot and its boot clock, read with `now`: a proven wait is kept on it.
+    pub boot: crate::verdict::BootInstant,
 }
 
 /// An operator's request to fence a node (on Kubernetes, a NodeFence object created with

@@ -35,8 +35,6 @@ pub const VIEW_BODY_CAP: usize = 32 * 1024;
 pub struct PeeringSettings {
     /// Watchers per node.
     pub watchers: usize,
-    /// How far a view's timestamp may be from the master's clock (the report window).
-    pub window: Duration,
     /// A view counts as what the watcher says now for this long after it was fetched.
     pub fresh_for: Duration,
 }
@@ -48,8 +46,6 @@ pub enum ViewRejection {
     View(#[from] crate::report::heartbeat::ViewError),
     #[error("not a signed view: {0}")]
     Shape(String),
-    #[error("view is {0} s away from this clock")]
-    Stale(i64),
     #[error("view answers probe {answers}, not the probe {sent} just sent (delayed or replayed)")]
     Replayed { answers: u64, sent: u64 },
 }
@@ -61,7 +57,6 @@ impl ViewRejection {
             ViewRejection::View(crate::report::heartbeat::ViewError::WrongNode { .. }) => "node",
             ViewRejection::View(crate::report::heartbeat::ViewError::Malformed(_))
             | ViewRejection::Shape(_) => "malformed",
-            ViewRejection::Stale(_) => "stale",
             ViewRejection::Replayed { .. } => "replayed",
         }
     }
@@ -71,6 +66,10 @@ struct Held {
     view: PeerView,
     /// When the master received it (the view was taken before).
     fetched_at: Nanos,
+    /// How far the node's wall clock was from the master's when it took the view: its
+    /// timestamp less the middle of the probe's round trip, both wall clocks. Shown and
+    /// alerted on, never used to judge anything.
+    offset: Nanos,
 }
 
 /// The peer sets of one membership.
@@ -293,22 +292,22 @@ impl Peering {
     }
 
     /// Verifies a collector's answer to the probe numbered `probe`, sent at `sent_at` and
-    /// answered at `received_at`, and keeps it; returns the epoch of the set the collector holds.
+    /// answered at `received_at` (the steady timeline), and keeps it; returns the epoch of the
+    /// set the collector holds. The view is fresh because it answers this very probe: its own
+    /// timestamp is never compared with this clock (a master whose wall clock is off by a
+    /// minute still judges every node), only kept as the node's clock offset from `wall_mid`,
+    /// the middle of the round trip on the master's wall clock.
     pub fn accept(
         &self,
         node: &str,
         body: &[u8],
         probe: u64,
-        sent_at: Nanos,
-        received_at: Nanos,
+        (sent_at, received_at): (Nanos, Nanos),
+        wall_mid: Nanos,
     ) -> Result<u64, ViewRejection> {
         let signed: SignedView =
             serde_json::from_slice(body).map_err(|e| ViewRejection::Shape(e.to_string()))?;
         let view = signed.verify(&self.key, node)?;
-        let skew = received_at.saturating_sub(view.at);
-        if skew.unsigned_abs() > self.settings.window.as_nanos() as u64 {
-            return Err(ViewRejection::Stale(skew / 1_000_000_000));
-        }
         if view.answers != probe {
             return Err(ViewRejection::Replayed {
                 answers: view.answers,
@@ -318,14 +317,21 @@ impl Peering {
         self.witness(node, &view, sent_at, received_at);
         let epoch = view.epoch;
         debug!(node, epoch, peers = view.peers.len(), "peer view taken");
+        let offset = view.at.saturating_sub(wall_mid);
         self.held.lock_unpoisoned().insert(
             node.to_string(),
             Held {
                 view,
                 fetched_at: received_at,
+                offset,
             },
         );
         Ok(epoch)
+    }
+
+    /// How far `node`'s wall clock is from the master's (positive: ahead), from its last view.
+    pub fn clock_offset(&self, node: &str) -> Option<Nanos> {
+        self.held.lock_unpoisoned().get(node).map(|h| h.offset)
     }
 
     /// What `watcher`'s view says of each of its peers, as evidence for a reset proof: a peer
@@ -409,9 +415,11 @@ impl Peering {
         watchers
             .into_iter()
             .map(|w| {
+                // Both on this process's steady timeline: an age is never negative, and a
+                // step of the wall clock makes no old view young again.
                 let says = held
                     .get(&w)
-                    .filter(|h| now.saturating_sub(h.fetched_at) <= fresh)
+                    .filter(|h| (0..=fresh).contains(&now.saturating_sub(h.fetched_at)))
                     .and_then(|h| {
                         let p = h.view.peers.iter().find(|p| p.name == node)?;
                         Some(if p.alive {
@@ -488,7 +496,6 @@ mod tests {
             key(),
             PeeringSettings {
                 watchers: 2,
-                window: Duration::from_secs(30),
                 fresh_for: Duration::from_secs(3),
             },
         )
@@ -544,13 +551,19 @@ mod tests {
         // lost it 3 s before.
         let epoch = p.sets.lock_unpoisoned().sets["n1"].epoch;
         let own = view_of_set("n1", epoch, NOW, &[], &key());
-        p.accept("n1", &own, 1, NOW, NOW + S / 10).unwrap();
+        p.accept("n1", &own, 1, (NOW, NOW + S / 10), NOW).unwrap();
         assert_eq!(p.echo("n1"), 0, "not leading: no echo");
         assert!(p.reset_evidence("n1").is_none(), "not leading: no proof");
         p.set_leading(true, NOW);
         assert_eq!(p.echo("n1"), 5, "the beat of n1's last view");
-        p.accept(w, &view(w, NOW, &[("n1", true)], &key()), 1, NOW, NOW + S)
-            .unwrap();
+        p.accept(
+            w,
+            &view(w, NOW, &[("n1", true)], &key()),
+            1,
+            (NOW, NOW + S),
+            NOW,
+        )
+        .unwrap();
         let e = p.reset_evidence("n1").unwrap();
         assert_eq!(
             e.master_heard,
@@ -562,8 +575,14 @@ mod tests {
         assert_eq!(e.watchers[0].hears_at, Some(NOW + S));
         // Lost, quiet for 3 s, asked at +5 s and answered at +5.5 s: covers (+2.5 s, +5 s].
         let at = NOW + 5 * S;
-        p.accept(w, &view(w, at, &[("n1", false)], &key()), 1, at, at + S / 2)
-            .unwrap();
+        p.accept(
+            w,
+            &view(w, at, &[("n1", false)], &key()),
+            1,
+            (at, at + S / 2),
+            at,
+        )
+        .unwrap();
         let e = p.reset_evidence("n1").unwrap();
         assert_eq!(e.watchers[0].hears_at, Some(NOW + S), "kept");
         assert_eq!(
@@ -575,7 +594,7 @@ mod tests {
         );
         // A node that reports another peer set than its watchers are taken from: not known.
         let stale = view_of_set("n1", epoch + 1, at, &[], &key());
-        p.accept("n1", &stale, 1, at, at + S).unwrap();
+        p.accept("n1", &stale, 1, (at, at + S), at).unwrap();
         assert!(p.reset_evidence("n1").is_none());
         p.set_leading(false, at);
         assert_eq!(p.echo("n1"), 0);
@@ -596,25 +615,29 @@ mod tests {
         let label = |r: Result<u64, ViewRejection>| r.unwrap_err().metric_label();
         let other = Key::from_bytes(vec![4; 32]);
         assert_eq!(
-            label(p.accept("n1", &view("n1", NOW, &[], &other), 1, NOW, NOW)),
+            label(p.accept("n1", &view("n1", NOW, &[], &other), 1, (NOW, NOW), NOW)),
             "signature"
         );
         assert_eq!(
-            label(p.accept("n1", &view("n2", NOW, &[], &key()), 1, NOW, NOW)),
+            label(p.accept("n1", &view("n2", NOW, &[], &key()), 1, (NOW, NOW), NOW)),
             "node"
         );
         assert_eq!(
-            label(p.accept("n1", b"{\"view\":1}", 1, NOW, NOW)),
+            label(p.accept("n1", b"{\"view\":1}", 1, (NOW, NOW), NOW)),
             "malformed"
         );
-        assert_eq!(
-            label(p.accept("n1", &view("n1", NOW - 40 * S, &[], &key()), 1, NOW, NOW)),
-            "stale"
-        );
+        // A view an hour away from the master's wall clock, answering the probe just sent: taken,
+        // and its clock's offset kept (the middle of the round trip is the master's reading).
+        let far = view("n1", NOW - 3600 * S, &[], &key());
+        assert_eq!(p.accept("n1", &far, 1, (NOW, NOW + S), NOW + S / 2), Ok(1));
+        assert_eq!(p.clock_offset("n1"), Some(-3600 * S - S / 2));
+        // The same view again, as the answer to the next probe: delayed or replayed, however
+        // near its timestamp is to the master's clock.
         let v = view("n1", NOW, &[], &key());
-        assert_eq!(p.accept("n1", &v, 1, NOW, NOW), Ok(1));
-        // The same view again, as the answer to the next probe: delayed or replayed.
-        assert_eq!(label(p.accept("n1", &v, 2, NOW + S, NOW + S)), "replayed");
+        assert_eq!(
+            label(p.accept("n1", &v, 2, (NOW + S, NOW + S), NOW + S)),
+            "replayed"
+        );
     }
 
     #[tokio::test]
@@ -630,10 +653,22 @@ mod tests {
                 .iter()
                 .all(|t| t.says == Says::Unheard)
         );
-        p.accept(a, &view(a, NOW, &[("n1", false)], &key()), 1, NOW, NOW)
-            .unwrap();
-        p.accept(b, &view(b, NOW, &[("n1", true)], &key()), 1, NOW, NOW)
-            .unwrap();
+        p.accept(
+            a,
+            &view(a, NOW, &[("n1", false)], &key()),
+            1,
+            (NOW, NOW),
+            NOW,
+        )
+        .unwrap();
+        p.accept(
+            b,
+            &view(b, NOW, &[("n1", true)], &key()),
+            1,
+            (NOW, NOW),
+            NOW,
+        )
+        .unwrap();
         let t = p.testimony("n1", NOW + S);
         assert!(matches!(
             t[0].says,

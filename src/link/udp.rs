@@ -44,9 +44,8 @@ struct Exchange {
     /// Requests awaiting their answer at once, at most: no more answers arrive together than
     /// the receive buffer holds, so none is dropped for want of room.
     in_flight: usize,
-    nonces: std::sync::atomic::AtomicU64,
-    /// Keyed from the system's randomness once, per process.
-    nonce_key: std::hash::RandomState,
+    /// Each request's nonce, which its report must answer.
+    nonces: crate::report::poll::Nonces,
     /// One exchange at a time: each reads every answer that arrives while it runs.
     turn: std::sync::Mutex<()>,
 }
@@ -76,8 +75,9 @@ fn count(counts: &UdpCounts, outcome: &'static str, n: u64) {
 /// How a UDP poll went.
 #[derive(Debug, PartialEq, Eq)]
 pub enum UdpPolled {
-    /// The answer's signed report, still to be verified.
-    Report(Vec<u8>),
+    /// The answer's signed report, still to be verified, and the nonce of the request it came
+    /// back to (the report must answer it).
+    Report { nonce: u64, body: Vec<u8> },
     /// Ask over HTTP: the report does not fit, no answer came, or the node is asked over HTTP
     /// for now.
     Http,
@@ -85,7 +85,7 @@ pub enum UdpPolled {
 
 /// What one request brought back within its patience.
 enum Heard {
-    Report(Vec<u8>),
+    Report(u64, Vec<u8>),
     AskHttp,
     Silent,
 }
@@ -128,7 +128,6 @@ impl UdpPoll {
                 patience,
                 in_flight,
                 nonces: Default::default(),
-                nonce_key: Default::default(),
                 turn: Default::default(),
             }),
             http_only: Default::default(),
@@ -191,9 +190,9 @@ impl UdpPoll {
         let until = Instant::now() + HTTP_ONLY_FOR;
         for ((i, _), h) in plan.into_iter().zip(heard) {
             match h {
-                Heard::Report(r) => {
+                Heard::Report(nonce, body) => {
                     answered += 1;
-                    polled[i] = UdpPolled::Report(r);
+                    polled[i] = UdpPolled::Report { nonce, body };
                 }
                 Heard::AskHttp => ask_http += 1,
                 Heard::Silent => {
@@ -258,14 +257,8 @@ struct Asked {
 }
 
 impl Exchange {
-    /// A nonce nobody off the path can guess: a counter under a keyed hash (a system call for
-    /// fresh randomness per poll would cost more than the rest of the request).
     fn nonce(&self) -> u64 {
-        use std::hash::BuildHasher;
-        let n = self
-            .nonces
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.nonce_key.hash_one(n)
+        self.nonces.next()
     }
 
     fn socket(&self, addr: &SocketAddr) -> &UdpSocket {
@@ -356,16 +349,18 @@ impl Exchange {
             // node that is down, which is all there is to read.
             while let Ok((n, _)) = s.recv_from(buf) {
                 let found = match read_answer(&buf[..n]) {
-                    Some((nonce, a)) if n < buf.len() => waiting.remove(&nonce).map(|at| (at, a)),
+                    Some((nonce, a)) if n < buf.len() => {
+                        waiting.remove(&nonce).map(|at| (at, nonce, a))
+                    }
                     _ => None,
                 };
-                let Some((at, a)) = found else {
+                let Some((at, nonce, a)) = found else {
                     strays += 1;
                     continue;
                 };
                 matched += 1;
                 heard[at] = match a {
-                    Answer::Report(r) => Heard::Report(r.to_vec()),
+                    Answer::Report(r) => Heard::Report(nonce, r.to_vec()),
                     Answer::AskHttp => Heard::AskHttp,
                 };
             }

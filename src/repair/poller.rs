@@ -1,5 +1,6 @@
 //! Polls every collector concurrently (bounded, per-request timeout) and verifies each report:
-//! size cap, HMAC, node binding, freshness and a strictly increasing sequence.
+//! size cap, HMAC, node binding, freshness (it answers the poll's own nonce; no clock is
+//! compared) and a strictly increasing sequence.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,7 +22,7 @@ use crate::sync::LockExt;
 /// What the poller needs of the configuration, resolved once at start-up.
 #[derive(Debug, Clone)]
 pub struct PollSettings {
-    /// Size cap and freshness window every report is checked against.
+    /// The size cap every report is checked against.
     pub rules: VerifyRules,
     /// Collectors asked at the same time.
     pub concurrency: usize,
@@ -46,12 +47,12 @@ pub struct Poller {
     store: Arc<Store>,
     metrics: Metrics,
     health: Arc<crate::members::NodeHealth>,
-    /// Judges report freshness and stamps poll records.
+    /// Stamps poll records.
     clock: Arc<dyn crate::clock::Clock>,
-    /// When this poller took its sequence floors from the store. The store's floors may lag
-    /// the last accepted sequences (they are written lazily), so no report signed before this
-    /// is accepted: a report captured before a restart cannot be played back after it.
-    resumed_ns: crate::verdict::Nanos,
+    /// The nonces of polls over HTTP (the UDP poll numbers its own): a report must answer the
+    /// poll it came back to, so one captured earlier (before a restart too, while the store's
+    /// sequence floors lag) is never taken for new.
+    nonces: crate::report::poll::Nonces,
     /// What the store already holds, so a cycle writes only what changed.
     persisted: Mutex<super::persisted::Persisted>,
 }
@@ -97,8 +98,8 @@ fn rejection_label(e: &ReportError) -> &'static str {
     match e {
         ReportError::BadSignature => "signature",
         ReportError::WrongNode { .. } => "node",
-        ReportError::Stale { .. } => "stale",
-        ReportError::Replay { .. } | ReportError::BeforeResume { .. } => "replay",
+        ReportError::Unanswered { .. } => "unanswered",
+        ReportError::Replay { .. } => "replay",
         ReportError::TooLarge { .. } => "size",
         _ => "malformed",
     }
@@ -128,7 +129,7 @@ impl Poller {
             store: shared.store.clone(),
             metrics: shared.metrics.clone(),
             health: shared.health.clone(),
-            resumed_ns: shared.clock.now(),
+            nonces: Default::default(),
             persisted: Default::default(),
             clock: shared.clock.clone(),
         })
@@ -160,9 +161,10 @@ impl Poller {
                 let asked = u.ask_all(targets.clone()).await;
                 for (i, p) in asked.into_iter().enumerate() {
                     match p {
-                        UdpPolled::Report(body) => {
+                        UdpPolled::Report { nonce, body } => {
                             let status = reqwest::StatusCode::OK;
-                            polled[i] = Some(self.judge(&targets[i], Ok(Answer { status, body })));
+                            let answer = Ok(Answer { status, body });
+                            polled[i] = Some(self.judge(&targets[i], answer, nonce));
                         }
                         UdpPolled::Http => over_http.push(i),
                     }
@@ -175,8 +177,10 @@ impl Poller {
         let fetched: Vec<(usize, Polled)> = futures::stream::iter(over_http)
             .map(|i| async move {
                 let t = &targets_ref[i];
-                let answer = self.link.get(t, REPORT_PATH, self.rules.max_bytes).await;
-                (i, self.judge(t, answer))
+                let nonce = self.nonces.next();
+                let path = format!("{REPORT_PATH}?nonce={nonce}");
+                let answer = self.link.get(t, &path, self.rules.max_bytes).await;
+                (i, self.judge(t, answer, nonce))
             })
             .buffer_unordered(self.concurrency)
             .collect()
@@ -262,8 +266,9 @@ impl Poller {
         obs
     }
 
-    /// Judges what one collector answered: its report, verified, or why there is none.
-    fn judge(&self, t: &NodeConfig, answer: Result<Answer, LinkError>) -> Polled {
+    /// Judges what one collector answered to the poll numbered `asked`: its report, verified,
+    /// or why there is none.
+    fn judge(&self, t: &NodeConfig, answer: Result<Answer, LinkError>, asked: u64) -> Polled {
         let Answer { status, body } = match answer {
             Ok(a) => a,
             Err(LinkError::TooLarge { cap }) => {
@@ -279,21 +284,7 @@ impl Poller {
             return Polled::NoReport(crate::http::error_message(status, &body));
         }
         let last = self.seqs.get(&t.name);
-        match Envelope::verify(
-            &body,
-            &self.key,
-            &t.name,
-            last,
-            self.clock.now(),
-            self.rules,
-        ) {
-            Ok(r) if r.envelope.timestamp < self.resumed_ns => self.reject(
-                t,
-                ReportError::BeforeResume {
-                    signed: r.envelope.timestamp,
-                    resumed: self.resumed_ns,
-                },
-            ),
+        match Envelope::verify(&body, &self.key, &t.name, last, asked, self.rules) {
             Ok(r) => {
                 // Polls of one node never overlap (one per cycle), so check-then-set is safe.
                 self.seqs.set(&t.name, r.envelope.seq);
@@ -349,18 +340,39 @@ impl Poller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{Clock, ManualClock};
+    use crate::clock::ManualClock;
     use crate::verdict::Verdict;
 
-    /// Answers every poll with the body it was last given, as an on-path attacker could.
-    struct Played(Mutex<Vec<u8>>);
+    /// A collector behind an on-path attacker: it signs a report answering the nonce in the
+    /// poll's path, with the next sequence, unless the attacker plays back a captured body.
+    struct Path {
+        key: Key,
+        seq: Mutex<u64>,
+        played: Mutex<Option<Vec<u8>>>,
+        captured: Mutex<Vec<Vec<u8>>>,
+    }
 
     #[async_trait::async_trait]
-    impl CollectorLink for Played {
-        async fn get(&self, _: &NodeConfig, _: &str, _: usize) -> Result<Answer, LinkError> {
+    impl CollectorLink for Path {
+        async fn get(&self, _: &NodeConfig, path: &str, _: usize) -> Result<Answer, LinkError> {
+            let body = match self.played.lock_unpoisoned().clone() {
+                Some(b) => b,
+                None => {
+                    let nonce = path
+                        .split_once("?nonce=")
+                        .and_then(|(_, n)| n.parse().ok())
+                        .unwrap_or(0);
+                    let mut seq = self.seq.lock_unpoisoned();
+                    *seq += 1;
+                    let ok = Verdict::builtin_ok();
+                    let env = Envelope::new("n1", *seq, 0, 0, &ok, None).answering(nonce);
+                    serde_json::to_vec(&env.sign(&self.key)).unwrap()
+                }
+            };
+            self.captured.lock_unpoisoned().push(body.clone());
             Ok(Answer {
                 status: reqwest::StatusCode::OK,
-                body: self.0.lock_unpoisoned().clone(),
+                body,
             })
         }
         async fn signed(
@@ -378,7 +390,7 @@ mod tests {
     const S: i64 = 1_000_000_000;
 
     #[tokio::test]
-    async fn a_report_captured_before_a_restart_is_refused_after_it_though_the_stored_floor_lags() {
+    async fn only_a_report_answering_this_poll_is_taken_whatever_the_clocks_and_restarts() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(&dir.path().join("s.db")).unwrap());
         let key = Key::from_bytes(vec![7; 32]);
@@ -395,45 +407,54 @@ mod tests {
         shared.clock = clock.clone();
         let settings = PollSettings {
             rules: VerifyRules {
-                window_s: 30,
                 max_bytes: 64 * 1024,
             },
             concurrency: 4,
             timeout: Duration::from_secs(1),
         };
-        let link = Arc::new(Played(Mutex::new(Vec::new())));
-        let signed = |seq: u64, at: i64| {
-            let ok = Verdict::builtin_ok();
-            // One diagnose, served (signed afresh) at each poll.
-            let env = Envelope::new("n1", seq, at, 1_000 * S, &ok, None);
-            serde_json::to_vec(&env.sign(&key)).unwrap()
-        };
+        let link = Arc::new(Path {
+            key: key.clone(),
+            seq: Mutex::new(9),
+            played: Mutex::new(None),
+            captured: Mutex::default(),
+        });
         let accepted = |o: &Observations| matches!(o.reports["n1"], Observation::Report(_));
+        let rejection = || store.nodes().unwrap().remove(0).last_rejection;
         let poller = Poller::new(settings.clone(), link.clone(), key.clone(), &shared).unwrap();
-        for (seq, at) in [(10, 1_001), (11, 1_002)] {
+        // Signed at the Unix epoch by the node's clock: it answers the poll, so it is fresh.
+        for _ in 0..2 {
             clock.advance(Duration::from_secs(1));
-            *link.0.lock_unpoisoned() = signed(seq, at * S);
-            assert!(accepted(&poller.poll_all().await), "seq {seq}");
+            assert!(accepted(&poller.poll_all().await));
         }
         // Only the first was written: the second said the same.
         assert_eq!(store.last_seqs().unwrap()["n1"], 10);
+        let second = link.captured.lock_unpoisoned()[1].clone();
 
-        // A restart: the new poller takes the lagging floor, 10. The captured seq 11 is above
-        // it and within the window, and is still refused.
+        // A restart: the new poller takes the lagging floor, 10. The captured report, seq 11,
+        // is above it and was signed moments ago, and is still refused: it answers another poll.
         clock.advance(Duration::from_secs(1));
         let poller = Poller::new(settings, link.clone(), key.clone(), &shared).unwrap();
-        clock.advance(Duration::from_secs(1));
+        *link.played.lock_unpoisoned() = Some(second);
         assert!(!accepted(&poller.poll_all().await));
-        let row = store.nodes().unwrap().remove(0);
         assert!(
-            row.last_rejection
-                .as_deref()
-                .is_some_and(|r| r.contains("before the poller resumed")),
-            "{row:?}"
+            rejection().is_some_and(|r| r.contains("not the poll")),
+            "{:?}",
+            rejection()
         );
-        // What the collector signs now is accepted, and written.
-        *link.0.lock_unpoisoned() = signed(12, clock.now());
+        // What the collector signs in answer now is taken, and written.
+        *link.played.lock_unpoisoned() = None;
         assert!(accepted(&poller.poll_all().await));
         assert_eq!(store.last_seqs().unwrap()["n1"], 12);
+        assert_eq!(
+            poller
+                .metrics
+                .reports_rejected
+                .get_or_create(&RejectLabel {
+                    reason: "unanswered",
+                    node: "n1".into()
+                })
+                .get(),
+            1
+        );
     }
 }

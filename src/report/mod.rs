@@ -11,7 +11,7 @@ mod request;
 pub use key::{Key, KeyError};
 pub use request::{
     DAEMON_TARGET, RequestError, SIGNATURE_HEADER, SignedRequest, TIMESTAMP_HEADER,
-    check_request_headers, check_signed_request,
+    check_request_headers, check_signature_only, check_signed_request,
 };
 
 use std::cmp::Ordering;
@@ -41,16 +41,14 @@ pub enum ReportError {
     BadSignature,
     #[error("report is signed for node {signed:?}, but was fetched from node {expected:?}")]
     WrongNode { signed: String, expected: String },
-    #[error("report timestamp is {age_s:.1} s away from now (window {window_s} s)")]
-    Stale { age_s: f64, window_s: u64 },
+    #[error(
+        "report answers poll {answers}, not the poll {asked} just sent (delayed, replayed, or from a collector too old to answer polls)"
+    )]
+    Unanswered { answers: u64, asked: u64 },
     #[error("sequence {seq} is outside 1..=2^63-1")]
     SeqRange { seq: u64 },
     #[error("sequence {seq} is not above the last accepted {last} (replay?)")]
     Replay { seq: u64, last: u64 },
-    #[error(
-        "report was signed at {signed} ns, before the poller resumed from its stored sequences at {resumed} ns (replay across a restart?)"
-    )]
-    BeforeResume { signed: i64, resumed: i64 },
 }
 
 /// Distance between two timestamps in ns, without overflow whatever a client sent.
@@ -68,7 +66,8 @@ pub struct Envelope<D = ExactJson> {
     pub name: String,
     pub version: String,
     pub format_version: u32,
-    /// When the report was signed and served, in ns since the epoch.
+    /// When the report was signed and served, in ns since the epoch (the node's wall clock:
+    /// shown, never compared with the daemon's).
     pub timestamp: i64,
     pub category: String,
     pub kind: u32,
@@ -90,8 +89,17 @@ pub struct Envelope<D = ExactJson> {
     /// boot other than the one it had before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot: Option<BootReport>,
+    /// The nonce of the poll this report answers, signed with the rest: the report is fresh
+    /// because it answers the daemon's own question, whatever either clock says (0: a report
+    /// served to a reader who asked nothing).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub answers: u64,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub signature: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl<D> Envelope<D> {
@@ -110,6 +118,7 @@ impl<D> Envelope<D> {
             data,
             watchdog: self.watchdog,
             boot: self.boot,
+            answers: self.answers,
             signature: self.signature,
         }
     }
@@ -146,10 +155,9 @@ pub struct WatchdogReport {
 /// Largest sequence number a report may carry: the store keeps sequences as SQLite integers.
 pub const MAX_SEQ: u64 = i64::MAX as u64;
 
-/// Freshness and size rules the daemon applies to every report.
+/// The size rule the daemon applies to every report.
 #[derive(Debug, Clone, Copy)]
 pub struct VerifyRules {
-    pub window_s: u64,
     pub max_bytes: usize,
 }
 
@@ -183,8 +191,15 @@ impl Envelope {
             data: verdict.exact.clone(),
             watchdog: None,
             boot: None,
+            answers: 0,
             signature: String::new(),
         }
+    }
+
+    /// The same report, answering the poll numbered `nonce`.
+    pub fn answering(mut self, nonce: u64) -> Envelope {
+        self.answers = nonce;
+        self
     }
 
     /// What the signature covers: the envelope's canonical JSON without the signature, its
@@ -215,14 +230,14 @@ impl Envelope {
             .unwrap_or(body)
     }
 
-    /// Verifies a raw report body fetched from `expected_node`. `last_seq` is the highest sequence
-    /// accepted so far from that node.
+    /// Verifies a raw report body fetched from `expected_node` in answer to the poll numbered
+    /// `asked`. `last_seq` is the highest sequence accepted so far from that node.
     pub fn verify(
         body: &[u8],
         key: &Key,
         expected_node: &str,
         last_seq: Option<u64>,
-        now_ns: i64,
+        asked: u64,
         rules: VerifyRules,
     ) -> Result<VerifiedReport, ReportError> {
         if body.len() > rules.max_bytes {
@@ -277,11 +292,11 @@ impl Envelope {
                 expected: expected_node.into(),
             });
         }
-        let age = age_ns(now_ns, env.timestamp);
-        if age > rules.window_s.saturating_mul(1_000_000_000) {
-            return Err(ReportError::Stale {
-                age_s: age as f64 / 1e9,
-                window_s: rules.window_s,
+        // Fresh because it answers the poll just sent: signed after the question was asked.
+        if env.answers != asked {
+            return Err(ReportError::Unanswered {
+                answers: env.answers,
+                asked,
             });
         }
         if env.seq == 0 || env.seq > MAX_SEQ {

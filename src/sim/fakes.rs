@@ -47,7 +47,7 @@ pub struct SimCollectors {
     pub(super) key: Key,
     /// The key a misconfigured node signs with.
     pub(super) wrong: Key,
-    pub(super) clock: Arc<dyn Clock>,
+    pub(super) clock: Arc<crate::clock::RuntimeClock>,
     pub(super) nodes: Mutex<BTreeMap<String, SimNode>>,
     /// Latency and loss on the liveness probe's path, with the state of its random numbers.
     pub(super) impairment: Mutex<Option<(Impairment, u64)>>,
@@ -103,7 +103,7 @@ impl SimCollectors {
 
     /// The collector hangs: it answers nothing and sends no heartbeat; the node stays powered.
     pub fn silence(&self, node: &str) {
-        let now = self.clock.now();
+        let now = self.clock.true_now();
         self.with(node, |n| {
             n.answering = false;
             n.silent_since.get_or_insert(now);
@@ -121,7 +121,7 @@ impl SimCollectors {
 
     /// The node reset (its watchdog fired, or a person cycled it) and answers from a new boot.
     pub fn reboot(&self, node: &str) {
-        let now = self.clock.now();
+        let now = self.clock.true_now();
         self.with(node, |n| n.boot = boot_of(node, now));
         self.answer_again(node);
     }
@@ -153,7 +153,7 @@ impl SimCollectors {
     }
 
     pub(super) fn set_power(&self, node: &str, on: bool) {
-        let now = self.clock.now();
+        let now = self.clock.true_now();
         self.with(node, |n| {
             // Powered on, it boots afresh: a hang ends with the old kernel.
             if on && !n.powered {
@@ -172,7 +172,7 @@ impl SimCollectors {
     /// `node`'s signed view of its peers: a peer is alive until `LOST_AFTER` past its last
     /// heartbeat, as on a real collector.
     fn view(&self, node: &str, answers: u64) -> SignedView {
-        let now = self.clock.now();
+        let now = self.clock.true_now();
         let nodes = self.nodes.lock_unpoisoned();
         let me = &nodes[node];
         let peers = me
@@ -240,6 +240,10 @@ fn answer(status: u16, body: Vec<u8>, cap: usize) -> Result<Answer, LinkError> {
 impl CollectorLink for SimCollectors {
     async fn get(&self, node: &NodeConfig, path: &str, cap: usize) -> Result<Answer, LinkError> {
         self.up(&node.name)?;
+        let (path, nonce) = match path.split_once("?nonce=") {
+            Some((p, n)) => (p, n.parse().unwrap_or(0)),
+            None => (path, 0),
+        };
         match path {
             "/" => answer(200, b"[1]".to_vec(), cap),
             "/1/peers" => {
@@ -247,10 +251,11 @@ impl CollectorLink for SimCollectors {
                 answer(200, body, cap)
             }
             REPORT_PATH => {
-                let now = self.clock.now();
+                let now = self.clock.true_now();
                 let env = self.with(&node.name, |n| {
                     n.seq += 1;
-                    let mut e = Envelope::new(&node.name, n.seq, now, now, &n.verdict, None);
+                    let mut e = Envelope::new(&node.name, n.seq, now, now, &n.verdict, None)
+                        .answering(nonce);
                     e.boot = Some(n.boot);
                     e
                 });

@@ -5,6 +5,7 @@
 //! signed and verified and the store is real SQLite; what crosses a process or a network (hooks,
 //! fence agents, HTTP) is proven by the tests under `tests/` instead.
 
+mod clocks;
 mod fakes;
 mod latency;
 mod returns;
@@ -58,6 +59,7 @@ fn verdict(json: &str) -> Verdict {
 }
 
 /// What a scenario sets up.
+#[derive(Clone)]
 pub struct SimOptions {
     pub nodes: usize,
     pub policy: Policy,
@@ -126,8 +128,107 @@ pub struct Sim {
     pub peering: Option<Arc<crate::fencing::peering::Peering>>,
     /// What the daemon's parts count.
     pub metrics: Metrics,
-    running: Running,
+    running: Option<Running>,
+    world: World,
+    options: SimOptions,
     _dir: tempfile::TempDir,
+}
+
+/// What outlives a restart of the simulated daemon: the store, the clock, the nodes and the
+/// fakes they are reached through.
+struct World {
+    names: Vec<String>,
+    nodes: Vec<NodeConfig>,
+    key: Key,
+    store: Arc<Store>,
+    cluster: Arc<SimCluster>,
+    collectors: Arc<SimCollectors>,
+    agents: Arc<SimAgents>,
+    clock: Arc<RuntimeClock>,
+    metrics: Metrics,
+}
+
+impl World {
+    /// One daemon process: its parts assembled from `o` and this world, and started.
+    fn daemon(&self, o: &SimOptions) -> (crate::daemon::assembly::Assembly<SimCluster>, Running) {
+        let World {
+            names,
+            nodes,
+            key,
+            store,
+            cluster,
+            collectors,
+            agents,
+            clock,
+            metrics,
+        } = self;
+        let (nodes, key) = (nodes.clone(), key.clone());
+        let link: Arc<dyn CollectorLink> = collectors.clone();
+        let fencing = o.fencing.as_ref().map(|f| {
+            let plans: BTreeMap<String, FencePlan> = names
+                .iter()
+                .map(|n| {
+                    let power = !o.no_power.contains(n);
+                    let plan = FencePlan {
+                        isolation: None,
+                        power_management: power.then(|| stage(n, "off", o.power_retries)),
+                        power_on: (power && o.power_on).then(|| stage(n, "on", 2)),
+                        recovery: (power && !o.power_on).then(|| stage(n, "on", 0)),
+                        self_fence: o.self_fence.contains(n),
+                        kdump: false,
+                    };
+                    (n.clone(), plan)
+                })
+                .collect();
+            FencingSettings {
+                fencer: FencerSettings::new(
+                    f,
+                    Arc::new(crate::fencing::book::PlanBook::fixed(plans)),
+                ),
+                checks: CheckSettings::new(f),
+                peering: PeeringSettings {
+                    watchers: f.watchers,
+                    fresh_for: f.liveness_interval * 3,
+                },
+            }
+        });
+        let settings = Settings {
+            poll: PollSettings {
+                rules: VerifyRules {
+                    max_bytes: 64 * 1024,
+                },
+                concurrency: 16,
+                timeout: Duration::from_secs(5),
+            },
+            engine: EngineSettings {
+                policy: o.policy,
+                poll_interval: o.poll_interval,
+                max_disruptions: 1,
+                max_remedies: 1,
+            },
+            repair_timeout: Duration::from_secs(60),
+            fencing,
+        };
+        let deps = Deps {
+            shared: Shared {
+                flows: store.clone(),
+                leadership: Arc::new(Leadership::single("sim".into(), store.clone())),
+                store: store.clone(),
+                cluster: cluster.clone(),
+                metrics: metrics.clone(),
+                clock: clock.clone(),
+                members: Arc::new(Members::new(nodes)),
+                watch: None,
+                health: Arc::new(NodeHealth::default()),
+            },
+            links: Links::same(link),
+            agents: agents.clone(),
+            key,
+        };
+        let parts = assemble(settings, deps).expect("the parts assemble");
+        let running = parts.spawn();
+        (parts, running)
+    }
 }
 
 impl Sim {
@@ -196,72 +297,18 @@ impl Sim {
         });
         let store = Arc::new(Store::open(&dir.path().join("state.db")).expect("a store"));
         let metrics = Metrics::register(&mut Registry::default());
-        let link: Arc<dyn CollectorLink> = collectors.clone();
-        let fencing = o.fencing.as_ref().map(|f| {
-            let plans: BTreeMap<String, FencePlan> = names
-                .iter()
-                .map(|n| {
-                    let power = !o.no_power.contains(n);
-                    let plan = FencePlan {
-                        isolation: None,
-                        power_management: power.then(|| stage(n, "off", o.power_retries)),
-                        power_on: (power && o.power_on).then(|| stage(n, "on", 2)),
-                        recovery: (power && !o.power_on).then(|| stage(n, "on", 0)),
-                        self_fence: o.self_fence.contains(n),
-                        kdump: false,
-                    };
-                    (n.clone(), plan)
-                })
-                .collect();
-            FencingSettings {
-                fencer: FencerSettings::new(
-                    f,
-                    Arc::new(crate::fencing::book::PlanBook::fixed(plans)),
-                ),
-                checks: CheckSettings::new(f),
-                peering: PeeringSettings {
-                    watchers: f.watchers,
-                    window: Duration::from_secs(30),
-                    fresh_for: f.liveness_interval * 3,
-                },
-            }
-        });
-        let settings = Settings {
-            poll: PollSettings {
-                rules: VerifyRules {
-                    window_s: 30,
-                    max_bytes: 64 * 1024,
-                },
-                concurrency: 16,
-                timeout: Duration::from_secs(5),
-            },
-            engine: EngineSettings {
-                policy: o.policy,
-                poll_interval: o.poll_interval,
-                max_disruptions: 1,
-                max_remedies: 1,
-            },
-            repair_timeout: Duration::from_secs(60),
-            fencing,
-        };
-        let deps = Deps {
-            shared: Shared {
-                flows: store.clone(),
-                leadership: Arc::new(Leadership::single("sim".into(), store.clone())),
-                store: store.clone(),
-                cluster: cluster.clone(),
-                metrics: metrics.clone(),
-                clock: clock.clone(),
-                members: Arc::new(Members::new(nodes)),
-                watch: None,
-                health: Arc::new(NodeHealth::default()),
-            },
-            links: Links::same(link),
-            agents: agents.clone(),
+        let world = World {
+            names,
+            nodes,
             key,
+            store: store.clone(),
+            cluster: cluster.clone(),
+            collectors: collectors.clone(),
+            agents: agents.clone(),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
         };
-        let parts = assemble(settings, deps).expect("the parts assemble");
-        let running = parts.spawn();
+        let (parts, running) = world.daemon(&o);
         Sim {
             clock,
             store,
@@ -271,9 +318,26 @@ impl Sim {
             readiness: parts.readiness.as_ref().map(|r| r.board()),
             peering: parts.peering.clone(),
             metrics,
-            running,
+            running: Some(running),
+            world,
+            options: o,
             _dir: dir,
         }
+    }
+
+    /// Stops the daemon as SIGTERM does and starts another on the same store, clock and
+    /// collectors: what it knows after is what the store kept.
+    pub async fn restart(&mut self) {
+        if let Some(r) = self.running.take()
+            && let Err(e) = r.stop().await
+        {
+            panic!("a task of the simulation panicked: {e}");
+        }
+        self.clock.new_process();
+        let (parts, running) = self.world.daemon(&self.options);
+        self.readiness = parts.readiness.as_ref().map(|r| r.board());
+        self.peering = parts.peering.clone();
+        self.running = Some(running);
     }
 
     /// Lets `d` of simulated time pass.
@@ -328,7 +392,9 @@ impl Sim {
 
     /// Stops every task as the daemon does on SIGTERM (running fence steps finish first).
     pub async fn stop(self) {
-        if let Err(e) = self.running.stop().await {
+        if let Some(r) = self.running
+            && let Err(e) = r.stop().await
+        {
             panic!("a task of the simulation panicked: {e}");
         }
     }

@@ -6,6 +6,9 @@ use super::*;
 /// The name the fencing pause is kept under.
 pub const FENCING_PAUSE: &str = "fencing-pause";
 
+/// The name the steady clock's offset is kept under, with the boot it belongs to.
+pub const STEADY_CLOCK: &str = "steady-clock";
+
 /// An operator's pause of fencing: why, and since when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -39,6 +42,20 @@ impl Store {
         };
         tx.commit()?;
         Ok(before)
+    }
+
+    /// This boot's steady-clock offset: the one an earlier process on `boot` kept, else
+    /// `proposed`, kept now for the next.
+    pub fn steady_offset(&self, boot: Uuid, proposed: Nanos) -> Result<Nanos> {
+        let kept = self.control(STEADY_CLOCK)?.and_then(|v| {
+            let (b, o) = v.split_once(' ')?;
+            (b.parse::<Uuid>().ok()? == boot).then(|| o.parse::<Nanos>().ok())?
+        });
+        if let Some(o) = kept {
+            return Ok(o);
+        }
+        self.set_control(STEADY_CLOCK, Some(&format!("{boot} {proposed}")), proposed)?;
+        Ok(proposed)
     }
 
     pub fn control(&self, name: &str) -> Result<Option<String>> {

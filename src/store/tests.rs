@@ -268,3 +268,22 @@ fn a_node_is_healthy_only_after_a_verified_ok_report_without_a_diagnose_error() 
     .unwrap();
     assert_eq!(s.nodes().unwrap()[0].healthy_at(), None);
 }
+
+#[test]
+fn the_steady_clock_offset_is_kept_per_boot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
+    let s = Store::open(&path).unwrap();
+    assert_eq!(s.steady_offset(a, 100).unwrap(), 100, "the first process");
+    drop(s);
+    // A restart on the same boot, the wall clock stepped meanwhile: the same timeline.
+    let s = Store::open(&path).unwrap();
+    assert_eq!(s.steady_offset(a, 130).unwrap(), 100);
+    // Another boot: a new timeline from its wall clock, kept for its own restarts.
+    assert_eq!(s.steady_offset(b, 500).unwrap(), 500);
+    assert_eq!(s.steady_offset(b, 900).unwrap(), 500);
+    s.set_control(super::controls::STEADY_CLOCK, Some("garbage"), 0)
+        .unwrap();
+    assert_eq!(s.steady_offset(b, 700).unwrap(), 700, "unreadable: anew");
+}

@@ -81,6 +81,10 @@ pub struct NodeFenceStatus {
     pub safe_until: Option<String>,
     #[serde(default)]
     pub safe_proven: bool,
+    /// The proven moment on the boot clock of the master that proved it (another boot proves
+    /// the reset again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_boot: Option<crate::verdict::BootInstant>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safe_time_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -283,6 +287,7 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
         fenced_at: f.fenced_at.map(time),
         safe_until: f.safe_until.map(time),
         safe_proven: f.safe_proven,
+        safe_boot: f.safe_boot,
         safe_time_ms: f.safe_time_ms,
         self_fence_times: f.self_fence_times,
         kdump_at: f.kdump_at.map(time),
@@ -389,6 +394,7 @@ pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, String> {
         safe_time_ms: s.safe_time_ms,
         safe_until: parse_time("safeUntil", &s.safe_until)?,
         safe_proven: s.safe_proven,
+        safe_boot: s.safe_boot,
         self_fence_times: s.self_fence_times,
         kdump_at: parse_time("kdumpAt", &s.kdump_at)?,
         witnesses: s.witnesses.clone().unwrap_or_default(),

@@ -107,6 +107,11 @@ function renderNodes(nodes, more) {
       : el("div", {}, badge("unreachable", "bad"), " since ", when(n["unreachable-since"]));
     if (n.offline) reach.append(" ", badge("offline", "warn"));
     if (n["last-error"] && !n.reachable) reach.append(el("div", { class: "muted" }, n["last-error"]));
+    const offset = n["clock-offset-ms"];
+    if (offset !== null && offset !== undefined) {
+      const text = "clock " + (offset >= 0 ? "+" : "") + (Math.abs(offset) >= 1000 ? (offset / 1000).toFixed(1) + " s" : offset + " ms");
+      reach.append(" ", Math.abs(offset) >= 1000 ? badge(text, "warn") : el("span", { class: "muted" }, text));
+    }
     const report = n["last-report"]
       ? el("div", {}, badge(n["last-report"].status, n["last-report"].status === "Ok" ? "ok" : "warn"),
           " diagnosed ", when(n["diagnosed-at"]))

@@ -252,6 +252,7 @@ impl<C: Cluster> Fencer<C> {
 
     pub async fn tick(self: &Arc<Self>) {
         let now = self.shared.clock.now();
+        let boot = self.shared.clock.boot();
         let mut policy = self.settings.policy;
         policy.paused = self.pause().await.is_some();
         let store = &self.shared.flows;
@@ -321,6 +322,7 @@ impl<C: Cluster> Fencer<C> {
             policy,
             requests,
             kdump: self.kdump.heard(),
+            boot,
         };
         let actions = decide_fencing(&state, now);
         let metrics = &self.shared.metrics;

@@ -148,7 +148,7 @@ impl<C: Cluster> Fencer<C> {
                         node: node.name.clone(),
                     })
                     .set(patience.as_secs_f64());
-                let sent_at = clock.now();
+                let (sent_at, wall_sent) = (clock.now(), clock.wall());
                 let call = self
                     .link
                     .signed(node, reqwest::Method::GET, &path, None, VIEW_BODY_CAP);
@@ -160,7 +160,7 @@ impl<C: Cluster> Fencer<C> {
                     }
                 };
                 // Read after the answer: the view was taken before this moment.
-                let received_at = clock.now();
+                let (received_at, wall_received) = (clock.now(), clock.wall());
                 let rtt = Duration::from_nanos(received_at.saturating_sub(sent_at).max(0) as u64);
                 self.probes
                     .nodes
@@ -171,12 +171,27 @@ impl<C: Cluster> Fencer<C> {
                     .observe(rtt);
                 // A collector that answers is alive whatever its view says: a view that fails
                 // to verify (a wrong key, say) must not make a running node look dead.
-                match self
-                    .peering
-                    .accept(&node.name, &answer.body, probe, sent_at, received_at)
-                {
-                    Ok(epoch) if leader => self.push_if_due(node, epoch, now).await,
-                    Ok(_) => {}
+                let wall_mid = wall_sent + (wall_received - wall_sent) / 2;
+                match self.peering.accept(
+                    &node.name,
+                    &answer.body,
+                    probe,
+                    (sent_at, received_at),
+                    wall_mid,
+                ) {
+                    Ok(epoch) => {
+                        if let Some(o) = self.peering.clock_offset(&node.name) {
+                            metrics
+                                .node_clock_offset_seconds
+                                .get_or_create(&NodeLabel {
+                                    node: node.name.clone(),
+                                })
+                                .set(o as f64 / 1e9);
+                        }
+                        if leader {
+                            self.push_if_due(node, epoch, now).await;
+                        }
+                    }
                     Err(e) => {
                         debug!(node = %node.name, error = %e, "peer view refused");
                         metrics

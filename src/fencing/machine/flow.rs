@@ -77,6 +77,10 @@ pub struct Flow {
     /// watchdog is never fed again).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub safe_proven: bool,
+    /// The proven moment on the boot clock of the master that proved it: a restart on the same
+    /// boot resumes the wait exactly, whatever the wall clock did; any other boot proves again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safe_boot: Option<crate::verdict::BootInstant>,
     /// The node's signed self-fencing settings, kept for a leader that never saw its report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_fence_times: Option<crate::fencing::selffence::SelfFenceTimes>,
@@ -189,6 +193,7 @@ impl Flow {
             safe_time_ms: None,
             safe_until: None,
             safe_proven: false,
+            safe_boot: None,
             self_fence_times: None,
             kdump_at: None,
             released: false,

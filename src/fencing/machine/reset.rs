@@ -36,21 +36,47 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
     if hold_power {
         return;
     }
-    // A proof outlives the leader that made it: a starved watchdog is never fed again, so a
-    // restart or a failover resumes the wait at the recorded moment, never earlier or later.
-    if f.safe_proven
-        && let Some(until) = f.safe_until
-    {
-        if now >= until {
-            n.fenced = true;
-            n.fenced_at = Some(now);
-            n.go(
-                now,
-                Step::SelfFence,
-                FenceStatus::Done,
-                "reset proven: the node starved its watchdog and the watchdog's timeout has passed",
-            );
-            out.push(FenceAction::Save(n));
+    // A proof outlives the process that made it: a starved watchdog is never fed again, so a
+    // restart on the same boot resumes the wait at the proven moment of the boot clock, exactly,
+    // whatever the wall clock did meanwhile. Another boot (the master rebooted, or another
+    // replica leads) cannot tell how much time has passed since: it proves the reset again.
+    if f.safe_proven {
+        match f.safe_boot {
+            Some(at) if at.boot == s.boot.boot => {
+                let left = at.ns.saturating_sub(s.boot.ns);
+                if left <= 0 {
+                    n.fenced = true;
+                    n.fenced_at = Some(now);
+                    n.safe_until = Some(now.saturating_add(left));
+                    n.go(
+                        now,
+                        Step::SelfFence,
+                        FenceStatus::Done,
+                        "reset proven: the node starved its watchdog and the watchdog's timeout has passed",
+                    );
+                    out.push(FenceAction::Save(n));
+                } else if f
+                    .safe_until
+                    .is_none_or(|u| (u - (now + left)).abs() >= 1_000_000_000)
+                {
+                    // Another process on this boot: the same moment, on this one's timeline.
+                    n.safe_until = Some(now + left);
+                    n.updated = now;
+                    out.push(FenceAction::Save(n));
+                }
+            }
+            _ => {
+                n.safe_proven = false;
+                n.safe_boot = None;
+                n.updated = now;
+                n.history.push(super::Transition {
+                    at: now,
+                    step: Step::SelfFence,
+                    status: f.status,
+                    note: "the reset was proven by another boot of the master (it rebooted, or another replica led): its clock says nothing about this one's, so the reset is proven again from this process's start".into(),
+                });
+                out.push(FenceAction::Save(n));
+            }
         }
         return;
     }
@@ -85,6 +111,10 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
         } => {
             n.safe_until = Some(reset_by);
             n.safe_proven = true;
+            n.safe_boot = Some(crate::verdict::BootInstant {
+                boot: s.boot.boot,
+                ns: s.boot.ns.saturating_add(reset_by.saturating_sub(now)),
+            });
             n.updated = now;
             n.history.push(super::Transition {
                 at: now,
@@ -104,9 +134,9 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
         }
         crate::fencing::selffence::ResetProof::Pending {
             reset_by,
+            quiet_from,
             covered,
             needed,
-            ..
         } => {
             // Recorded when it moves by a second or more (an estimate, not yet a proof).
             let moved = f
@@ -114,8 +144,25 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                 .is_none_or(|u| (u - reset_by).abs() >= 1_000_000_000);
             if moved || f.self_fence_times != Some(times) {
                 let first = f.safe_until.is_none();
+                // A process that began to lead after the earlier estimate was made proves from
+                // its own start: said once, with the new estimate, so no log repeats the old one.
+                let relay = times.master_lost_after.max(times.lost_after);
+                let restarted = f.safe_until.is_some_and(|u| reset_by - u >= 5_000_000_000)
+                    && quiet_from <= evidence.leading_since.saturating_add(relay);
                 n.safe_until = Some(reset_by);
                 n.updated = now;
+                if restarted {
+                    n.history.push(super::Transition {
+                        at: now,
+                        step: Step::SelfFence,
+                        status: f.status,
+                        note: format!(
+                            "proving the reset again from this process's start: release not before {:.1} s from now, {:.1} s after the earlier estimate",
+                            secs(reset_by.saturating_sub(now)),
+                            secs(reset_by - f.safe_until.unwrap_or(reset_by)),
+                        ),
+                    });
+                }
                 if first {
                     n.history.push(super::Transition {
                         at: now,

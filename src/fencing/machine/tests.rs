@@ -108,6 +108,10 @@ fn state() -> FenceState {
         requests: vec![],
         kdump: BTreeMap::new(),
         returns: BTreeMap::new(),
+        boot: crate::verdict::BootInstant {
+            boot: crate::clock::TEST_BOOT,
+            ns: T0,
+        },
     }
 }
 
@@ -141,8 +145,10 @@ fn runs(a: &[FenceAction]) -> Vec<Step> {
 }
 
 /// One tick with `s.flows = [f]`.
+/// One decision on `f` at `now`; the master's boot clock reads `now` too.
 fn tick(s: &mut FenceState, f: &Flow, now: Nanos) -> Vec<FenceAction> {
     s.flows = vec![f.clone()];
+    s.boot.ns = now;
     decide_fencing(s, now)
 }
 
@@ -989,6 +995,52 @@ mod self_fencing {
         let done = saved(&tick(&mut s, &f, until));
         assert!(done.fenced && done.status != FenceStatus::Error);
         assert_eq!(done.fenced_at, Some(until), "not later");
+    }
+
+    #[test]
+    fn a_proven_wait_is_kept_on_the_boot_clock_and_another_boot_proves_it_again() {
+        let t = times(10);
+        let mut s = state(Some(t), Some(evidence(T0 + 11 * S)));
+        let f = marked(&mut s, T0 + 6 * S);
+        let f = saved(&tick(&mut s, &f, T0 + 11 * S));
+        let until = f.safe_until.expect("the proven moment");
+        let at = f.safe_boot.expect("kept on the boot clock");
+        assert_eq!((at.boot, at.ns), (crate::clock::TEST_BOOT, until));
+        // The same boot, read by a process whose steady timeline is 30 s off the last one's
+        // (its offset lost): the boot clock decides, and the moment shown follows it.
+        s.self_fence.clear();
+        let mut shifted = f.clone();
+        shifted.safe_until = Some(until + 30 * S);
+        s.flows = vec![shifted.clone()];
+        s.boot.ns = until - 2 * S;
+        let a = decide_fencing(&s, T0 + 100 * S);
+        let moved = saved(&a);
+        assert_eq!(moved.safe_until, Some(T0 + 102 * S), "{a:?}");
+        assert!(!moved.fenced);
+        s.flows = vec![moved];
+        s.boot.ns = until;
+        assert!(saved(&decide_fencing(&s, T0 + 102 * S)).fenced);
+        // Another boot: its clock says nothing about this one's; the reset is proven again,
+        // never counted on the recorded moment.
+        s.boot = crate::verdict::BootInstant {
+            boot: uuid::Uuid::from_u128(2),
+            ns: until + 3600 * S,
+        };
+        s.flows = vec![f.clone()];
+        let again = saved(&decide_fencing(&s, until + 60 * S));
+        assert!(!again.safe_proven && !again.fenced && again.safe_boot.is_none());
+        assert!(
+            again
+                .history
+                .iter()
+                .any(|h| h.note.contains("proven by another boot")),
+            "{:?}",
+            again.history
+        );
+        // A flow recorded before the boot clock was kept (no `safe-boot`) proves again too.
+        let mut legacy = f.clone();
+        legacy.safe_boot = None;
+        assert!(!saved(&tick(&mut s, &legacy, until + 60 * S)).safe_proven);
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl NodeFences {
         let Some(o) = self.find(request).await? else {
             return Ok(());
         };
-        let now = time(crate::report::now_ns());
+        let now = time(crate::clock::steady_ns());
         let mut s = o.status.clone().unwrap_or_default();
         s.message = Some(why.to_string());
         let reason = if refused { "Refused" } else { "Waiting" };
