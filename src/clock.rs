@@ -29,6 +29,11 @@ pub trait Clock: Send + Sync + 'static {
     /// This boot and `CLOCK_BOOTTIME` now: spans kept across a restart.
     fn boot(&self) -> BootInstant;
 
+    /// `now` and `boot` read at one moment, so a span carried from one to the other is exact.
+    fn now_and_boot(&self) -> (Nanos, BootInstant) {
+        (self.now(), self.boot())
+    }
+
     /// `t` on the steady timeline, as the wall clock would show it now: how a wait still to
     /// come is shown (recomputed at every reading, never kept).
     fn as_wall(&self, t: Nanos) -> Nanos {
@@ -116,6 +121,18 @@ impl Clock for SystemClock {
             boot: boot_id(),
             ns: boot_ns(),
         }
+    }
+
+    fn now_and_boot(&self) -> (Nanos, BootInstant) {
+        let b = boot_ns();
+        let now = b.saturating_add(*OFFSET.get_or_init(wall_offset_now));
+        (
+            now,
+            BootInstant {
+                boot: boot_id(),
+                ns: b,
+            },
+        )
     }
 }
 

@@ -101,7 +101,8 @@ pub struct DaemonConfig {
     /// Poll each collector over UDP first (one signed datagram each way), over HTTP when the
     /// report does not fit or no answer comes.
     pub poll_udp: bool,
-    /// How far a report's timestamp may be from the daemon's clock.
+    /// No longer used: a report is fresh because it answers the poll's nonce, never by its
+    /// timestamp. Kept so that configuration files that set it still load.
     #[serde(with = "humantime_serde")]
     pub report_window: Duration,
     pub max_report_bytes: usize,

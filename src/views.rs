@@ -165,10 +165,16 @@ pub struct Fence {
 
 impl Fence {
     /// The flow as shown, with its waits still to come (the retry, the self-fencing node's
-    /// reset) moved by `wall_step` (the wall clock less the steady clock now): a wait is kept
-    /// and decided on the steady clock, and shown as the wall clock will read it.
+    /// reset) moved by `wall_step` (the wall clock less the steady clock now) once that is a
+    /// second or more: a wait is kept and decided on the steady clock, and shown as the wall
+    /// clock will read it (NTP's slewing moves them apart by less, which is not worth showing).
     pub fn of(f: &Flow, wall_step: Nanos) -> Fence {
         let mut flow = f.clone();
+        let wall_step = if wall_step.abs() >= 1_000_000_000 {
+            wall_step
+        } else {
+            0
+        };
         let to_wall = |t: Nanos| t.saturating_add(wall_step);
         if !flow.fenced {
             flow.safe_until = flow.safe_until.map(to_wall);

@@ -10,6 +10,7 @@
 //! Memory is bounded by the peer set and two capped rings: a stranger's datagram creates
 //! nothing, and an unsigned view request records nothing.
 
+use super::probe::MasterProbe;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -86,20 +87,6 @@ pub struct Peers {
     /// Where the installed set is kept, so a node that restarts while the master is away
     /// still knows its watchers (and is not reset for want of them).
     saved: Option<std::path::PathBuf>,
-}
-
-/// What a verified probe of the master says.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MasterProbe {
-    /// The beat of this node's view the master last took (0: none).
-    pub echo: u64,
-    /// The probe's number, which the view answers.
-    pub probe: u64,
-    /// The nodes the master has marked for fencing.
-    pub marked: BTreeSet<String>,
-    /// A probe's marks are taken only when its echo is of a view this node served within this
-    /// span of its own clock.
-    pub mark_window: Nanos,
 }
 
 impl Peers {

@@ -36,6 +36,20 @@ pub(super) async fn set_peers(
     Ok(Json(set))
 }
 
+/// What a verified probe of the master says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MasterProbe {
+    /// The beat of this node's view the master last took (0: none).
+    pub echo: u64,
+    /// The probe's number, which the view answers.
+    pub probe: u64,
+    /// The nodes the master has marked for fencing.
+    pub marked: std::collections::BTreeSet<String>,
+    /// A probe's marks are taken only when its echo is of a view this node served within this
+    /// span of its own clock.
+    pub mark_window: crate::verdict::Nanos,
+}
+
 /// Names the master may mark in one probe (more are ignored).
 const MAX_MARKED: usize = 64;
 
@@ -61,7 +75,7 @@ pub(super) async fn peer_view(
             Ok(q) => {
                 let mono = crate::clock::mono_ns();
                 let window = i64::try_from(c.cfg.request_window.as_nanos()).unwrap_or(i64::MAX);
-                let p = crate::collector::peers::MasterProbe {
+                let p = MasterProbe {
                     echo: q.echo,
                     probe: q.probe,
                     marked: q.marked,

@@ -91,6 +91,12 @@ pub struct FencingConfig {
     /// After a kdump notification, power-management waits this long for the dump to finish.
     #[serde(with = "humantime_serde")]
     pub kdump_timeout: Duration,
+    /// A node with `kdump = true` is not powered off until this long after it went silent: a
+    /// crash kernel takes a while to boot and send its notification, and a power-off before
+    /// then would cut its dump off. A notification within it releases the node without a
+    /// power-off; silence for all of it lets the power-off proceed.
+    #[serde(with = "humantime_serde")]
+    pub kdump_window: Duration,
     /// The image agent calls run in when a template says `executor = "job"` (Kubernetes): it
     /// must hold `/bin/sh`, coreutils' `timeout` and the agents under `agents-dir`, as Debian's
     /// `fence-agents` package installs them.
@@ -123,6 +129,7 @@ impl Default for FencingConfig {
             self_fence_margin: Duration::from_secs(5),
             kdump_listen: std::net::SocketAddr::from(([0, 0, 0, 0], 7410)),
             kdump_timeout: Duration::from_secs(600),
+            kdump_window: Duration::from_secs(60),
             return_reports: 3,
             return_deadline: Duration::from_secs(900),
             drill_every: Duration::ZERO,

@@ -142,6 +142,9 @@ pub struct PlanSummary {
     pub recovery: StageLimits,
     /// The node self-fences: the last level (the only one without power-management).
     pub self_fence: bool,
+    /// The node's crash kernel sends kdump notifications: its power-off waits for the kdump
+    /// window.
+    pub kdump: bool,
 }
 
 /// Marking a node unschedulable is retried like an agent call.
@@ -212,6 +215,8 @@ pub struct FencePolicy {
     pub self_fence_margin: Nanos,
     /// How long power-management waits after a kdump notification, for the dump to finish.
     pub kdump_timeout: Nanos,
+    /// How long after a kdump node went silent its power-off waits for a notification.
+    pub kdump_window: Nanos,
     /// Healthy reports from diagnoses started after its new boot that a fenced node must
     /// deliver, in a row, before it returns to service.
     pub clean_reports: u32,

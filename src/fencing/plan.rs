@@ -101,6 +101,7 @@ impl FencePlan {
                 retry_interval: 0,
             }),
             self_fence: self.self_fence,
+            kdump: self.kdump,
         }
     }
 

@@ -75,6 +75,7 @@ impl FencerSettings {
                 second_opinion: f.second_opinion,
                 self_fence_margin: ns(f.self_fence_margin),
                 kdump_timeout: ns(f.kdump_timeout),
+                kdump_window: ns(f.kdump_window),
                 clean_reports: f.return_reports,
                 return_deadline: ns(f.return_deadline),
             },
@@ -251,8 +252,7 @@ impl<C: Cluster> Fencer<C> {
     }
 
     pub async fn tick(self: &Arc<Self>) {
-        let now = self.shared.clock.now();
-        let boot = self.shared.clock.boot();
+        let (now, boot) = self.shared.clock.now_and_boot();
         let mut policy = self.settings.policy;
         policy.paused = self.pause().await.is_some();
         let store = &self.shared.flows;

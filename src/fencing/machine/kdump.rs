@@ -1,8 +1,43 @@
-//! kdump in a flow: a notification heard after the node went silent releases its workloads
-//! at once (the power-off waits for the dump, in `transitions::pending`). Pure.
+//! kdump in a flow: no power-off before the kdump window has decided; a notification heard
+//! after the node went silent releases its workloads at once (the power-off waits for the dump,
+//! in `transitions::pending`). Pure.
 
 use super::transitions::Ctx;
-use super::{FenceAction, FenceStatus};
+use super::{FenceAction, FenceStatus, Step};
+
+const WAITING: &str = "power-off waits for a kdump notification";
+
+/// A kdump node's power-off is not sent until its kdump window has decided: until the window
+/// after it went silent has passed with no notification (one within it is handled by `kdump`,
+/// and the dump then holds the power-off). Returns whether it holds the flow now; says so once.
+pub(super) fn window_open(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
+    let Ctx {
+        s, f, plan, now, ..
+    } = *c;
+    if f.step != Step::PowerManagement || !plan.kdump || f.kdump_at.is_some() {
+        return false;
+    }
+    let until = f.detected.saturating_add(s.policy.kdump_window);
+    if now >= until {
+        return false;
+    }
+    if !f.history.iter().any(|t| t.note.starts_with(WAITING)) {
+        let mut n = f.clone();
+        n.updated = now;
+        n.history.push(super::Transition {
+            at: now,
+            step: f.step,
+            status: f.status,
+            note: format!(
+                "{WAITING} until {:.1} s after it went silent ({:.1} s from now): a crash kernel writing its dump is never cut off; silence until then lets the power-off proceed",
+                s.policy.kdump_window as f64 / 1e9,
+                (until - now) as f64 / 1e9
+            ),
+        });
+        out.push(FenceAction::Save(n));
+    }
+    true
+}
 
 /// A node that sends a kdump notification after it went silent runs its crash kernel, and no
 /// workload: its workloads are released at once (power-management waits for the dump, in

@@ -44,10 +44,17 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
         match f.safe_boot {
             Some(at) if at.boot == s.boot.boot => {
                 let left = at.ns.saturating_sub(s.boot.ns);
+                // The proven moment on this process's steady timeline: the recorded one, unless
+                // that timeline was another (its offset lost with the database's record).
+                let until = now.saturating_add(left);
+                let shown = match f.safe_until {
+                    Some(u) if (u - until).abs() < 1_000_000_000 => u,
+                    _ => until,
+                };
                 if left <= 0 {
                     n.fenced = true;
                     n.fenced_at = Some(now);
-                    n.safe_until = Some(now.saturating_add(left));
+                    n.safe_until = Some(shown);
                     n.go(
                         now,
                         Step::SelfFence,
@@ -55,12 +62,8 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                         "reset proven: the node starved its watchdog and the watchdog's timeout has passed",
                     );
                     out.push(FenceAction::Save(n));
-                } else if f
-                    .safe_until
-                    .is_none_or(|u| (u - (now + left)).abs() >= 1_000_000_000)
-                {
-                    // Another process on this boot: the same moment, on this one's timeline.
-                    n.safe_until = Some(now + left);
+                } else if f.safe_until != Some(shown) {
+                    n.safe_until = Some(shown);
                     n.updated = now;
                     out.push(FenceAction::Save(n));
                 }

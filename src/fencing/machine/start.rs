@@ -31,11 +31,15 @@ impl Gates {
         }
     }
 
-    /// Records `f` as started, first step running at once rather than a tick later.
-    fn start(&mut self, mut f: Flow, now: Nanos, out: &mut Vec<FenceAction>) {
+    /// Records `f` as started, first step running at once rather than a tick later; except a
+    /// kdump node's power-off, which waits for its kdump window (`kdump::window_open`).
+    fn start(&mut self, mut f: Flow, s: &FenceState, now: Nanos, out: &mut Vec<FenceAction>) {
         let step = f.step;
-        f.go(now, step, FenceStatus::Running, "attempt 1");
-        out.push(FenceAction::run_step(&f));
+        let kdump = s.plans.get(&f.node).is_some_and(|p| p.kdump);
+        if !(kdump && step == super::Step::PowerManagement) {
+            f.go(now, step, FenceStatus::Running, "attempt 1");
+            out.push(FenceAction::run_step(&f));
+        }
         out.push(FenceAction::Start(f));
         self.in_flight += 1;
         self.last_start = Some(now);
@@ -128,7 +132,7 @@ pub(super) fn requested_flows(
         );
         f.id = r.id;
         f.boot_before = s.liveness.get(&r.node).and_then(|l| l.boot).map(|b| b.id);
-        gates.start(f, now, out);
+        gates.start(f, s, now, out);
     }
 }
 
@@ -208,7 +212,7 @@ pub(super) fn start_flows(
         };
         let mut f = Flow::new(node, since, now, step, witnesses, why);
         f.boot_before = s.liveness.get(node).and_then(|l| l.boot).map(|b| b.id);
-        gates.start(f, now, out);
+        gates.start(f, s, now, out);
     }
 }
 

@@ -20,6 +20,7 @@ fn plan(isolation: bool) -> PlanSummary {
         power_on: None,
         recovery: limits(1),
         self_fence: false,
+        kdump: false,
     }
 }
 
@@ -36,6 +37,7 @@ fn policy() -> FencePolicy {
         second_opinion: false,
         self_fence_margin: 5 * S,
         kdump_timeout: 30 * S,
+        kdump_window: 20 * S,
         clean_reports: 3,
         return_deadline: 600 * S,
     }
@@ -877,6 +879,7 @@ mod self_fencing {
                 power_on: None,
                 recovery: limits(0),
                 self_fence: true,
+                kdump: false,
             },
         );
         s.liveness.insert("n2".into(), down(T0));
@@ -1242,6 +1245,7 @@ mod requests {
             PlanSummary {
                 power_management: None,
                 self_fence: true,
+                kdump: false,
                 ..plan(false)
             },
         );
@@ -1344,6 +1348,72 @@ mod kdump {
         let a = tick(&mut s, &f, T0 + 38 * S);
         assert_eq!(releases(&a), 0);
         assert_eq!(saved(&a).step, Step::Recovery);
+    }
+
+    /// n2 with `kdump = true`: its power-off waits for the kdump window after it went silent.
+    fn kdump_node() -> FenceState {
+        let mut s = state();
+        s.plans.get_mut("n2").unwrap().kdump = true;
+        s.liveness.insert("n2".into(), down(T0));
+        s
+    }
+
+    #[test]
+    fn no_power_off_before_the_kdump_window_has_decided_and_a_notification_in_it_sends_none() {
+        let mut s = kdump_node();
+        let a = decide_fencing(&s, T0 + 5 * S);
+        assert!(runs(&a).is_empty(), "not at the start: {a:?}");
+        let mut f = started(&a).pop().expect("a flow");
+        assert_eq!(
+            (f.step, f.status),
+            (Step::PowerManagement, FenceStatus::New)
+        );
+        // Said once, and held for the whole window (20 s after it went silent, at T0).
+        f = saved(&tick(&mut s, &f, T0 + 6 * S));
+        assert!(
+            f.history
+                .last()
+                .unwrap()
+                .note
+                .contains("kdump notification")
+        );
+        for t in [7, 12, 19] {
+            assert!(tick(&mut s, &f, T0 + t * S).is_empty(), "at {t} s");
+        }
+        // A notification within it: released at once, and still no power-off, for the dump.
+        s.kdump.insert("n2".into(), T0 + 15 * S);
+        f = saved(&tick(&mut s, &f, T0 + 19 * S));
+        assert_eq!(f.kdump_at, Some(T0 + 15 * S));
+        let a = tick(&mut s, &f, T0 + 19 * S);
+        assert_eq!(releases(&a), 1);
+        f.release_result = Some(Outcome::done("released"));
+        f = saved(&tick(&mut s, &f, T0 + 20 * S));
+        assert!(f.released && !f.fenced);
+        for t in [21, 30, 44] {
+            assert!(runs(&tick(&mut s, &f, T0 + t * S)).is_empty(), "at {t} s");
+        }
+    }
+
+    #[test]
+    fn silence_for_the_whole_kdump_window_lets_the_power_off_proceed() {
+        let mut s = kdump_node();
+        let mut f = started(&decide_fencing(&s, T0 + 5 * S))
+            .pop()
+            .expect("a flow");
+        f = saved(&tick(&mut s, &f, T0 + 6 * S));
+        assert!(runs(&tick(&mut s, &f, T0 + 20 * S - 1)).is_empty());
+        let a = tick(&mut s, &f, T0 + 20 * S);
+        assert_eq!(runs(&a), [Step::PowerManagement]);
+        // A notification while that power-off runs: the node is released, and the attempt is
+        // not started again while the dump runs, whatever its outcome.
+        f = saved(&a);
+        s.kdump.insert("n2".into(), T0 + 21 * S);
+        f = saved(&tick(&mut s, &f, T0 + 21 * S));
+        assert!(f.kdump_at.is_some());
+        f = saved(&tick(&mut s, &with_result(&f, false), T0 + 22 * S));
+        for t in [23, 40, 50] {
+            assert!(runs(&tick(&mut s, &f, T0 + t * S)).is_empty(), "at {t} s");
+        }
     }
 
     /// The node reboots after its dump and answers before the power-off: its released workloads

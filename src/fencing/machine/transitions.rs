@@ -69,6 +69,7 @@ const NO_PLAN: PlanSummary = PlanSummary {
         retry_interval: 0,
     },
     self_fence: false,
+    kdump: false,
 };
 
 pub(super) fn advance(
@@ -256,7 +257,11 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
         .kdump_at
         .is_some_and(|t| now < t.saturating_add(c.s.policy.kdump_timeout));
     if dumping && matches!(f.step, Step::PowerManagement | Step::SelfFence) {
-        // The crash kernel writes its dump: power-off waits for it.
+        // The crash kernel writes its dump: power-off waits for it (an attempt that was
+        // already running when the notification came is not started again meanwhile).
+        return;
+    }
+    if super::kdump::window_open(c, out) {
         return;
     }
     // Left off (or reset by itself): recovery's agents wait for the proof of its return.
