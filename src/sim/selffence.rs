@@ -243,3 +243,29 @@ async fn a_self_fencing_node_without_an_armed_watchdog_shows_fencing_inactive_un
     assert!(sim.flows().is_empty());
     sim.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_canceled_self_fence_ends_while_its_node_stays_dead() {
+    let sim = Sim::start(options(&["node2"], &["node2"]));
+    sim.collectors.arm_watchdog("node2");
+    sim.run_for(Duration::from_secs(10)).await;
+    sim.collectors.silence("node2");
+    let f = sim
+        .until("the mark", MIN, |s| {
+            s.flows().into_iter().find(|f| f.marked)
+        })
+        .await;
+    sim.store
+        .cancel_flow(&f.id, sim.clock.now())
+        .expect("cancel");
+    let f = sim
+        .until("the end of the canceled flow", 2 * MIN, |s| {
+            s.flows()
+                .into_iter()
+                .find(|f| f.status == FenceStatus::Final)
+        })
+        .await;
+    assert!(f.canceled && !f.released && !f.fenced, "{:?}", f.history);
+    assert_eq!(jobs_of(&sim, "node2"), ["mark node2", "unmark node2"]);
+    sim.stop().await;
+}

@@ -24,7 +24,7 @@ use crate::fencing::peering::Peering;
 use crate::link::CollectorLink;
 use crate::parts::Shared;
 use crate::sync::LockExt;
-use crate::ticker::{Ticker, Wake};
+use crate::ticker::Ticker;
 use crate::verdict::Nanos;
 
 mod drills;
@@ -213,11 +213,14 @@ impl<C: Cluster> Fencer<C> {
             .notified_by(self.wake.clone())
             .following(self.shared.leadership.subscribe());
         tokio::pin!(shutdown);
-        while let Some(wake) = ticker.next(shutdown.as_mut()).await {
-            if wake == Wake::Tick {
-                self.probe().await;
-            }
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let prober = tokio::spawn(self.clone().probe_loop(stopped));
+        while ticker.next(shutdown.as_mut()).await.is_some() {
             self.tick().await;
+        }
+        let _ = stop.send(true);
+        if let Err(e) = prober.await {
+            error!(error = %e, "the liveness probe ended");
         }
         self.kdump.stop();
         self.effects.drain(Duration::from_secs(120)).await;

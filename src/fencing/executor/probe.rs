@@ -4,8 +4,8 @@
 //! and each node's answers to `Seen`. The leader pushes a collector its peer set when it holds
 //! another.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -16,6 +16,7 @@ use crate::cluster::Cluster;
 use crate::fencing::peering::VIEW_BODY_CAP;
 use crate::fencing::rtt::RttEstimate;
 use crate::metrics::{NodeLabel, ReasonLabel};
+use crate::node::NodeConfig;
 use crate::sync::LockExt;
 use crate::verdict::Nanos;
 
@@ -60,6 +61,15 @@ impl Seen {
 struct Probed {
     seen: Seen,
     rtt: RttEstimate,
+}
+
+/// What every probe of one cycle shares.
+#[derive(Default)]
+struct Cycle {
+    targets: Arc<Vec<NodeConfig>>,
+    leader: bool,
+    /// The nodes marked for self-fencing, as the probe's query names them.
+    marked: String,
 }
 
 /// The probe's memory: a cache of the collectors' answers, rebuilt by the next probes after a
@@ -113,17 +123,61 @@ impl<C: Cluster> Fencer<C> {
         }
     }
 
-    /// One liveness probe of every collector: `GET /1/peers`, whose answer proves the collector
-    /// answers and carries its signed view of its peers. A collector whose set is out of date
-    /// gets it pushed (by the leader).
-    pub(super) async fn probe(&self) {
-        let clock = &self.shared.clock;
-        let metrics = &self.shared.metrics;
-        let now = clock.now();
+    /// The liveness probe, as a loop of its own beside the fencer's decisions: once per
+    /// interval every collector is asked for its view (`GET /1/peers`), each as soon as a slot
+    /// is free and its previous probe has ended, and each answer (or its patience running out)
+    /// is recorded as it comes. No decision waits for a probe: the fencer reads the last
+    /// outcomes, and is woken when a collector falls silent or answers again, so a fence step
+    /// never waits for the patience of the node it fences.
+    pub(super) async fn probe_loop(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut interval = tokio::time::interval(self.settings.interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        type Probe =
+            std::pin::Pin<Box<dyn std::future::Future<Output = (String, bool, Nanos)> + Send>>;
+        let mut running: futures::stream::FuturesUnordered<Probe> = Default::default();
+        // Nodes asked and not yet answered (or given up on), and those waiting for a slot.
+        let mut busy: HashSet<String> = HashSet::new();
+        let mut queue: VecDeque<NodeConfig> = VecDeque::new();
+        let mut cycle = Arc::new(Cycle::default());
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                Some((node, ok, sent_at)) = running.next(), if !running.is_empty() => {
+                    busy.remove(&node);
+                    if self.record(&node, ok, sent_at) {
+                        self.wake.notify_one();
+                    }
+                }
+                _ = interval.tick() => {
+                    cycle = Arc::new(self.begin_cycle().await);
+                    let queued: HashSet<String> = queue.iter().map(|n| n.name.clone()).collect();
+                    queue.retain(|n| cycle.targets.iter().any(|t| t.name == n.name));
+                    for t in cycle.targets.iter() {
+                        if !busy.contains(&t.name) && !queued.contains(&t.name) {
+                            queue.push_back(t.clone());
+                        }
+                    }
+                }
+            }
+            while running.len() < crate::link::PROBES_IN_FLIGHT
+                && let Some(node) = queue.pop_front()
+            {
+                busy.insert(node.name.clone());
+                let me = self.clone();
+                let c = cycle.clone();
+                running.push(Box::pin(async move { me.probe_one(node, &c).await }));
+            }
+        }
+    }
+
+    /// What every probe of one cycle shares: the membership (its peer sets refreshed), whether
+    /// this replica leads, and the nodes marked for self-fencing.
+    async fn begin_cycle(&self) -> Cycle {
+        let now = self.shared.clock.now();
         let targets = self.shared.members.get();
         self.warn_two_nodes(targets.len());
         self.peering.refresh(&targets).await;
-        let targets = &targets;
         let leader = self.shared.leadership.is_leader();
         self.peering.set_leading(leader, now);
         self.probes
@@ -131,92 +185,101 @@ impl<C: Cluster> Fencer<C> {
             .lock_unpoisoned()
             .retain(|n, _| targets.iter().any(|t| &t.name == n));
         let marked = self.probes.marked.lock_unpoisoned().join(",");
-        let marked = &marked;
-        let answers: Vec<(String, bool)> = futures::stream::iter(0..targets.len())
-            .map(|i| async move {
-                let node = &targets[i];
-                // Signed; numbered, so the view can answer exactly this probe; echoing the beat of
-                // the node's last view taken, so the node counts the master only by a round trip
-                // on its own clock; naming the marked nodes.
-                let probe = self.peering.next_probe();
-                let echo = self.peering.echo(&node.name);
-                let path = format!("/1/peers?echo={echo}&probe={probe}&marked={marked}");
-                let patience = self.probes.patience(&node.name, self.settings.patience);
-                metrics
-                    .probe_timeout_seconds
-                    .get_or_create(&NodeLabel {
-                        node: node.name.clone(),
-                    })
-                    .set(patience.as_secs_f64());
-                let (sent_at, wall_sent) = (clock.now(), clock.wall());
-                let call = self
-                    .link
-                    .signed(node, reqwest::Method::GET, &path, None, VIEW_BODY_CAP);
-                let answer = match tokio::time::timeout(patience, call).await {
-                    Ok(Ok(a)) if a.status.is_success() => a,
-                    _ => {
-                        metrics.probe_failures.inc();
-                        return (node.name.clone(), false);
-                    }
-                };
-                // Read after the answer: the view was taken before this moment.
-                let (received_at, wall_received) = (clock.now(), clock.wall());
-                let rtt = Duration::from_nanos(received_at.saturating_sub(sent_at).max(0) as u64);
-                self.probes
-                    .nodes
-                    .lock_unpoisoned()
-                    .entry(node.name.clone())
-                    .or_default()
-                    .rtt
-                    .observe(rtt);
-                // A collector that answers is alive whatever its view says: a view that fails
-                // to verify (a wrong key, say) must not make a running node look dead.
-                let wall_mid = wall_sent + (wall_received - wall_sent) / 2;
-                match self.peering.accept(
-                    &node.name,
-                    &answer.body,
-                    probe,
-                    (sent_at, received_at),
-                    wall_mid,
-                ) {
-                    Ok(epoch) => {
-                        if let Some(o) = self.peering.clock_offset(&node.name) {
-                            metrics
-                                .node_clock_offset_seconds
-                                .get_or_create(&NodeLabel {
-                                    node: node.name.clone(),
-                                })
-                                .set(o as f64 / 1e9);
-                        }
-                        if leader {
-                            self.push_if_due(node, epoch, now).await;
-                        }
-                    }
-                    Err(e) => {
-                        debug!(node = %node.name, error = %e, "peer view refused");
-                        metrics
-                            .views_rejected
-                            .get_or_create(&ReasonLabel {
-                                reason: e.metric_label(),
-                            })
-                            .inc();
-                    }
-                }
-                (node.name.clone(), true)
+        Cycle {
+            targets,
+            leader,
+            marked,
+        }
+    }
+
+    /// One probe of one collector; returns whether it answered, and when the probe was sent.
+    async fn probe_one(&self, node: NodeConfig, c: &Cycle) -> (String, bool, Nanos) {
+        let clock = &self.shared.clock;
+        let metrics = &self.shared.metrics;
+        // Signed; numbered, so the view can answer exactly this probe; echoing the beat of the
+        // node's last view taken, so the node counts the master only by a round trip on its
+        // own clock; naming the marked nodes.
+        let probe = self.peering.next_probe();
+        let echo = self.peering.echo(&node.name);
+        let path = format!("/1/peers?echo={echo}&probe={probe}&marked={}", c.marked);
+        let patience = self.probes.patience(&node.name, self.settings.patience);
+        metrics
+            .probe_timeout_seconds
+            .get_or_create(&NodeLabel {
+                node: node.name.clone(),
             })
-            .buffer_unordered(crate::link::PROBES_IN_FLIGHT)
-            .collect()
-            .await;
-        let mut nodes = self.probes.nodes.lock_unpoisoned();
-        for (node, ok) in answers {
-            let p = nodes.entry(node).or_default();
-            if !ok {
-                p.rtt.missed();
+            .set(patience.as_secs_f64());
+        let (sent_at, wall_sent) = (clock.now(), clock.wall());
+        let call = self
+            .link
+            .signed(&node, reqwest::Method::GET, &path, None, VIEW_BODY_CAP);
+        let answer = match tokio::time::timeout(patience, call).await {
+            Ok(Ok(a)) if a.status.is_success() => a,
+            _ => {
+                metrics.probe_failures.inc();
+                return (node.name, false, sent_at);
             }
-            if p.seen.probed(ok, now, self.settings.misses) {
-                metrics.probe_silences.inc();
+        };
+        // Read after the answer: the view was taken before this moment.
+        let (received_at, wall_received) = (clock.now(), clock.wall());
+        let rtt = Duration::from_nanos(received_at.saturating_sub(sent_at).max(0) as u64);
+        self.probes
+            .nodes
+            .lock_unpoisoned()
+            .entry(node.name.clone())
+            .or_default()
+            .rtt
+            .observe(rtt);
+        // A collector that answers is alive whatever its view says: a view that fails to
+        // verify (a wrong key, say) must not make a running node look dead.
+        let wall_mid = wall_sent + (wall_received - wall_sent) / 2;
+        match self.peering.accept(
+            &node.name,
+            &answer.body,
+            probe,
+            (sent_at, received_at),
+            wall_mid,
+        ) {
+            Ok(epoch) => {
+                if let Some(o) = self.peering.clock_offset(&node.name) {
+                    metrics
+                        .node_clock_offset_seconds
+                        .get_or_create(&NodeLabel {
+                            node: node.name.clone(),
+                        })
+                        .set(o as f64 / 1e9);
+                }
+                if c.leader {
+                    self.push_if_due(&node, epoch, received_at).await;
+                }
+            }
+            Err(e) => {
+                debug!(node = %node.name, error = %e, "peer view refused");
+                metrics
+                    .views_rejected
+                    .get_or_create(&ReasonLabel {
+                        reason: e.metric_label(),
+                    })
+                    .inc();
             }
         }
+        (node.name, true, sent_at)
+    }
+
+    /// Records one probe's outcome; returns whether the collector's liveness changed (it came
+    /// to count as silent, or answered after being silent), which the fencer acts on at once.
+    fn record(&self, node: &str, ok: bool, sent_at: Nanos) -> bool {
+        let mut nodes = self.probes.nodes.lock_unpoisoned();
+        let p = nodes.entry(node.to_string()).or_default();
+        if !ok {
+            p.rtt.missed();
+        }
+        let was_silent = p.seen.misses >= self.settings.misses;
+        let silent = p.seen.probed(ok, sent_at, self.settings.misses);
+        if silent {
+            self.shared.metrics.probe_silences.inc();
+        }
+        silent || (ok && was_silent)
     }
 
     /// Pushes a node the peer set it should hold, when it holds another.

@@ -1416,6 +1416,37 @@ mod kdump {
         }
     }
 
+    /// Released after a kdump notification, then canceled while the node stays in its crash
+    /// kernel: the release is undone and the flow ends, without waiting for a return.
+    #[test]
+    fn a_canceled_flow_released_after_a_kdump_ends_without_the_nodes_return() {
+        let mut s = state();
+        s.liveness.insert("n2".into(), down(T0));
+        let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
+        f = saved(&tick(&mut s, &with_result(&f, false), T0 + 6 * S));
+        s.kdump.insert("n2".into(), T0 + 6 * S);
+        f = saved(&tick(&mut s, &f, T0 + 6 * S));
+        f.release_result = Some(Outcome::done("released"));
+        f = saved(&tick(&mut s, &f, T0 + 7 * S));
+        assert!(f.released);
+        f.cancel(T0 + 8 * S).unwrap();
+        f = saved(&tick(&mut s, &f, T0 + 9 * S));
+        assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
+        let a = tick(&mut s, &f, T0 + 10 * S);
+        assert_eq!(runs(&a), [Step::Recovery], "not held for a return: {a:?}");
+        f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 11 * S));
+        let a = tick(&mut s, &f, T0 + 12 * S);
+        assert!(
+            a.iter().any(|x| matches!(x, FenceAction::Reclaim { .. })),
+            "{a:?}"
+        );
+        f = saved(&a);
+        f.reclaim_result = Some(Outcome::done("reclaimed"));
+        f = saved(&tick(&mut s, &f, T0 + 13 * S));
+        assert_eq!(f.status, FenceStatus::Final, "{:#?}", f.history);
+        assert!(f.canceled);
+    }
+
     /// The node reboots after its dump and answers before the power-off: its released workloads
     /// are reclaimed through recovery (never left released), once a report diagnosed after the
     /// notification is healthy.
@@ -1500,5 +1531,52 @@ mod return_proof {
                 }
             }
         }
+    }
+}
+
+/// An operator's cancel ends the flow, final and canceled, whether or not the node ever comes
+/// back: nothing waits for the return of a node that was never powered off.
+#[test]
+fn a_canceled_flow_ends_while_its_node_stays_dead() {
+    for isolation in [true, false] {
+        let mut s = state();
+        let node = if isolation { "n1" } else { "n2" };
+        s.liveness.insert(node.into(), down(T0));
+        let a = decide_fencing(&s, T0 + 5 * S);
+        let mut f = saved(&a);
+        if isolation {
+            // Isolated, then canceled before the power-off.
+            f = saved(&tick(&mut s, &with_result(&f, true), T0 + 6 * S));
+        }
+        let mut f2 = f.clone();
+        if f2.status == FenceStatus::Running {
+            // The running attempt goes to its end first (a power-off here fails).
+            f2 = saved(&tick(&mut s, &with_result(&f2, false), T0 + 6 * S));
+        }
+        f2.cancel(T0 + 7 * S).unwrap();
+        let mut f = f2;
+        let mut t = 7;
+        while f.status != FenceStatus::Final && t < 600 {
+            let a = tick(&mut s, &f, T0 + t * S);
+            for x in &a {
+                match x {
+                    FenceAction::RunStep { .. } => f = with_result(&f, true),
+                    FenceAction::Reclaim { .. } => f.reclaim_result = Some(Outcome::done("ok")),
+                    _ => {}
+                }
+            }
+            if let Some(n) = a.iter().rev().find_map(|x| match x {
+                FenceAction::Save(n) => Some(n.clone()),
+                _ => None,
+            }) {
+                let (r, rr) = (f.result.clone(), f.reclaim_result.clone());
+                f = n;
+                f.result = f.result.clone().or(r);
+                f.reclaim_result = f.reclaim_result.clone().or(rr);
+            }
+            t += 1;
+        }
+        assert_eq!(f.status, FenceStatus::Final, "{node}: {:#?}", f.history);
+        assert!(f.canceled && !f.fenced && !f.released);
     }
 }
