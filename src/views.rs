@@ -334,6 +334,10 @@ pub struct Health {
     pub status: String,
     pub last_decision_age_seconds: Option<f64>,
     pub db: String,
+    /// What the daemon found at start-up and could not match to its database (job results,
+    /// tags of events it does not know): adopted by nothing, and said here until a restart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub found: Vec<String>,
 }
 
 /// The answer to `POST /1/nodes/{node}/reset-seq`.

@@ -184,7 +184,19 @@ impl Cluster for Inventory {
         };
         let stdin = event_json.as_bytes().to_vec();
         let spec = call.spec(program, stdin, &self.env, self.timeout);
-        let outcome = self.runner.run(&id, &spec).await;
+        // A job of an earlier version ran in `job-<number>`: its own directory, if its spec
+        // names this event and this job (else it belongs to a job of a lost database).
+        let legacy = crate::exec::jobs::Legacy {
+            key: id.clone(),
+            env: vec![
+                ("MAINTD_EVENT".into(), event.clone()),
+                ("MAINTD_JOB".into(), id.clone()),
+            ],
+        };
+        let outcome = self
+            .runner
+            .run_or_adopt(&job.key(), &spec, Some(&legacy))
+            .await;
         if outcome.ok {
             let flag = match job.kind {
                 JobKind::Offline => Some(true),

@@ -342,17 +342,32 @@ async fn remove_tag<C: Cluster>(
     }
 }
 
-/// 200 while the engine decides, 503 naming the cause when it has stalled: for a liveness probe
-/// and for alerting.
+/// 200 while the engine decides and the database can be written, 503 naming the cause when
+/// not: for a liveness probe and for alerting. What the daemon found at start-up and could not
+/// match (earlier jobs or tags beside a lost database) is listed either way.
 async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<views::Health>, ApiError> {
     let stale_ns = i64::try_from(s.settings.stall_after.as_nanos()).unwrap_or(i64::MAX);
-    match s.health.check(crate::clock::steady_ns(), stale_ns) {
+    let now = crate::clock::steady_ns();
+    if s.health.probe_due(now) {
+        let wrote = s.store.probe_write(now);
+        if let Err(e) = &wrote {
+            tracing::error!(error = %e, db = %s.store.path(), "the state database cannot be written");
+        }
+        s.health.wrote(now, &wrote);
+    }
+    let found = s.health.found();
+    match s.health.check(now, stale_ns) {
         Ok(age) => Ok(Json(views::Health {
             status: "ok".into(),
             last_decision_age_seconds: age.map(|a| a as f64 / 1e9),
             db: s.store.path().to_string(),
+            found,
         })),
-        Err(why) => Err(ApiError::unavailable(why)),
+        Err(why) if found.is_empty() => Err(ApiError::unavailable(why)),
+        Err(why) => Err(ApiError::unavailable(format!(
+            "{why}; found at start-up: {}",
+            found.join("; ")
+        ))),
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod assembly;
 mod fencing_api;
+mod found;
 mod listing;
 mod lists;
 pub mod lock;
@@ -83,7 +84,6 @@ pub async fn run(
     // Read from files before anything is opened: the cluster key and the fence plans.
     let loaded = (Key::load(&cfg.cluster.key_file)?, plans);
     let lock = lock::acquire(&cfg.daemon.state_dir, &cfg.host)?;
-    warn_lost_database(&cfg);
     let store = Arc::new(Store::open(&cfg.db_path())?);
     continue_steady_clock(&store)?;
     match cfg.cluster.backend {
@@ -238,23 +238,6 @@ fn continue_steady_clock(store: &Store) -> Result<(), DaemonError> {
     Ok(())
 }
 
-fn warn_lost_database(cfg: &Config) {
-    let db = cfg.db_path();
-    let jobs = cfg.daemon.state_dir.join("jobs");
-    if db.exists() {
-        return;
-    }
-    let n = std::fs::read_dir(&jobs).map(|d| d.count()).unwrap_or(0);
-    if n > 0 {
-        tracing::warn!(
-            db = %db.display(),
-            jobs = %jobs.display(),
-            count = n,
-            "the state database is missing but job directories exist: the previous state is lost and those jobs will not be resumed"
-        );
-    }
-}
-
 /// The managed nodes, who leads, the node watch (Kubernetes), and where fence flows live.
 type Membership = (
     Vec<NodeConfig>,
@@ -321,7 +304,9 @@ async fn run_with<C: Cluster>(
         agents,
         key: key.clone(),
     };
+    let found = found::leftovers(cfg, &deps.shared).await;
     let parts = assembly::assemble(assembly::Settings::from_config(cfg, book), deps)?;
+    parts.engine.health().set_found(found);
     let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
     let app = api::router(Arc::new(api::ApiState::new(
         &parts,

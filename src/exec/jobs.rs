@@ -22,6 +22,10 @@ const OUTPUT_CAP: usize = 4096;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct FileSpec {
+    /// The job this directory is for: its result names it, and a result naming another job is
+    /// never taken.
+    #[serde(default)]
+    job: String,
     program: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
@@ -61,7 +65,29 @@ impl JobRunner {
     /// Runs the job named `key` once: starts it if it never started, otherwise waits for the
     /// run that did. `key` must be unique per job and made of `[A-Za-z0-9._-]`.
     pub async fn run(&self, key: &str, spec: &RunSpec) -> Outcome {
-        let dir = self.root.join(format!("job-{key}"));
+        self.run_or_adopt(key, spec, None).await
+    }
+
+    /// `run`, adopting the directory an earlier version gave the same job (`legacy`), when its
+    /// spec shows it is this job's.
+    pub async fn run_or_adopt(
+        &self,
+        key: &str,
+        spec: &RunSpec,
+        legacy: Option<&Legacy>,
+    ) -> Outcome {
+        let mut dir = self.root.join(format!("job-{key}"));
+        let mut expect = key.to_string();
+        if !dir.exists()
+            && let Some(l) = legacy
+        {
+            let old = self.root.join(format!("job-{}", l.key));
+            if l.matches(&old) {
+                tracing::info!(job = key, dir = %old.display(), "adopting the directory an earlier version gave this job");
+                dir = old;
+                expect = String::new();
+            }
+        }
         if !dir.exists()
             && let Err(e) = self.prepare(&dir, spec)
         {
@@ -72,7 +98,7 @@ impl JobRunner {
         }
         let mut spawned_at = None;
         loop {
-            if let Some(o) = read_result(&dir) {
+            if let Some(o) = read_result(&dir, &expect) {
                 return o;
             }
             match std::fs::read_to_string(dir.join(STARTED)) {
@@ -80,7 +106,7 @@ impl JobRunner {
                     let alive = pid.trim().parse().is_ok_and(|p| runner_alive(p, &dir));
                     if !alive {
                         // The result may have landed between the two reads.
-                        return read_result(&dir).unwrap_or_else(|| {
+                        return read_result(&dir, &expect).unwrap_or_else(|| {
                             Outcome::failed("job runner ended without a result (killed?)")
                         });
                     }
@@ -107,6 +133,12 @@ impl JobRunner {
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
         let fs = FileSpec {
+            job: dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("job-"))
+                .unwrap_or_default()
+                .to_string(),
             program: spec.program.clone(),
             args: spec.args.clone(),
             env: spec.env.clone(),
@@ -137,12 +169,58 @@ impl JobRunner {
     }
 }
 
-fn read_result(dir: &Path) -> Option<Outcome> {
+/// A job's result as its runner writes it: the outcome, and the job it is for.
+#[derive(Debug, Serialize, Deserialize)]
+struct JobResult {
+    #[serde(default)]
+    job: String,
+    #[serde(flatten)]
+    outcome: Outcome,
+}
+
+/// The result in `dir`, if there is one; one that names another job than `expect` (when both
+/// are known) is refused, logged, and reported as the job's failure: it is never adopted.
+fn read_result(dir: &Path, expect: &str) -> Option<Outcome> {
     let bytes = std::fs::read(dir.join(RESULT)).ok()?;
-    Some(
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|e| Outcome::failed(format!("unreadable job result: {e}"))),
-    )
+    let r: JobResult = match serde_json::from_slice(&bytes) {
+        Ok(r) => r,
+        Err(e) => return Some(Outcome::failed(format!("unreadable job result: {e}"))),
+    };
+    if !expect.is_empty() && !r.job.is_empty() && r.job != expect {
+        tracing::error!(dir = %dir.display(), names = %r.job, job = expect, "a job result names another job; it is not adopted");
+        return Some(Outcome::failed(format!(
+            "the result in {} names job {}, not this one ({expect}): not adopted",
+            dir.display(),
+            r.job
+        )));
+    }
+    Some(r.outcome)
+}
+
+/// The directory an earlier version gave a job (`job-<key>`), and what its spec's environment
+/// must hold for it to be this job's.
+pub struct Legacy {
+    pub key: String,
+    pub env: Vec<(String, String)>,
+}
+
+impl Legacy {
+    fn matches(&self, dir: &Path) -> bool {
+        let Ok(bytes) = std::fs::read(dir.join(SPEC)) else {
+            return false;
+        };
+        let Ok(spec) = serde_json::from_slice::<FileSpec>(&bytes) else {
+            return false;
+        };
+        // The last value of a name is the one the hook saw.
+        self.env.iter().all(|(k, v)| {
+            spec.env
+                .iter()
+                .rev()
+                .find(|(n, _)| n == k)
+                .is_some_and(|(_, x)| x == v)
+        })
+    }
 }
 
 /// Entry point of `maintd run-job <dir>`: claims the job (exactly once), runs it, and writes the
@@ -194,5 +272,75 @@ pub async fn run_job_main(dir: &Path) -> std::io::Result<()> {
         }
         Err(e) => Outcome::failed(e.to_string()),
     };
-    write_atomic(&dir.join(RESULT), &serde_json::to_vec(&outcome)?)
+    let result = JobResult {
+        job: spec.job,
+        outcome,
+    };
+    write_atomic(&dir.join(RESULT), &serde_json::to_vec(&result)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job_dir(root: &Path, key: &str, env: &[(&str, &str)], result: Option<&str>) -> PathBuf {
+        let dir = root.join(format!("job-{key}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = FileSpec {
+            job: key.into(),
+            program: "/bin/true".into(),
+            args: vec![],
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            timeout_ms: 1000,
+        };
+        std::fs::write(dir.join(SPEC), serde_json::to_vec(&spec).unwrap()).unwrap();
+        if let Some(r) = result {
+            std::fs::write(dir.join(RESULT), r).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn a_result_that_names_another_job_is_never_adopted() {
+        let root = tempfile::tempdir().unwrap();
+        let ok = r#"{"job":"e1-1-5","ok":true,"detail":"done"}"#;
+        let dir = job_dir(root.path(), "e1-1-5", &[], Some(ok));
+        assert!(read_result(&dir, "e1-1-5").unwrap().ok);
+        let o = read_result(&dir, "e2-1-9").unwrap();
+        assert!(!o.ok && o.detail.contains("names job e1-1-5"), "{o:?}");
+        // A result of an earlier version names no job: its directory's name is the binding.
+        let dir = job_dir(root.path(), "7", &[], Some(r#"{"ok":true,"detail":"old"}"#));
+        assert_eq!(read_result(&dir, "").unwrap().detail, "old");
+        assert!(read_result(&root.path().join("job-none"), "x").is_none());
+    }
+
+    #[test]
+    fn an_earlier_versions_directory_is_adopted_only_by_the_job_its_spec_names() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = job_dir(
+            root.path(),
+            "1",
+            &[
+                ("MAINTD_EVENT", "spoof"),
+                ("MAINTD_EVENT", "e1"),
+                ("MAINTD_JOB", "1"),
+            ],
+            None,
+        );
+        let legacy = |event: &str| Legacy {
+            key: "1".into(),
+            env: vec![
+                ("MAINTD_EVENT".into(), event.into()),
+                ("MAINTD_JOB".into(), "1".into()),
+            ],
+        };
+        assert!(legacy("e1").matches(&dir));
+        // Job 1 of another event (a database lost and begun again) is not that job.
+        assert!(!legacy("e2").matches(&dir));
+        assert!(!legacy("spoof").matches(&dir), "the last value counts");
+        assert!(!legacy("e1").matches(&root.path().join("job-2")));
+    }
 }

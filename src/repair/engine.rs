@@ -15,7 +15,6 @@ use crate::verdict::Outcome;
 use super::live::LiveRepairs;
 use super::poller::Poller;
 use crate::metrics::{JobLabel, Metrics};
-use crate::sync::LockExt;
 use crate::ticker::{Ticker, Wake};
 
 /// What the engine needs of the configuration.
@@ -105,63 +104,7 @@ impl ActionError {
     }
 }
 
-/// Whether the engine is still deciding: a daemon whose every tick fails (an unreadable
-/// database, an unreachable backend) must not look healthy.
-#[derive(Default)]
-pub struct Health {
-    last_ok_ns: std::sync::atomic::AtomicI64,
-    last_error: std::sync::Mutex<Option<String>>,
-    started_ns: std::sync::atomic::AtomicI64,
-    /// Turns of the engine's loop (a poll and a decision, failed or not): what the service
-    /// manager's watchdog is fed by, so a hung loop gets the daemon restarted.
-    turns: std::sync::atomic::AtomicU64,
-}
-
-impl Health {
-    pub fn new(now: i64) -> Health {
-        let h = Health::default();
-        h.started_ns
-            .store(now, std::sync::atomic::Ordering::Relaxed);
-        h
-    }
-
-    fn ok(&self, now: i64) {
-        self.last_ok_ns
-            .store(now, std::sync::atomic::Ordering::Relaxed);
-        *self.last_error.lock_unpoisoned() = None;
-    }
-
-    fn failed(&self, why: String) {
-        *self.last_error.lock_unpoisoned() = Some(why);
-    }
-
-    /// Turns of the engine's loop so far.
-    pub fn turns(&self) -> u64 {
-        self.turns.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// `Ok(age of the last decision)` while one completed within `stale_ns` (or the daemon is
-    /// younger than that), else why not.
-    pub fn check(&self, now: i64, stale_ns: i64) -> Result<Option<i64>, String> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let last = self.last_ok_ns.load(Relaxed);
-        let since = if last == 0 {
-            self.started_ns.load(Relaxed)
-        } else {
-            last
-        };
-        let age = now.saturating_sub(since);
-        if age <= stale_ns {
-            return Ok((last != 0).then_some(age));
-        }
-        let why = self
-            .last_error
-            .lock_unpoisoned()
-            .clone()
-            .unwrap_or_else(|| "the engine has not run".into());
-        Err(format!("no decision for {:.1} s: {why}", age as f64 / 1e9))
-    }
-}
+pub use super::health::Health;
 
 fn drains(actions: &[Action]) -> bool {
     actions.iter().any(|a| {
@@ -329,7 +272,11 @@ impl<C: Cluster> Engine<C> {
             return;
         }
         for action in &actions {
-            if let Err(e) = self.execute(action, now).await {
+            let done = self.execute(action, now).await;
+            if let Err(ActionError::Store(e)) = &done {
+                self.health.wrote(now, &Err(e));
+            }
+            if let Err(e) = done {
                 // The next tick rebuilds from the store and decides again.
                 self.metrics.action_failed(e.metric_label());
                 error!(error = %e, reason = e.metric_label(), ?action, "action failed");

@@ -88,7 +88,7 @@ impl LiveRepairs {
         let Some(command) = job.command.clone() else {
             return Outcome::failed("live-repair job without a command");
         };
-        let key = format!("{}-{}", job.event, job.id);
+        let key = job.key();
         let req = RepairRequest {
             job: key.clone(),
             event: job.event.to_string(),

@@ -9,6 +9,7 @@ pub mod capacity;
 pub mod conditions;
 pub mod decide;
 pub mod engine;
+pub mod health;
 pub mod live;
 pub mod model;
 pub mod persisted;

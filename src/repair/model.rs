@@ -198,6 +198,16 @@ pub struct Job {
     pub finished: Option<Nanos>,
 }
 
+impl Job {
+    /// What names this job outside the database (its hook's directory, the collector's journal
+    /// entry): its event, its number and the moment it was created. Numbers start again in a
+    /// lost or emptied database, and a rolled-back one hands out numbers again; with the event
+    /// and the moment, no new job is ever taken for an earlier one.
+    pub fn key(&self) -> String {
+        format!("{}-{}-{}", self.event, self.id, self.created)
+    }
+}
+
 /// Which actions may be executed; a disabled one is noted and waits. The `[actions]` section of
 /// the config file.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]

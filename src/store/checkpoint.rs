@@ -80,8 +80,12 @@ const CHECKPOINT: &[(&str, &str)] = &[
         "SELECT * FROM fences WHERE status != 'final'
            OR id IN (SELECT id FROM fences ORDER BY updated_ns DESC LIMIT 100)",
     ),
-    // Operators' runtime controls: a pause outlives a failover.
-    ("controls", "SELECT * FROM controls"),
+    // Operators' runtime controls: a pause outlives a failover. The replica's own (its steady
+    // clock, its health probe) stay with it.
+    (
+        "controls",
+        "SELECT * FROM controls WHERE name NOT IN ('steady-clock', 'health-write')",
+    ),
     ("drills", "SELECT * FROM drills ORDER BY seq DESC LIMIT 100"),
 ];
 
@@ -151,7 +155,12 @@ impl Store {
         // A table the checkpoint does not carry (a leader older than it) is kept as it is.
         let carried = |table: &str| !doc[table].is_null();
         for (table, _) in tables(with_flows).rev().filter(|(t, _)| carried(t)) {
-            tx.execute(&format!("DELETE FROM {table}"), [])?;
+            let mine = if *table == "controls" {
+                " WHERE name NOT IN ('steady-clock', 'health-write')"
+            } else {
+                ""
+            };
+            tx.execute(&format!("DELETE FROM {table}{mine}"), [])?;
         }
         for (table, _) in tables(with_flows).filter(|(t, _)| carried(t)) {
             let t = &doc[*table];
@@ -167,8 +176,14 @@ impl Store {
             let rows = t["rows"]
                 .as_array()
                 .ok_or_else(|| bad(format!("{table}.rows is not a list")))?;
+            // A replica's own controls in an older leader's export are its, not this one's.
+            let verb = if *table == "controls" {
+                "INSERT OR IGNORE"
+            } else {
+                "INSERT"
+            };
             let sql = format!(
-                "INSERT INTO {table} ({}) VALUES ({})",
+                "{verb} INTO {table} ({}) VALUES ({})",
                 cols.join(", "),
                 vec!["?"; cols.len()].join(", ")
             );

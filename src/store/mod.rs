@@ -231,11 +231,12 @@ fn unwritable(path: &Path) -> Option<String> {
         }
         Err(e) => return Some(format!("its directory {}: {e}", dir.display())),
     }
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .err()
-        .map(|e| format!("the file: {e}"))
+    match std::fs::OpenOptions::new().write(true).open(path) {
+        // Not there yet: created in the writable directory.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(format!("the file: {e}")),
+        Ok(_) => None,
+    }
 }
 
 impl Store {
@@ -247,6 +248,14 @@ impl Store {
             path: shown.clone(),
             source,
         };
+        // A database it cannot write is refused at once, before SQLite falls back to reading
+        // it: a daemon that cannot record a fence step or a job must not run as if it could.
+        if let Some(why) = unwritable(path) {
+            return Err(StoreError::ReadOnly {
+                path: shown,
+                detail: why,
+            });
+        }
         let conn = Connection::open(path).map_err(open_err)?;
         let check: std::result::Result<Vec<String>, rusqlite::Error> = conn
             .prepare("PRAGMA integrity_check")
@@ -305,9 +314,36 @@ impl Store {
         &self.path
     }
 
+    /// Writes (and syncs) one small row: whether the database can be written now, for
+    /// `/1/health` (a quiet daemon may write nothing else for a long time).
+    pub fn probe_write(&self, now: Nanos) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO controls (name, value, updated_ns) VALUES ('health-write', '', ?1)
+             ON CONFLICT(name) DO UPDATE SET updated_ns=?1",
+            [now],
+        )?;
+        Ok(())
+    }
+
+    /// Whether the database holds no event, job, flow or drill at all: new, or emptied.
+    pub fn is_empty(&self) -> Result<bool> {
+        let c = self.conn();
+        let n: i64 = c.query_row(
+            "SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM jobs)
+                  + (SELECT count(*) FROM fences) + (SELECT count(*) FROM drills)",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(n == 0)
+    }
+
     fn init(mut conn: Connection) -> Result<Store> {
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // Every commit is on disk before it returns (WAL synced at each commit): a commit that
+        // records a fence step, a job or an event survives a power loss, not only a crash of
+        // the process (NORMAL syncs at checkpoints only, and a power loss can take the last
+        // commits back while their effects have happened).
+        conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;

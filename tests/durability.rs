@@ -1,0 +1,176 @@
+//! State that survives a crash, and a lost one that is never mistaken for the present: the
+//! database deleted, emptied, or rolled back to an earlier copy between two events, with real
+//! hooks, collectors and daemon processes. No job adopts a result it did not produce, every hook
+//! that should run runs exactly once, and the daemon says what it found.
+
+mod common;
+
+use common::*;
+
+/// The hook calls of `action` on `node` in the log.
+fn calls(c: &Cluster, action: &str, node: &str) -> usize {
+    let prefix = format!("{action} {node} ");
+    c.hook_log()
+        .iter()
+        .filter(|l| l.starts_with(&prefix))
+        .count()
+}
+
+/// `node` reports evacuate; waits until its event has completed (evacuated, offlined, tagged).
+async fn evacuated(c: &Cluster, node: &str) {
+    c.set_verdict(node, r#"{"status":"evacuate","details":"disk"}"#);
+    c.wait_status(node, "completed").await;
+}
+
+fn remove_db(c: &Cluster) {
+    for f in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::remove_file(c.path(&format!("state/{f}")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_emptied_or_rolled_back_database_makes_no_job_adopt_an_earlier_result() {
+    let mut c = Cluster::new(4);
+    c.start().await;
+    evacuated(&c, "node1").await;
+    assert_eq!(calls(&c, "evacuate", "node1"), 1);
+
+    // Deleted: node2's evacuation gets job numbers node1's had. Its hooks run, once each.
+    c.kill_daemon();
+    remove_db(&c);
+    c.set_verdict("node1", r#"{"status":"Ok"}"#);
+    // Its collector says so before the daemon asks: the next events are the only new ones.
+    c.wait_collectors_ready().await;
+    c.start_daemon();
+    c.wait_api().await;
+    evacuated(&c, "node2").await;
+    assert_eq!(calls(&c, "evacuate", "node2"), 1, "{:?}", c.hook_log());
+    assert_eq!(calls(&c, "offline", "node2"), 1, "{:?}", c.hook_log());
+    let (code, health) = c.get("/1/health").await;
+    assert_eq!(code, 200, "{health}");
+    let found = health["found"].to_string();
+    assert!(
+        found.contains("directories of earlier hook jobs"),
+        "{health:#}"
+    );
+    assert!(c.daemon_log().contains("state database holds nothing"));
+
+    // Emptied (the schema kept, every row gone): the same for node3.
+    c.kill_daemon();
+    {
+        let db = rusqlite::Connection::open(c.path("state/state.db")).unwrap();
+        db.execute_batch(
+            "DELETE FROM jobs; DELETE FROM rounds; DELETE FROM events; DELETE FROM fences;
+             DELETE FROM inventory_tags; DELETE FROM inventory_offline; DELETE FROM nodes;
+             DELETE FROM sqlite_sequence;",
+        )
+        .unwrap();
+    }
+    c.set_verdict("node2", r#"{"status":"Ok"}"#);
+    // Its collector says so before the daemon asks: the next events are the only new ones.
+    c.wait_collectors_ready().await;
+    c.start_daemon();
+    c.wait_api().await;
+    evacuated(&c, "node3").await;
+    assert_eq!(calls(&c, "evacuate", "node3"), 1, "{:?}", c.hook_log());
+    assert_eq!(calls(&c, "offline", "node3"), 1, "{:?}", c.hook_log());
+
+    // Rolled back: a copy taken now, node4 evacuated after it, then the copy put back. The
+    // numbers node4's jobs had are handed out again, to node1's new evacuation.
+    c.kill_daemon();
+    let copy = c.path("state/copy.db");
+    rusqlite::Connection::open(c.path("state/state.db"))
+        .unwrap()
+        .execute("VACUUM INTO ?1", [copy.to_str().unwrap()])
+        .unwrap();
+    c.set_verdict("node3", r#"{"status":"Ok"}"#);
+    // Its collector says so before the daemon asks: the next events are the only new ones.
+    c.wait_collectors_ready().await;
+    c.start_daemon();
+    c.wait_api().await;
+    evacuated(&c, "node4").await;
+    c.kill_daemon();
+    remove_db(&c);
+    std::fs::rename(&copy, c.path("state/state.db")).unwrap();
+    c.set_verdict("node4", r#"{"status":"Ok"}"#);
+    // Its collector says so before the daemon asks: the next events are the only new ones.
+    c.wait_collectors_ready().await;
+    c.start_daemon();
+    c.wait_api().await;
+    evacuated(&c, "node1").await;
+    assert_eq!(
+        calls(&c, "evacuate", "node1"),
+        2,
+        "its first evacuation, before the loss, and this one: {:?}",
+        c.hook_log()
+    );
+    assert_eq!(calls(&c, "offline", "node1"), 2, "{:?}", c.hook_log());
+    assert_eq!(calls(&c, "evacuate", "node4"), 1, "{:?}", c.hook_log());
+    c.kill_daemon();
+}
+
+/// A database that cannot be written is refused at the start, whether it exists or not; and
+/// `/1/health` turns unhealthy while writes fail (needs root for the mounts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_is_refused_at_start_and_failing_writes_make_the_daemon_unhealthy() {
+    let mut c = Cluster::new(1);
+    let ro = c.path("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mount = |args: &[&str]| {
+        std::process::Command::new("mount")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !mount(&[
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=4m",
+        "tmpfs",
+        ro.to_str().unwrap(),
+    ]) {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(ro.clone());
+    assert!(mount(&["-o", "remount,ro", ro.to_str().unwrap()]));
+    c.extra_daemon_toml = format!("db = \"{}\"", ro.join("state.db").display());
+    let (code, e) = c.daemon_exit(&c.daemon_config(), &[]);
+    assert_eq!(code, Some(1), "{e}");
+    assert!(e.contains("cannot be written"), "{e}");
+
+    // Writable at the start, then full: every write fails, and /1/health says so.
+    assert!(mount(&["-o", "remount,rw", ro.to_str().unwrap()]));
+    c.start().await;
+    wait_for("a healthy daemon", || async {
+        (c.get("/1/health").await.0 == 200).then_some(())
+    })
+    .await;
+    let filler = ro.join("filler");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k"])
+        .arg(format!("of={}", filler.display()))
+        .output();
+    // Nothing is left to write the next change with.
+    c.set_verdict("node1", r#"{"status":"evacuate","details":"disk"}"#);
+    let (code, body) = wait_for("an unhealthy daemon", || async {
+        let (code, body) = c.get_text("/1/health").await;
+        (code == 503).then_some((code, body))
+    })
+    .await;
+    assert_eq!(code, 503);
+    assert!(body.contains("cannot be written"), "{body}");
+    std::fs::remove_file(&filler).unwrap();
+    wait_for("healthy again once writes succeed", || async {
+        (c.get("/1/health").await.0 == 200).then_some(())
+    })
+    .await;
+    c.kill_daemon();
+}
