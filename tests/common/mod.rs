@@ -11,6 +11,7 @@ pub mod ganeti;
 pub mod jobpods;
 pub mod k8s;
 pub mod netns;
+pub mod parts;
 pub mod sims;
 pub mod spec;
 pub mod watchdog;
