@@ -49,6 +49,10 @@ impl FakeClock {
 
 async fn start() -> Option<(Part, FakeClock)> {
     if !std::path::Path::new(LIBFAKETIME).exists() {
+        assert!(
+            std::env::var_os("MAINTD_REQUIRE_FAKETIME").is_none(),
+            "libfaketime missing (apt-get install faketime), and MAINTD_REQUIRE_FAKETIME is set"
+        );
         eprintln!("skipped: libfaketime missing (apt-get install faketime)");
         return None;
     }
