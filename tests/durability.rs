@@ -174,3 +174,125 @@ async fn a_read_only_database_is_refused_at_start_and_failing_writes_make_the_da
     .await;
     c.kill_daemon();
 }
+
+/// A small reproducible stream of delays (a linear congruential generator), so a failing run
+/// can be run again with the same kills.
+struct Moments(u64);
+
+impl Moments {
+    /// A delay between `lo` and `hi` milliseconds.
+    fn next(&mut self, lo: u64, hi: u64) -> std::time::Duration {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        std::time::Duration::from_millis(lo + (self.0 >> 33) % (hi - lo))
+    }
+}
+
+/// `<what> <unix ns>` lines of `file`.
+fn stamped(file: &std::path::Path, what: &str) -> Vec<i64> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix(what)?.trim().parse().ok())
+        .collect()
+}
+
+/// kill -9 of the daemon at 15 random moments of a repair round (its hooks take half a second
+/// each, run by detached runners that outlive the daemon): every hook runs exactly once, and
+/// every event completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_moments_of_a_round_loses_no_job_and_runs_none_twice() {
+    let mut at = Moments(40);
+    for round in 0..15 {
+        let mut c = Cluster::new(2);
+        let log = c.path("hooks.log");
+        for hook in ["evacuate", "offline"] {
+            c.set_hook(
+                hook,
+                &format!(
+                    "sleep 0.5; echo \"$MAINTD_ACTION $1 $2 $MAINTD_REASON\" >> {}",
+                    log.display()
+                ),
+            );
+        }
+        c.set_verdict("node1", r#"{"status":"evacuate","details":"disk"}"#);
+        c.start_collectors();
+        c.wait_collectors_ready().await;
+        c.start_daemon();
+        let kill = at.next(200, 1800);
+        tokio::time::sleep(kill).await;
+        c.kill_daemon();
+        c.start_daemon();
+        c.wait_api().await;
+        c.wait_status("node1", "completed").await;
+        for hook in ["evacuate", "offline"] {
+            assert_eq!(
+                calls(&c, hook, "node1"),
+                1,
+                "round {round}, killed {kill:?} in: {:?}\n{}",
+                c.hook_log(),
+                c.daemon_log()
+            );
+        }
+    }
+}
+
+/// kill -9 of the daemon at 15 random moments of a fence flow (its agent's off takes half a
+/// second): the node is released exactly once, and no power-off starts after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_moments_of_a_fence_releases_once_and_powers_off_nothing_after() {
+    let mut at = Moments(7);
+    for round in 0..15 {
+        let mut c = Cluster::new(3);
+        let agent = c.path("agent.log");
+        let released = c.path("released.log");
+        c.extra_daemon_toml = c.stub_fencing(
+            "fence_stub",
+            &format!(
+                "opts=$(cat); case \"$opts\" in *action=status*) exit 2;; *action=off*) echo \"off $(date +%s%N)\" >> {}; sleep 0.5;; esac; exit 0",
+                agent.display()
+            ),
+            "1s",
+            &["node1"],
+        );
+        c.set_hook(
+            "release",
+            &format!(
+                "echo \"release $(date +%s%N)\" >> {}; echo \"$MAINTD_ACTION $1 $2 $MAINTD_REASON\" >> {}",
+                released.display(),
+                c.path("hooks.log").display()
+            ),
+        );
+        c.start().await;
+        wait_for("node1 heard by its watchers", || async {
+            let w = c.node("node1").await;
+            (w["witnesses"]["heard-by"].as_array().map(Vec::len) == Some(2)).then_some(())
+        })
+        .await;
+        c.kill_collector(0);
+        let kill = at.next(500, 4000);
+        tokio::time::sleep(kill).await;
+        c.kill_daemon();
+        c.start_daemon();
+        c.wait_api().await;
+        let f = c
+            .wait_flow("node1's release", |f| {
+                f["node"] == "node1" && f["released"] == true
+            })
+            .await;
+        assert_eq!(f["fenced"], true, "{f:#}");
+        // Whatever was still to finish finishes.
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let releases = stamped(&released, "release ");
+        let offs = stamped(&agent, "off ");
+        let why = format!(
+            "round {round}, killed {kill:?} after the death: offs {offs:?}, releases {releases:?}"
+        );
+        assert_eq!(releases.len(), 1, "{why}");
+        assert!(!offs.is_empty(), "{why}");
+        assert!(offs.iter().all(|o| *o < releases[0]), "{why}");
+        c.kill_daemon();
+    }
+}
