@@ -8,7 +8,10 @@
 //! beside 1,000 finished NodeFences to time its resume. Run: `cargo bench --bench k8s_e2e`
 //! (MAINTD_BENCH_RUNS, default 10). With `MAINTD_BENCH_EXECUTOR=job` every agent call runs as a
 //! Job on another node (the tests' kubelet stand-in runs its pod on this host); each call's
-//! latency is printed either way, to compare the two.
+//! latency is printed either way, to compare the two. With `MAINTD_BENCH_DEATH=silent` the dead
+//! node's collector is frozen (SIGSTOP: its connections are accepted by the kernel and never
+//! answered, as a powered-off machine or a hung process gives no answer) instead of killed
+//! (a refused connection).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -43,6 +46,15 @@ async fn main() {
     cp.add_managed_nodes(&c, &nodes).await;
     let pw = c.secret("bmc.pw", &bmcs[0].password);
     let executor = std::env::var("MAINTD_BENCH_EXECUTOR").unwrap_or_else(|_| "local".into());
+    let silent = std::env::var("MAINTD_BENCH_DEATH").is_ok_and(|d| d == "silent");
+    println!(
+        "death: {}",
+        if silent {
+            "the collector frozen (SIGSTOP): no answer"
+        } else {
+            "the collector killed: connections refused"
+        }
+    );
     let mut toml = format!(
         "[fencing]\ncooldown = \"1s\"\nstorm-percent = 50\nagent-image = \"localhost/fence-agents:bench\"\n[fencing.templates.ipmi]\nagent = \"fence_ipmilan\"\nexecutor = \"{executor}\"\nsecrets = {{ password = \"{}\" }}\n",
         pw.display()
@@ -89,7 +101,18 @@ async fn main() {
         let mut stream = k8s::watch_pods(&pods).await;
         // Death: heartbeats and collector stop together.
         cp.heartbeats.alive(&victim, false);
-        c.kill_collector(i);
+        if silent {
+            let pid = c.collectors[i].as_ref().unwrap().child.id();
+            let st = std::process::Command::new("kill")
+                .args(["-STOP", &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(st.success());
+            // Its next start is a new boot.
+            c.reboot(i);
+        } else {
+            c.kill_collector(i);
+        }
         let died = now_ns();
         let (mut sched, mut up, mut replacement) = (None, None, None::<String>);
         let deadline = Instant::now() + Duration::from_secs(120);

@@ -499,4 +499,36 @@ mod tests {
         assert_eq!(v["repair-status"], "pending");
         assert_eq!(serde_json::from_value::<Event>(v).unwrap(), e);
     }
+
+    #[test]
+    fn waits_still_to_come_are_shown_as_the_wall_clock_will_read_them_after_a_step() {
+        use crate::fencing::machine::{Flow, Step, Witnesses};
+        const S: Nanos = 1_000_000_000;
+        let mut f = Flow::new(
+            "n1",
+            10 * S,
+            11 * S,
+            Step::SelfFence,
+            Witnesses::default(),
+            "x",
+        );
+        f.safe_until = Some(40 * S);
+        f.next_attempt = 12 * S;
+        // NTP's slewing: shown as kept.
+        let v = Fence::of(&f, S / 2);
+        assert_eq!(
+            (v.flow.safe_until, v.flow.next_attempt),
+            (Some(40 * S), 12 * S)
+        );
+        // A 30 s step: the waits move with it, the records stay.
+        let v = Fence::of(&f, 30 * S);
+        assert_eq!(
+            (v.flow.safe_until, v.flow.next_attempt),
+            (Some(70 * S), 42 * S)
+        );
+        assert_eq!((v.flow.created, v.flow.detected), (11 * S, 10 * S));
+        // Once the node is counted reset, its moment is a record.
+        f.fenced = true;
+        assert_eq!(Fence::of(&f, -30 * S).flow.safe_until, Some(40 * S));
+    }
 }

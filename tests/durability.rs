@@ -115,39 +115,18 @@ async fn a_lost_emptied_or_rolled_back_database_makes_no_job_adopt_an_earlier_re
 async fn a_read_only_database_is_refused_at_start_and_failing_writes_make_the_daemon_unhealthy() {
     let mut c = Cluster::new(1);
     let ro = c.path("ro");
-    std::fs::create_dir(&ro).unwrap();
-    let mount = |args: &[&str]| {
-        std::process::Command::new("mount")
-            .args(args)
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !mount(&[
-        "-t",
-        "tmpfs",
-        "-o",
-        "size=4m",
-        "tmpfs",
-        ro.to_str().unwrap(),
-    ]) {
+    let Some(fs) = Tmpfs::mount(&ro, "4m") else {
         eprintln!("skipped: mounting a tmpfs needs root");
         return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(ro.clone());
-    assert!(mount(&["-o", "remount,ro", ro.to_str().unwrap()]));
+    };
+    fs.writable(false);
     c.extra_daemon_toml = format!("db = \"{}\"", ro.join("state.db").display());
     let (code, e) = c.daemon_exit(&c.daemon_config(), &[]);
     assert_eq!(code, Some(1), "{e}");
     assert!(e.contains("cannot be written"), "{e}");
 
     // Writable at the start, then full: every write fails, and /1/health says so.
-    assert!(mount(&["-o", "remount,rw", ro.to_str().unwrap()]));
+    fs.writable(true);
     c.start().await;
     wait_for("a healthy daemon", || async {
         (c.get("/1/health").await.0 == 200).then_some(())

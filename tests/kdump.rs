@@ -42,11 +42,7 @@ async fn setup(window: &str) -> Option<(Net, Cluster, u16)> {
         return None;
     }
     let net = Net::new(3);
-    let mut c = Cluster::new(3);
-    c.daemon_host = net.hosts[0].ip.clone();
-    c.node_hosts = net.hosts[1..].iter().map(|h| h.ip.clone()).collect();
-    c.ports = vec![1815; 3];
-    c.api_port = 1816;
+    let mut c = net.cluster(3);
     let port = 17410;
     let nodes: Vec<&str> = vec!["node1", "node2", "node3"];
     let agent = counting_agent(&c);

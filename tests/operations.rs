@@ -125,31 +125,10 @@ async fn a_corrupt_database_stops_the_start_and_a_missing_one_is_reported() {
 fn a_healthy_database_on_a_read_only_file_system_is_not_called_damaged() {
     let c = Cluster::new(1);
     let ro = c.path("ro");
-    std::fs::create_dir(&ro).unwrap();
-    let mount = |args: &[&str]| {
-        std::process::Command::new("mount")
-            .args(args)
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !mount(&[
-        "-t",
-        "tmpfs",
-        "-o",
-        "size=16m",
-        "tmpfs",
-        ro.to_str().unwrap(),
-    ]) {
+    let Some(fs) = Tmpfs::mount(&ro, "16m") else {
         eprintln!("skipped: mounting a tmpfs needs root");
         return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(ro.clone());
+    };
     let db = ro.join("state.db");
     {
         let conn = rusqlite::Connection::open(&db).unwrap();
@@ -157,7 +136,7 @@ fn a_healthy_database_on_a_read_only_file_system_is_not_called_damaged() {
         conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
             .unwrap();
     }
-    assert!(mount(&["-o", "remount,ro", ro.to_str().unwrap()]));
+    fs.writable(false);
     let mut c = c;
     c.extra_daemon_toml = format!("db = \"{}\"", db.display());
     let (code, e) = c.daemon_exit(&c.daemon_config(), &[]);

@@ -2,7 +2,7 @@
 
 use clap::Subcommand;
 
-use super::{bench, bench_api, bench_peers};
+use super::{bench, bench_api, bench_peers, bench_store};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCmd {
@@ -64,6 +64,15 @@ pub enum BenchCmd {
         #[arg(long)]
         collectors_share: bool,
     },
+    /// What a commit of a fence step costs, with SQLite synced at checkpoints (NORMAL) and at
+    /// every commit (FULL, the daemon's).
+    Store {
+        /// Where the databases are written: put it on the disk the state database lives on.
+        #[arg(long, default_value = "target/bench-store")]
+        dir: std::path::PathBuf,
+        #[arg(long, default_value_t = 2000)]
+        commits: usize,
+    },
     /// Internal: serve N simulated collectors and print their ports.
     #[command(hide = true)]
     SimCollectors {
@@ -109,6 +118,7 @@ pub async fn run(cmd: &BenchCmd) -> Result<(), bench::BenchError> {
             rate,
             collectors_share,
         } => bench_api::api(*events, clients, *secs, *rate, *collectors_share).await?,
+        BenchCmd::Store { dir, commits } => bench_store::store(dir, *commits)?,
         BenchCmd::SimCollectors {
             count,
             first,

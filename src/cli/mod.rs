@@ -5,6 +5,7 @@ mod bench;
 mod bench_api;
 mod bench_floor;
 mod bench_peers;
+mod bench_store;
 mod benches;
 mod client;
 mod fences;

@@ -735,3 +735,36 @@ where
 pub async fn some_polls() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
 }
+
+/// A tmpfs of `size` mounted on `dir` (root only), unmounted when dropped; `None` without root.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let opts = format!("size={size}");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Remounts it read-only (`false`) or read-write.
+    pub fn writable(&self, rw: bool) {
+        let opts = if rw { "remount,rw" } else { "remount,ro" };
+        let st = Command::new("mount")
+            .args(["-o", opts])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount -o {opts}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}

@@ -133,6 +133,17 @@ impl Net {
     }
 
     /// The command prefix that runs a program on host `i`.
+    /// A cluster of `nodes` whose daemon runs on host 0 and node `i` on host `i + 1`, each on
+    /// its default port.
+    pub fn cluster(&self, nodes: usize) -> super::Cluster {
+        let mut c = super::Cluster::new(nodes);
+        c.daemon_host = self.hosts[0].ip.clone();
+        c.node_hosts = self.hosts[1..=nodes].iter().map(|h| h.ip.clone()).collect();
+        c.ports = vec![1815; nodes];
+        c.api_port = 1816;
+        c
+    }
+
     pub fn exec(&self, i: usize) -> Vec<String> {
         ["ip", "netns", "exec", &self.hosts[i].ns]
             .iter()

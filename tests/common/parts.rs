@@ -66,11 +66,7 @@ pub async fn setup_with(wrapper: &[&str]) -> Option<Part> {
         return None;
     }
     let net = Net::new(3);
-    let mut c = Cluster::new(3);
-    c.daemon_host = net.hosts[0].ip.clone();
-    c.node_hosts = net.hosts[1..].iter().map(|h| h.ip.clone()).collect();
-    c.ports = vec![1815; 3];
-    c.api_port = 1816;
+    let mut c = net.cluster(3);
     // A 5 s acceptance window, so a heartbeat can arrive 4.6 s late and still be taken.
     c.extra_collector_toml =
         "[collector.heartbeat]\ninterval = \"200ms\"\nlost-after = \"1s\"\nwindow = \"5s\"\n"

@@ -238,6 +238,17 @@ impl Flow {
         });
     }
 
+    /// Records `note` in the history at the flow's current step and status (no transition).
+    pub(super) fn note(&mut self, now: Nanos, note: impl Into<String>) {
+        self.updated = now;
+        self.history.push(Transition {
+            at: now,
+            step: self.step,
+            status: self.status,
+            note: note.into(),
+        });
+    }
+
     /// An operator's cancel: only before the node was powered off (after it, only recovery
     /// brings the node back); a repeated cancel changes nothing and says so.
     pub fn cancel(&mut self, now: Nanos) -> Result<(), CancelRefused> {

@@ -23,17 +23,11 @@ pub(super) fn window_open(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
     }
     if !f.history.iter().any(|t| t.note.starts_with(WAITING)) {
         let mut n = f.clone();
-        n.updated = now;
-        n.history.push(super::Transition {
-            at: now,
-            step: f.step,
-            status: f.status,
-            note: format!(
+        n.note(now, format!(
                 "{WAITING} until {:.1} s after it went silent ({:.1} s from now): a crash kernel writing its dump is never cut off; silence until then lets the power-off proceed",
                 s.policy.kdump_window as f64 / 1e9,
                 (until - now) as f64 / 1e9
-            ),
-        });
+            ));
         out.push(FenceAction::Save(n));
     }
     true
@@ -53,16 +47,10 @@ pub(super) fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
             return false;
         };
         n.kdump_at = Some(t);
-        n.updated = now;
-        n.history.push(super::Transition {
-            at: now,
-            step: f.step,
-            status: f.status,
-            note: format!(
+        n.note(now, format!(
                 "kdump notification: the node runs its crash kernel; its workloads are released now, power-management waits {:.0} s for the dump",
                 s.policy.kdump_timeout as f64 / 1e9
-            ),
-        });
+            ));
         out.push(FenceAction::Save(n));
         return true;
     }
@@ -94,12 +82,7 @@ pub(super) fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
                     r.detail
                 )
             };
-            n.history.push(super::Transition {
-                at: now,
-                step: f.step,
-                status: f.status,
-                note,
-            });
+            n.note(now, note);
             out.push(FenceAction::Save(n));
             true
         }

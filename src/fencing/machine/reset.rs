@@ -71,13 +71,7 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
             _ => {
                 n.safe_proven = false;
                 n.safe_boot = None;
-                n.updated = now;
-                n.history.push(super::Transition {
-                    at: now,
-                    step: Step::SelfFence,
-                    status: f.status,
-                    note: "the reset was proven by another boot of the master (it rebooted, or another replica led): its clock says nothing about this one's, so the reset is proven again from this process's start".into(),
-                });
+                n.note(now, "the reset was proven by another boot of the master (it rebooted, or another replica led): its clock says nothing about this one's, so the reset is proven again from this process's start");
                 out.push(FenceAction::Save(n));
             }
         }
@@ -118,12 +112,7 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                 boot: s.boot.boot,
                 ns: s.boot.ns.saturating_add(reset_by.saturating_sub(now)),
             });
-            n.updated = now;
-            n.history.push(super::Transition {
-                at: now,
-                step: Step::SelfFence,
-                status: f.status,
-                note: format!(
+            n.note(now, format!(
                     "reset proven: no rule could keep the node fed from {:.1} s ago for isolation {:.1} + feed {:.1} s, so its watchdog ({:.1} s, margin {:.1} s) has fired {:.1} s from now",
                     secs(now.saturating_sub(quiet_from)),
                     secs(times.isolation),
@@ -131,8 +120,7 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                     secs(times.watchdog_timeout),
                     secs(margin),
                     secs(reset_by.saturating_sub(now)),
-                ),
-            });
+                ));
             out.push(FenceAction::Save(n));
         }
         crate::fencing::selffence::ResetProof::Pending {
@@ -155,23 +143,14 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                 n.safe_until = Some(reset_by);
                 n.updated = now;
                 if restarted {
-                    n.history.push(super::Transition {
-                        at: now,
-                        step: Step::SelfFence,
-                        status: f.status,
-                        note: format!(
+                    n.note(now, format!(
                             "proving the reset again from this process's start: release not before {:.1} s from now, {:.1} s after the earlier estimate",
                             secs(reset_by.saturating_sub(now)),
                             secs(reset_by - f.safe_until.unwrap_or(reset_by)),
-                        ),
-                    });
+                        ));
                 }
                 if first {
-                    n.history.push(super::Transition {
-                        at: now,
-                        step: Step::SelfFence,
-                        status: f.status,
-                        note: format!(
+                    n.note(now, format!(
                             "waiting for proof of the reset: release not before {:.1} s from now (quiet window of isolation {:.1} + feed {:.1} s after lost-after {:.1} / master-lost-after {:.1} s, then watchdog {:.1} + margin {:.1} s); {covered} of {needed} watchers needed have lost the node for the whole window",
                             secs(reset_by.saturating_sub(now)),
                             secs(times.isolation),
@@ -180,8 +159,7 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                             secs(times.master_lost_after.max(times.lost_after)),
                             secs(times.watchdog_timeout),
                             secs(margin),
-                        ),
-                    });
+                        ));
                 }
                 out.push(FenceAction::Save(n));
             }
