@@ -45,6 +45,7 @@ async fn against_a_real_control_plane() {
         a_self_fencing_node_is_cordoned_reset_and_only_then_released,
         a_stale_answer_never_returns_a_fenced_node_and_its_old_boot_is_an_alarm,
         drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned,
+        kdump_holds_the_power_off_for_its_window_and_a_notification_releases_with_none,
     );
 }
 
@@ -1099,5 +1100,128 @@ async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets
     kill(pid, Signal::SIGCONT).unwrap();
     cp.kubectl(&["delete", "-f", file.to_str().unwrap(), "--wait=false"]);
     delete_jobs(cp, "fence-agent");
+    remove_nodes(cp, &mut c, &nodes);
+}
+
+/// kdump on the real control plane, with the real `fence_kdump_send`: the other nodes' collectors
+/// listen on 127.0.0.2, .4 and .5 (their annotated addresses), so the victim alone has 127.0.0.1,
+/// where its crash kernel's datagrams come from on this host; it dies (collector and kubelet), and its power-off waits for the kdump window. First a
+/// notification within the window: released (out-of-service taint) with no agent call at all.
+/// Then, back and dead again with no notification: the power-off follows the window.
+async fn kdump_holds_the_power_off_for_its_window_and_a_notification_releases_with_none(
+    cp: &ControlPlane,
+) {
+    const SEND: &str = "/usr/libexec/fence-agents/fence_kdump_send";
+    if !std::path::Path::new(SEND).exists() {
+        eprintln!("skipped the kdump scenario: fence_kdump_send missing");
+        return;
+    }
+    let mut c = Cluster::new(4);
+    for (i, ip) in [(1, "127.0.0.2"), (2, "127.0.0.4"), (3, "127.0.0.5")] {
+        c.node_hosts[i] = ip.into();
+    }
+    let nodes: Vec<String> = c.nodes.iter().map(|n| format!("k{n}")).collect();
+    cp.add_managed_nodes(&c, &nodes).await;
+    c.nodes = nodes.clone();
+    for n in &nodes {
+        c.set_verdict(n, r#"{"status":"Ok"}"#);
+    }
+    c.inventory_nodes = false;
+    let victim = nodes[0].clone();
+    let calls = c.path("agent-calls");
+    let port = free_port();
+    let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let agent = format!(
+        "opts=$(cat); echo \"$opts\" | grep -q '^action=status' && exit 2; echo call >> {}; exit 0",
+        calls.display()
+    );
+    let fencing = c.stub_fencing("fence_counted", &agent, "2s", &refs).replacen(
+        "[fencing]\n",
+        &format!("[fencing]\ncooldown = \"1s\"\nkdump-listen = \"0.0.0.0:{port}\"\nkdump-timeout = \"1h\"\nkdump-window = \"1h\"\ncheck-interval = \"0s\"\n"),
+        1,
+    );
+    let toml = |fencing: &str| {
+        format!(
+            "{fencing}[fencing.nodes.{victim}]\nkdump = true\n[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n"
+        )
+    };
+    c.extra_daemon_toml = toml(&fencing);
+    c.env
+        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+    c.start_collectors();
+    c.start_kube_daemon();
+    c.wait_api().await;
+    wait_for("the peers to hear the victim", || async {
+        let w = c.node(&victim).await["witnesses"].clone();
+        (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
+    })
+    .await;
+    let agent_calls = || {
+        std::fs::read_to_string(&calls)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    // Dies; waits for the window.
+    c.kill_collector(0);
+    cp.heartbeats.alive(&victim, false);
+    c.wait_flow("the flow waiting for a kdump notification", |f| {
+        f["node"] == victim.as_str()
+            && f["history"].as_array().is_some_and(|h| {
+                h.iter().any(|t| {
+                    t["note"]
+                        .as_str()
+                        .is_some_and(|n| n.contains("waits for a kdump notification"))
+                })
+            })
+    })
+    .await;
+    let out = std::process::Command::new(SEND)
+        .args(["-p", &port.to_string(), "-c", "3", "-i", "1", "127.0.0.1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let f = c
+        .wait_flow("the release after the notification", |f| {
+            f["node"] == victim.as_str() && f["released"] == true
+        })
+        .await;
+    assert!(taints(cp, &victim).contains("out-of-service"), "{f:#}");
+    assert_eq!(f["fenced"], false, "{f:#}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(agent_calls(), 0, "no power-off at all: {f:#}");
+    let first = f["id"].as_str().unwrap().to_string();
+    // Back after its dump (a new boot), then dead again, silent: the power-off follows a
+    // window of 4 s.
+    c.kill_daemon();
+    c.extra_daemon_toml = toml(&fencing.replace("kdump-window = \"1h\"", "kdump-window = \"4s\""));
+    c.start_kube_daemon();
+    c.wait_api().await;
+    boot_again(cp, &mut c, 0);
+    c.wait_flow("recovery", |f| {
+        f["id"] == first.as_str() && f["status"] == "final"
+    })
+    .await;
+    wait_for("the peers to hear the victim again", || async {
+        let w = c.node(&victim).await["witnesses"].clone();
+        (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.kill_collector(0);
+    cp.heartbeats.alive(&victim, false);
+    let f = c
+        .wait_flow("the power-off after the window", |f| {
+            f["node"] == victim.as_str() && f["id"] != first.as_str() && f["released"] == true
+        })
+        .await;
+    let detected = f["detected"].as_i64().unwrap();
+    let first_call = f["calls"][0]["at"].as_i64().unwrap();
+    assert!(
+        first_call - detected >= 4_000_000_000,
+        "the power-off {:.1} s after the silence: {f:#}",
+        (first_call - detected) as f64 / 1e9
+    );
+    assert_eq!(f["fenced"], true, "{f:#}");
+    assert!(agent_calls() > 0);
     remove_nodes(cp, &mut c, &nodes);
 }

@@ -447,7 +447,7 @@ impl ControlPlane {
             self.add_node(
                 n,
                 json!({"maintd.io/managed": "true"}),
-                json!({"maintd.io/collector": format!("127.0.0.1:{}", c.ports[i])}),
+                json!({"maintd.io/collector": format!("{}:{}", c.node_hosts[i], c.ports[i])}),
             )
             .await;
         }
