@@ -1165,14 +1165,7 @@ async fn kdump_holds_the_power_off_for_its_window_and_a_notification_releases_wi
     c.kill_collector(0);
     cp.heartbeats.alive(&victim, false);
     c.wait_flow("the flow waiting for a kdump notification", |f| {
-        f["node"] == victim.as_str()
-            && f["history"].as_array().is_some_and(|h| {
-                h.iter().any(|t| {
-                    t["note"]
-                        .as_str()
-                        .is_some_and(|n| n.contains("waits for a kdump notification"))
-                })
-            })
+        f["node"] == victim.as_str() && has_note(f, "waits for a kdump notification")
     })
     .await;
     let out = std::process::Command::new(SEND)

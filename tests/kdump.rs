@@ -102,14 +102,7 @@ async fn a_kdump_notification_within_the_window_releases_a_dead_node_with_no_pow
     c.kill_collector(0);
     let f = c
         .wait_flow("node1's flow, waiting for a kdump notification", |f| {
-            f["node"] == "node1"
-                && f["history"].as_array().is_some_and(|h| {
-                    h.iter().any(|t| {
-                        t["note"]
-                            .as_str()
-                            .is_some_and(|n| n.contains("waits for a kdump notification"))
-                    })
-                })
+            f["node"] == "node1" && has_note(f, "waits for a kdump notification")
         })
         .await;
     assert_eq!(f["released"], false, "{f:#}");

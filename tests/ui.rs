@@ -184,10 +184,7 @@ async fn the_status_page_shows_events_fences_and_partitions_escapes_node_data_an
     );
     // Its clock, as the probe measures it against the master's: the same machine, well under
     // a second.
-    assert!(
-        node4.contains("clock ") && node4.contains(" ms"),
-        "{node4}"
-    );
+    assert!(node4.contains("clock ") && node4.contains(" ms"), "{node4}");
     assert!(
         page["fencing"].as_str().unwrap().contains("active"),
         "{page:#}"

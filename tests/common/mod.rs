@@ -768,3 +768,11 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg(&self.0).status();
     }
 }
+
+/// Whether a flow's history has a note containing `text`.
+pub fn has_note(f: &Value, text: &str) -> bool {
+    f["history"].as_array().is_some_and(|h| {
+        h.iter()
+            .any(|t| t["note"].as_str().is_some_and(|n| n.contains(text)))
+    })
+}

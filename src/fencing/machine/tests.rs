@@ -1416,10 +1416,8 @@ mod kdump {
         }
     }
 
-    /// Released after a kdump notification, then canceled while the node stays in its crash
-    /// kernel: the release is undone and the flow ends, without waiting for a return.
-    #[test]
-    fn a_canceled_flow_released_after_a_kdump_ends_without_the_nodes_return() {
+    /// n2 silent since T0, its first power-off failed, then a kdump notification: released.
+    fn released_after_a_kdump() -> (FenceState, Flow) {
         let mut s = state();
         s.liveness.insert("n2".into(), down(T0));
         let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
@@ -1429,6 +1427,14 @@ mod kdump {
         f.release_result = Some(Outcome::done("released"));
         f = saved(&tick(&mut s, &f, T0 + 7 * S));
         assert!(f.released);
+        (s, f)
+    }
+
+    /// Released after a kdump notification, then canceled while the node stays in its crash
+    /// kernel: the release is undone and the flow ends, without waiting for a return.
+    #[test]
+    fn a_canceled_flow_released_after_a_kdump_ends_without_the_nodes_return() {
+        let (mut s, mut f) = released_after_a_kdump();
         f.cancel(T0 + 8 * S).unwrap();
         f = saved(&tick(&mut s, &f, T0 + 9 * S));
         assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
@@ -1452,15 +1458,7 @@ mod kdump {
     /// notification is healthy.
     #[test]
     fn a_node_back_after_its_dump_goes_through_recovery() {
-        let mut s = state();
-        s.liveness.insert("n2".into(), down(T0));
-        let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
-        f = saved(&tick(&mut s, &with_result(&f, false), T0 + 6 * S));
-        s.kdump.insert("n2".into(), T0 + 6 * S);
-        f = saved(&tick(&mut s, &f, T0 + 6 * S));
-        f.release_result = Some(Outcome::done("released"));
-        f = saved(&tick(&mut s, &f, T0 + 7 * S));
-        assert!(f.released);
+        let (mut s, mut f) = released_after_a_kdump();
         let mut l = up();
         l.boot = booted(B1, T0 + 5 * S, 3);
         s.liveness.insert("n2".into(), l);
