@@ -100,6 +100,15 @@ fn stub_fenced_admin_daemon(cp: &ControlPlane, c: &mut Cluster, nodes: &[String]
         .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
 }
 
+/// Waits until the three other nodes hear `victim`.
+async fn heard_by_its_peers(c: &Cluster, victim: &str) {
+    wait_for("the peers to hear the victim", || async {
+        let w = c.node(victim).await["witnesses"].clone();
+        (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
+    })
+    .await;
+}
+
 /// The one fence flow of `node`, which must not have ended.
 async fn one_open_flow(c: &Cluster, node: &str) -> serde_json::Value {
     let flows = c.get("/1/fences").await.1;
@@ -243,11 +252,7 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
     c.start_kube_daemon();
     c.wait_api().await;
     let victim = nodes[0].clone();
-    wait_for("the peers to hear the victim", || async {
-        let w = c.node(&victim).await["witnesses"].clone();
-        (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
-    })
-    .await;
+    heard_by_its_peers(&c, &victim).await;
     let (pid, f) = freeze_until_released(cp, &c, 0).await;
     let (step, status) = nodefence_row(cp, &victim).expect("kubectl get nodefences shows it");
     assert!(
@@ -417,11 +422,7 @@ async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &Contro
     c.start_collectors();
     c.start_kube_daemon();
     c.wait_api().await;
-    wait_for("the peers to hear the victim", || async {
-        let w = c.node(&victim).await["witnesses"].clone();
-        (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
-    })
-    .await;
+    heard_by_its_peers(&c, &victim).await;
     c.kill_collector(0);
     wait_for("the victim to show as partitioned", || async {
         (c.node(&victim).await["witnesses"]["partitioned"] == true).then_some(())
@@ -1160,11 +1161,7 @@ async fn kdump_holds_the_power_off_for_its_window_and_a_notification_releases_wi
     c.start_collectors();
     c.start_kube_daemon();
     c.wait_api().await;
-    wait_for("the peers to hear the victim", || async {
-        let w = c.node(&victim).await["witnesses"].clone();
-        (w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
-    })
-    .await;
+    heard_by_its_peers(&c, &victim).await;
     let agent_calls = || {
         std::fs::read_to_string(&calls)
             .map(|s| s.lines().count())

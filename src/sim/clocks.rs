@@ -42,14 +42,20 @@ async fn released(sim: &Sim, within: Duration) -> (Flow, Nanos) {
     (f, at)
 }
 
-/// node2 dies 10 s in; the master's wall clock steps by each `(after, by)` (seconds after the
-/// death). Returns how long after the death, on the true clock, node2 was released.
-async fn release_with_steps(power: bool, steps: &[(u64, i64)]) -> Nanos {
-    let sim = Sim::start(options(power));
+/// node2 (self-fencing, its watchdog armed) dies 10 s in; returns the sim and when it died.
+async fn dying(o: SimOptions) -> (Sim, Nanos) {
+    let sim = Sim::start(o);
     sim.collectors.arm_watchdog("node2");
     sim.run_for(Duration::from_secs(10)).await;
     let died = sim.clock.true_now();
     sim.collectors.silence("node2");
+    (sim, died)
+}
+
+/// node2 dies 10 s in; the master's wall clock steps by each `(after, by)` (seconds after the
+/// death). Returns how long after the death, on the true clock, node2 was released.
+async fn release_with_steps(power: bool, steps: &[(u64, i64)]) -> Nanos {
+    let (sim, died) = dying(options(power)).await;
     let mut steps = steps.to_vec();
     steps.sort_unstable();
     for (after, by) in steps {
@@ -101,11 +107,7 @@ proptest! {
 
 #[tokio::test(start_paused = true)]
 async fn a_restart_on_the_same_boot_after_a_step_resumes_a_proven_wait_at_its_true_moment() {
-    let mut sim = Sim::start(options(false));
-    sim.collectors.arm_watchdog("node2");
-    sim.run_for(Duration::from_secs(10)).await;
-    let died = sim.clock.true_now();
-    sim.collectors.silence("node2");
+    let (mut sim, died) = dying(options(false)).await;
     let f = sim
         .until("the proof", MIN, |s| {
             s.flows().into_iter().find(|f| f.safe_proven)
@@ -131,10 +133,7 @@ async fn a_restart_on_the_same_boot_after_a_step_resumes_a_proven_wait_at_its_tr
 
 #[tokio::test(start_paused = true)]
 async fn a_wait_proven_on_another_boot_of_the_master_is_proven_again() {
-    let mut sim = Sim::start(options(false));
-    sim.collectors.arm_watchdog("node2");
-    sim.run_for(Duration::from_secs(10)).await;
-    sim.collectors.silence("node2");
+    let (mut sim, _) = dying(options(false)).await;
     let f = sim
         .until("the proof", MIN, |s| {
             s.flows().into_iter().find(|f| f.safe_proven)
@@ -168,11 +167,7 @@ async fn a_wait_proven_on_another_boot_of_the_master_is_proven_again() {
 
 #[tokio::test(start_paused = true)]
 async fn a_restart_before_the_proof_proves_from_its_own_start_and_says_the_new_estimate() {
-    let mut sim = Sim::start(options(false));
-    sim.collectors.arm_watchdog("node2");
-    sim.run_for(Duration::from_secs(10)).await;
-    let died = sim.clock.true_now();
-    sim.collectors.silence("node2");
+    let (mut sim, died) = dying(options(false)).await;
     let f = sim
         .until("the wait", MIN, |s| {
             s.flows()
