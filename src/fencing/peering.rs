@@ -415,11 +415,12 @@ impl Peering {
         watchers
             .into_iter()
             .map(|w| {
-                // Both on this process's steady timeline: an age is never negative, and a
-                // step of the wall clock makes no old view young again.
+                // Both on this process's steady timeline, so a step of the wall clock makes no
+                // old view young again. A view taken after `now` (the probe runs beside the
+                // decisions) is as fresh as can be: its age counts as 0.
                 let says = held
                     .get(&w)
-                    .filter(|h| (0..=fresh).contains(&now.saturating_sub(h.fetched_at)))
+                    .filter(|h| now.saturating_sub(h.fetched_at).max(0) <= fresh)
                     .and_then(|h| {
                         let p = h.view.peers.iter().find(|p| p.name == node)?;
                         Some(if p.alive {
@@ -688,6 +689,21 @@ mod tests {
                 .iter()
                 .all(|t| t.says == Says::Unheard)
         );
+        // A view taken after the decision's `now` (the probe runs beside the decisions) is
+        // fresh, not too young to count.
+        let later = NOW + 10 * S;
+        p.accept(
+            a,
+            &view(a, later, &[("n1", false)], &key()),
+            1,
+            (later, later),
+            later,
+        )
+        .unwrap();
+        assert!(matches!(
+            p.testimony("n1", later - S / 2)[0].says,
+            Says::Lost { .. }
+        ));
     }
 
     #[tokio::test]
