@@ -33,12 +33,6 @@ pub trait Clock: Send + Sync + 'static {
     fn now_and_boot(&self) -> (Nanos, BootInstant) {
         (self.now(), self.boot())
     }
-
-    /// `t` on the steady timeline, as the wall clock would show it now: how a wait still to
-    /// come is shown (recomputed at every reading, never kept).
-    fn as_wall(&self, t: Nanos) -> Nanos {
-        t.saturating_add(self.wall().saturating_sub(self.now()))
-    }
 }
 
 #[cfg(test)]
@@ -86,7 +80,12 @@ pub fn wall_offset_now() -> Nanos {
 /// The steady timeline: the boot clock plus this boot's offset (by default the wall clock's at
 /// this process's first reading).
 pub fn steady_ns() -> Nanos {
-    boot_ns().saturating_add(*OFFSET.get_or_init(wall_offset_now))
+    steady_at(boot_ns())
+}
+
+/// The steady timeline at boot-clock reading `boot`.
+fn steady_at(boot: Nanos) -> Nanos {
+    boot.saturating_add(*OFFSET.get_or_init(wall_offset_now))
 }
 
 /// Continues this boot's steady timeline at `offset`, as an earlier process on the same boot
@@ -125,9 +124,8 @@ impl Clock for SystemClock {
 
     fn now_and_boot(&self) -> (Nanos, BootInstant) {
         let b = boot_ns();
-        let now = b.saturating_add(*OFFSET.get_or_init(wall_offset_now));
         (
-            now,
+            steady_at(b),
             BootInstant {
                 boot: boot_id(),
                 ns: b,
@@ -279,7 +277,6 @@ mod tests {
         c.step_wall(30_000_000_000);
         assert_eq!(c.now(), 95_000_000_000, "a step moves the wall clock only");
         assert_eq!(c.wall(), 125_000_000_000);
-        assert_eq!(c.as_wall(100_000_000_000), 130_000_000_000);
         c.new_process();
         assert_eq!(c.now(), 95_000_000_000, "the same boot: the same timeline");
         let before = c.boot();

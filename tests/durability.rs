@@ -22,6 +22,15 @@ async fn evacuated(c: &Cluster, node: &str) {
     c.wait_status(node, "completed").await;
 }
 
+/// `node` is healed (reports Ok again), and its collector says so before the stopped daemon is
+/// started again and asks: the next events are the only new ones.
+async fn restart_with_healed(c: &mut Cluster, node: &str) {
+    c.set_verdict(node, r#"{"status":"Ok"}"#);
+    c.wait_collectors_ready().await;
+    c.start_daemon();
+    c.wait_api().await;
+}
+
 fn remove_db(c: &Cluster) {
     for f in ["state.db", "state.db-wal", "state.db-shm"] {
         let _ = std::fs::remove_file(c.path(&format!("state/{f}")));
@@ -38,11 +47,7 @@ async fn a_lost_emptied_or_rolled_back_database_makes_no_job_adopt_an_earlier_re
     // Deleted: node2's evacuation gets job numbers node1's had. Its hooks run, once each.
     c.kill_daemon();
     remove_db(&c);
-    c.set_verdict("node1", r#"{"status":"Ok"}"#);
-    // Its collector says so before the daemon asks: the next events are the only new ones.
-    c.wait_collectors_ready().await;
-    c.start_daemon();
-    c.wait_api().await;
+    restart_with_healed(&mut c, "node1").await;
     evacuated(&c, "node2").await;
     assert_eq!(calls(&c, "evacuate", "node2"), 1, "{:?}", c.hook_log());
     assert_eq!(calls(&c, "offline", "node2"), 1, "{:?}", c.hook_log());
@@ -66,11 +71,7 @@ async fn a_lost_emptied_or_rolled_back_database_makes_no_job_adopt_an_earlier_re
         )
         .unwrap();
     }
-    c.set_verdict("node2", r#"{"status":"Ok"}"#);
-    // Its collector says so before the daemon asks: the next events are the only new ones.
-    c.wait_collectors_ready().await;
-    c.start_daemon();
-    c.wait_api().await;
+    restart_with_healed(&mut c, "node2").await;
     evacuated(&c, "node3").await;
     assert_eq!(calls(&c, "evacuate", "node3"), 1, "{:?}", c.hook_log());
     assert_eq!(calls(&c, "offline", "node3"), 1, "{:?}", c.hook_log());
@@ -83,20 +84,12 @@ async fn a_lost_emptied_or_rolled_back_database_makes_no_job_adopt_an_earlier_re
         .unwrap()
         .execute("VACUUM INTO ?1", [copy.to_str().unwrap()])
         .unwrap();
-    c.set_verdict("node3", r#"{"status":"Ok"}"#);
-    // Its collector says so before the daemon asks: the next events are the only new ones.
-    c.wait_collectors_ready().await;
-    c.start_daemon();
-    c.wait_api().await;
+    restart_with_healed(&mut c, "node3").await;
     evacuated(&c, "node4").await;
     c.kill_daemon();
     remove_db(&c);
     std::fs::rename(&copy, c.path("state/state.db")).unwrap();
-    c.set_verdict("node4", r#"{"status":"Ok"}"#);
-    // Its collector says so before the daemon asks: the next events are the only new ones.
-    c.wait_collectors_ready().await;
-    c.start_daemon();
-    c.wait_api().await;
+    restart_with_healed(&mut c, "node4").await;
     evacuated(&c, "node1").await;
     assert_eq!(
         calls(&c, "evacuate", "node1"),

@@ -89,7 +89,7 @@ impl JobRunner {
             }
         }
         if !dir.exists()
-            && let Err(e) = self.prepare(&dir, spec)
+            && let Err(e) = self.prepare(&dir, key, spec)
         {
             return Outcome::failed(format!(
                 "cannot prepare job directory {}: {e}",
@@ -128,17 +128,12 @@ impl JobRunner {
         }
     }
 
-    fn prepare(&self, dir: &Path, spec: &RunSpec) -> std::io::Result<()> {
+    fn prepare(&self, dir: &Path, key: &str, spec: &RunSpec) -> std::io::Result<()> {
         let tmp = dir.with_extension("tmp");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
         let fs = FileSpec {
-            job: dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_prefix("job-"))
-                .unwrap_or_default()
-                .to_string(),
+            job: key.to_string(),
             program: spec.program.clone(),
             args: spec.args.clone(),
             env: spec.env.clone(),

@@ -395,6 +395,9 @@ env = {{ NODE = "{node}" }}
 
     /// Starts a collector under a wrapper command (e.g. `prlimit --nofile=1024:1024 --`).
     pub fn start_collector_wrapped(&mut self, i: usize, wrapper: &[&str]) {
+        // The one it replaces lets go of its port first: started beside it, the new one
+        // could lose the bind and exit, leaving the node silent.
+        self.collectors[i] = None;
         let cfg = self.collector_config(i, "scripted", "cluster.key");
         let name = format!("collector-{}", self.nodes[i]);
         let p = self.spawn_wrapped(
@@ -434,6 +437,7 @@ env = {{ NODE = "{node}" }}
     }
 
     pub fn start_collector_with(&mut self, i: usize, diagnose: &str, key: &str) {
+        self.collectors[i] = None;
         let cfg = self.collector_config(i, diagnose, key);
         let name = format!("collector-{}", self.nodes[i]);
         let p = self.spawn(&name, &["--config", cfg.to_str().unwrap(), "collector"]);
@@ -473,6 +477,7 @@ env = {{ NODE = "{node}" }}
 
     /// Starts the daemon on the Kubernetes backend (its config's `[kubernetes]` section).
     pub fn start_kube_daemon(&mut self) {
+        self.daemon = None;
         let cfg = self.daemon_config();
         self.daemon = Some(self.spawn(
             "daemon",
@@ -487,6 +492,7 @@ env = {{ NODE = "{node}" }}
     }
 
     pub fn start_daemon(&mut self) {
+        self.daemon = None;
         let cfg = self.daemon_config();
         self.daemon = Some(self.spawn("daemon", &["--config", cfg.to_str().unwrap(), "daemon"]));
     }

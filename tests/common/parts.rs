@@ -13,6 +13,7 @@ use super::*;
 
 /// Starts the master's daemon in its namespace, under `wrapper`.
 pub fn start_daemon(c: &mut Cluster, net: &Net, wrapper: &[&str]) {
+    c.daemon = None;
     let cfg = c.daemon_config();
     let mut w: Vec<String> = net.exec(0);
     w.extend(wrapper.iter().map(|s| s.to_string()));

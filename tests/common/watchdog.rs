@@ -103,6 +103,7 @@ pub fn start_watched(
     wrapper: &[String],
     run: usize,
 ) -> Watched {
+    c.collectors[i] = None;
     let node = c.nodes[i].clone();
     let device = c.path(&format!("watchdog-{node}-{run}"));
     let pgid = std::sync::Arc::new(std::sync::OnceLock::new());

@@ -135,7 +135,8 @@ impl<C: Cluster> Fencer<C> {
         type Probe =
             std::pin::Pin<Box<dyn std::future::Future<Output = (String, bool, Nanos)> + Send>>;
         let mut running: futures::stream::FuturesUnordered<Probe> = Default::default();
-        // Nodes asked and not yet answered (or given up on), and those waiting for a slot.
+        // Nodes waiting for a slot or asked and not yet answered (or given up on): none is
+        // asked twice at once.
         let mut busy: HashSet<String> = HashSet::new();
         let mut queue: VecDeque<NodeConfig> = VecDeque::new();
         let mut cycle = Arc::new(Cycle::default());
@@ -151,10 +152,15 @@ impl<C: Cluster> Fencer<C> {
                 }
                 _ = interval.tick() => {
                     cycle = Arc::new(self.begin_cycle().await);
-                    let queued: HashSet<String> = queue.iter().map(|n| n.name.clone()).collect();
-                    queue.retain(|n| cycle.targets.iter().any(|t| t.name == n.name));
+                    queue.retain(|n| {
+                        let member = cycle.targets.iter().any(|t| t.name == n.name);
+                        if !member {
+                            busy.remove(&n.name);
+                        }
+                        member
+                    });
                     for t in cycle.targets.iter() {
-                        if !busy.contains(&t.name) && !queued.contains(&t.name) {
+                        if busy.insert(t.name.clone()) {
                             queue.push_back(t.clone());
                         }
                     }
@@ -163,7 +169,6 @@ impl<C: Cluster> Fencer<C> {
             while running.len() < crate::link::PROBES_IN_FLIGHT
                 && let Some(node) = queue.pop_front()
             {
-                busy.insert(node.name.clone());
                 let me = self.clone();
                 let c = cycle.clone();
                 running.push(Box::pin(async move { me.probe_one(node, &c).await }));
