@@ -122,7 +122,14 @@ pub struct DaemonConfig {
     #[serde(with = "humantime_serde")]
     pub stall_after: Duration,
     /// Connection caps and deadlines of the API listener.
+    #[serde(deserialize_with = "daemon_limits")]
     pub limits: ListenerLimits,
+}
+
+/// The API listener's limits: a key left out keeps the daemon's default (its caps are higher
+/// than a collector's, as every operator and tool connects to it).
+fn daemon_limits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ListenerLimits, D::Error> {
+    ListenerLimits::deserialize_over(d, DaemonConfig::default().limits)
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -596,6 +603,50 @@ mod tests {
             err("[kubernetes]\nevents-namespace = \"maintd\"")
                 .contains("accepted only in \"default\"")
         );
+    }
+
+    /// Setting one key of a `[*.limits]` table changes that key only: every other key keeps
+    /// the default of its own listener (the daemon's caps are not the collector's).
+    #[test]
+    fn a_partial_limits_table_keeps_every_other_key_at_its_listeners_default() {
+        let daemon = Config::default().daemon.limits;
+        let collector = Config::default().collector.limits;
+        assert_ne!(daemon.max_connections, collector.max_connections);
+        type Set = fn(&mut ListenerLimits);
+        let keys: [(&str, &str, Set); 6] = [
+            ("max-connections", "2000", |l| l.max_connections = 2000),
+            ("max-connections-per-ip", "3", |l| {
+                l.max_connections_per_ip = 3
+            }),
+            ("header-timeout", "\"7s\"", |l| {
+                l.header_timeout = Duration::from_secs(7)
+            }),
+            ("idle-timeout", "\"8s\"", |l| {
+                l.idle_timeout = Duration::from_secs(8)
+            }),
+            ("body-timeout", "\"9s\"", |l| {
+                l.body_timeout = Duration::from_secs(9)
+            }),
+            ("request-timeout", "\"11s\"", |l| {
+                l.request_timeout = Duration::from_secs(11)
+            }),
+        ];
+        for (key, value, set) in keys {
+            for (section, base) in [("daemon", daemon), ("collector", collector)] {
+                let text = format!("[{section}.limits]\n{key} = {value}\n");
+                let c = Config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+                let got = if section == "daemon" {
+                    c.daemon.limits
+                } else {
+                    c.collector.limits
+                };
+                let mut want = base;
+                set(&mut want);
+                assert_eq!(got, want, "{text}");
+            }
+        }
+        let e = Config::parse("[daemon.limits]\nmax-conections = 5\n").unwrap_err();
+        assert!(e.to_string().contains("max-conections"), "{e}");
     }
 
     /// Remedies and agents run as Jobs: a definition that cannot work is refused at load, with

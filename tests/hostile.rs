@@ -347,6 +347,57 @@ async fn a_signed_repair_runs_once_and_only_on_the_node_it_was_signed_for() {
     let (code, err) = send_raw_signed(&c.client, &c.url(), post.clone(), path, ts, &sig, b"").await;
     assert_eq!(code, 401, "replayed after a restart: {err}");
     assert!(err["message"].as_str().unwrap().contains("replay"), "{err}");
+    // Spelled another way, the same signature is refused before it is looked at: upper case,
+    // mixed case, padded with zeros, cut short. So is the timestamp spelled another way.
+    let upper = sig.to_uppercase();
+    let mixed: String = sig
+        .chars()
+        .enumerate()
+        .map(|(i, ch)| {
+            if i % 2 == 0 {
+                ch.to_ascii_uppercase()
+            } else {
+                ch
+            }
+        })
+        .collect();
+    for respelled in [upper, mixed, format!("00{sig}"), sig[..62].to_string()] {
+        let (code, err) =
+            send_raw_signed(&c.client, &c.url(), post.clone(), path, ts, &respelled, b"").await;
+        assert_eq!(code, 401, "{respelled}: {err}");
+        assert!(
+            err["message"].as_str().unwrap().contains("lower-case"),
+            "{err}"
+        );
+    }
+    let fresh = now_ns();
+    let sig_fresh = key.sign_request(DAEMON_TARGET, "POST", path, fresh, b"");
+    for ts_spelled in [format!("+{fresh}"), format!("0{fresh}")] {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\n{TIMESTAMP_HEADER}: {ts_spelled}\r\n{SIGNATURE_HEADER}: {sig_fresh}\r\nContent-Length: 0\r\n\r\n"
+        );
+        assert_eq!(
+            attack::raw_request(c.api_port, head, 0).await,
+            Some(401),
+            "{ts_spelled}"
+        );
+    }
+    // The signature sent twice (the right one and a wrong one, in either order): refused.
+    for (a, b) in [
+        (sig_fresh.clone(), "0".repeat(64)),
+        ("0".repeat(64), sig_fresh.clone()),
+    ] {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\n{TIMESTAMP_HEADER}: {fresh}\r\n{SIGNATURE_HEADER}: {a}\r\n{SIGNATURE_HEADER}: {b}\r\nContent-Length: 0\r\n\r\n"
+        );
+        assert_eq!(attack::raw_request(c.api_port, head, 0).await, Some(401));
+    }
+    let log = c.daemon_log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("signed request refused") && l.contains("malformed")),
+        "every re-spelling is logged with its reason: {log}"
+    );
     // So is a repair replayed at a restarted collector.
     let ts = now_ns();
     let body2 = serde_json::to_vec(&json!({
@@ -391,7 +442,7 @@ async fn a_signed_repair_runs_once_and_only_on_the_node_it_was_signed_for() {
     let (code, _) = send_raw_signed(&c.client, &c.url(), post, path, stale, &sig, b"").await;
     assert_eq!(code, 401);
     let m = c.metrics().await;
-    for reason in ["replayed", "forged", "stale"] {
+    for reason in ["replayed", "forged", "stale", "malformed"] {
         assert!(
             m.contains(&format!(
                 "maintd_requests_refused_total{{reason=\"{reason}\"}}"
@@ -609,4 +660,48 @@ async fn framework_rejections_are_the_documented_json_error() {
         assert_eq!(v["error"], "bad-request", "{path}: {v}");
         assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
     }
+}
+
+/// Request hygiene on both ports: a head over the cap is 431, and a path or query that is not
+/// UTF-8 (also once percent-decoded) is 400, before any handler sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_heads_and_invalid_utf8_are_refused_on_both_ports() {
+    let mut c = Cluster::new(1);
+    c.start().await;
+    for port in [c.ports[0], c.api_port] {
+        let big = format!(
+            "GET /1/status HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n",
+            "a".repeat(100 * 1024)
+        );
+        assert_eq!(attack::raw_request(port, big, 0).await, Some(431), "{port}");
+        for target in [
+            "/1/status?x=%ff%fe",
+            "/1/events?node=%C3%28",
+            "/1/%ff/status",
+            "/1/events/%ff/history",
+        ] {
+            let head = format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n");
+            assert_eq!(
+                attack::raw_request(port, head, 0).await,
+                Some(400),
+                "{port} {target}"
+            );
+        }
+        let head = "GET /1/events?node=node%31 HTTP/1.1\r\nHost: x\r\n\r\n".to_string();
+        let ok = attack::raw_request(port, head, 0).await;
+        assert!(matches!(ok, Some(200) | Some(404)), "{port}: {ok:?}");
+    }
+    // A signed pause whose query is not UTF-8 is refused, whatever its signature: nothing is
+    // stored with U+FFFD in place of what was sent.
+    let path = "/1/fencing/pause?reason=%ff";
+    let ts = now_ns();
+    let key = Key::load(&c.path("cluster.key")).unwrap();
+    let sig = key.sign_request(DAEMON_TARGET, "POST", path, ts, b"");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\n{TIMESTAMP_HEADER}: {ts}\r\n{SIGNATURE_HEADER}: {sig}\r\nContent-Length: 0\r\n\r\n"
+    );
+    assert_eq!(attack::raw_request(c.api_port, head, 0).await, Some(400));
+    let (_, status) = c.get("/1/status").await;
+    assert!(!status.to_string().contains('\u{fffd}'), "{status}");
+    assert!(alive(&mut c.collectors[0]) && alive(&mut c.daemon));
 }

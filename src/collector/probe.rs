@@ -127,21 +127,22 @@ impl Collector {
         uri: &axum::http::Uri,
         now: i64,
     ) -> Result<ProbeQuery, String> {
-        let h = |name| headers.get(name).and_then(|v| v.to_str().ok());
+        let h = |name| crate::http::header_once(headers, name);
         let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let req = crate::report::SignedRequest {
             target: &self.node,
             method: "GET",
             path,
-            timestamp: h(crate::report::TIMESTAMP_HEADER),
-            signature: h(crate::report::SIGNATURE_HEADER),
+            timestamp: h(crate::report::TIMESTAMP_HEADER)?,
+            signature: h(crate::report::SIGNATURE_HEADER)?,
             body: b"",
         };
         let window = self.cfg.request_window.as_secs();
-        crate::report::check_signature_only(&self.key, &req).map_err(|e| e.to_string())?;
+        let (_, sig) =
+            crate::report::check_signature_only(&self.key, &req).map_err(|e| e.to_string())?;
         // Remembered from its arrival, on this clock: the same probe is taken once.
         self.replay
-            .check_and_remember(req.signature.unwrap_or_default(), now, now, window)
+            .check_and_remember(&sig, now, now, window)
             .map_err(|_| "replayed or too many probes".to_string())?;
         Ok(probe_query(uri.query().unwrap_or_default()))
     }

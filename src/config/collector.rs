@@ -37,6 +37,7 @@ pub struct CollectorConfig {
     /// The kernel's boot id; another file (a container's, a test's) dates the boot by its mtime.
     pub boot_id_file: PathBuf,
     /// Connection caps and deadlines of the collector's listener.
+    #[serde(deserialize_with = "collector_limits")]
     pub limits: ListenerLimits,
     /// Peer heartbeats over UDP on the `listen` port.
     pub heartbeat: HeartbeatConfig,
@@ -132,4 +133,9 @@ impl Default for CollectorConfig {
             watchdog: Default::default(),
         }
     }
+}
+
+/// The collector listener's limits: a key left out keeps the collector's default.
+fn collector_limits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ListenerLimits, D::Error> {
+    ListenerLimits::deserialize_over(d, ListenerLimits::default())
 }

@@ -20,89 +20,11 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::Deserialize;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
-/// What a listener tolerates from its clients. The defaults suit a collector or a daemon on a
-/// network where an attacker may connect (see the security model in docs/operations.md).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-pub struct ListenerLimits {
-    /// Open connections at most; past it the oldest connection not running a handler is closed
-    /// to make room (or the new one is refused when every connection is running a handler).
-    pub max_connections: usize,
-    /// Open connections from one client address at most, with the same eviction.
-    pub max_connections_per_ip: usize,
-    /// A client must send a whole request head within this time.
-    #[serde(with = "humantime_serde")]
-    pub header_timeout: Duration,
-    /// A keep-alive connection with no request in flight is closed after this time.
-    #[serde(with = "humantime_serde")]
-    pub idle_timeout: Duration,
-    /// A signed request's body must arrive within this time.
-    #[serde(with = "humantime_serde")]
-    pub body_timeout: Duration,
-    /// A handler that runs longer than this has its connection closed.
-    #[serde(with = "humantime_serde")]
-    pub request_timeout: Duration,
-}
-
-impl Default for ListenerLimits {
-    fn default() -> Self {
-        ListenerLimits {
-            max_connections: 256,
-            max_connections_per_ip: 64,
-            header_timeout: Duration::from_secs(5),
-            idle_timeout: Duration::from_secs(30),
-            body_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-/// Listener limits that cannot work; each names its config section.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum LimitsError {
-    #[error("{section}: connection caps must be at least 1")]
-    NoConnections { section: String },
-    #[error("{section}: max-connections-per-ip ({per_ip}) is above max-connections ({total})")]
-    PerIpAboveTotal {
-        section: String,
-        per_ip: usize,
-        total: usize,
-    },
-    #[error("{section}: {name} must be above zero")]
-    ZeroTimeout { section: String, name: &'static str },
-}
-
-impl ListenerLimits {
-    pub fn validate(&self, section: &str) -> Result<(), LimitsError> {
-        let section = section.to_string();
-        if self.max_connections == 0 || self.max_connections_per_ip == 0 {
-            return Err(LimitsError::NoConnections { section });
-        }
-        if self.max_connections_per_ip > self.max_connections {
-            return Err(LimitsError::PerIpAboveTotal {
-                section,
-                per_ip: self.max_connections_per_ip,
-                total: self.max_connections,
-            });
-        }
-        for (name, d) in [
-            ("header-timeout", self.header_timeout),
-            ("idle-timeout", self.idle_timeout),
-            ("body-timeout", self.body_timeout),
-            ("request-timeout", self.request_timeout),
-        ] {
-            if d.is_zero() {
-                return Err(LimitsError::ZeroTimeout { section, name });
-            }
-        }
-        Ok(())
-    }
-}
+pub use super::limits::{LimitsError, ListenerLimits};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CloseLabel {
@@ -413,6 +335,10 @@ async fn run_conn(
         req.extensions_mut().insert(activity.clone());
         let router = router.clone();
         async move {
+            if let Err(e) = super::hygiene::check_head(&req) {
+                drop(busy);
+                return Ok::<_, Infallible>(axum::response::IntoResponse::into_response(e));
+            }
             let resp = router.oneshot(req).await;
             drop(busy);
             Ok::<_, Infallible>(resp.unwrap_or_else(|e| match e {}))

@@ -7,10 +7,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 pub mod client;
+pub mod hygiene;
+mod limits;
 pub mod listener;
 mod signed;
 
-pub use signed::{RefusalLabel, Refused, ReplayCache, SignedAuth, require_signed};
+pub use signed::{RefusalLabel, Refused, ReplayCache, SignedAuth, header_once, require_signed};
 
 use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 

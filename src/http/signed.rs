@@ -15,7 +15,8 @@ use tracing::warn;
 
 use super::{ApiError, listener};
 use crate::report::{
-    Key, RequestError, SIGNATURE_HEADER, TIMESTAMP_HEADER, check_request_headers, now_ns,
+    Key, Mac32, RequestError, SIGNATURE_HEADER, TIMESTAMP_HEADER, check_request_headers,
+    decode_mac, now_ns,
 };
 use crate::sync::LockExt;
 
@@ -82,10 +83,13 @@ pub async fn require_signed(
     next: axum::middleware::Next,
 ) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
-    let h = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
-    let ts = check_request_headers(
-        h(TIMESTAMP_HEADER),
-        h(SIGNATURE_HEADER),
+    let h = |name| {
+        header_once(&parts.headers, name)
+            .map_err(|m| auth.refuse("malformed", &parts, ApiError::unauthorized(m)))
+    };
+    let (ts, sig) = check_request_headers(
+        h(TIMESTAMP_HEADER)?,
+        h(SIGNATURE_HEADER)?,
         now_ns(),
         auth.window_s,
     )
@@ -144,10 +148,9 @@ pub async fn require_signed(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    let sig = h(SIGNATURE_HEADER).unwrap_or_default();
     if !auth
         .key
-        .verify_request(&auth.target, parts.method.as_str(), path, ts, &bytes, sig)
+        .verify_request_mac(&auth.target, parts.method.as_str(), path, ts, &bytes, &sig)
     {
         let e = ApiError::unauthorized(format!(
             "request signature does not verify under the cluster key for {:?}",
@@ -157,7 +160,7 @@ pub async fn require_signed(
     }
     if let Err(e) = auth
         .replay
-        .check_and_remember(sig, ts, now_ns(), auth.window_s)
+        .check_and_remember(&sig, ts, now_ns(), auth.window_s)
     {
         let reason = if e.status == StatusCode::UNAUTHORIZED {
             "replayed"
@@ -174,13 +177,29 @@ pub async fn require_signed(
         .await)
 }
 
+/// A header of a signed request's head: absent, or sent once as text. A second copy is
+/// refused, not ignored: of two values, which one a proxy or a server reads is not agreed.
+pub fn header_once<'a>(
+    headers: &'a axum::http::HeaderMap,
+    name: &str,
+) -> Result<Option<&'a str>, String> {
+    let mut all = headers.get_all(name).iter();
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(format!("{name} must be sent once"));
+    }
+    first
+        .map(|v| v.to_str().map_err(|_| format!("{name} must be ASCII text")))
+        .transpose()
+}
+
 /// Signatures of the signed requests accepted within the window: the same request is accepted
-/// once. Only authenticated requests enter, so only a key holder could fill it. With a journal
+/// once. It is keyed on the signature's bytes, which have one encoding on the wire. Only authenticated requests enter, so only a key holder could fill it. With a journal
 /// it outlives a restart: a request captured before the restart is refused after it, within
 /// its window, as before.
 pub struct ReplayCache {
     /// Signature -> until when it is remembered (its timestamp plus the window).
-    seen: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    seen: std::sync::Mutex<std::collections::HashMap<Mac32, i64>>,
     cap: usize,
     journal: Option<Journal>,
 }
@@ -220,16 +239,16 @@ impl ReplayCache {
                     };
                     if let Ok(until) = until.parse::<i64>()
                         && until >= now
-                        && sig.len() == 64
+                        && let Some(sig) = decode_mac(sig)
                     {
-                        seen.insert(sig.to_string(), until);
+                        seen.insert(sig, until);
                     }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let live: String = seen.iter().map(|(s, u)| format!("{u} {s}\n")).collect();
+        let live: String = seen.iter().map(|(s, u)| line(s, *u)).collect();
         crate::fsutil::write_atomic(path, live.as_bytes())?;
         let file = std::fs::OpenOptions::new().append(true).open(path)?;
         Ok(ReplayCache {
@@ -244,7 +263,7 @@ impl ReplayCache {
 
     pub fn check_and_remember(
         &self,
-        sig: &str,
+        sig: &Mac32,
         ts: i64,
         now: i64,
         window_s: u64,
@@ -275,7 +294,7 @@ impl ReplayCache {
                 ))
             })?;
         }
-        seen.insert(sig.to_string(), until);
+        seen.insert(*sig, until);
         Ok(())
     }
 }
@@ -283,10 +302,10 @@ impl ReplayCache {
 impl Journal {
     fn append(
         &self,
-        sig: &str,
+        sig: &Mac32,
         until: i64,
         now: i64,
-        live: &mut std::collections::HashMap<String, i64>,
+        live: &mut std::collections::HashMap<Mac32, i64>,
     ) -> std::io::Result<()> {
         let mut f = self.file.lock_unpoisoned();
         // Expired signatures leave the memory only at the cap: look at what still lives now and
@@ -295,8 +314,8 @@ impl Journal {
             live.retain(|_, u| *u >= now);
         }
         if f.1 > 1024 + 2 * live.len() {
-            let mut text: String = live.iter().map(|(s, u)| format!("{u} {s}\n")).collect();
-            text.push_str(&format!("{until} {sig}\n"));
+            let mut text: String = live.iter().map(|(s, u)| line(s, *u)).collect();
+            text.push_str(&line(sig, until));
             crate::fsutil::write_atomic(&self.path, text.as_bytes())?;
             *f = (
                 std::fs::OpenOptions::new().append(true).open(&self.path)?,
@@ -304,11 +323,16 @@ impl Journal {
             );
             return Ok(());
         }
-        f.0.write_all(format!("{until} {sig}\n").as_bytes())?;
+        f.0.write_all(line(sig, until).as_bytes())?;
         f.0.sync_data()?;
         f.1 += 1;
         Ok(())
     }
+}
+
+/// One journal line: until when, and the signature in its one encoding.
+fn line(sig: &Mac32, until: i64) -> String {
+    format!("{until} {}\n", hex::encode(sig))
 }
 
 #[cfg(test)]
@@ -321,7 +345,7 @@ mod tests {
     fn a_request_accepted_before_a_restart_is_refused_after_it_within_its_window() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("replay");
-        let sig = "a".repeat(64);
+        let sig = [0xaa; 32];
         let c = ReplayCache::persistent(&path, 100 * S).unwrap();
         c.check_and_remember(&sig, 100 * S, 100 * S, 60).unwrap();
         assert!(c.check_and_remember(&sig, 100 * S, 101 * S, 60).is_err());
@@ -344,7 +368,8 @@ mod tests {
         let c = ReplayCache::persistent(&path, 100 * S).unwrap();
         assert_eq!(c.seen.lock_unpoisoned().len(), 1);
         for i in 0..3000u32 {
-            let sig = format!("{i:064x}");
+            let mut sig = [0u8; 32];
+            sig[..4].copy_from_slice(&i.to_be_bytes());
             // Each one expires before the next arrives: the file must not grow without bound.
             let now = (200 + i as i64) * S;
             c.check_and_remember(&sig, now, now, 0).unwrap();
@@ -353,3 +378,7 @@ mod tests {
         assert!(lines < 1100, "{lines} lines");
     }
 }
+
+#[cfg(test)]
+#[path = "signed_tests.rs"]
+mod respelled;

@@ -9,6 +9,22 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// A MAC's 32 bytes (HMAC-SHA256).
+pub type Mac32 = [u8; 32];
+
+/// The one encoding of a MAC on the wire: exactly 64 lower-case hex digits. Every other
+/// spelling of the same bytes (upper case, padding, another length) is refused before anything
+/// else is looked at, so one MAC has one encoding and nothing keyed on it can be passed by
+/// spelling it differently.
+pub fn decode_mac(s: &str) -> Option<Mac32> {
+    if s.len() != 64 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(s, &mut out).ok()?;
+    Some(out)
+}
+
 /// The cluster HMAC key, kept as the MAC's keyed state: every signature starts from a copy of
 /// it, so the key's own two hash blocks are computed once, not per message.
 #[derive(Clone)]
@@ -106,13 +122,12 @@ impl Key {
         hex::encode(self.mac(domain, parts).finalize().into_bytes())
     }
 
-    /// Constant-time comparison (hmac's `verify_slice`).
+    /// Constant-time comparison (hmac's `verify_slice`), of a MAC in its one encoding only.
     pub(super) fn verify(&self, domain: &[u8], parts: &[&[u8]], sig_hex: &str) -> bool {
-        // Decoded in place: a signature of any other length than the MAC's never verifies.
-        let mut sig = [0u8; 32];
-        match hex::decode_to_slice(sig_hex, &mut sig) {
-            Ok(()) => self.mac(domain, parts).verify_slice(&sig).is_ok(),
-            Err(_) => false,
-        }
+        decode_mac(sig_hex).is_some_and(|sig| self.verify_mac(domain, parts, &sig))
+    }
+
+    pub(super) fn verify_mac(&self, domain: &[u8], parts: &[&[u8]], sig: &Mac32) -> bool {
+        self.mac(domain, parts).verify_slice(sig).is_ok()
     }
 }

@@ -8,7 +8,7 @@ pub mod live;
 pub mod poll;
 mod request;
 
-pub use key::{Key, KeyError};
+pub use key::{Key, KeyError, Mac32, decode_mac};
 pub use request::{
     DAEMON_TARGET, RequestError, SIGNATURE_HEADER, SignedRequest, TIMESTAMP_HEADER,
     check_request_headers, check_signature_only, check_signed_request,

@@ -1,8 +1,8 @@
 //! Signed API requests: the signature over target, method, path, timestamp and body, and the
 //! checks a server makes before and after it reads the body.
 
-use super::Key;
 use super::age_ns;
+use super::{Key, Mac32, decode_mac};
 
 /// Domain separators keep a signature made for one purpose from being valid for another.
 const REQUEST_DOMAIN: &[u8] = b"maintd-request-v1\n";
@@ -36,8 +36,23 @@ impl Key {
         body: &[u8],
         sig_hex: &str,
     ) -> bool {
+        decode_mac(sig_hex).is_some_and(|sig| {
+            self.verify_request_mac(target, method, path, timestamp_ns, body, &sig)
+        })
+    }
+
+    /// [`Key::verify_request`] of a signature already decoded.
+    pub fn verify_request_mac(
+        &self,
+        target: &str,
+        method: &str,
+        path: &str,
+        timestamp_ns: i64,
+        body: &[u8],
+        sig: &Mac32,
+    ) -> bool {
         let head = request_head(target, method, path, timestamp_ns);
-        self.verify(REQUEST_DOMAIN, &[head.as_bytes(), body], sig_hex)
+        self.verify_mac(REQUEST_DOMAIN, &[head.as_bytes(), body], sig)
     }
 }
 
@@ -71,9 +86,11 @@ pub struct SignedRequest<'a> {
 pub enum RequestError {
     #[error("request must be signed: send {TIMESTAMP_HEADER} and {SIGNATURE_HEADER} headers")]
     Unsigned,
-    #[error("{SIGNATURE_HEADER} must be 64 hex digits (HMAC-SHA256)")]
+    #[error("{SIGNATURE_HEADER} must be exactly 64 lower-case hex digits (HMAC-SHA256)")]
     SignatureFormat,
-    #[error("{TIMESTAMP_HEADER} must be an integer of nanoseconds")]
+    #[error(
+        "{TIMESTAMP_HEADER} must be an integer of nanoseconds, written plainly (no sign, no leading zeros)"
+    )]
     TimestampFormat,
     #[error("request timestamp is {:.1} s away from now (window {window_s} s)", *age_ns as f64 / 1e9)]
     Stale { age_ns: u64, window_s: u64 },
@@ -82,45 +99,56 @@ pub enum RequestError {
 }
 
 /// Checks what can be checked of a signed request before its body is read: both headers are
-/// there, the signature is 64 hex digits, and the timestamp is within the window. Returns the
-/// timestamp.
+/// there, each in its one encoding (the signature exactly 64 lower-case hex digits, the
+/// timestamp a plain integer), and the timestamp is within the window. Returns the timestamp and
+/// the decoded signature.
 pub fn check_request_headers(
     timestamp: Option<&str>,
     signature: Option<&str>,
     now_ns: i64,
     window_s: u64,
-) -> Result<i64, RequestError> {
-    let (Some(ts), Some(sig)) = (timestamp, signature) else {
-        return Err(RequestError::Unsigned);
-    };
-    if sig.len() != 64 || !sig.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(RequestError::SignatureFormat);
-    }
-    let ts: i64 = ts.parse().map_err(|_| RequestError::TimestampFormat)?;
+) -> Result<(i64, Mac32), RequestError> {
+    let (ts, sig) = decode_headers(timestamp, signature)?;
     let age_ns = age_ns(now_ns, ts);
     if age_ns > window_s.saturating_mul(1_000_000_000) {
         return Err(RequestError::Stale { age_ns, window_s });
     }
-    Ok(ts)
+    Ok((ts, sig))
+}
+
+/// Both headers, in their one encoding each.
+fn decode_headers(
+    timestamp: Option<&str>,
+    signature: Option<&str>,
+) -> Result<(i64, Mac32), RequestError> {
+    let (Some(ts), Some(sig)) = (timestamp, signature) else {
+        return Err(RequestError::Unsigned);
+    };
+    let sig = decode_mac(sig).ok_or(RequestError::SignatureFormat)?;
+    Ok((decode_timestamp(ts)?, sig))
+}
+
+/// A timestamp's one spelling: what `i64`'s `Display` writes. `+5`, `05` or `-0` name the
+/// same number but are refused, so no two requests differ only in how they wrote it.
+fn decode_timestamp(ts: &str) -> Result<i64, RequestError> {
+    match ts.parse::<i64>() {
+        Ok(v) if v.to_string() == ts => Ok(v),
+        _ => Err(RequestError::TimestampFormat),
+    }
 }
 
 /// Checks a signed request's headers and signature, but not its timestamp against this clock:
 /// for a request whose freshness is proven otherwise (the liveness probe echoes a beat of this
-/// node, timed on its own clock). Returns the timestamp, as the sender's clock read it.
-pub fn check_signature_only(key: &Key, req: &SignedRequest) -> Result<i64, RequestError> {
-    let (Some(ts), Some(sig)) = (req.timestamp, req.signature) else {
-        return Err(RequestError::Unsigned);
-    };
-    if sig.len() != 64 || !sig.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(RequestError::SignatureFormat);
-    }
-    let ts: i64 = ts.parse().map_err(|_| RequestError::TimestampFormat)?;
-    if !key.verify_request(req.target, req.method, req.path, ts, req.body, sig) {
+/// node, timed on its own clock). Returns the timestamp, as the sender's clock read it, and the
+/// decoded signature.
+pub fn check_signature_only(key: &Key, req: &SignedRequest) -> Result<(i64, Mac32), RequestError> {
+    let (ts, sig) = decode_headers(req.timestamp, req.signature)?;
+    if !key.verify_request_mac(req.target, req.method, req.path, ts, req.body, &sig) {
         return Err(RequestError::Forged {
             target: req.target.into(),
         });
     }
-    Ok(ts)
+    Ok((ts, sig))
 }
 
 /// Checks a signed request's headers and signature.
@@ -130,9 +158,8 @@ pub fn check_signed_request(
     now_ns: i64,
     window_s: u64,
 ) -> Result<(), RequestError> {
-    let ts = check_request_headers(req.timestamp, req.signature, now_ns, window_s)?;
-    let sig = req.signature.unwrap_or_default();
-    if !key.verify_request(req.target, req.method, req.path, ts, req.body, sig) {
+    let (ts, sig) = check_request_headers(req.timestamp, req.signature, now_ns, window_s)?;
+    if !key.verify_request_mac(req.target, req.method, req.path, ts, req.body, &sig) {
         return Err(RequestError::Forged {
             target: req.target.into(),
         });
