@@ -130,7 +130,18 @@ fn request_signatures_bind_target_method_path_time_and_body() {
         check_signed_request(&k, &req(Some("10"), Some("00")), now, 30)
             .unwrap_err()
             .to_string()
-            .contains("64 hex digits")
+            .contains("64 lower-case hex digits")
+    );
+    // The same signature in upper case, or its timestamp with a leading zero: refused.
+    let upper = good.to_uppercase();
+    assert_eq!(
+        check_signed_request(&k, &req(Some("10"), Some(&upper)), now, 30),
+        Err(RequestError::SignatureFormat)
+    );
+    assert!(!k.verify_request("n1", "POST", "/p", 10, b"", &upper));
+    assert_eq!(
+        check_signed_request(&k, &req(Some("010"), Some(&good)), now, 30),
+        Err(RequestError::TimestampFormat)
     );
     let zeros = "0".repeat(64);
     assert!(
