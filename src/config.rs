@@ -124,7 +124,15 @@ pub struct DaemonConfig {
     /// Connection caps and deadlines of the API listener.
     #[serde(deserialize_with = "daemon_limits")]
     pub limits: ListenerLimits,
+    /// Who may sign operator commands, by name. While none is listed the cluster key may still
+    /// (the first step of an upgrade); once one is, only operator keys may.
+    pub operators: BTreeMap<String, OperatorConfig>,
+    /// The API's reads answer unsigned requests. When false, they need an operator's signed
+    /// request (either role); `/1/health`, `/metrics` and the status page's files stay open.
+    pub anonymous_read: bool,
 }
+
+pub use crate::report::operator::OperatorConfig;
 
 /// The API listener's limits: a key left out keeps the daemon's default (its caps are higher
 /// than a collector's, as every operator and tool connects to it).
@@ -166,6 +174,8 @@ impl Default for DaemonConfig {
             hook_env: BTreeMap::new(),
             live_repair_timeout: Duration::from_secs(600),
             stall_after: Duration::from_secs(60),
+            operators: BTreeMap::new(),
+            anonymous_read: true,
             limits: ListenerLimits {
                 max_connections: 1024,
                 max_connections_per_ip: 256,
@@ -269,6 +279,18 @@ impl Config {
             ("collector.limits", &self.collector.limits),
         ] {
             l.validate(what)?;
+        }
+        for (name, o) in &d.operators {
+            if !crate::report::operator::valid_operator_name(name) {
+                return bad(format!(
+                    "daemon.operators.{name}: not an operator name (1 to 64 of a-z, 0-9, '.', '_', '@', '-')"
+                ));
+            }
+            if o.key_files.is_empty() || o.key_files.len() > 2 {
+                return bad(format!(
+                    "daemon.operators.{name}: key-files must list one key file, or two while a key is rolled over"
+                ));
+            }
         }
         if d.stall_after < d.poll_interval * 2 {
             return bad(format!(
@@ -500,6 +522,7 @@ mod tests {
             ("cluster", reference),
             ("daemon", reference),
             ("daemon.limits", reference),
+            ("daemon.operators.alice", reference),
             ("actions", reference),
             ("inventory.hooks", reference),
             ("collector", reference),

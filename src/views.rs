@@ -57,6 +57,10 @@ pub struct Event {
     /// Where a fence flow stands; absent for repair events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<FenceProgress>,
+    /// The operator commands sent about it, newest first, with who sent them (one event's
+    /// view only: lists leave it out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<crate::store::Command>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,6 +116,7 @@ impl Event {
             created: e.created,
             updated: e.updated,
             fence: None,
+            commands: vec![],
         }
     }
 
@@ -150,6 +155,7 @@ impl Event {
                 retries: f.retries,
                 restarts: f.restarts,
             }),
+            commands: vec![],
         }
     }
 }
@@ -493,6 +499,7 @@ mod tests {
             created: 1,
             updated: 2,
             fence: None,
+            commands: vec![],
         };
         let v = serde_json::to_value(&e).unwrap();
         assert!(v.get("fence").is_none(), "{v}");

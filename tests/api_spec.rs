@@ -350,6 +350,36 @@ async fn real_responses_match_the_openapi_spec() {
         .call(false, &base, "GET", "/1/drills", "/1/drills", None)
         .await;
     assert_eq!(drills, json!([]));
+    // The audit trail: the pauses and the resume above, newest first, signed by the cluster key
+    // (no operator is configured here); the refused unsigned pause is not in it.
+    let (st, audit) = api
+        .call(false, &base, "GET", "/1/audit", "/1/audit?limit=3", None)
+        .await;
+    assert_eq!(st, 200);
+    let seen: Vec<(&str, &str, i64)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["operator"].as_str().unwrap(),
+                c["path"].as_str().unwrap(),
+                c["status"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("cluster-key", "/1/fencing/resume", 200),
+            ("cluster-key", "/1/fencing/pause?reason=%07bell", 400),
+            (
+                "cluster-key",
+                "/1/fencing/pause?reason=rack%2012%20work",
+                200
+            ),
+        ]
+    );
     let dp = "/1/nodes/{node}/drill";
     assert_eq!(
         api.call(true, &base, "POST", dp, "/1/nodes/node1/drill", None)

@@ -484,8 +484,12 @@ async fn fence_cancel_is_idempotent_and_agent_output_is_redacted() {
             "echo '/usr/lib/python3/dist-packages/pexpect/x.py:1: DeprecationWarning: old' >&2\necho '  import imp' >&2\nwhile read l; do echo \"Sent: $l\"; done\necho 'Failed: Unable to obtain correct plug status or plug is not available' >&2\nexit 1",
         ),
     ]);
+    c.operator_key("carol", "carol.key");
     c.extra_daemon_toml = format!(
         r#"
+[daemon.operators.carol]
+role = "operate"
+key-files = ["{}"]
 [fencing]
 agents-dir = "{}"
 grace = "1s"
@@ -508,6 +512,7 @@ methods = [{{ template = "echo" }}]
 retries = 0
 methods = [{{ template = "echo" }}]
 "#,
+        c.path("carol.key").display(),
         agents.display(),
         pw.display()
     );
@@ -520,9 +525,9 @@ methods = [{{ template = "echo" }}]
         })
         .await;
     let id = f["id"].as_str().unwrap().to_string();
-    let first = c.cli(&["cancel", &id]);
+    let first = c.cli_as("carol.key", &["cancel", &id]);
     assert!(first.status.success(), "{first:?}");
-    let second = c.cli(&["cancel", &id]);
+    let second = c.cli_as("carol.key", &["cancel", &id]);
     let err = String::from_utf8_lossy(&second.stderr);
     assert!(
         err.contains("409") && err.contains("already canceled"),
@@ -542,6 +547,21 @@ methods = [{{ template = "echo" }}]
         .filter(|t| t["note"] == "canceled by operator")
         .count();
     assert_eq!(cancels, 1, "{f:#}");
+    // The timeline names who canceled, and how each attempt was answered.
+    let (_, timeline) = c.get(&format!("/1/fences/{id}/timeline")).await;
+    let commands: Vec<&str> = timeline
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "command")
+        .map(|e| e["what"].as_str().unwrap())
+        .collect();
+    assert_eq!(commands.len(), 2, "{timeline:#}");
+    assert!(
+        commands[0].contains("by operator carol (answered 200)")
+            && commands[1].contains("by operator carol (answered 409)"),
+        "{commands:?}"
+    );
 
     // node2: the failing agent's echo of its parameters never leaves the daemon.
     c.kill_collector(1);

@@ -38,6 +38,7 @@ return {
   flows: text("#fences-list article"),
   flowNodes: [...document.querySelectorAll("#fences-list article")].map((e) => e.dataset.node),
   nodes: Object.fromEntries([...document.querySelectorAll("#nodes-rows tr")].map((e) => [e.dataset.node, e.textContent])),
+  commands: text("#commands-rows tr"),
 };
 "##;
 
@@ -210,6 +211,21 @@ async fn the_status_page_shows_events_fences_and_partitions_escapes_node_data_an
         "{live:#}"
     );
     assert_eq!(browser.eval("return window.__kept;").await, "no reload");
+    // An operator's pause: the page says who paused, and the command is in its trail.
+    let out = c.cli(&["fencing", "pause", "--reason", "ui check"]);
+    assert!(out.status.success(), "{out:?}");
+    let paused = browser
+        .wait_until(
+            "the pause and its command on the open page",
+            &read_when("p.fencing.includes('(by cluster-key)') && p.commands.length > 0"),
+        )
+        .await;
+    let cmd = paused["commands"][0].as_str().unwrap();
+    assert!(
+        cmd.contains("cluster-key") && cmd.contains("POST /1/fencing/pause") && cmd.contains("200"),
+        "{paused:#}"
+    );
+    assert!(c.cli(&["fencing", "resume"]).status.success());
     browser.screenshot(&shots().join("desktop.png")).await;
 
     // A phone: nothing wider than the screen, every list still there.

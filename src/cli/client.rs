@@ -2,6 +2,7 @@
 //! decoding and printing of its answers.
 
 use super::*;
+use crate::report::operator::OperatorKey;
 
 pub(super) fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -10,8 +11,52 @@ pub(super) fn client() -> reqwest::Client {
         .expect("a plain HTTP client always builds")
 }
 
-pub(super) async fn api_get(url: &str, path: &str) -> Result<ExactJson, CliError> {
-    decode(url, client().get(format!("{url}{path}")).send().await).await
+/// A read: signed by the operator's key when there is one (a daemon with
+/// `anonymous-read = false` asks for it), else unsigned.
+pub(super) async fn api_get(api: &ApiArgs, path: &str) -> Result<ExactJson, CliError> {
+    let url = &api.url;
+    let sent = match operator_key(api)? {
+        Some(op) => send_as(&op, reqwest::Method::GET, url, path).await,
+        None => client().get(format!("{url}{path}")).send().await,
+    };
+    decode(url, sent).await
+}
+
+/// The operator key this command signs with: `--operator-key`, else the default file when it
+/// exists.
+pub(super) fn operator_key(api: &ApiArgs) -> Result<Option<OperatorKey>, CliError> {
+    let path = match &api.operator_key {
+        Some(p) => p.clone(),
+        None => match std::env::var_os("HOME") {
+            Some(h) => {
+                let p = PathBuf::from(h).join(".config/maintd/operator.key");
+                if !p.exists() {
+                    return Ok(None);
+                }
+                p
+            }
+            None => return Ok(None),
+        },
+    };
+    Ok(Some(OperatorKey::load(&path)?))
+}
+
+/// Sends a bodiless request signed by operator `op`, naming them.
+async fn send_as(
+    op: &OperatorKey,
+    method: reqwest::Method,
+    url: &str,
+    path: &str,
+) -> Result<reqwest::Response, reqwest::Error> {
+    let ts = now_ns();
+    let sig = op.sign_request(method.as_str(), path, ts, b"");
+    client()
+        .request(method, format!("{url}{path}"))
+        .header(crate::report::TIMESTAMP_HEADER, ts.to_string())
+        .header(crate::report::SIGNATURE_HEADER, sig)
+        .header(crate::report::operator::OPERATOR_HEADER, &op.name)
+        .send()
+        .await
 }
 
 /// Turns a sent request into the JSON answer, or an error naming what went wrong.
@@ -33,12 +78,18 @@ pub(super) async fn decode(
     ExactJson::parse(&body).map_err(|e| CliError::Decode(e.to_string()))
 }
 
+/// A command: signed by the operator's key, or without one by the cluster key (which a
+/// daemon with operators configured refuses).
 pub(super) async fn api_signed(
     cfg: &Config,
-    url: &str,
+    api: &ApiArgs,
     method: reqwest::Method,
     path: &str,
 ) -> Result<ExactJson, CliError> {
+    let url = &api.url;
+    if let Some(op) = operator_key(api)? {
+        return decode(url, send_as(&op, method, url, path).await).await;
+    }
     let key = Key::load(&cfg.cluster.key_file)?;
     decode(
         url,

@@ -56,7 +56,7 @@ use crate::verdict::Nanos;
 pub(super) async fn fences(cmd: &FencesCmd) -> Result<(), CliError> {
     match cmd {
         FencesCmd::List { json, filter, api } => {
-            let v = api_get(&api.url, &filter.query("/1/fences", &[])).await?;
+            let v = api_get(api, &filter.query("/1/fences", &[])).await?;
             if *json {
                 print_json(&v);
                 return Ok(());
@@ -80,8 +80,8 @@ pub(super) async fn fences(cmd: &FencesCmd) -> Result<(), CliError> {
         }
         FencesCmd::Show { id, json, api } => {
             let path = format!("/1/fences/{}", segment(id));
-            let one = api_get(&api.url, &path).await?;
-            let timeline = api_get(&api.url, &format!("{path}/timeline")).await?;
+            let one = api_get(api, &path).await?;
+            let timeline = api_get(api, &format!("{path}/timeline")).await?;
             if *json {
                 let both = format!(r#"{{"flow":{one},"timeline":{timeline}}}"#);
                 print_json(
@@ -121,13 +121,14 @@ fn kind(k: views::timeline::EntryKind) -> &'static str {
         Witness => "witness",
         Decision => "decision",
         Effect => "effect",
+        Command => "command",
     }
 }
 
 pub(super) async fn fencing(cli: &Cli, cmd: &FencingCmd) -> Result<(), CliError> {
     let (path, api) = match cmd {
         FencingCmd::Status { api } => {
-            let s: views::FencingSummary = view(api_get(&api.url, "/1/fences/summary").await?)?;
+            let s: views::FencingSummary = view(api_get(api, "/1/fences/summary").await?)?;
             match &s.paused {
                 Some(p) => println!("fencing PAUSED since {}: {}", time(p.since), p.reason),
                 None => println!("fencing active"),
@@ -154,8 +155,7 @@ pub(super) async fn fencing(cli: &Cli, cmd: &FencingCmd) -> Result<(), CliError>
         FencingCmd::Resume { api } => ("/1/fencing/resume".to_string(), api),
     };
     let cfg = cli.load_config()?;
-    let p: views::FencingPause =
-        view(api_signed(&cfg, &api.url, reqwest::Method::POST, &path).await?)?;
+    let p: views::FencingPause = view(api_signed(&cfg, api, reqwest::Method::POST, &path).await?)?;
     match p.pause {
         Some(p) => println!("fencing paused: {}", p.reason),
         None => println!("fencing resumed"),
@@ -188,7 +188,7 @@ fn drill_line(d: &crate::fencing::drill::Drill) -> String {
 }
 
 pub(super) async fn drills(json: bool, api: &ApiArgs) -> Result<(), CliError> {
-    let v = api_get(&api.url, "/1/drills").await?;
+    let v = api_get(api, "/1/drills").await?;
     if json {
         print_json(&v);
         return Ok(());
@@ -214,14 +214,14 @@ pub(super) async fn drill(
     let cfg = cli.load_config()?;
     let path = format!("/1/nodes/{}/drill", segment(node));
     let d: crate::fencing::drill::Drill =
-        view(api_signed(&cfg, &api.url, reqwest::Method::POST, &path).await?)?;
+        view(api_signed(&cfg, api, reqwest::Method::POST, &path).await?)?;
     println!("drill {} on {node} started", d.id);
     if !wait {
         return Ok(0);
     }
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        let list: Vec<crate::fencing::drill::Drill> = view(api_get(&api.url, "/1/drills").await?)?;
+        let list: Vec<crate::fencing::drill::Drill> = view(api_get(api, "/1/drills").await?)?;
         let Some(now) = list.into_iter().find(|x| x.id == d.id) else {
             continue;
         };

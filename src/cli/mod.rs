@@ -124,8 +124,17 @@ pub enum Command {
         #[command(subcommand)]
         cmd: FencingCmd,
     },
-    /// Write a fresh cluster key (mode 0600) to the key file.
-    Keygen,
+    /// Write a fresh cluster key (mode 0600) to the key file, or with `--operator` an
+    /// operator's key.
+    Keygen {
+        /// Write a key for this operator (`<name>:<hex>`), to give them and to list under
+        /// `[daemon.operators.<name>]`.
+        #[arg(long)]
+        operator: Option<String>,
+        /// Where the operator key goes (default `./<name>.key`); never overwritten.
+        #[arg(long, requires = "operator")]
+        out: Option<PathBuf>,
+    },
     /// Print the NodeFence CustomResourceDefinition (YAML), e.g. `maintd crd | kubectl apply -f -`.
     Crd,
     /// Run the local diagnose and print the signed report envelope.
@@ -154,6 +163,11 @@ pub struct ApiArgs {
     /// Base URL of the daemon's API.
     #[arg(long, env = "MAINTD_URL", default_value = "http://127.0.0.1:1816")]
     pub url: String,
+    /// Operator key file (`<name>:<hex>`, as `maintd keygen --operator NAME` writes it): signs
+    /// commands, and reads too. Default: ~/.config/maintd/operator.key when it exists; without
+    /// one, the cluster key signs commands and reads go unsigned.
+    #[arg(long, env = "MAINTD_OPERATOR_KEY")]
+    pub operator_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -324,7 +338,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             api,
         } => {
             let path = filter.query("/1/status", &[("action", action.as_deref())]);
-            let v = api_get(&api.url, &path).await?;
+            let v = api_get(api, &path).await?;
             if *json {
                 print_json(&v);
             } else {
@@ -332,7 +346,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             }
         }
         Command::Nodes { json, filter, api } => {
-            let v = api_get(&api.url, &filter.query("/1/nodes", &[])).await?;
+            let v = api_get(api, &filter.query("/1/nodes", &[])).await?;
             if *json {
                 print_json(&v);
             } else {
@@ -346,7 +360,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             let v: views::SeqReset = view(
                 api_signed(
                     &cfg,
-                    &api.url,
+                    api,
                     reqwest::Method::POST,
                     &format!("/1/nodes/{}/reset-seq", segment(node)),
                 )
@@ -362,7 +376,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             let e: views::Event = view(
                 api_signed(
                     &cfg,
-                    &api.url,
+                    api,
                     reqwest::Method::POST,
                     &format!("/1/events/{}/cancel", segment(id)),
                 )
@@ -376,7 +390,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                     Some(n) => format!("/1/tags?node={}", segment(n)),
                     None => "/1/tags".into(),
                 };
-                let tags: views::Tags = view(api_get(&api.url, &path).await?)?;
+                let tags: views::Tags = view(api_get(api, &path).await?)?;
                 for (node, tags) in tags {
                     let list: Vec<String> = tags.into_iter().collect();
                     println!("{node}: {}", list.join(" "));
@@ -386,7 +400,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 let cfg = cli.load_config()?;
                 api_signed(
                     &cfg,
-                    &api.url,
+                    api,
                     reqwest::Method::DELETE,
                     &format!("/1/nodes/{}/tags/{}", segment(node), segment(tag)),
                 )
@@ -416,7 +430,20 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
         Command::Crd => {
             print!("{}", crate::cluster::kube::nodefence::crd_yaml());
         }
-        Command::Keygen => {
+        Command::Keygen {
+            operator: Some(name),
+            out,
+        } => {
+            let path = out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("{name}.key")));
+            crate::report::operator::OperatorKey::generate(&path, name)?;
+            println!(
+                "wrote a new key for operator {name} to {}; list it under [daemon.operators.{name}] key-files",
+                path.display()
+            );
+        }
+        Command::Keygen { operator: None, .. } => {
             let cfg = cli.load_config()?;
             Key::generate(&cfg.cluster.key_file)?;
             println!(

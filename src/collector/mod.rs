@@ -194,6 +194,8 @@ impl Collector {
             body_timeout: self.cfg.limits.body_timeout,
             replay: self.replay.clone(),
             refused: self.refused.clone(),
+            operators: None,
+            reads: false,
         };
         // The request carries the event's diagnose JSON, which the diagnose cap bounds.
         let repair_cap = self.cfg.diagnose_output_cap.saturating_mul(2) + 4096;

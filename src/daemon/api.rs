@@ -26,6 +26,8 @@ pub struct ApiState<C: Cluster> {
     pub cluster: Arc<C>,
     pub leadership: Arc<crate::leader::Leadership>,
     pub key: Key,
+    /// Who may sign operator commands besides (until one is configured) the cluster key.
+    pub operators: Arc<crate::http::Operators>,
     pub settings: ApiSettings,
     pub members: Arc<crate::members::Members>,
     pub wake: Arc<Notify>,
@@ -55,7 +57,7 @@ impl<C: Cluster> ApiState<C> {
     /// gauges read at each scrape (the state's, the process's).
     pub fn new(
         parts: &super::assembly::Assembly<C>,
-        key: Key,
+        creds: super::Credentials,
         cfg: &crate::config::Config,
         registry: &mut Registry,
     ) -> ApiState<C> {
@@ -83,12 +85,14 @@ impl<C: Cluster> ApiState<C> {
             flows: shared.flows.clone(),
             cluster: shared.cluster.clone(),
             leadership: shared.leadership.clone(),
-            key,
+            key: creds.key,
+            operators: creds.operators,
             settings: ApiSettings {
                 request_window: cfg.daemon.request_window,
                 body_timeout: cfg.daemon.limits.body_timeout,
                 stall_after: cfg.daemon.stall_after,
                 config_paused: cfg.fencing.paused,
+                anonymous_read: cfg.daemon.anonymous_read,
             },
             members: shared.members.clone(),
             wake: parts.engine.waker(),
@@ -120,6 +124,8 @@ pub struct ApiSettings {
     pub stall_after: std::time::Duration,
     /// `fencing.paused` in the configuration.
     pub config_paused: bool,
+    /// Reads answer unsigned requests (`daemon.anonymous-read`).
+    pub anonymous_read: bool,
 }
 
 pub(super) type S<C> = State<Arc<ApiState<C>>>;
@@ -147,6 +153,12 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         body_timeout: state.settings.body_timeout,
         replay: state.replay.clone(),
         refused: state.refused.clone(),
+        operators: Some(state.operators.clone()),
+        reads: false,
+    };
+    let readers = SignedAuth {
+        reads: true,
+        ..auth.clone()
     };
     let signed = Router::new()
         .route("/1/events/{id}/cancel", post(cancel::<C>))
@@ -158,9 +170,14 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
             "/1/nodes/{node}/drill",
             post(super::fencing_api::drill::<C>),
         )
+        // Inside the signature check: only a signed, accepted command is recorded, with its
+        // signer.
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            super::audit::audited::<C>,
+        ))
         .route_layer(middleware::from_fn_with_state(auth, require_signed));
-    Router::new()
-        .route("/", get(super::ui::root))
+    let mut reads = Router::new()
         .route("/1/status", get(super::lists::status::<C>))
         .route("/1/status/{id}", get(one_status::<C>))
         .route("/1/nodes", get(super::lists::nodes::<C>))
@@ -170,13 +187,20 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/fences/summary", get(fencing_summary::<C>))
         .route("/1/fences/{id}", get(super::fencing_api::one::<C>))
         .route("/1/drills", get(super::fencing_api::drills::<C>))
+        .route("/1/audit", get(super::audit::list::<C>))
         .route(
             "/1/fences/{id}/timeline",
             get(super::fencing_api::timeline::<C>),
         )
-        .route("/1/leader", get(leader::<C>))
+        .route("/1/leader", get(leader::<C>));
+    if !state.settings.anonymous_read {
+        reads = reads.route_layer(middleware::from_fn_with_state(readers, require_signed));
+    }
+    Router::new()
+        .route("/", get(super::ui::root))
         .route("/1/health", get(health::<C>))
         .route("/metrics", get(metrics::<C>))
+        .merge(reads)
         .merge(signed)
         .merge(super::ui::routes())
         .fallback(crate::http::not_found_fallback)
@@ -233,11 +257,22 @@ async fn one_status<C: Cluster>(
     Path(id): Path<String>,
 ) -> Result<Json<views::Event>, ApiError> {
     let id = parse_id(&id)?;
+    let commands = || {
+        s.store
+            .audit(Some(&id.to_string()), 100)
+            .map_err(|e| db_error(&s.store, e))
+    };
     if let Some(f) = s.flows.get(&id).await.map_err(|e| flows_error(&s, e))? {
-        return Ok(Json(views::Event::of_flow(&f)));
+        let mut v = views::Event::of_flow(&f);
+        v.commands = commands()?;
+        return Ok(Json(v));
     }
     match s.store.event(&id).map_err(|e| db_error(&s.store, e))? {
-        Some((e, jobs, None)) => Ok(Json(views::Event::of_repair(&e, &jobs))),
+        Some((e, jobs, None)) => {
+            let mut v = views::Event::of_repair(&e, &jobs);
+            v.commands = commands()?;
+            Ok(Json(v))
+        }
         Some((_, _, Some(why))) => Err(ApiError::not_found(format!(
             "event {id} was cleared: {why}"
         ))),

@@ -45,7 +45,12 @@ pub(super) async fn timeline<C: Cluster>(
     State(s): S<C>,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<views::timeline::Entry>>, ApiError> {
-    Ok(Json(views::timeline::of(&flow(&s, &id).await?)))
+    let f = flow(&s, &id).await?;
+    let commands = s
+        .store
+        .audit(Some(&f.id.to_string()), 1000)
+        .map_err(|e| ApiError::internal(format!("{}: {e}", s.store.path())))?;
+    Ok(Json(views::timeline::with_commands(&f, &commands)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -66,6 +71,7 @@ pub(super) fn current<C: Cluster>(
         s.settings.config_paused.then(|| crate::store::Pause {
             reason: "fencing.paused = true in the configuration".into(),
             since: 0,
+            by: None,
         })
     }))
 }
@@ -86,6 +92,7 @@ async fn changed<C: Cluster>(s: &ApiState<C>) -> Result<Json<views::FencingPause
 /// until resumed; running steps finish. Kept across restarts and failovers.
 pub(super) async fn pause<C: Cluster>(
     State(s): S<C>,
+    axum::Extension(op): axum::Extension<crate::report::operator::Operator>,
     Query(q): Query<PauseQuery>,
 ) -> Result<Json<views::FencingPause>, ApiError> {
     require_leader(&s)?;
@@ -101,9 +108,9 @@ pub(super) async fn pause<C: Cluster>(
         .unwrap_or_else(|| "paused by an operator".into());
     let was = s
         .store
-        .pause_fencing(&reason, steady_ns())
+        .pause_fencing(&reason, &op.name, steady_ns())
         .map_err(|e| ApiError::internal(format!("{}: {e}", s.store.path())))?;
-    tracing::info!(reason = %reason, already = was, "fencing paused by an operator");
+    tracing::info!(reason = %reason, already = was, operator = %op.name, "fencing paused by an operator");
     changed(&s).await
 }
 

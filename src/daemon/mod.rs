@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod assembly;
+mod audit;
 mod fencing_api;
 mod found;
 mod listing;
@@ -35,6 +36,8 @@ use crate::store::{FlowStore, Store, StoreError};
 pub enum DaemonError {
     #[error(transparent)]
     Lock(#[from] lock::LockError),
+    #[error(transparent)]
+    Operators(#[from] crate::http::OperatorsError),
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error(transparent)]
@@ -82,7 +85,13 @@ pub async fn run(
         .load_plans()
         .map_err(crate::config::ConfigError::from)?;
     // Read from files before anything is opened: the cluster key and the fence plans.
-    let loaded = (Key::load(&cfg.cluster.key_file)?, plans);
+    let loaded = (
+        Credentials {
+            key: Key::load(&cfg.cluster.key_file)?,
+            operators: Arc::new(crate::http::Operators::load(&cfg.daemon.operators)?),
+        },
+        plans,
+    );
     let lock = lock::acquire(&cfg.daemon.state_dir, &cfg.host)?;
     let store = Arc::new(Store::open(&cfg.db_path())?);
     continue_steady_clock(&store)?;
@@ -248,15 +257,23 @@ type Membership = (
 
 /// Builds the parts with the production links and agents, serves the API, and stops it all
 /// together.
+/// The keys the daemon checks signatures with: the cluster key (reports, heartbeats, and
+/// operator commands until an operator is configured) and the operators'.
+pub struct Credentials {
+    pub key: Key,
+    pub operators: Arc<crate::http::Operators>,
+}
+
 async fn run_with<C: Cluster>(
     cfg: &Config,
-    (key, book): (Key, Arc<PlanBook>),
+    (creds, book): (Credentials, Arc<PlanBook>),
     store: Arc<Store>,
     cluster: Arc<C>,
     (nodes, leadership, watch, flows): Membership,
     _lock: lock::MasterLock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
+    let key = creds.key.clone();
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     cfg.fencing
         .check_members(&names)
@@ -310,7 +327,7 @@ async fn run_with<C: Cluster>(
     let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
     let app = api::router(Arc::new(api::ApiState::new(
         &parts,
-        key,
+        creds,
         cfg,
         &mut registry,
     )));

@@ -12,7 +12,10 @@ mod limits;
 pub mod listener;
 mod signed;
 
-pub use signed::{RefusalLabel, Refused, ReplayCache, SignedAuth, header_once, require_signed};
+pub use signed::{
+    Operators, OperatorsError, RefusalLabel, Refused, ReplayCache, SignedAuth, header_once,
+    require_signed,
+};
 
 use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 
@@ -43,6 +46,9 @@ impl ApiError {
     }
     pub fn unauthorized(m: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m)
+    }
+    pub fn forbidden(m: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", m)
     }
     pub fn internal(m: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", m)

@@ -14,6 +14,9 @@ use prometheus_client::metrics::family::Family;
 use tracing::warn;
 
 use super::{ApiError, listener};
+use crate::report::operator::{
+    CLUSTER_KEY_ID, OPERATOR_HEADER, Operator, OperatorKey, Role, operator_target,
+};
 use crate::report::{
     Key, Mac32, RequestError, SIGNATURE_HEADER, TIMESTAMP_HEADER, check_request_headers,
     decode_mac, now_ns,
@@ -26,7 +29,8 @@ pub struct RefusalLabel {
 }
 
 /// Refused signed requests by reason (`unsigned`, `malformed`, `stale`, `forged`, `replayed`,
-/// `too-large`, `body`): `forged` covers a bad signature and one made for another target.
+/// `too-large`, `body`, `unknown-operator`, `forbidden`): `forged` covers a bad signature and
+/// one made for another target; `forbidden` a genuine signature whose signer may not do this.
 pub type Refused = Family<RefusalLabel, Counter>;
 
 /// What the signature middleware checks against, for one group of routes.
@@ -42,6 +46,67 @@ pub struct SignedAuth {
     pub replay: Arc<ReplayCache>,
     /// Every refusal is counted here (and logged).
     pub refused: Refused,
+    /// Who may sign here besides the cluster key: the daemon's operators. `None` on a
+    /// collector, where only the cluster key signs.
+    pub operators: Option<Arc<Operators>>,
+    /// Routes that only read: the read role suffices, and the replay cache is not consulted (a
+    /// read repeated changes nothing).
+    pub reads: bool,
+}
+
+/// The daemon's operators: each name's role and the keys that speak for it.
+#[derive(Default)]
+pub struct Operators {
+    keys: std::collections::HashMap<String, (Role, Vec<Key>)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorsError {
+    #[error("daemon.operators.{name}: {source}")]
+    Key {
+        name: String,
+        #[source]
+        source: crate::report::KeyError,
+    },
+    #[error("daemon.operators.{name}: key file {path} is {found:?}'s, not {name:?}'s")]
+    Name {
+        name: String,
+        path: String,
+        found: String,
+    },
+}
+
+impl Operators {
+    /// Loads every operator's key files; each must name the operator it is listed under.
+    pub fn load(
+        cfg: &std::collections::BTreeMap<String, crate::report::operator::OperatorConfig>,
+    ) -> Result<Operators, OperatorsError> {
+        let mut keys = std::collections::HashMap::new();
+        for (name, o) in cfg {
+            let mut loaded = Vec::new();
+            for path in &o.key_files {
+                let k = OperatorKey::load(path).map_err(|source| OperatorsError::Key {
+                    name: name.clone(),
+                    source,
+                })?;
+                if &k.name != name {
+                    return Err(OperatorsError::Name {
+                        name: name.clone(),
+                        path: path.display().to_string(),
+                        found: k.name,
+                    });
+                }
+                loaded.push(k.key);
+            }
+            keys.insert(name.clone(), (o.role, loaded));
+        }
+        Ok(Operators { keys })
+    }
+
+    /// Until an operator is configured, the cluster key signs operator commands as before.
+    pub fn cluster_key_operates(&self) -> bool {
+        self.keys.is_empty()
+    }
 }
 
 impl SignedAuth {
@@ -51,16 +116,101 @@ impl SignedAuth {
         parts: &axum::http::request::Parts,
         e: ApiError,
     ) -> ApiError {
+        self.refuse_signer(reason, parts, None, e)
+    }
+
+    /// A refusal that names whose key signed (an operator, or the cluster key), once known.
+    fn refuse_signer(
+        &self,
+        reason: &'static str,
+        parts: &axum::http::request::Parts,
+        signer: Option<&str>,
+        e: ApiError,
+    ) -> ApiError {
         warn!(
             reason,
             method = %parts.method,
             path = parts.uri.path(),
             target = %self.target,
+            signer = signer.unwrap_or("-"),
             detail = %e.message,
             "signed request refused"
         );
         self.refused.get_or_create(&RefusalLabel { reason }).inc();
         e
+    }
+
+    /// Whose key signed the request, and whether they may send it: the operator it names,
+    /// or the cluster key when it names none.
+    fn signer(
+        &self,
+        parts: &axum::http::request::Parts,
+        path: &str,
+        ts: i64,
+        body: &[u8],
+        sig: &Mac32,
+    ) -> Result<Operator, ApiError> {
+        let method = parts.method.as_str();
+        let named = header_once(&parts.headers, OPERATOR_HEADER)
+            .map_err(|m| self.refuse("malformed", parts, ApiError::unauthorized(m)))?;
+        let needs = if self.reads {
+            Role::Read
+        } else {
+            Role::Operate
+        };
+        let Some(name) = named else {
+            if !self
+                .key
+                .verify_request_mac(&self.target, method, path, ts, body, sig)
+            {
+                let e = ApiError::unauthorized(format!(
+                    "request signature does not verify under the cluster key for {:?}",
+                    self.target
+                ));
+                return Err(self.refuse("forged", parts, e));
+            }
+            if self
+                .operators
+                .as_ref()
+                .is_some_and(|o| !o.cluster_key_operates())
+            {
+                let e = ApiError::forbidden(
+                    "signed with the cluster key, which every node holds: this daemon takes operator commands only from operator keys (maintd keygen --operator NAME)",
+                );
+                return Err(self.refuse_signer("forbidden", parts, Some(CLUSTER_KEY_ID), e));
+            }
+            return Ok(Operator {
+                name: CLUSTER_KEY_ID.into(),
+                role: Role::Operate,
+            });
+        };
+        let Some((role, keys)) = self.operators.as_ref().and_then(|o| o.keys.get(name)) else {
+            let e = ApiError::unauthorized(format!("no operator {name:?} is known here"));
+            return Err(self.refuse_signer("unknown-operator", parts, Some(name), e));
+        };
+        let target = operator_target(name);
+        if !keys
+            .iter()
+            .any(|k| k.verify_request_mac(&target, method, path, ts, body, sig))
+        {
+            let e = ApiError::unauthorized(format!(
+                "request signature does not verify under operator {name:?}'s key"
+            ));
+            return Err(self.refuse_signer("forged", parts, Some(name), e));
+        }
+        if *role < needs {
+            let e = ApiError::forbidden(format!(
+                "operator {name:?} has the {} role; {method} {} needs {}",
+                role.as_str(),
+                parts.uri.path(),
+                needs.as_str()
+            ));
+            return Err(self.refuse_signer("forbidden", parts, Some(name), e));
+        }
+        Ok(Operator {
+            name: name.to_string(),
+            role: *role,
+        })
     }
 }
 
@@ -148,27 +298,21 @@ pub async fn require_signed(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    if !auth
-        .key
-        .verify_request_mac(&auth.target, parts.method.as_str(), path, ts, &bytes, &sig)
-    {
-        let e = ApiError::unauthorized(format!(
-            "request signature does not verify under the cluster key for {:?}",
-            auth.target
-        ));
-        return Err(auth.refuse("forged", &parts, e));
-    }
-    if let Err(e) = auth
-        .replay
-        .check_and_remember(&sig, ts, now_ns(), auth.window_s)
+    let signer = auth.signer(&parts, path, ts, &bytes, &sig)?;
+    if !auth.reads
+        && let Err(e) = auth
+            .replay
+            .check_and_remember(&sig, ts, now_ns(), auth.window_s)
     {
         let reason = if e.status == StatusCode::UNAUTHORIZED {
             "replayed"
         } else {
             "busy"
         };
-        return Err(auth.refuse(reason, &parts, e));
+        return Err(auth.refuse_signer(reason, &parts, Some(&signer.name), e));
     }
+    let mut parts = parts;
+    parts.extensions.insert(signer);
     Ok(next
         .run(axum::extract::Request::from_parts(
             parts,

@@ -23,6 +23,8 @@ fn app(replay: Arc<ReplayCache>, refused: Refused) -> Router {
         body_timeout: std::time::Duration::from_secs(5),
         replay,
         refused,
+        operators: None,
+        reads: false,
     };
     Router::new()
         .route(

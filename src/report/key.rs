@@ -58,6 +58,45 @@ pub enum KeyError {
     },
     #[error("no random bytes: {0}")]
     Random(String),
+    #[error(
+        "operator key file {path} must hold <name>:<hex key> (a lower-case name, at least 32 hex digits), as `maintd keygen --operator NAME` writes it"
+    )]
+    OperatorFormat { path: String },
+    #[error(
+        "{0:?} is not an operator name: 1 to 64 of a-z, 0-9, '.', '_', '@', '-', starting with a letter or digit"
+    )]
+    OperatorName(String),
+}
+
+/// A secret file's text, refusing one that group or others can read or write.
+pub(super) fn read_secret(path: &Path) -> Result<String, KeyError> {
+    let p = path.display().to_string();
+    crate::secret::read(path).map_err(|e| match e {
+        crate::secret::SecretFileError::Read { source } => KeyError::Read { path: p, source },
+        crate::secret::SecretFileError::Permissions { mode } => {
+            KeyError::Permissions { path: p, mode }
+        }
+    })
+}
+
+/// Writes `prefix` and a fresh 256-bit key in hex, mode 0600; refuses to overwrite a file.
+pub(super) fn write_fresh(path: &Path, prefix: &str) -> Result<(), KeyError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| KeyError::Random(e.to_string()))?;
+    let write_err = |source| KeyError::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(write_err)?;
+    writeln!(f, "{prefix}{}", hex::encode(bytes)).map_err(write_err)?;
+    f.sync_all().map_err(write_err)
 }
 
 impl Key {
@@ -71,42 +110,21 @@ impl Key {
 
     /// Loads a key file, refusing one that group or others can read or write.
     pub fn load(path: &Path) -> Result<Key, KeyError> {
-        let p = path.display().to_string();
-        let text = crate::secret::read(path).map_err(|e| match e {
-            crate::secret::SecretFileError::Read { source } => KeyError::Read {
-                path: p.clone(),
-                source,
-            },
-            crate::secret::SecretFileError::Permissions { mode } => KeyError::Permissions {
-                path: p.clone(),
-                mode,
-            },
-        })?;
-        let bytes = hex::decode(text.trim()).map_err(|_| KeyError::Format { path: p.clone() })?;
-        if bytes.len() < 16 {
-            return Err(KeyError::Format { path: p });
-        }
-        Ok(Key::keyed(&bytes))
+        let text = read_secret(path)?;
+        Key::parse_hex(text.trim()).ok_or_else(|| KeyError::Format {
+            path: path.display().to_string(),
+        })
+    }
+
+    /// A key written as hex, of at least 16 bytes.
+    pub(super) fn parse_hex(text: &str) -> Option<Key> {
+        let bytes = hex::decode(text).ok()?;
+        (bytes.len() >= 16).then(|| Key::keyed(&bytes))
     }
 
     /// Writes a fresh 256-bit key with mode 0600; refuses to overwrite an existing file.
     pub fn generate(path: &Path) -> Result<(), KeyError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).map_err(|e| KeyError::Random(e.to_string()))?;
-        let write_err = |source| KeyError::Write {
-            path: path.display().to_string(),
-            source,
-        };
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(write_err)?;
-        writeln!(f, "{}", hex::encode(bytes)).map_err(write_err)?;
-        f.sync_all().map_err(write_err)
+        write_fresh(path, "")
     }
 
     fn mac(&self, domain: &[u8], parts: &[&[u8]]) -> HmacSha256 {

@@ -5,6 +5,7 @@
 pub mod heartbeat;
 mod key;
 pub mod live;
+pub mod operator;
 pub mod poll;
 mod request;
 

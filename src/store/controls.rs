@@ -15,6 +15,9 @@ pub const STEADY_CLOCK: &str = "steady-clock";
 pub struct Pause {
     pub reason: String,
     pub since: Nanos,
+    /// The operator who paused (or last gave the reason); absent for the configuration's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 impl Store {
@@ -73,16 +76,19 @@ impl Store {
             serde_json::from_str(&v).unwrap_or(Pause {
                 reason: format!("unreadable pause record {v:?}; resume to clear it"),
                 since: 0,
+                by: None,
             })
         }))
     }
 
-    /// Pauses fencing (or changes the reason); returns whether it was paused already.
-    pub fn pause_fencing(&self, reason: &str, now: Nanos) -> Result<bool> {
+    /// Pauses fencing (or changes the reason), as operator `by`; returns whether it was paused
+    /// already.
+    pub fn pause_fencing(&self, reason: &str, by: &str, now: Nanos) -> Result<bool> {
         let since = self.fencing_pause()?.map_or(now, |p| p.since);
         let v = serde_json::to_string(&Pause {
             reason: reason.to_string(),
             since,
+            by: Some(by.to_string()),
         })
         .expect("a pause serializes");
         Ok(self.set_control(FENCING_PAUSE, Some(&v), now)?.is_some())

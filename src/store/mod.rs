@@ -21,6 +21,7 @@ use crate::verdict::Nanos;
 use crate::verdict::Outcome;
 use crate::verdict::Status;
 
+mod audit;
 pub mod changes;
 pub mod checkpoint;
 mod controls;
@@ -32,6 +33,7 @@ mod nodes;
 #[cfg(test)]
 mod tests;
 
+pub use audit::Command;
 pub use checkpoint::Checkpoint;
 pub use controls::Pause;
 pub use events::CancelOutcome;
@@ -176,6 +178,17 @@ const MIGRATIONS: &[&str] = &[
     r#"
     CREATE INDEX events_live ON events(created_ns, id) WHERE cleared_ns IS NULL;
     CREATE INDEX events_node ON events(node, created_ns);
+    "#,
+    // 5: the audit trail of operator commands.
+    r#"
+    CREATE TABLE audit (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ns INTEGER NOT NULL,
+        operator TEXT NOT NULL,
+        method TEXT NOT NULL,
+        path TEXT NOT NULL,
+        status INTEGER
+    );
     "#,
 ];
 

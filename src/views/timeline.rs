@@ -18,6 +18,8 @@ pub enum EntryKind {
     Decision,
     /// An agent call, a release, a return to service.
     Effect,
+    /// An operator's command about the flow, with who sent it and how it was answered.
+    Command,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -151,6 +153,29 @@ pub fn of(f: &Flow) -> Vec<Entry> {
             format!("returned to service on boot {}", boot(f.returned_boot)),
         ));
     }
+    out.sort_by_key(|e| e.at);
+    out
+}
+
+/// The flow's timeline with the operator commands sent about it, each at its moment.
+pub fn with_commands(f: &Flow, commands: &[crate::store::Command]) -> Vec<Entry> {
+    let mut out = of(f);
+    for c in commands {
+        let answer = c
+            .status
+            .map(|s| format!("answered {s}"))
+            .unwrap_or_else(|| "not answered".into());
+        out.push(entry(
+            c.at,
+            EntryKind::Command,
+            None,
+            format!(
+                "{} {} by operator {} ({answer})",
+                c.method, c.path, c.operator
+            ),
+        ));
+    }
+    // Stable: entries at the same moment keep the order they were recorded in.
     out.sort_by_key(|e| e.at);
     out
 }

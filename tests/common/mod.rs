@@ -693,13 +693,40 @@ env = {{ NODE = "{node}" }}
 
     /// Runs the CLI against this cluster.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(&*BIN)
-            .args(args)
+        self.cli_command(args).output().unwrap()
+    }
+
+    /// Runs the CLI as the operator whose key file is `key` (in this cluster's directory).
+    pub fn cli_as(&self, key: &str, args: &[&str]) -> std::process::Output {
+        self.cli_command(args)
+            .env("MAINTD_OPERATOR_KEY", self.path(key))
+            .output()
+            .unwrap()
+    }
+
+    fn cli_command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&*BIN);
+        c.args(args)
             .env("MAINTD_URL", self.url())
             .env("MAINTD_KEY_FILE", self.path("cluster.key"))
             .env("MAINTD_CONFIG", self.path("daemon.toml"))
-            .output()
-            .unwrap()
+            // An operator key in the home of whoever runs the tests is not this cluster's.
+            .env("HOME", self.dir.path());
+        c
+    }
+
+    /// An operator key for `name` in `file` (in this cluster's directory), written by the CLI.
+    pub fn operator_key(&self, name: &str, file: &str) -> maintd::report::operator::OperatorKey {
+        let path = self.path(file);
+        let out = self.cli(&[
+            "keygen",
+            "--operator",
+            name,
+            "--out",
+            path.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        maintd::report::operator::OperatorKey::load(&path).unwrap()
     }
 }
 

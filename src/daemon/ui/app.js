@@ -198,7 +198,7 @@ function renderFacts(leader, summary) {
   if (summary) {
     const f = el("span", {}, badge(summary.state, tone(summary.state)));
     if (summary.inactive && summary.inactive.length) f.append(" inactive on " + summary.inactive.join(", "));
-    if (summary.paused) f.append(" ", badge("paused", "warn"), " " + summary.paused.reason + " ", when(summary.paused.since || null));
+    if (summary.paused) f.append(" ", badge("paused", "warn"), " " + summary.paused.reason + (summary.paused.by ? " (by " + summary.paused.by + ") " : " "), when(summary.paused.since || null));
     $("fencing").replaceChildren(f);
   }
 }
@@ -257,11 +257,23 @@ async function watch(list, render, gen, signal) {
   }
 }
 
+// The audit trail's newest commands: who sent what, and how it was answered.
+function renderCommands(commands) {
+  const rows = commands.map((c) => el("tr", {},
+    el("td", {}, c.operator),
+    el("td", {}, el("code", {}, c.method + " " + c.path)),
+    el("td", {}, c.status ? badge(String(c.status), c.status < 300 ? "ok" : "warn") : badge("no answer", "warn")),
+    el("td", {}, when(c.at))));
+  $("commands-rows").replaceChildren(...rows);
+  $("commands-empty").hidden = commands.length > 0;
+}
+
 async function facts(gen, signal) {
   while (gen === view.gen) {
     try {
-      const [l, s] = await Promise.all(["/1/leader", "/1/fences/summary"].map((u) => fetch(u, { signal, cache: "no-store" })));
+      const [l, s, a] = await Promise.all(["/1/leader", "/1/fences/summary", "/1/audit?limit=10"].map((u) => fetch(u, { signal, cache: "no-store" })));
       renderFacts(l.ok ? await l.json() : null, s.ok ? await s.json() : null);
+      if (a.ok) renderCommands(await a.json());
       status("facts", l.ok && s.ok ? null : "leader or fencing summary " + await why(l.ok ? s : l));
     } catch (e) {
       if (signal.aborted) return;

@@ -18,12 +18,14 @@ impl<C: Cluster> Fencer<C> {
             Some(Pause {
                 reason: format!("the pause state cannot be read: {e}"),
                 since: 0,
+                by: None,
             })
         });
         let pause = runtime.or_else(|| {
             self.settings.policy.paused.then(|| Pause {
                 reason: "fencing.paused = true in the configuration".into(),
                 since: 0,
+                by: None,
             })
         });
         self.shared
