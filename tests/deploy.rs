@@ -160,6 +160,17 @@ fn two_daemon_replicas_and_a_collector_per_node_with_host_script_dirs() {
     assert!(env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"));
     let args = pod.containers[0].args.clone().unwrap();
     assert!(args.windows(2).any(|w| w == ["--cluster", "kubernetes"]));
+    // The operators' keys go to the daemon only: a node's root cannot command fencing.
+    let secrets = |pod: &k8s_openapi::api::core::v1::PodSpec| -> BTreeSet<String> {
+        pod.volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
+            .collect()
+    };
+    assert!(secrets(pod).contains("maintd-operators"));
+    let s: Vec<k8s_openapi::api::core::v1::Secret> = of_kind("operators.yaml", "Secret");
+    assert_eq!(s[0].metadata.name.as_deref(), Some("maintd-operators"));
 
     let ds: Vec<DaemonSet> = of_kind("collector.yaml", "DaemonSet");
     let pod = ds[0].spec.as_ref().unwrap().template.spec.as_ref().unwrap();
@@ -175,6 +186,7 @@ fn two_daemon_replicas_and_a_collector_per_node_with_host_script_dirs() {
     let c = &pod.containers[0];
     assert!(c.env.iter().flatten().any(|e| e.name == "MAINTD_NODE"));
     assert_eq!(c.ports.as_ref().unwrap()[0].host_port, Some(1815));
+    assert!(!secrets(pod).contains("maintd-operators"));
 }
 
 /// Reports are verified by re-serializing the parsed JSON, which is exact only with serde_json's

@@ -51,6 +51,7 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs() {
         "./lib/systemd/system/maintd.service",
         "./lib/systemd/system/maintd-collector.service",
         "./etc/maintd/maintd.toml",
+        "./etc/maintd/operators/",
         "./etc/maintd/diagnose.d/maintd-diagnose",
         "./etc/maintd/repair.d/offline",
         "./usr/lib/maintd/collectors/fs-check",
@@ -105,6 +106,19 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs() {
         format!("maintd {}", env!("CARGO_PKG_VERSION"))
     );
     assert!(chroot(&["getent", "passwd", "maintd"]).contains("/usr/sbin/nologin"));
+    // The operators' keys: a directory only the daemon's user may enter.
+    let ops = chroot(&["stat", "-c", "%a %U", "/etc/maintd/operators"]);
+    assert_eq!(ops.trim(), "700 maintd");
+    chroot(&[
+        "/usr/bin/maintd",
+        "keygen",
+        "--operator",
+        "alice",
+        "--out",
+        "/etc/maintd/operators/alice.key",
+    ]);
+    let mode = chroot(&["stat", "-c", "%a", "/etc/maintd/operators/alice.key"]);
+    assert_eq!(mode.trim(), "600");
     // The shipped configuration runs the shipped diagnose and collectors into a signed report.
     chroot(&["/usr/bin/maintd", "keygen"]);
     let report = chroot(&["/usr/bin/maintd", "diagnose", "--once"]);
