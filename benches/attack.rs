@@ -65,7 +65,7 @@ async fn sample(c: &Cluster, col: u32, dae: u32, stop: Arc<AtomicBool>) -> Windo
 }
 
 async fn sample_on(url: String, col: u32, dae: u32, stop: Arc<AtomicBool>) -> Window {
-    let client = reqwest::Client::builder()
+    let client = maintd::http::client_builder()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();

@@ -130,6 +130,14 @@ pub struct DaemonConfig {
     /// The API's reads answer unsigned requests. When false, they need an operator's signed
     /// request (either role); `/1/health`, `/metrics` and the status page's files stay open.
     pub anonymous_read: bool,
+    /// The API's certificate chain (PEM); with `tls-key-file` the API speaks HTTPS only.
+    /// Reloaded on SIGHUP.
+    pub tls_cert_file: Option<PathBuf>,
+    /// The API certificate's private key (PEM, owner-only).
+    pub tls_key_file: Option<PathBuf>,
+    /// Serve plain HTTP on an address other than loopback: without TLS such a listener is
+    /// refused unless this says so.
+    pub plain_http: bool,
 }
 
 pub use crate::report::operator::OperatorConfig;
@@ -158,7 +166,8 @@ impl Default for ClusterConfig {
 impl Default for DaemonConfig {
     fn default() -> Self {
         DaemonConfig {
-            listen: SocketAddr::from(([0, 0, 0, 0], DAEMON_PORT)),
+            // Loopback: a listener others can reach needs TLS (or plain-http = true).
+            listen: SocketAddr::from(([127, 0, 0, 1], DAEMON_PORT)),
             state_dir: "/var/lib/maintd".into(),
             db: None,
             poll_interval: Duration::from_secs(5),
@@ -176,6 +185,9 @@ impl Default for DaemonConfig {
             stall_after: Duration::from_secs(60),
             operators: BTreeMap::new(),
             anonymous_read: true,
+            tls_cert_file: None,
+            tls_key_file: None,
+            plain_http: false,
             limits: ListenerLimits {
                 max_connections: 1024,
                 max_connections_per_ip: 256,
@@ -279,6 +291,21 @@ impl Config {
             ("collector.limits", &self.collector.limits),
         ] {
             l.validate(what)?;
+        }
+        match (&d.tls_cert_file, &d.tls_key_file) {
+            (Some(_), None) | (None, Some(_)) => {
+                return bad(
+                    "daemon.tls-cert-file and daemon.tls-key-file go together: set both or neither"
+                        .into(),
+                );
+            }
+            (None, None) if !d.listen.ip().is_loopback() && !d.plain_http => {
+                return bad(format!(
+                    "daemon.listen {} is reachable from the network, and the API carries operators' commands: serve it over TLS (daemon.tls-cert-file and daemon.tls-key-file), or set daemon.plain-http = true to serve plain HTTP anyway",
+                    d.listen
+                ));
+            }
+            _ => {}
         }
         for (name, o) in &d.operators {
             if !crate::report::operator::valid_operator_name(name) {
@@ -626,6 +653,22 @@ mod tests {
             err("[kubernetes]\nevents-namespace = \"maintd\"")
                 .contains("accepted only in \"default\"")
         );
+    }
+
+    /// A listener others can reach carries operators' commands: TLS, or plain HTTP by
+    /// explicit choice; certificate and key go together.
+    #[test]
+    fn a_network_listener_needs_tls_or_an_explicit_plain_http() {
+        let err = |t: &str| Config::parse(t).unwrap_err().to_string();
+        assert_eq!(Config::default().daemon.listen.to_string(), "127.0.0.1:1816");
+        let open = "[daemon]\nlisten = \"0.0.0.0:1816\"\n";
+        assert!(err(open).contains("plain-http = true"), "{}", err(open));
+        assert!(Config::parse(&format!("{open}plain-http = true\n")).is_ok());
+        let tls = "tls-cert-file = \"/c.pem\"\ntls-key-file = \"/k.pem\"\n";
+        assert!(Config::parse(&format!("{open}{tls}")).is_ok());
+        let half = format!("{open}tls-cert-file = \"/c.pem\"\n");
+        assert!(err(&half).contains("go together"), "{}", err(&half));
+        assert!(Config::parse("[daemon]\nlisten = \"[::1]:1816\"\n").is_ok());
     }
 
     /// Setting one key of a `[*.limits]` table changes that key only: every other key keeps

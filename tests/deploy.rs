@@ -169,6 +169,21 @@ fn two_daemon_replicas_and_a_collector_per_node_with_host_script_dirs() {
             .collect()
     };
     assert!(secrets(pod).contains("maintd-operators"));
+    // The API is reached through the Service: HTTPS, with its certificate from maintd-tls.
+    assert!(secrets(pod).contains("maintd-tls"));
+    let probe = pod.containers[0].liveness_probe.as_ref().unwrap();
+    assert_eq!(
+        probe.http_get.as_ref().unwrap().scheme.as_deref(),
+        Some("HTTPS")
+    );
+    let cm: Vec<ConfigMap> = of_kind("configmap.yaml", "ConfigMap");
+    let cfg = maintd::config::Config::parse(&cm[0].data.as_ref().unwrap()["maintd.toml"]).unwrap();
+    assert_eq!(
+        cfg.daemon.tls_cert_file.as_deref(),
+        Some(std::path::Path::new("/etc/maintd/tls/tls.crt"))
+    );
+    let s: Vec<k8s_openapi::api::core::v1::Secret> = of_kind("tls.yaml", "Secret");
+    assert_eq!(s[0].type_.as_deref(), Some("kubernetes.io/tls"));
     let s: Vec<k8s_openapi::api::core::v1::Secret> = of_kind("operators.yaml", "Secret");
     assert_eq!(s[0].metadata.name.as_deref(), Some("maintd-operators"));
 

@@ -102,7 +102,7 @@ async fn fifty_readers_cause_no_failed_poll_and_no_unreachable_node() {
     let mut readers = Vec::new();
     for r in 0..50 {
         let (client, url, stop, answers) = (
-            reqwest::Client::new(),
+            maintd::http::client_builder().build().unwrap(),
             c.url(),
             stop.clone(),
             answers.clone(),

@@ -57,7 +57,7 @@ pub async fn api(
     )
     .await?;
     let daemon = start_daemon(dir.path(), &key_file, &state, port, &addrs).await?;
-    let client = reqwest::Client::new();
+    let client = crate::http::client_builder().build()?;
     if let Err(e) = settle(&client, &base).await {
         let log = std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(20).collect();

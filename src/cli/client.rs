@@ -4,11 +4,23 @@
 use super::*;
 use crate::report::operator::OperatorKey;
 
-pub(super) fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(10))
-        .build()
-        .expect("a plain HTTP client always builds")
+/// The client for the daemon's API: over HTTPS it trusts only `--ca-file`'s CAs (the daemon's
+/// certificate is the cluster's own, not one the system's store would vouch for).
+pub(super) fn client(api: &ApiArgs) -> Result<reqwest::Client, CliError> {
+    let b = crate::http::client_builder().timeout(std::time::Duration::from_secs(10));
+    let b = match &api.ca_file {
+        Some(ca) => b.tls_backend_preconfigured(
+            crate::http::tls::client_trusting(ca).map_err(|e| CliError::Tls(e.to_string()))?,
+        ),
+        None if api.url.starts_with("https://") => {
+            return Err(CliError::Tls(format!(
+                "{} is HTTPS: name the CA that signed the daemon's certificate with --ca-file (MAINTD_CA_FILE)",
+                api.url
+            )));
+        }
+        None => b,
+    };
+    b.build().map_err(|e| CliError::Tls(e.to_string()))
 }
 
 /// A read: signed by the operator's key when there is one (a daemon with
@@ -16,8 +28,8 @@ pub(super) fn client() -> reqwest::Client {
 pub(super) async fn api_get(api: &ApiArgs, path: &str) -> Result<ExactJson, CliError> {
     let url = &api.url;
     let sent = match operator_key(api)? {
-        Some(op) => send_as(&op, reqwest::Method::GET, url, path).await,
-        None => client().get(format!("{url}{path}")).send().await,
+        Some(op) => send_as(&client(api)?, &op, reqwest::Method::GET, url, path).await,
+        None => client(api)?.get(format!("{url}{path}")).send().await,
     };
     decode(url, sent).await
 }
@@ -43,6 +55,7 @@ pub(super) fn operator_key(api: &ApiArgs) -> Result<Option<OperatorKey>, CliErro
 
 /// Sends a bodiless request signed by operator `op`, naming them.
 async fn send_as(
+    client: &reqwest::Client,
     op: &OperatorKey,
     method: reqwest::Method,
     url: &str,
@@ -50,7 +63,7 @@ async fn send_as(
 ) -> Result<reqwest::Response, reqwest::Error> {
     let ts = now_ns();
     let sig = op.sign_request(method.as_str(), path, ts, b"");
-    client()
+    client
         .request(method, format!("{url}{path}"))
         .header(crate::report::TIMESTAMP_HEADER, ts.to_string())
         .header(crate::report::SIGNATURE_HEADER, sig)
@@ -88,13 +101,13 @@ pub(super) async fn api_signed(
 ) -> Result<ExactJson, CliError> {
     let url = &api.url;
     if let Some(op) = operator_key(api)? {
-        return decode(url, send_as(&op, method, url, path).await).await;
+        return decode(url, send_as(&client(api)?, &op, method, url, path).await).await;
     }
     let key = Key::load(&cfg.cluster.key_file)?;
     decode(
         url,
         send_signed(
-            &client(),
+            &client(api)?,
             &key,
             crate::report::DAEMON_TARGET,
             method,

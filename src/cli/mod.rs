@@ -168,6 +168,10 @@ pub struct ApiArgs {
     /// one, the cluster key signs commands and reads go unsigned.
     #[arg(long, env = "MAINTD_OPERATOR_KEY")]
     pub operator_key: Option<PathBuf>,
+    /// The CA (PEM) that signed the daemon's certificate, for an `https://` URL: the only one
+    /// trusted.
+    #[arg(long, env = "MAINTD_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -227,6 +231,8 @@ pub enum CliError {
     },
     #[error("daemon answered {0}")]
     Api(String),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("unexpected answer from the daemon: {0}")]
     Decode(String),
     #[error(transparent)]

@@ -473,6 +473,8 @@ pub async fn run(
         collector.router(),
         ccfg.limits,
         Default::default(),
+        // Reports, views and repairs carry no secret, and each is signed: see the security model.
+        None,
         shutdown,
     )
     .await

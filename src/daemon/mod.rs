@@ -39,6 +39,8 @@ pub enum DaemonError {
     #[error(transparent)]
     Operators(#[from] crate::http::OperatorsError),
     #[error(transparent)]
+    Tls(#[from] crate::http::tls::TlsError),
+    #[error(transparent)]
     Key(#[from] KeyError),
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -89,6 +91,10 @@ pub async fn run(
         Credentials {
             key: Key::load(&cfg.cluster.key_file)?,
             operators: Arc::new(crate::http::Operators::load(&cfg.daemon.operators)?),
+            tls: match (&cfg.daemon.tls_cert_file, &cfg.daemon.tls_key_file) {
+                (Some(c), Some(k)) => Some(crate::http::tls::ServerTls::load(c, k)?),
+                _ => None,
+            },
         },
         plans,
     );
@@ -257,11 +263,31 @@ type Membership = (
 
 /// Builds the parts with the production links and agents, serves the API, and stops it all
 /// together.
+/// Reads the API's certificate and key again on each SIGHUP (a renewed certificate without a
+/// restart); a pair that cannot be read is logged and the one in use stays.
+fn reload_on_sighup(tls: crate::http::tls::ServerTls) -> Result<(), DaemonError> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(DaemonError::Serve)?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => info!("SIGHUP: the API's TLS certificate and key were read again"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: cannot read the new TLS certificate or key; the one in use stays")
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
 /// The keys the daemon checks signatures with: the cluster key (reports, heartbeats, and
 /// operator commands until an operator is configured) and the operators'.
 pub struct Credentials {
     pub key: Key,
     pub operators: Arc<crate::http::Operators>,
+    /// The API's certificate, when it speaks HTTPS.
+    pub tls: Option<crate::http::tls::ServerTls>,
 }
 
 async fn run_with<C: Cluster>(
@@ -274,6 +300,7 @@ async fn run_with<C: Cluster>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let key = creds.key.clone();
+    let tls = creds.tls.clone();
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     cfg.fencing
         .check_members(&names)
@@ -335,7 +362,10 @@ async fn run_with<C: Cluster>(
     let mut running = parts.spawn();
     let limits = cfg.daemon.limits;
     let stopping = running.stopping();
-    let mut server = serve_apart(listener, app, limits, listener_metrics, stopping)?;
+    if let Some(t) = &tls {
+        reload_on_sighup(t.clone())?;
+    }
+    let mut server = serve_apart(listener, app, limits, listener_metrics, tls, stopping)?;
     let systemd = crate::sdnotify::announce_ready(&format!(
         "polling {} nodes, API on {}",
         names.len(),
@@ -422,6 +452,7 @@ fn serve_apart(
     app: axum::Router,
     limits: crate::http::listener::ListenerLimits,
     metrics: crate::http::listener::ListenerMetrics,
+    tls: Option<crate::http::tls::ServerTls>,
     stopping: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>, DaemonError> {
     let listener = listener.into_std().map_err(DaemonError::Serve)?;
@@ -445,7 +476,8 @@ fn serve_apart(
                 .and_then(|rt| {
                     rt.block_on(async move {
                         let listener = tokio::net::TcpListener::from_std(listener)?;
-                        crate::http::listener::serve(listener, app, limits, metrics, stopping).await
+                        crate::http::listener::serve(listener, app, limits, metrics, tls, stopping)
+                            .await
                     })
                 });
             let _ = tx.send(served);

@@ -259,6 +259,7 @@ pub async fn serve(
     router: Router,
     limits: ListenerLimits,
     metrics: ListenerMetrics,
+    tls: Option<super::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let gov = Arc::new(Governor {
@@ -303,6 +304,7 @@ pub async fn serve(
             stream,
             peer,
             router.clone(),
+            tls.clone(),
             stop_rx.clone(),
         ));
     }
@@ -318,14 +320,62 @@ pub async fn serve(
     Ok(())
 }
 
+/// What hyper reads and writes: the connection itself, or TLS over it.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// The connection as hyper sees it: on a TLS listener, after a handshake that must end within
+/// the header timeout. A client that opens with anything but a TLS handshake record is told,
+/// in plain HTTP, that this port speaks HTTPS, and the connection closes.
+async fn open(
+    gov: &Governor,
+    conn: &Arc<Conn>,
+    mut stream: tokio::net::TcpStream,
+    tls: Option<super::tls::ServerTls>,
+) -> Option<Box<dyn Io>> {
+    let io = |stream| watched::Watched {
+        inner: stream,
+        conn: conn.clone(),
+        base: gov.base,
+    };
+    let Some(tls) = tls else {
+        return Some(Box::new(io(stream)));
+    };
+    let patience = gov.limits.header_timeout;
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(patience, stream.peek(&mut first)).await {
+        Ok(Ok(1)) if first[0] == 0x16 => {}
+        Ok(Ok(1)) => {
+            use tokio::io::AsyncWriteExt;
+            let _ = stream.write_all(super::tls::PLAIN_HTTP_ANSWER).await;
+            let _ = stream.shutdown().await;
+            return None;
+        }
+        _ => return None,
+    }
+    match tokio::time::timeout(patience, tls.acceptor.accept(io(stream))).await {
+        Ok(Ok(s)) => Some(Box::new(s)),
+        Ok(Err(e)) => {
+            debug!(error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
 async fn run_conn(
     gov: Arc<Governor>,
     conn: Arc<Conn>,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     router: Router,
+    tls: Option<super::tls::ServerTls>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let Some(io) = open(&gov, &conn, stream, tls).await else {
+        gov.release(conn.id);
+        return;
+    };
     let activity = ConnActivity {
         conn: conn.clone(),
         base: gov.base,
@@ -352,11 +402,6 @@ async fn run_conn(
         .timer(TokioTimer::new())
         .header_read_timeout(None)
         .max_buf_size(64 * 1024);
-    let io = watched::Watched {
-        inner: stream,
-        conn: conn.clone(),
-        base: gov.base,
-    };
     let http = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(http);
     let mut stopping = false;
@@ -491,6 +536,7 @@ mod tests {
             router,
             limits,
             ListenerMetrics::default(),
+            None,
             async {
                 let _ = rx.await;
             },

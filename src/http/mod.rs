@@ -11,6 +11,7 @@ pub mod hygiene;
 mod limits;
 pub mod listener;
 mod signed;
+pub mod tls;
 
 pub use signed::{
     Operators, OperatorsError, RefusalLabel, Refused, ReplayCache, SignedAuth, header_once,
@@ -124,6 +125,17 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// A builder for an HTTP client. reqwest's TLS needs a process-wide crypto provider; ring is
+/// installed as that (once) so that every client, HTTPS or not, builds.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    static PROVIDER: std::sync::Once = std::sync::Once::new();
+    PROVIDER.call_once(|| {
+        // Err only when another provider was installed first, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+    reqwest::Client::builder()
 }
 
 /// Sends a request signed with the cluster key for `target` (a node's name, or

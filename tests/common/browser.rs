@@ -51,7 +51,7 @@ impl Browser {
             driver,
             base: format!("http://127.0.0.1:{port}"),
             session: String::new(),
-            http: reqwest::Client::new(),
+            http: maintd::http::client_builder().build().unwrap(),
             _profile: profile,
         };
         let deadline = Instant::now() + super::WAIT;

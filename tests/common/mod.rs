@@ -232,7 +232,7 @@ impl Cluster {
             extra_collector_toml: String::new(),
             env: Vec::new(),
             inventory_nodes: true,
-            client: reqwest::Client::builder()
+            client: maintd::http::client_builder()
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap(),
@@ -279,6 +279,8 @@ key-file = "{root}/cluster.key"
 
 [daemon]
 listen = "{}:{}"
+# In network namespaces the master's address is not loopback; the tests talk plain HTTP.
+plain-http = true
 state-dir = "{root}/state"
 repair-dir = "{root}/repair.d"
 poll-interval = "{poll}"
@@ -694,6 +696,15 @@ env = {{ NODE = "{node}" }}
     /// Runs the CLI against this cluster.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         self.cli_command(args).output().unwrap()
+    }
+
+    /// Runs the CLI with extra environment (a URL, a CA file).
+    pub fn cli_command_env(&self, args: &[&str], env: &[(&str, String)]) -> std::process::Output {
+        let mut c = self.cli_command(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
     }
 
     /// Runs the CLI as the operator whose key file is `key` (in this cluster's directory).
