@@ -660,7 +660,10 @@ mod tests {
     #[test]
     fn a_network_listener_needs_tls_or_an_explicit_plain_http() {
         let err = |t: &str| Config::parse(t).unwrap_err().to_string();
-        assert_eq!(Config::default().daemon.listen.to_string(), "127.0.0.1:1816");
+        assert_eq!(
+            Config::default().daemon.listen.to_string(),
+            "127.0.0.1:1816"
+        );
         let open = "[daemon]\nlisten = \"0.0.0.0:1816\"\n";
         assert!(err(open).contains("plain-http = true"), "{}", err(open));
         assert!(Config::parse(&format!("{open}plain-http = true\n")).is_ok());

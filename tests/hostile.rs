@@ -38,11 +38,6 @@ fn raise_own_fd_limit() {
     let _ = maintd::http::listener::raise_fd_limit();
 }
 
-fn alive(p: &mut Option<Proc>) -> bool {
-    p.as_mut()
-        .is_some_and(|p| p.child.try_wait().unwrap().is_none())
-}
-
 /// What a healthy node must look like after an attack: unfenced, unreleased, reachable.
 async fn assert_unharmed(c: &mut Cluster) {
     assert!(

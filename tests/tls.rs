@@ -229,3 +229,24 @@ fn a_network_listener_without_tls_is_refused_unless_plain_http_is_asked_for() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("plain-http"), "{err}");
 }
+
+/// Without TLS, SIGHUP (systemd's reload) is logged and changes nothing: the daemon runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_without_tls_does_not_stop_the_daemon() {
+    let mut c = Cluster::new(1);
+    c.start().await;
+    let pid = c.daemon.as_ref().unwrap().child.id();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    wait_for("the SIGHUP in the log", || async {
+        c.daemon_log()
+            .contains("SIGHUP: no TLS certificate")
+            .then_some(())
+    })
+    .await;
+    assert!(alive(&mut c.daemon));
+    assert_eq!(c.get("/1/health").await.0, 200);
+}

@@ -264,15 +264,17 @@ type Membership = (
 /// Builds the parts with the production links and agents, serves the API, and stops it all
 /// together.
 /// Reads the API's certificate and key again on each SIGHUP (a renewed certificate without a
-/// restart); a pair that cannot be read is logged and the one in use stays.
-fn reload_on_sighup(tls: crate::http::tls::ServerTls) -> Result<(), DaemonError> {
+/// restart); a pair that cannot be read is logged and the one in use stays. Without TLS a
+/// SIGHUP is logged and ignored: it never stops the daemon (or a fence step with it).
+fn reload_on_sighup(tls: Option<crate::http::tls::ServerTls>) -> Result<(), DaemonError> {
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(DaemonError::Serve)?;
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            match tls.reload() {
-                Ok(()) => info!("SIGHUP: the API's TLS certificate and key were read again"),
-                Err(e) => {
+            match tls.as_ref().map(|t| t.reload()) {
+                None => info!("SIGHUP: no TLS certificate to read again; nothing else reloads"),
+                Some(Ok(())) => info!("SIGHUP: the API's TLS certificate and key were read again"),
+                Some(Err(e)) => {
                     tracing::error!(error = %e, "SIGHUP: cannot read the new TLS certificate or key; the one in use stays")
                 }
             }
@@ -362,9 +364,7 @@ async fn run_with<C: Cluster>(
     let mut running = parts.spawn();
     let limits = cfg.daemon.limits;
     let stopping = running.stopping();
-    if let Some(t) = &tls {
-        reload_on_sighup(t.clone())?;
-    }
+    reload_on_sighup(tls.clone())?;
     let mut server = serve_apart(listener, app, limits, listener_metrics, tls, stopping)?;
     let systemd = crate::sdnotify::announce_ready(&format!(
         "polling {} nodes, API on {}",

@@ -759,6 +759,12 @@ pub async fn fetch_view(
     s.verify(key, node).expect("a view signed by the node")
 }
 
+/// Whether the process in this slot is still running.
+pub fn alive(p: &mut Option<Proc>) -> bool {
+    p.as_mut()
+        .is_some_and(|p| p.child.try_wait().unwrap().is_none())
+}
+
 /// Polls `f` until it yields a value, failing after `WAIT`.
 pub async fn wait_for<T, F, Fut>(what: &str, mut f: F) -> T
 where
