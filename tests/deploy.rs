@@ -76,10 +76,22 @@ fn rbac_grants_only_the_verbs_maintd_uses() {
         "maintd.io/nodefences:patch[]",
         "maintd.io/nodefences:delete[]",
         "maintd.io/nodefences/status:update[]",
+        "authentication.k8s.io/tokenreviews:create[]",
+        "authorization.k8s.io/subjectaccessreviews:create[]",
     ]
     .map(String::from)
     .into();
     assert_eq!(got, want);
+    let operator = rules(cluster[1].rules.as_deref().unwrap());
+    assert_eq!(
+        operator,
+        [
+            "maintd.io/nodefences:get[]",
+            "maintd.io/nodefences:operate[]"
+        ]
+        .map(String::from)
+        .into()
+    );
     let ns: Vec<Role> = of_kind("rbac.yaml", "Role");
     let got = rules(ns[0].rules.as_deref().unwrap());
     let want: BTreeSet<String> = [

@@ -703,7 +703,7 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
     c.inventory_nodes = false;
     // Leader election as shipped: the Lease and the state ConfigMap in `maintd`, watched by
     // name, which the Role allows only through its resourceNames.
-    c.extra_daemon_toml = "[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nnamespace = \"maintd\"\n".into();
+    c.extra_daemon_toml = "[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\noperator-tokens = true\n[kubernetes.leader-election]\nnamespace = \"maintd\"\n".into();
     c.env.push((
         "KUBECONFIG".into(),
         cp.service_account_kubeconfig("maintd", "maintd")
@@ -725,6 +725,54 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
     assert!(log.contains("became the leader"), "{log}");
     // Every watch (nodes, pods, PDBs, the Lease, the state ConfigMap) is allowed and running.
     assert!(!log.contains("watch broken"), "{log}");
+
+    // Operators' bearer tokens, judged by the API server under the deploy RBAC: a
+    // ServiceAccount bound to maintd-operator pauses; one without the verb gets 403; a token the
+    // API server never issued gets 401. The audit trail names the ServiceAccount.
+    for sa in ["alice", "mallory"] {
+        cp.kubectl_ok(&["-n", "maintd", "create", "serviceaccount", sa]);
+    }
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "maintd-alice",
+        "--clusterrole=maintd-operator",
+        "--serviceaccount=maintd:alice",
+    ]);
+    let token = |sa: &str| {
+        cp.kubectl_ok(&["create", "token", sa, "-n", "maintd"])
+            .trim()
+            .to_string()
+    };
+    let send = |path: &'static str, token: String| {
+        let req = c
+            .client
+            .post(format!("{}{path}", c.url()))
+            .bearer_auth(token);
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(
+        send("/1/fencing/pause?reason=k8s", token("alice")).await,
+        200
+    );
+    assert_eq!(send("/1/fencing/pause", token("mallory")).await, 403);
+    assert_eq!(send("/1/fencing/pause", "not-a-token".into()).await, 401);
+    let (_, audit) = c.get("/1/audit").await;
+    assert_eq!(
+        audit[0]["operator"], "system:serviceaccount:maintd:alice",
+        "{audit}"
+    );
+    assert_eq!(send("/1/fencing/resume", token("alice")).await, 200);
+    let log = c.daemon_log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("forbidden") && l.contains("system:serviceaccount:maintd:mallory")),
+        "{log}"
+    );
+    cp.kubectl_ok(&["delete", "clusterrolebinding", "maintd-alice"]);
+    for sa in ["alice", "mallory"] {
+        cp.kubectl_ok(&["-n", "maintd", "delete", "serviceaccount", sa]);
+    }
     c.kill_daemon();
     cp.heartbeats.alive("node1", false);
     cp.kubectl_ok(&["delete", "node", "node1"]);

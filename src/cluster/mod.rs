@@ -206,6 +206,12 @@ pub trait Cluster: Send + Sync + 'static {
     async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
         Ok(None)
     }
+    /// Who checks operators' bearer tokens, when this cluster takes them.
+    fn token_reviewer(
+        self: std::sync::Arc<Self>,
+    ) -> Option<std::sync::Arc<dyn crate::http::tokens::TokenReviewer>> {
+        None
+    }
     /// What runs pods to their end (remedy Jobs, fence agents as Jobs), for backends that can.
     fn pod_runner(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn PodRunner>> {
         None

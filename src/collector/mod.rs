@@ -196,6 +196,7 @@ impl Collector {
             refused: self.refused.clone(),
             operators: None,
             reads: false,
+            tokens: None,
         };
         // The request carries the event's diagnose JSON, which the diagnose cap bounds.
         let repair_cap = self.cfg.diagnose_output_cap.saturating_mul(2) + 4096;

@@ -28,6 +28,8 @@ pub struct ApiState<C: Cluster> {
     pub key: Key,
     /// Who may sign operator commands besides (until one is configured) the cluster key.
     pub operators: Arc<crate::http::Operators>,
+    /// Who checks bearer tokens, when the cluster takes them (Kubernetes).
+    pub tokens: Option<Arc<dyn crate::http::tokens::TokenReviewer>>,
     pub settings: ApiSettings,
     pub members: Arc<crate::members::Members>,
     pub wake: Arc<Notify>,
@@ -68,7 +70,7 @@ impl<C: Cluster> ApiState<C> {
         let refused = crate::http::Refused::default();
         registry.register(
             "maintd_requests_refused",
-            "Signed API requests refused, by reason (unsigned, malformed, stale, forged, replayed, too-large, body, busy)",
+            "Signed API requests refused, by reason (unsigned, malformed, stale, forged, replayed, too-large, body, busy, unknown-operator, forbidden, token)",
             refused.clone(),
         );
         let journal = cfg.daemon.state_dir.join("replay-requests");
@@ -87,6 +89,7 @@ impl<C: Cluster> ApiState<C> {
             leadership: shared.leadership.clone(),
             key: creds.key,
             operators: creds.operators,
+            tokens: shared.cluster.clone().token_reviewer(),
             settings: ApiSettings {
                 request_window: cfg.daemon.request_window,
                 body_timeout: cfg.daemon.limits.body_timeout,
@@ -155,6 +158,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         refused: state.refused.clone(),
         operators: Some(state.operators.clone()),
         reads: false,
+        tokens: state.tokens.clone(),
     };
     let readers = SignedAuth {
         reads: true,

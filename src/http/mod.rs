@@ -10,13 +10,13 @@ pub mod client;
 pub mod hygiene;
 mod limits;
 pub mod listener;
+mod operators;
 mod signed;
 pub mod tls;
+pub mod tokens;
 
-pub use signed::{
-    Operators, OperatorsError, RefusalLabel, Refused, ReplayCache, SignedAuth, header_once,
-    require_signed,
-};
+pub use operators::{Operators, OperatorsError};
+pub use signed::{RefusalLabel, Refused, ReplayCache, SignedAuth, header_once, require_signed};
 
 use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 

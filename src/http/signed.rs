@@ -14,9 +14,7 @@ use prometheus_client::metrics::family::Family;
 use tracing::warn;
 
 use super::{ApiError, listener};
-use crate::report::operator::{
-    CLUSTER_KEY_ID, OPERATOR_HEADER, Operator, OperatorKey, Role, operator_target,
-};
+use crate::report::operator::{CLUSTER_KEY_ID, OPERATOR_HEADER, Operator, Role, operator_target};
 use crate::report::{
     Key, Mac32, RequestError, SIGNATURE_HEADER, TIMESTAMP_HEADER, check_request_headers,
     decode_mac, now_ns,
@@ -29,7 +27,7 @@ pub struct RefusalLabel {
 }
 
 /// Refused signed requests by reason (`unsigned`, `malformed`, `stale`, `forged`, `replayed`,
-/// `too-large`, `body`, `unknown-operator`, `forbidden`): `forged` covers a bad signature and
+/// `too-large`, `body`, `unknown-operator`, `forbidden`, `token`): `forged` covers a bad signature and
 /// one made for another target; `forbidden` a genuine signature whose signer may not do this.
 pub type Refused = Family<RefusalLabel, Counter>;
 
@@ -48,65 +46,12 @@ pub struct SignedAuth {
     pub refused: Refused,
     /// Who may sign here besides the cluster key: the daemon's operators. `None` on a
     /// collector, where only the cluster key signs.
-    pub operators: Option<Arc<Operators>>,
+    pub operators: Option<Arc<super::Operators>>,
     /// Routes that only read: the read role suffices, and the replay cache is not consulted (a
     /// read repeated changes nothing).
     pub reads: bool,
-}
-
-/// The daemon's operators: each name's role and the keys that speak for it.
-#[derive(Default)]
-pub struct Operators {
-    keys: std::collections::HashMap<String, (Role, Vec<Key>)>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum OperatorsError {
-    #[error("daemon.operators.{name}: {source}")]
-    Key {
-        name: String,
-        #[source]
-        source: crate::report::KeyError,
-    },
-    #[error("daemon.operators.{name}: key file {path} is {found:?}'s, not {name:?}'s")]
-    Name {
-        name: String,
-        path: String,
-        found: String,
-    },
-}
-
-impl Operators {
-    /// Loads every operator's key files; each must name the operator it is listed under.
-    pub fn load(
-        cfg: &std::collections::BTreeMap<String, crate::report::operator::OperatorConfig>,
-    ) -> Result<Operators, OperatorsError> {
-        let mut keys = std::collections::HashMap::new();
-        for (name, o) in cfg {
-            let mut loaded = Vec::new();
-            for path in &o.key_files {
-                let k = OperatorKey::load(path).map_err(|source| OperatorsError::Key {
-                    name: name.clone(),
-                    source,
-                })?;
-                if &k.name != name {
-                    return Err(OperatorsError::Name {
-                        name: name.clone(),
-                        path: path.display().to_string(),
-                        found: k.name,
-                    });
-                }
-                loaded.push(k.key);
-            }
-            keys.insert(name.clone(), (o.role, loaded));
-        }
-        Ok(Operators { keys })
-    }
-
-    /// Until an operator is configured, the cluster key signs operator commands as before.
-    pub fn cluster_key_operates(&self) -> bool {
-        self.keys.is_empty()
-    }
+    /// Who checks bearer tokens, when they are taken here (the Kubernetes API).
+    pub tokens: Option<Arc<dyn super::tokens::TokenReviewer>>,
 }
 
 impl SignedAuth {
@@ -138,6 +83,45 @@ impl SignedAuth {
         );
         self.refused.get_or_create(&RefusalLabel { reason }).inc();
         e
+    }
+
+    /// Who holds a bearer token, and whether they may send this request: the reviewer's
+    /// answer. A token is not a signature, so it is not replay-checked (it is sent only over
+    /// TLS, or on loopback).
+    async fn token_holder(
+        &self,
+        parts: &axum::http::request::Parts,
+        token: String,
+    ) -> Result<Operator, ApiError> {
+        use super::tokens::TokenVerdict;
+        let Some(reviewer) = &self.tokens else {
+            let e = ApiError::unauthorized("bearer tokens are not taken here: sign the request");
+            return Err(self.refuse("token", parts, e));
+        };
+        let (verb, role) = if self.reads {
+            ("get", Role::Read)
+        } else {
+            ("operate", Role::Operate)
+        };
+        match reviewer.review(token, verb).await {
+            Err(e) => {
+                let e = ApiError::unavailable(format!("cannot check the bearer token: {e}"));
+                Err(self.refuse("token", parts, e))
+            }
+            Ok(TokenVerdict::Unknown) => {
+                let e = ApiError::unauthorized("the bearer token is not valid");
+                Err(self.refuse("token", parts, e))
+            }
+            Ok(TokenVerdict::Denied { user }) => {
+                let e = ApiError::forbidden(format!(
+                    "{user} may not {verb} nodefences.maintd.io, which {} {} needs",
+                    parts.method,
+                    parts.uri.path()
+                ));
+                Err(self.refuse_signer("forbidden", parts, Some(&user), e))
+            }
+            Ok(TokenVerdict::Allowed { user }) => Ok(Operator { name: user, role }),
+        }
     }
 
     /// Whose key signed the request, and whether they may send it: the operator it names,
@@ -184,7 +168,7 @@ impl SignedAuth {
                 role: Role::Operate,
             });
         };
-        let Some((role, keys)) = self.operators.as_ref().and_then(|o| o.keys.get(name)) else {
+        let Some((role, keys)) = self.operators.as_ref().and_then(|o| o.get(name)) else {
             let e = ApiError::unauthorized(format!("no operator {name:?} is known here"));
             return Err(self.refuse_signer("unknown-operator", parts, Some(name), e));
         };
@@ -233,6 +217,14 @@ pub async fn require_signed(
     next: axum::middleware::Next,
 ) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
+    if let Some(token) = super::tokens::bearer(&parts.headers).map(str::to_string) {
+        let mut parts = parts;
+        let who = auth.token_holder(&parts, token).await?;
+        parts.extensions.insert(who);
+        return Ok(next
+            .run(axum::extract::Request::from_parts(parts, body))
+            .await);
+    }
     let h = |name| {
         header_once(&parts.headers, name)
             .map_err(|m| auth.refuse("malformed", &parts, ApiError::unauthorized(m)))

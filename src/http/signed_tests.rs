@@ -1,6 +1,6 @@
 //! The one spelling of a signed request, as a property: every re-spelling of an accepted
 //! request's headers is refused, before the request was accepted and after, and after a
-//! restart that reloads the replay journal.
+//! restart that reloads the replay journal. And a bearer token in place of a signature.
 
 use std::sync::Arc;
 
@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use tower::ServiceExt;
 
 use super::*;
+use crate::report::operator::Operator;
 
 const TARGET: &str = "maintd-daemon";
 
@@ -25,6 +26,7 @@ fn app(replay: Arc<ReplayCache>, refused: Refused) -> Router {
         refused,
         operators: None,
         reads: false,
+        tokens: None,
     };
     Router::new()
         .route(
@@ -116,4 +118,82 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// A reviewer that knows two tokens: one allowed, one denied.
+struct TwoTokens;
+
+impl crate::http::tokens::TokenReviewer for TwoTokens {
+    fn review(&self, token: String, verb: &'static str) -> crate::http::tokens::Review {
+        use crate::http::tokens::TokenVerdict::*;
+        Box::pin(async move {
+            assert_eq!(verb, "operate", "a command asks for the operate verb");
+            Ok(match token.as_str() {
+                "good" => Allowed {
+                    user: "alice".into(),
+                },
+                "deny" => Denied {
+                    user: "mallory".into(),
+                },
+                _ => Unknown,
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_bearer_token_is_judged_by_its_reviewer_and_refused_where_none_is() {
+    let refused = Refused::default();
+    let with = |tokens: Option<Arc<dyn crate::http::tokens::TokenReviewer>>| {
+        let auth = SignedAuth {
+            key: Key::from_bytes(vec![3; 32]),
+            target: TARGET.into(),
+            window_s: 60,
+            max_body: 0,
+            body_timeout: std::time::Duration::from_secs(5),
+            replay: Arc::new(ReplayCache::default()),
+            refused: refused.clone(),
+            operators: None,
+            reads: false,
+            tokens,
+        };
+        Router::new()
+            .route(
+                "/1/fencing/pause",
+                axum::routing::post(
+                    |axum::Extension(op): axum::Extension<Operator>| async move { op.name },
+                ),
+            )
+            .route_layer(axum::middleware::from_fn_with_state(auth, require_signed))
+    };
+    let a = with(Some(Arc::new(TwoTokens)));
+    let bearer = |t: &str| format!("Bearer {t}");
+    for (token, want) in [
+        ("good", StatusCode::OK),
+        ("deny", StatusCode::FORBIDDEN),
+        ("forged", StatusCode::UNAUTHORIZED),
+    ] {
+        let got = send(&a, &[("authorization", &bearer(token))]).await;
+        assert_eq!(got, want, "{token}");
+    }
+    // Where no reviewer is configured, a token is no credential at all.
+    let b = with(None);
+    assert_eq!(
+        send(&b, &[("authorization", &bearer("good"))]).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        refused
+            .get_or_create(&RefusalLabel { reason: "token" })
+            .get(),
+        2
+    );
+    assert_eq!(
+        refused
+            .get_or_create(&RefusalLabel {
+                reason: "forbidden"
+            })
+            .get(),
+        1
+    );
 }

@@ -53,6 +53,10 @@ pub struct KubeConfig {
     pub remedies: BTreeMap<String, super::RemedyConfig>,
     /// At most this many remedy Jobs run at once, cluster-wide (one per node at most).
     pub max_remedies: usize,
+    /// The API also takes a Kubernetes bearer token in place of an operator key: checked with
+    /// a TokenReview, then a SubjectAccessReview of verb `get` (reads) or `operate` (commands)
+    /// on `nodefences.maintd.io`.
+    pub operator_tokens: bool,
     /// This replica's host name, as Events report it (resolved at load).
     #[serde(skip)]
     pub instance: String,
@@ -229,6 +233,7 @@ impl Default for KubeConfig {
             leader_election: LeaderElectionConfig::default(),
             nodefences: true,
             fence_configmaps: true,
+            operator_tokens: false,
             storage_leases: vec![],
             remedies: BTreeMap::new(),
             max_remedies: 5,

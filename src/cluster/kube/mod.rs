@@ -20,6 +20,7 @@ pub mod nodefence;
 mod nodes;
 mod remedies;
 mod snapshot;
+mod tokens;
 
 pub use config::{
     ConditionRuleConfig, KubeConfig, KubeConfigError, LeaderElectionConfig, StorageLeaseConfig,
@@ -325,6 +326,12 @@ impl Cluster for KubeCluster {
 
     fn pod_runner(self: Arc<Self>) -> Option<Arc<dyn crate::cluster::PodRunner>> {
         Some(self)
+    }
+
+    fn token_reviewer(self: Arc<Self>) -> Option<Arc<dyn crate::http::tokens::TokenReviewer>> {
+        self.cfg
+            .operator_tokens
+            .then(|| Arc::new(tokens::KubeTokens::new(self.client.clone())) as _)
     }
 
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
