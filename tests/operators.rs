@@ -168,6 +168,13 @@ async fn only_an_operator_with_the_operate_role_commands_and_every_command_names
     c.kill_daemon();
 }
 
+/// `POST /1/fencing/resume` signed by `op`: its status.
+async fn resume_as(c: &Cluster, op: &OperatorKey) -> u16 {
+    send(c, reqwest::Method::POST, "/1/fencing/resume", Some(op))
+        .await
+        .0
+}
+
 /// Alice's key rolled over while the cluster runs: both keys work during the rollover, then
 /// only the new one; the collectors are never refused nor found silent meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,51 +184,20 @@ async fn an_operators_key_is_rolled_over_with_both_accepted_meanwhile() {
     let _bob = c.operator_key("bob", "bob.key");
     c.extra_daemon_toml = operators_toml(&c, &["alice.key"]);
     c.start().await;
-    let post = reqwest::Method::POST;
-    assert_eq!(
-        send(&c, post.clone(), "/1/fencing/resume", Some(&old))
-            .await
-            .0,
-        200
-    );
+    assert_eq!(resume_as(&c, &old).await, 200);
 
     let new = c.operator_key("alice", "alice-next.key");
-    assert_eq!(
-        send(&c, post.clone(), "/1/fencing/resume", Some(&new))
-            .await
-            .0,
-        401
-    );
+    assert_eq!(resume_as(&c, &new).await, 401);
     c.extra_daemon_toml = operators_toml(&c, &["alice.key", "alice-next.key"]);
     c.start_daemon();
     c.wait_api().await;
-    assert_eq!(
-        send(&c, post.clone(), "/1/fencing/resume", Some(&old))
-            .await
-            .0,
-        200
-    );
-    assert_eq!(
-        send(&c, post.clone(), "/1/fencing/resume", Some(&new))
-            .await
-            .0,
-        200
-    );
+    assert_eq!(resume_as(&c, &old).await, 200);
+    assert_eq!(resume_as(&c, &new).await, 200);
     c.extra_daemon_toml = operators_toml(&c, &["alice-next.key"]);
     c.start_daemon();
     c.wait_api().await;
-    assert_eq!(
-        send(&c, post.clone(), "/1/fencing/resume", Some(&old))
-            .await
-            .0,
-        401
-    );
-    assert_eq!(
-        send(&c, post.clone(), "/1/fencing/resume", Some(&new))
-            .await
-            .0,
-        200
-    );
+    assert_eq!(resume_as(&c, &old).await, 401);
+    assert_eq!(resume_as(&c, &new).await, 200);
     let (_, nodes) = send(&c, reqwest::Method::GET, "/1/nodes", Some(&new)).await;
     for n in nodes.as_array().unwrap() {
         assert_eq!(n["reachable"], true, "{n}");

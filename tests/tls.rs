@@ -11,85 +11,31 @@ use std::time::{Duration, Instant};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// `openssl`, failing the test with its output when it fails.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl runs");
-    assert!(out.status.success(), "openssl {args:?}: {out:?}");
-}
-
 /// A CA `<name>-ca.pem` and a certificate for 127.0.0.1 it signed (`<name>.crt`, `<name>.key`).
 fn ca_and_cert(dir: &Path, name: &str) {
     let ca = format!("{name}-ca");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &format!("{ca}.key"),
-            "-out",
-            &format!("{ca}.pem"),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={ca}"),
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            "/CN=maintd",
-        ],
-    );
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"];
+    let (ca_cert, ca_key) = (format!("{ca}.pem"), format!("{ca}.key"));
+    certs::ca(dir, &ca, &ca_cert, &ec, &format!("/CN={ca}"));
     std::fs::write(
         dir.join(format!("{name}.ext")),
         "subjectAltName=IP:127.0.0.1\n",
     )
     .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.crt"),
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-        ],
-    );
+    certs::issue(dir, &ca_cert, &ca_key, name, &ec, "/CN=maintd");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(
         dir.join(format!("{name}.key")),
         std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+}
+
+/// Sends SIGHUP (what `systemctl reload` sends) to process `pid`.
+fn hup(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
     )
     .unwrap();
 }
@@ -178,11 +124,7 @@ async fn the_api_speaks_https_to_a_client_that_trusts_its_ca_and_reloads_its_cer
         status(&c, "one-ca.pem").status.success(),
         "the old pair until the signal"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
+    hup(pid);
     wait_for("the renewed certificate", || async {
         status(&c, "two-ca.pem").status.success().then_some(())
     })
@@ -194,11 +136,7 @@ async fn the_api_speaks_https_to_a_client_that_trusts_its_ca_and_reloads_its_cer
     );
     // A broken renewal is refused and the pair in use stays.
     std::fs::write(c.path("api.crt"), "not a certificate").unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
+    hup(pid);
     wait_for("the refused renewal in the log", || async {
         c.daemon_log()
             .contains("the one in use stays")
@@ -236,11 +174,7 @@ async fn a_sighup_without_tls_does_not_stop_the_daemon() {
     let mut c = Cluster::new(1);
     c.start().await;
     let pid = c.daemon.as_ref().unwrap().child.id();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
+    hup(pid);
     wait_for("the SIGHUP in the log", || async {
         c.daemon_log()
             .contains("SIGHUP: no TLS certificate")

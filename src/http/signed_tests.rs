@@ -15,8 +15,8 @@ use crate::report::operator::Operator;
 
 const TARGET: &str = "maintd-daemon";
 
-fn app(replay: Arc<ReplayCache>, refused: Refused) -> Router {
-    let auth = SignedAuth {
+fn auth(replay: Arc<ReplayCache>, refused: Refused) -> SignedAuth {
+    SignedAuth {
         key: Key::from_bytes(vec![3; 32]),
         target: TARGET.into(),
         window_s: 60,
@@ -27,13 +27,23 @@ fn app(replay: Arc<ReplayCache>, refused: Refused) -> Router {
         operators: None,
         reads: false,
         tokens: None,
-    };
+    }
+}
+
+/// A pause route behind `auth`, answering with the name of whoever it let through.
+fn router(auth: SignedAuth) -> Router {
     Router::new()
         .route(
             "/1/fencing/pause",
-            axum::routing::post(|| async { "paused" }),
+            axum::routing::post(
+                |axum::Extension(op): axum::Extension<Operator>| async move { op.name },
+            ),
         )
         .route_layer(axum::middleware::from_fn_with_state(auth, require_signed))
+}
+
+fn app(replay: Arc<ReplayCache>, refused: Refused) -> Router {
+    router(auth(replay, refused))
 }
 
 async fn send(app: &Router, headers: &[(&str, &str)]) -> StatusCode {
@@ -145,26 +155,10 @@ impl crate::http::tokens::TokenReviewer for TwoTokens {
 async fn a_bearer_token_is_judged_by_its_reviewer_and_refused_where_none_is() {
     let refused = Refused::default();
     let with = |tokens: Option<Arc<dyn crate::http::tokens::TokenReviewer>>| {
-        let auth = SignedAuth {
-            key: Key::from_bytes(vec![3; 32]),
-            target: TARGET.into(),
-            window_s: 60,
-            max_body: 0,
-            body_timeout: std::time::Duration::from_secs(5),
-            replay: Arc::new(ReplayCache::default()),
-            refused: refused.clone(),
-            operators: None,
-            reads: false,
+        router(SignedAuth {
             tokens,
-        };
-        Router::new()
-            .route(
-                "/1/fencing/pause",
-                axum::routing::post(
-                    |axum::Extension(op): axum::Extension<Operator>| async move { op.name },
-                ),
-            )
-            .route_layer(axum::middleware::from_fn_with_state(auth, require_signed))
+            ..auth(Arc::new(ReplayCache::default()), refused.clone())
+        })
     };
     let a = with(Some(Arc::new(TwoTokens)));
     let bearer = |t: &str| format!("Bearer {t}");

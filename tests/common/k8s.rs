@@ -126,24 +126,13 @@ impl ControlPlane {
     async fn start_inner(node_monitor_grace: Duration, audit_user: Option<&str>) -> ControlPlane {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let openssl = |args: &[&str]| {
-            run(Command::new("openssl").args(args).current_dir(d));
-        };
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
+        super::certs::ca(
+            d,
+            "ca",
             "ca.crt",
-            "-days",
-            "2",
-            "-subj",
+            &["-newkey", "rsa:2048"],
             "/CN=maintd-test-ca",
-        ]);
+        );
         // Version-3 certificates with their usages: rustls refuses version-1 ones.
         std::fs::write(
             d.join("apiserver.ext"),
@@ -159,38 +148,10 @@ impl ControlPlane {
             ("apiserver", "/CN=kube-apiserver"),
             ("admin", "/O=system:masters/CN=admin"),
         ] {
-            openssl(&[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-                "-subj",
-                subj,
-            ]);
-            openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &format!("{name}.crt"),
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-            ]);
+            super::certs::issue(d, "ca.crt", "ca.key", name, &["-newkey", "rsa:2048"], subj);
         }
-        openssl(&["genrsa", "-out", "sa.key", "2048"]);
-        openssl(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
+        super::certs::openssl(d, &["genrsa", "-out", "sa.key", "2048"]);
+        super::certs::openssl(d, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
 
         let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
         let url = format!("https://127.0.0.1:{api_port}");

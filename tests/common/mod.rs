@@ -6,6 +6,7 @@
 
 pub mod attack;
 pub mod browser;
+pub mod certs;
 pub mod fake_kube;
 pub mod ganeti;
 pub mod jobpods;
@@ -709,10 +710,8 @@ env = {{ NODE = "{node}" }}
 
     /// Runs the CLI as the operator whose key file is `key` (in this cluster's directory).
     pub fn cli_as(&self, key: &str, args: &[&str]) -> std::process::Output {
-        self.cli_command(args)
-            .env("MAINTD_OPERATOR_KEY", self.path(key))
-            .output()
-            .unwrap()
+        let key = self.path(key).display().to_string();
+        self.cli_command_env(args, &[("MAINTD_OPERATOR_KEY", key)])
     }
 
     fn cli_command(&self, args: &[&str]) -> Command {
