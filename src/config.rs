@@ -51,6 +51,9 @@ pub struct Config {
     /// This host's name, resolved once at load (`resolve_environment`).
     #[serde(skip)]
     pub host: String,
+    /// The file this was read from, read again on SIGHUP; `None` for the embedded defaults.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -138,6 +141,8 @@ pub struct DaemonConfig {
     /// Serve plain HTTP on an address other than loopback: without TLS such a listener is
     /// refused unless this says so.
     pub plain_http: bool,
+    /// A key per node, derived from a secret only the master holds: `[daemon.node-keys]`.
+    pub node_keys: crate::report::keyring::NodeKeysConfig,
 }
 
 pub use crate::report::operator::OperatorConfig;
@@ -188,6 +193,7 @@ impl Default for DaemonConfig {
             tls_cert_file: None,
             tls_key_file: None,
             plain_http: false,
+            node_keys: Default::default(),
             limits: ListenerLimits {
                 max_connections: 1024,
                 max_connections_per_ip: 256,
@@ -219,7 +225,10 @@ impl Config {
             },
             other => other,
         })?;
-        Ok(cfg)
+        Ok(Config {
+            source: Some(path),
+            ..cfg
+        })
     }
 
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -318,6 +327,26 @@ impl Config {
                     "daemon.operators.{name}: key-files must list one key file, or two while a key is rolled over"
                 ));
             }
+        }
+        let nk = &d.node_keys;
+        let node_name = |n: &String| {
+            n.len() <= crate::report::heartbeat::MAX_NAME && crate::exec::validate_name(n).is_ok()
+        };
+        if let Some(n) = nk
+            .revoked
+            .iter()
+            .chain(nk.nodes.keys())
+            .find(|n| !node_name(n))
+        {
+            return bad(format!(
+                "daemon.node-keys: {n:?} is not a node name (1-64 characters of [A-Za-z0-9._-])"
+            ));
+        }
+        if self.collector.key_files.len() > 2 {
+            return bad(
+                "collector.key-files lists at most two key files: the one the collector signs with, and one more while a key is rolled over"
+                    .into(),
+            );
         }
         if d.stall_after < d.poll_interval * 2 {
             return bad(format!(
@@ -448,6 +477,15 @@ impl Config {
             .clone()
             .unwrap_or_else(|| "localhost".into())
     }
+
+    /// The collector's key files: its own, or else the cluster key.
+    pub fn collector_key_files(&self) -> Vec<PathBuf> {
+        if self.collector.key_files.is_empty() {
+            vec![self.cluster.key_file.clone()]
+        } else {
+            self.collector.key_files.clone()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -550,6 +588,8 @@ mod tests {
             ("daemon", reference),
             ("daemon.limits", reference),
             ("daemon.operators.alice", reference),
+            ("daemon.node-keys", reference),
+            ("daemon.node-keys.nodes.node1", reference),
             ("actions", reference),
             ("inventory.hooks", reference),
             ("collector", reference),

@@ -12,7 +12,8 @@ use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
 
 use crate::http::client::{GetError, KeptClient, get};
 use crate::node::{NodeConfig, collector_address};
-use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
+use crate::report::keyring::Keyring;
+use crate::report::{SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 
 mod udp;
 #[cfg(test)]
@@ -63,14 +64,15 @@ pub struct HttpLink {
     conns: Arc<KeptClient>,
     /// Bounds each request, connect and body included.
     timeout: Duration,
-    key: Key,
+    /// Each request is signed with its node's key.
+    keys: Arc<Keyring>,
 }
 
 impl HttpLink {
-    pub fn new(conns: Arc<KeptClient>, key: Key, timeout: Duration) -> HttpLink {
+    pub fn new(conns: Arc<KeptClient>, keys: Arc<Keyring>, timeout: Duration) -> HttpLink {
         HttpLink {
             conns,
-            key,
+            keys,
             timeout,
         }
     }
@@ -125,11 +127,13 @@ impl CollectorLink for HttpLink {
         // Only a GET is tried again, as `get` is: it changes nothing if the first one got
         // through. Each try is signed afresh (a collector accepts a signature once).
         let again = method == reqwest::Method::GET;
+        let key = self
+            .keys
+            .signer(&node.name)
+            .map_err(|e| LinkError::Down(e.to_string()))?;
         let build = |host| {
             let ts = now_ns();
-            let sig = self
-                .key
-                .sign_request(&node.name, method.as_str(), path, ts, &body);
+            let sig = key.sign_request(&node.name, method.as_str(), path, ts, &body);
             let mut req = hyper::Request::builder()
                 .method(method.clone())
                 .uri(path)
@@ -165,7 +169,7 @@ impl Links {
     /// the kept set connect afresh without waiting. Each probe waits its own node's patience; the
     /// probe link's deadline is the longest of them.
     pub fn http(
-        key: &Key,
+        keys: &Arc<Keyring>,
         poll_timeout: Duration,
         probe_max: Duration,
         connections: usize,
@@ -173,7 +177,7 @@ impl Links {
     ) -> Links {
         let keep = connections.saturating_sub(poll_concurrency + PROBES_IN_FLIGHT);
         let conns = Arc::new(KeptClient::new(keep, connections));
-        let link = |t| Arc::new(HttpLink::new(conns.clone(), key.clone(), t)) as Arc<_>;
+        let link = |t| Arc::new(HttpLink::new(conns.clone(), keys.clone(), t)) as Arc<_>;
         Links {
             udp: None,
             poll: link(poll_timeout),

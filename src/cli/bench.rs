@@ -263,8 +263,9 @@ pub async fn poll(
             concurrency,
             timeout: Duration::from_secs(10),
         };
+        let keys = Arc::new(crate::report::keyring::Keyring::cluster(key.clone()));
         let link = crate::link::Links::http(
-            &key,
+            &keys,
             settings.timeout,
             settings.timeout,
             connections,
@@ -274,13 +275,13 @@ pub async fn poll(
         let shared = crate::parts::Shared::standalone(store.clone(), members, metrics);
         let udp = match udp {
             true => Some(Arc::new(crate::link::UdpPoll::bind(
-                key.clone(),
+                keys.clone(),
                 crate::link::udp_patience(Duration::from_secs(2)),
                 Default::default(),
             )?)),
             false => None,
         };
-        let poller = Poller::new(settings, link, key.clone(), &shared)?.with_udp(udp.clone());
+        let poller = Poller::new(settings, link, keys, &shared)?.with_udp(udp.clone());
 
         let t = Instant::now();
         poller.poll_all().await;

@@ -11,6 +11,8 @@ use crate::fencing::peering::{Peering, PeeringSettings};
 use crate::fencing::watchers::DEFAULT_WATCHERS;
 use crate::node::NodeConfig;
 use crate::report::heartbeat::{Heartbeat, PeerSet, PeerState, PeerView};
+use crate::report::keyring::Keyring;
+use crate::report::nodekey::{Credential, Held, NodeSecret};
 use crate::report::{Key, now_ns};
 
 use super::bench::{BenchError, cpu_seconds};
@@ -59,7 +61,18 @@ fn view_bytes(key: &Key, node: &str, peers: &[String], at: i64) -> Vec<u8> {
 }
 
 pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchError> {
+    // Keys per node, as a cluster runs once it has moved off the cluster key: heartbeats are
+    // signed and checked with Ed25519.
     let key = Key::from_bytes(vec![5; 32]);
+    let keyring = Arc::new(Keyring::with(
+        key.clone(),
+        Some(NodeSecret::from_bytes(&[6; 32])),
+        Default::default(),
+    ));
+    let cred = |n: &str| {
+        let k = keyring.node_key(n, 1).expect("a secret is set");
+        Credential::new(vec![Held::Node(k)])
+    };
     let hb = HeartbeatConfig::default();
     println!(
         "peer heartbeats: {nodes} nodes, {DEFAULT_WATCHERS} watchers each, a heartbeat every {:?}",
@@ -68,7 +81,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
 
     // 1. The leader's assignment, on start-up and on every membership change.
     let m = members(nodes);
-    let leader = Peering::new(key.clone(), settings());
+    let leader = Peering::new(keyring.clone(), settings());
     let t = Instant::now();
     leader.refresh(&m).await;
     let assign_s = t.elapsed().as_secs_f64();
@@ -85,7 +98,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
     let seeded = now_ns() as u64;
     let mut beat = Heartbeat::new("node1234", "node4321", seeded, now_ns(), seeded);
     beat.vouch = seeded;
-    let beat = beat.sign(&key).to_bytes().len();
+    let beat = beat.sign_as(&cred("node1234").now()).to_bytes().len();
     let per_s = avg / hb.interval.as_secs_f64();
     // IPv4 + UDP headers on top of the payload.
     let wire = (beat + 28) as f64;
@@ -109,14 +122,14 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
             collector: s.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         })
         .collect();
-    let planner = Peering::new(key.clone(), settings());
+    let planner = Peering::new(keyring.clone(), settings());
     planner.refresh(&addrs).await;
     let live_sets = planner.sets_for_bench();
     let mut all = Vec::new();
     for (n, socket) in addrs.iter().zip(sockets) {
         let p = Arc::new(crate::collector::peers::Peers::new(
             n.name.clone(),
-            key.clone(),
+            cred(&n.name),
             hb,
         ));
         let set: PeerSet = live_sets.get(&n.name).cloned().unwrap_or_default();
@@ -136,7 +149,8 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
         .iter()
         .zip(&addrs)
         .map(|(p, n)| {
-            let v = p.view(now).verify(&key, &n.name).ok();
+            let keys = keyring.verifiers(&n.name).unwrap_or_default();
+            let v = p.view(now).verify(&keys, &n.name).ok();
             v.map(|v| v.peers.iter().filter(|x| x.alive && x.hears_me).count())
                 .unwrap_or(0)
         })
@@ -153,11 +167,12 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
         .iter()
         .map(|(n, s)| {
             let peers: Vec<String> = s.peers.keys().cloned().collect();
-            (n.clone(), view_bytes(&key, n, &peers, now))
+            let k = keyring.signer(n).expect("no node is revoked");
+            (n.clone(), view_bytes(&k, n, &peers, now))
         })
         .collect();
     let bytes: usize = sample.iter().map(|(_, b)| b.len()).sum();
-    let verifier = Peering::new(key.clone(), settings());
+    let verifier = Peering::new(keyring.clone(), settings());
     verifier.refresh(&m).await;
     let t = Instant::now();
     let verified = sample

@@ -9,6 +9,7 @@ mod bench_store;
 mod benches;
 mod client;
 mod fences;
+mod keys;
 mod manual;
 mod show;
 use client::*;
@@ -129,10 +130,22 @@ pub enum Command {
     Keygen {
         /// Write a key for this operator (`<name>:<hex>`), to give them and to list under
         /// `[daemon.operators.<name>]`.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["node", "node_secret"])]
         operator: Option<String>,
-        /// Where the operator key goes (default `./<name>.key`); never overwritten.
-        #[arg(long, requires = "operator")]
+        /// Write this node's key (`node:<name>:<generation>:<hex>`), derived from the master's
+        /// `daemon.node-keys.secret-file`, to install as the collector's `key-files`.
+        #[arg(long, conflicts_with = "node_secret")]
+        node: Option<String>,
+        /// The generation of the node key (default: the one the master's configuration gives
+        /// that node, `daemon.node-keys.generation` or its per-node override).
+        #[arg(long, requires = "node")]
+        generation: Option<u32>,
+        /// Write a fresh node-key secret to `daemon.node-keys.secret-file` (master only).
+        #[arg(long)]
+        node_secret: bool,
+        /// Where the key goes (default `./<name>.key`, or the configured secret file); never
+        /// overwritten.
+        #[arg(long)]
         out: Option<PathBuf>,
     },
     /// Print the NodeFence CustomResourceDefinition (YAML), e.g. `maintd crd | kubectl apply -f -`.
@@ -241,6 +254,8 @@ pub enum CliError {
     Collector(#[from] crate::collector::CollectorError),
     #[error(transparent)]
     Bench(#[from] bench::BenchError),
+    #[error(transparent)]
+    NodeKey(#[from] keys::NodeKeyCliError),
     #[error("cannot write the man pages into {dir}: {source}")]
     Manpages {
         dir: String,
@@ -437,39 +452,28 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             print!("{}", crate::cluster::kube::nodefence::crd_yaml());
         }
         Command::Keygen {
-            operator: Some(name),
+            operator,
+            node,
+            generation,
+            node_secret,
             out,
         } => {
-            let path = out
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(format!("{name}.key")));
-            crate::report::operator::OperatorKey::generate(&path, name)?;
-            println!(
-                "wrote a new key for operator {name} to {}; list it under [daemon.operators.{name}] key-files",
-                path.display()
-            );
-        }
-        Command::Keygen { operator: None, .. } => {
-            let cfg = cli.load_config()?;
-            Key::generate(&cfg.cluster.key_file)?;
-            println!(
-                "wrote a new cluster key to {}",
-                cfg.cluster.key_file.display()
-            );
+            let what = keys::Keygen {
+                operator: operator.as_deref(),
+                node: node.as_deref(),
+                generation: *generation,
+                node_secret: *node_secret,
+                out: out.clone(),
+            };
+            keys::keygen(&cli, what)?;
         }
         Command::Diagnose { .. } => {
             let cfg = cli.load_config()?;
-            let key = Key::load(&cfg.cluster.key_file)?;
+            let node = cfg.node_name();
+            let cred = crate::report::nodekey::Credential::load(&cfg.collector_key_files(), &node)?;
             let d = crate::collector::diagnose(&cfg.collector).await;
-            let env = Envelope::new(
-                &cfg.node_name(),
-                1,
-                now_ns(),
-                d.at,
-                &d.verdict,
-                d.error.clone(),
-            )
-            .sign(&key);
+            let env = Envelope::new(&node, 1, now_ns(), d.at, &d.verdict, d.error.clone())
+                .sign(cred.now().signer());
             let body = serde_json::to_vec(&env).expect("an envelope serializes");
             print_json(&ExactJson::parse(&body).expect("a serialized envelope is JSON"));
             if let Some(e) = d.error {

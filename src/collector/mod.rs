@@ -24,14 +24,17 @@ use crate::config::{CollectorConfig, Config};
 use crate::exec::hooks::HookCall;
 use crate::exec::{self, RunSpec};
 use crate::http::{ApiError, SignedAuth, parse_json, require_signed};
-use crate::report::{Envelope, Key, KeyError, now_ns};
+use crate::report::nodekey::Credential;
+use crate::report::{Envelope, KeyError, now_ns};
 use crate::sync::{LockExt, RwLockExt};
 
+mod boot;
 mod diagnose;
 mod journal;
 pub mod peers;
 pub mod poll;
 mod probe;
+mod reload;
 pub mod watchdog;
 
 pub use diagnose::{Diagnosis, diagnose};
@@ -79,7 +82,8 @@ async fn metrics(State(c): State<Arc<Collector>>) -> impl axum::response::IntoRe
 
 pub struct Collector {
     node: String,
-    key: Key,
+    /// This node's keys: the first signs; the master's requests and polls may use any.
+    cred: Credential,
     cfg: CollectorConfig,
     latest: RwLock<Option<Diagnosis>>,
     seq: AtomicU64,
@@ -97,45 +101,19 @@ pub struct Collector {
     boot: crate::report::BootReport,
 }
 
-/// Reads this node's boot: its id from `path`, its time from the kernel's `btime` (or, for
-/// another file than the kernel's, from the file's modification time).
-pub fn read_boot(path: &std::path::Path) -> Result<crate::report::BootReport, CollectorError> {
-    let fail = |e: String| CollectorError::Boot {
-        path: path.display().to_string(),
-        problem: e,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    let id = uuid::Uuid::parse_str(text.trim())
-        .map_err(|e| fail(format!("not a boot id ({e}): {:?}", text.trim())))?;
-    let at = if path == std::path::Path::new(crate::report::KERNEL_BOOT_ID) {
-        let stat = std::fs::read_to_string("/proc/stat").map_err(|e| fail(e.to_string()))?;
-        let btime = stat
-            .lines()
-            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<i64>().ok())
-            .ok_or_else(|| fail("/proc/stat has no btime".into()))?;
-        btime.saturating_mul(1_000_000_000)
-    } else {
-        let m = std::fs::metadata(path)
-            .and_then(|m| m.modified())
-            .map_err(|e| fail(e.to_string()))?;
-        m.duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64)
-    };
-    Ok(crate::report::BootReport { id, at })
-}
-
 impl Collector {
     /// Opens the repair journal in `cfg.state-dir`; every repair it holds is known again, and
     /// one that was queued or running when the collector stopped is marked failed, never re-run.
     pub fn new(
         node: String,
-        key: Key,
+        cred: impl Into<Credential>,
         cfg: CollectorConfig,
     ) -> Result<Arc<Collector>, CollectorError> {
+        let cred = cred.into();
         // Seeded from the clock so the sequence keeps increasing across restarts without a
         // state file; the daemon rejects any sequence not above the last one it accepted.
         let seed = (now_ns() / 1000).max(1) as u64;
-        let boot = read_boot(&cfg.boot_id_file)?;
+        let boot = boot::read_boot(&cfg.boot_id_file)?;
         let journal = Journal::open(&cfg.state_dir)?;
         // Opened after the journal, which makes the state directory.
         let replays = cfg.state_dir.join("replay-requests");
@@ -149,14 +127,14 @@ impl Collector {
         let repairs = journal.load()?;
         let next = repairs.values().map(|r| r.seq + 1).max().unwrap_or(0);
         let peers = Arc::new(
-            peers::Peers::new(node.clone(), key.clone(), cfg.heartbeat)
+            peers::Peers::new(node.clone(), cred.clone(), cfg.heartbeat)
                 .persist_in(cfg.state_dir.join("peers.json")),
         );
         Ok(Arc::new(Collector {
             boot,
             peers,
             node,
-            key,
+            cred,
             cfg,
             latest: RwLock::new(None),
             seq: AtomicU64::new(seed),
@@ -182,12 +160,13 @@ impl Collector {
         env.watchdog = *self.peers.watchdog.read_unpoisoned();
         env.boot = Some(self.boot);
         env.answers = answers;
-        Some(env.sign(&self.key))
+        Some(env.sign(self.cred.now().signer()))
     }
 
     pub fn router(self: &Arc<Self>) -> Router {
         let auth = |max_body| SignedAuth {
-            key: self.key.clone(),
+            keys: Arc::new(self.cred.clone()),
+            nodes: None,
             target: self.node.clone(),
             window_s: self.cfg.request_window.as_secs(),
             max_body,
@@ -393,13 +372,20 @@ pub async fn run(
     cfg: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), CollectorError> {
-    let key = Key::load(&cfg.cluster.key_file)?;
     let node = cfg.node_name();
+    let cred = Credential::load(&cfg.collector_key_files(), &node)?;
+    tracing::info!(node = %node, signs_with = %cred.now().describe(), "collector keys loaded");
     let ccfg = cfg.collector.clone();
     let listener = crate::http::bind(ccfg.listen)
         .await
         .map_err(CollectorError::Listen)?;
-    let collector = Collector::new(node.clone(), key, ccfg.clone())?;
+    let source = reload::KeySource {
+        config: cfg.source.clone(),
+        cluster_key_file: cfg.cluster.key_file.clone(),
+        node: node.clone(),
+    };
+    reload::on_sighup(source, cred.clone()).map_err(CollectorError::Listen)?;
+    let collector = Collector::new(node.clone(), cred, ccfg.clone())?;
     // Armed before anything listens: a device that cannot be armed stops the start-up.
     let device = if ccfg.watchdog.enabled {
         Some(watchdog::Device::arm(&ccfg.watchdog)?)
@@ -435,9 +421,13 @@ pub async fn run(
             tokio::time::sleep(DISARMED_NOTICE).await;
         }
     };
-    let heartbeat_socket = peers::bind(ccfg.listen)
+    // Heartbeats and UDP polls share one socket on the collector's own address.
+    let heartbeat_socket = tokio::net::UdpSocket::bind(ccfg.listen)
         .await
-        .map_err(CollectorError::Listen)?;
+        .map_err(|e| {
+            warn!(listen = %ccfg.listen, error = %e, "cannot bind the heartbeat socket");
+            CollectorError::Listen(e)
+        })?;
     let heartbeats = tokio::spawn(
         collector
             .peers
@@ -495,6 +485,7 @@ pub async fn run(
 mod tests {
     use super::*;
     use crate::exec::testing::{script, whitelist_dir};
+    use crate::report::Key;
     use axum::body::Body;
     use axum::http::Request;
     use tower::ServiceExt;

@@ -22,9 +22,11 @@ use tracing::{debug, warn};
 
 use crate::config::HeartbeatConfig;
 use crate::report::heartbeat::{
-    Heartbeat, MAX_HEARTBEAT_BYTES, PeerSet, PeerSetError, PeerView, SignedView,
+    Heartbeat, MAX_HEARTBEAT_BYTES, PeerKeys, PeerSet, PeerSetError, PeerView, SignedView,
+    heartbeat_signed,
 };
-use crate::report::{Key, now_ns};
+use crate::report::nodekey::Credential;
+use crate::report::now_ns;
 use crate::sync::{LockExt, RwLockExt};
 use crate::verdict::Nanos;
 
@@ -65,11 +67,18 @@ const MAX_SENT: usize = 1 << 16;
 /// Views kept for the master to echo (it echoes the view of its previous probe).
 const MAX_SERVED: usize = 16;
 
+/// The set, its peers' addresses, and the keys their heartbeats are checked with.
+type Installed = (
+    PeerSet,
+    Vec<(String, SocketAddr)>,
+    BTreeMap<String, PeerKeys>,
+);
+
 pub struct Peers {
     me: String,
-    key: Key,
+    cred: Credential,
     cfg: HeartbeatConfig,
-    set: std::sync::RwLock<(PeerSet, Vec<(String, SocketAddr)>)>,
+    set: std::sync::RwLock<Installed>,
     heard: std::sync::Mutex<BTreeMap<String, Heard>>,
     rejected: std::sync::Mutex<BTreeMap<&'static str, u64>>,
     /// Seeded from the clock, so a restarted collector continues above what its peers accepted.
@@ -90,10 +99,10 @@ pub struct Peers {
 }
 
 impl Peers {
-    pub fn new(me: String, key: Key, cfg: HeartbeatConfig) -> Peers {
+    pub fn new(me: String, cred: Credential, cfg: HeartbeatConfig) -> Peers {
         Peers {
             me,
-            key,
+            cred,
             cfg,
             set: Default::default(),
             heard: Default::default(),
@@ -316,7 +325,8 @@ impl Peers {
                 warn!(file = %path.display(), error = %e, "cannot keep the peer set");
             }
         }
-        *self.set.write_unpoisoned() = (set.clone(), resolved);
+        let keys = set.peer_keys();
+        *self.set.write_unpoisoned() = (set.clone(), resolved, keys);
         Ok(set)
     }
 
@@ -330,7 +340,7 @@ impl Peers {
     }
 
     fn view_with(&self, now: Nanos, mono: Nanos, beat: u64, answers: u64) -> SignedView {
-        let (set, _) = self.set.read_unpoisoned().clone();
+        let set = self.set.read_unpoisoned().0.clone();
         let peers = {
             let heard = self.heard.lock_unpoisoned();
             let tracked = self.tracked.lock_unpoisoned();
@@ -374,7 +384,7 @@ impl Peers {
             beat,
             answers,
         }
-        .sign(&self.key)
+        .sign(self.cred.now().signer())
     }
 
     fn reject(&self, label: &'static str) {
@@ -385,7 +395,11 @@ impl Peers {
     fn receive(&self, bytes: &[u8], now: Nanos, mono: Nanos) {
         let window_s = self.cfg.window.as_secs().max(1);
         let last = |from: &str| self.heard.lock_unpoisoned().get(from).map(|h| h.seq);
-        let hb = match Heartbeat::verify(bytes, &self.key, &self.me, last, now, window_s) {
+        let signed = |hb: &Heartbeat| {
+            let set = self.set.read_unpoisoned();
+            heartbeat_signed(hb, &set.2, self.cred.now().cluster_key())
+        };
+        let hb = match Heartbeat::verify(bytes, signed, &self.me, last, now, window_s) {
             Ok(hb) => hb,
             Err(e) => {
                 debug!(error = %e, "heartbeat refused");
@@ -463,6 +477,7 @@ impl Peers {
                     BTreeMap::new()
                 };
                 let watchdog_ms = self.watchdog.read_unpoisoned().map_or(0, |w| w.timeout_ms);
+                let held = self.cred.now();
                 for (name, addr) in targets {
                     let seq = self.beat(mono);
                     let echo = self.heard.lock_unpoisoned().get(&name).map_or(0, |h| h.seq);
@@ -470,7 +485,7 @@ impl Peers {
                     hb.vouch = acked.get(&name).copied().unwrap_or(0);
                     hb.marked_you = marked.contains(&name);
                     hb.watchdog_ms = watchdog_ms;
-                    let hb = hb.sign(&self.key).to_bytes();
+                    let hb = hb.sign_as(&held).to_bytes();
                     if let Err(e) = socket.send_to(&hb, addr).await {
                         debug!(peer = %name, error = %e, "heartbeat not sent");
                     }
@@ -481,13 +496,6 @@ impl Peers {
     }
 }
 
-/// Binds the heartbeat socket on the collector's own address (UDP).
-pub async fn bind(listen: SocketAddr) -> std::io::Result<UdpSocket> {
-    UdpSocket::bind(listen).await.inspect_err(|e| {
-        warn!(listen = %listen, error = %e, "cannot bind the heartbeat socket");
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -495,9 +503,10 @@ mod tests {
 
     #[test]
     fn a_peer_set_naming_this_node_or_a_bad_name_or_port_0_is_refused() {
+        let key = crate::report::Key::from_bytes(vec![1; 32]);
         let p = Peers::new(
             "n1".into(),
-            Key::from_bytes(vec![1; 32]),
+            Credential::cluster(key.clone()),
             HeartbeatConfig::default(),
         );
         let addr = PeerAddress {
@@ -508,6 +517,7 @@ mod tests {
             epoch: 1,
             peers: BTreeMap::from([(name.to_string(), PeerAddress { port, ..addr })]),
             watchers: Default::default(),
+            keys: Default::default(),
         };
         assert_eq!(
             p.install(set("n1", 1815)),
@@ -528,9 +538,75 @@ mod tests {
             Err(PeerSetError::Epoch(MAX_SAFE_INTEGER + 1))
         );
         assert!(p.install(set("n2", 1815)).is_ok());
-        let v = p.view(now_ns()).verify(&p.key, "n1").unwrap();
+        let v = p.view(now_ns()).verify(&key, "n1").unwrap();
         assert_eq!(v.epoch, 1);
         assert_eq!(v.peers.len(), 1);
         assert!(!v.peers[0].alive);
+        let mut bad_keys = set("n2", 1815);
+        bad_keys.keys.insert("n2".into(), vec!["ed25519:00".into()]);
+        assert!(matches!(p.install(bad_keys), Err(PeerSetError::Keys(_))));
+        let mut stranger = set("n2", 1815);
+        stranger
+            .keys
+            .insert("n9".into(), vec!["cluster-key".into()]);
+        assert!(matches!(p.install(stranger), Err(PeerSetError::Keys(_))));
+    }
+
+    /// With keys per node, a peer accepts a heartbeat only under the sender's own public key
+    /// (or the cluster key where the set still allows it): node A's key cannot speak for B, and
+    /// the cluster key stops counting once the set drops it.
+    #[test]
+    fn a_heartbeat_counts_only_under_its_senders_own_key() {
+        use crate::report::nodekey::{Held, NodeSecret};
+        let secret = NodeSecret::from_bytes(&[4; 32]);
+        let cluster = crate::report::Key::from_bytes(vec![1; 32]);
+        let cred = |n: &str, with_cluster: bool| {
+            let mut held = vec![Held::Node(secret.derive(n, 1))];
+            if with_cluster {
+                held.push(Held::Cluster(cluster.clone()));
+            }
+            Credential::new(held)
+        };
+        let me = Peers::new("b".into(), cred("b", true), HeartbeatConfig::default());
+        let addr = PeerAddress {
+            ip: "127.0.0.1".parse().unwrap(),
+            port: 1815,
+        };
+        let public = |n: &str| secret.derive(n, 1).heartbeat_public().encode();
+        let install = |a_keys: Vec<String>| {
+            me.install(PeerSet {
+                epoch: 1,
+                peers: BTreeMap::from([("a".into(), addr), ("c".into(), addr)]),
+                watchers: Default::default(),
+                keys: BTreeMap::from([("a".into(), a_keys), ("c".into(), vec![public("c")])]),
+            })
+            .unwrap();
+        };
+        install(vec![public("a")]);
+        let mut seq = 1;
+        let mut send = |from: &str, signer: &Credential| {
+            seq += 1;
+            let hb = Heartbeat::new(from, "b", seq, now_ns(), 0).sign_as(&signer.now());
+            me.receive(&hb.to_bytes(), now_ns(), crate::clock::mono_ns());
+        };
+        let heard = |n: &str| me.heard.lock_unpoisoned().contains_key(n);
+        // C's key, and a cluster-key-only signature, claiming to be A: refused.
+        send("a", &cred("c", false));
+        send("a", &Credential::cluster(cluster.clone()));
+        assert!(!heard("a"));
+        assert_eq!(me.rejected.lock_unpoisoned()["signature"], 2);
+        send("a", &cred("a", false));
+        assert!(heard("a"));
+        // While the set still lists the cluster key for C, a cluster-signed beat counts.
+        send("c", &Credential::cluster(cluster.clone()));
+        assert!(!heard("c"));
+        install(vec![public("a"), "cluster-key".into()]);
+        send("a", &Credential::cluster(cluster.clone()));
+        assert_eq!(me.rejected.lock_unpoisoned()["signature"], 3);
+        // A revoked peer's beats count under no key.
+        install(vec![]);
+        me.heard.lock_unpoisoned().clear();
+        send("a", &cred("a", true));
+        assert!(!heard("a"));
     }
 }

@@ -51,7 +51,7 @@ impl PollAnswers {
     /// the report it gets back is fresh because it answers the nonce.
     pub fn answer(&self, d: &[u8], mono: i64) -> Option<Vec<u8>> {
         let c = &self.collector;
-        let asked = poll::verify_request(&c.key, &c.node, d)
+        let asked = poll::verify_request(&c.cred, &c.node, d)
             .and_then(|a| self.first_time(a, mono).map(|()| a))
             .and_then(|a| self.take_token(mono).map(|()| a));
         let asked = match asked {
@@ -167,7 +167,12 @@ mod tests {
         let key = Key::from_bytes(vec![3; 32]);
         let (_c, node, _state) = serving(&key, r#"{"disk":"sda"}"#).await;
         let counts = UdpCounts::default();
-        let udp = UdpPoll::bind(key.clone(), Duration::from_secs(5), counts.clone()).unwrap();
+        let udp = UdpPoll::bind(
+            crate::report::keyring::Keyring::arc(key.clone()),
+            Duration::from_secs(5),
+            counts.clone(),
+        )
+        .unwrap();
         let rules = VerifyRules { max_bytes: 1 << 20 };
         let mut last = None;
         let mut nonces = std::collections::BTreeSet::new();
@@ -191,7 +196,12 @@ mod tests {
         let big = format!(r#"{{"log":"{}"}}"#, "x".repeat(poll::MAX_REPORT));
         let (_c, node, _state) = serving(&key, &big).await;
         let counts = UdpCounts::default();
-        let udp = UdpPoll::bind(key, Duration::from_secs(5), counts.clone()).unwrap();
+        let udp = UdpPoll::bind(
+            crate::report::keyring::Keyring::arc(key),
+            Duration::from_secs(5),
+            counts.clone(),
+        )
+        .unwrap();
         assert_eq!(udp.ask(&node).await, UdpPolled::Http);
         assert_eq!(outcome(&counts, "ask-http"), 1);
     }
@@ -248,7 +258,12 @@ mod tests {
         // Over the wire: a collector that answers nothing leaves the poll to HTTP.
         let key_elsewhere = Key::from_bytes(vec![5; 32]);
         let counts = UdpCounts::default();
-        let udp = UdpPoll::bind(key_elsewhere, Duration::from_millis(300), counts.clone()).unwrap();
+        let udp = UdpPoll::bind(
+            crate::report::keyring::Keyring::arc(key_elsewhere),
+            Duration::from_millis(300),
+            counts.clone(),
+        )
+        .unwrap();
         assert_eq!(udp.ask(&node).await, UdpPolled::Http);
         assert_eq!(outcome(&counts, "no-answer"), 1);
         // Then it is asked over HTTP only for a while.
@@ -279,9 +294,13 @@ mod tests {
         nodes[3] = silent;
         nodes[40] = too_big;
         let counts = UdpCounts::default();
-        let udp = UdpPoll::bind(key.clone(), Duration::from_secs(2), counts.clone())
-            .unwrap()
-            .with_in_flight(8);
+        let udp = UdpPoll::bind(
+            crate::report::keyring::Keyring::arc(key.clone()),
+            Duration::from_secs(2),
+            counts.clone(),
+        )
+        .unwrap()
+        .with_in_flight(8);
         let polled = udp.ask_all(Arc::new(nodes.clone())).await;
         assert_eq!(polled.len(), nodes.len());
         for (i, p) in polled.iter().enumerate() {
@@ -322,7 +341,12 @@ mod tests {
     async fn answers_no_request_waits_for_are_dropped_and_counted() {
         let key = Key::from_bytes(vec![3; 32]);
         let counts = UdpCounts::default();
-        let udp = UdpPoll::bind(key, Duration::from_millis(300), counts.clone()).unwrap();
+        let udp = UdpPoll::bind(
+            crate::report::keyring::Keyring::arc(key),
+            Duration::from_millis(300),
+            counts.clone(),
+        )
+        .unwrap();
         // A peer that answers with another nonce (a late copy, or a guess).
         let peer = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let node = NodeConfig {

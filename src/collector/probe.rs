@@ -139,7 +139,7 @@ impl Collector {
         };
         let window = self.cfg.request_window.as_secs();
         let (_, sig) =
-            crate::report::check_signature_only(&self.key, &req).map_err(|e| e.to_string())?;
+            crate::report::check_signature_only(&self.cred, &req).map_err(|e| e.to_string())?;
         // Remembered from its arrival, on this clock: the same probe is taken once.
         self.replay
             .check_and_remember(&sig, now, now, window)

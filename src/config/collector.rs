@@ -15,6 +15,10 @@ use crate::node::COLLECTOR_PORT;
 pub struct CollectorConfig {
     /// This node's name as the daemon knows it; defaults to the host name.
     pub node: Option<String>,
+    /// This node's key files: node keys (`maintd keygen --node`) or the cluster key. The first
+    /// signs; every one is accepted on the master's requests (two while a key is rolled over).
+    /// Empty: the cluster key (`cluster.key-file`).
+    pub key_files: Vec<PathBuf>,
     pub listen: SocketAddr,
     /// Bare name of the diagnose command in `diagnose-dir`; empty = built-in (always Ok).
     pub diagnose: String,
@@ -115,6 +119,7 @@ impl Default for CollectorConfig {
     fn default() -> Self {
         CollectorConfig {
             node: None,
+            key_files: Vec::new(),
             listen: SocketAddr::from(([0, 0, 0, 0], COLLECTOR_PORT)),
             diagnose: String::new(),
             diagnose_dir: "/etc/maintd/diagnose.d".into(),

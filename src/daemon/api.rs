@@ -26,6 +26,8 @@ pub struct ApiState<C: Cluster> {
     pub cluster: Arc<C>,
     pub leadership: Arc<crate::leader::Leadership>,
     pub key: Key,
+    /// Each node's keys: a request signed with one is named and refused.
+    pub keyring: Arc<crate::report::keyring::Keyring>,
     /// Who may sign operator commands besides (until one is configured) the cluster key.
     pub operators: Arc<crate::http::Operators>,
     /// Who checks bearer tokens, when the cluster takes them (Kubernetes).
@@ -88,6 +90,7 @@ impl<C: Cluster> ApiState<C> {
             cluster: shared.cluster.clone(),
             leadership: shared.leadership.clone(),
             key: creds.key,
+            keyring: creds.keyring,
             operators: creds.operators,
             tokens: shared.cluster.clone().token_reviewer(),
             settings: ApiSettings {
@@ -149,7 +152,8 @@ pub(super) fn flows_error<C: Cluster>(s: &ApiState<C>, e: impl std::fmt::Display
 pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
     // Every signed route of the daemon takes no body.
     let auth = SignedAuth {
-        key: state.key.clone(),
+        keys: Arc::new(state.key.clone()),
+        nodes: Some(state.keyring.clone()),
         target: DAEMON_TARGET.into(),
         window_s: state.settings.request_window.as_secs(),
         max_body: 0,

@@ -23,7 +23,7 @@ use crate::parts::Shared;
 use crate::repair::engine::{Engine, EngineSettings};
 use crate::repair::live::LiveRepairs;
 use crate::repair::poller::{PollSettings, Poller};
-use crate::report::Key;
+use crate::report::keyring::Keyring;
 use crate::store::StoreError;
 
 /// Every part's settings, resolved from the configuration (or set by a scenario).
@@ -77,7 +77,8 @@ pub struct Deps<C> {
     pub shared: Shared<C>,
     pub links: Links,
     pub agents: Arc<dyn AgentRunner>,
-    pub key: Key,
+    /// Each node's keys.
+    pub keys: Arc<Keyring>,
 }
 
 /// The assembled parts, not yet running.
@@ -95,9 +96,9 @@ pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembl
         shared,
         links,
         agents,
-        key,
+        keys,
     } = deps;
-    let poller = Poller::new(settings.poll, links.poll, key.clone(), &shared)?.with_udp(links.udp);
+    let poller = Poller::new(settings.poll, links.poll, keys.clone(), &shared)?.with_udp(links.udp);
     let repairs = LiveRepairs::new(
         links.repair,
         settings.repair_timeout,
@@ -106,7 +107,7 @@ pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembl
     let engine = Arc::new(Engine::new(settings.engine, poller, repairs, &shared));
     let (mut fencer, mut readiness, mut peering) = (None, None, None);
     if let Some(f) = settings.fencing {
-        let p = Arc::new(Peering::new(key, f.peering));
+        let p = Arc::new(Peering::new(keys, f.peering));
         let views = Some(p.clone() as Arc<dyn WatchdogViews>);
         let book = f.fencer.book.clone();
         let checks = Readiness::new(f.checks, book, agents.clone(), views, &shared);

@@ -9,6 +9,7 @@ mod found;
 mod listing;
 mod lists;
 pub mod lock;
+mod reload;
 mod ui;
 
 use std::future::Future;
@@ -28,6 +29,7 @@ use crate::link::Links;
 use crate::members::NodeHealth;
 use crate::node::NodeConfig;
 use crate::parts::Shared;
+use crate::report::keyring::Keyring;
 use crate::report::{Key, KeyError};
 use crate::store::checkpoint::WithoutFlows;
 use crate::store::{FlowStore, Store, StoreError};
@@ -87,9 +89,11 @@ pub async fn run(
         .load_plans()
         .map_err(crate::config::ConfigError::from)?;
     // Read from files before anything is opened: the cluster key and the fence plans.
+    let key = reload::cluster_key(&cfg)?;
     let loaded = (
         Credentials {
-            key: Key::load(&cfg.cluster.key_file)?,
+            keyring: Arc::new(Keyring::load(key.clone(), &cfg.daemon.node_keys)?),
+            key,
             operators: Arc::new(crate::http::Operators::load(&cfg.daemon.operators)?),
             tls: match (&cfg.daemon.tls_cert_file, &cfg.daemon.tls_key_file) {
                 (Some(c), Some(k)) => Some(crate::http::tls::ServerTls::load(c, k)?),
@@ -261,37 +265,19 @@ type Membership = (
     Arc<dyn FlowStore>,
 );
 
-/// Builds the parts with the production links and agents, serves the API, and stops it all
-/// together.
-/// Reads the API's certificate and key again on each SIGHUP (a renewed certificate without a
-/// restart); a pair that cannot be read is logged and the one in use stays. Without TLS a
-/// SIGHUP is logged and ignored: it never stops the daemon (or a fence step with it).
-fn reload_on_sighup(tls: Option<crate::http::tls::ServerTls>) -> Result<(), DaemonError> {
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .map_err(DaemonError::Serve)?;
-    tokio::spawn(async move {
-        while hup.recv().await.is_some() {
-            match tls.as_ref().map(|t| t.reload()) {
-                None => info!("SIGHUP: no TLS certificate to read again; nothing else reloads"),
-                Some(Ok(())) => info!("SIGHUP: the API's TLS certificate and key were read again"),
-                Some(Err(e)) => {
-                    tracing::error!(error = %e, "SIGHUP: cannot read the new TLS certificate or key; the one in use stays")
-                }
-            }
-        }
-    });
-    Ok(())
-}
-
 /// The keys the daemon checks signatures with: the cluster key (reports, heartbeats, and
 /// operator commands until an operator is configured) and the operators'.
 pub struct Credentials {
     pub key: Key,
+    /// Each node's keys (the cluster key, or keys derived from the node-key secret).
+    pub keyring: Arc<Keyring>,
     pub operators: Arc<crate::http::Operators>,
     /// The API's certificate, when it speaks HTTPS.
     pub tls: Option<crate::http::tls::ServerTls>,
 }
 
+/// Builds the parts with the production links and agents, serves the API, and stops it all
+/// together.
 async fn run_with<C: Cluster>(
     cfg: &Config,
     (creds, book): (Credentials, Arc<PlanBook>),
@@ -301,7 +287,8 @@ async fn run_with<C: Cluster>(
     _lock: lock::MasterLock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    let key = creds.key.clone();
+    let keyring = creds.keyring.clone();
+    let operators = creds.operators.clone();
     let tls = creds.tls.clone();
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
     cfg.fencing
@@ -338,9 +325,9 @@ async fn run_with<C: Cluster>(
             watch,
         },
         links: Links {
-            udp: udp_poll(cfg, &key, &mut registry)?,
+            udp: udp_poll(cfg, &keyring, &mut registry)?,
             ..Links::http(
-                &key,
+                &keyring,
                 cfg.daemon.poll_timeout,
                 cfg.fencing.liveness_timeout_max,
                 cfg.daemon.poll_connections,
@@ -348,7 +335,7 @@ async fn run_with<C: Cluster>(
             )
         },
         agents,
-        key: key.clone(),
+        keys: keyring.clone(),
     };
     let found = found::leftovers(cfg, &deps.shared).await;
     let parts = assembly::assemble(assembly::Settings::from_config(cfg, book), deps)?;
@@ -364,7 +351,14 @@ async fn run_with<C: Cluster>(
     let mut running = parts.spawn();
     let limits = cfg.daemon.limits;
     let stopping = running.stopping();
-    reload_on_sighup(tls.clone())?;
+    let keys = reload::Reloadable {
+        source: cfg.source.clone(),
+        key_file: cfg.cluster.key_file.clone(),
+        keyring: keyring.clone(),
+        operators: operators.clone(),
+        tls: tls.clone(),
+    };
+    reload::on_sighup(keys)?;
     let mut server = serve_apart(listener, app, limits, listener_metrics, tls, stopping)?;
     let systemd = crate::sdnotify::announce_ready(&format!(
         "polling {} nodes, API on {}",
@@ -403,7 +397,7 @@ async fn run_with<C: Cluster>(
 /// The poll over UDP, with its counts registered, when `daemon.poll-udp` is on.
 fn udp_poll(
     cfg: &Config,
-    key: &Key,
+    keys: &Arc<Keyring>,
     registry: &mut Registry,
 ) -> Result<Option<Arc<crate::link::UdpPoll>>, DaemonError> {
     if !cfg.daemon.poll_udp {
@@ -416,7 +410,7 @@ fn udp_poll(
         counts.clone(),
     );
     let patience = crate::link::udp_patience(cfg.daemon.poll_timeout);
-    let udp = crate::link::UdpPoll::bind(key.clone(), patience, counts).map_err(|e| {
+    let udp = crate::link::UdpPoll::bind(keys.clone(), patience, counts).map_err(|e| {
         DaemonError::Listen(std::io::Error::new(
             e.kind(),
             format!("the UDP poll socket: {e}"),

@@ -20,6 +20,7 @@ pub mod executor;
 pub mod machine;
 pub mod opinion;
 pub mod peering;
+mod peersets;
 pub mod plan;
 pub mod readiness;
 pub mod redact;

@@ -7,22 +7,18 @@
 //! The probe and the pushes themselves run in the executor, through the `CollectorLink`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
 use crate::fencing::opinion::{KubeletSays, PeerOpinion, Says, Testimony};
+use crate::fencing::peersets::{build, resolve};
 use crate::fencing::readiness::WatchdogViews;
 use crate::fencing::selffence::{LostRun, ResetEvidence, WatcherEvidence};
-use crate::fencing::watchers::{assignment, watched};
 use crate::node::NodeConfig;
-use crate::report::Key;
-use crate::report::heartbeat::{
-    MAX_PEERS, MAX_SAFE_INTEGER, PeerAddress, PeerSet, PeerView, SignedView,
-};
+use crate::report::heartbeat::{PeerAddress, PeerSet, PeerView, SignedView};
+use crate::report::keyring::Keyring;
 use crate::sync::LockExt;
 use crate::verdict::Nanos;
 use crate::views::PeerWitnesses;
@@ -48,6 +44,8 @@ pub enum ViewRejection {
     Shape(String),
     #[error("view answers probe {answers}, not the probe {sent} just sent (delayed or replayed)")]
     Replayed { answers: u64, sent: u64 },
+    #[error("{0}")]
+    Revoked(String),
 }
 
 impl ViewRejection {
@@ -58,6 +56,7 @@ impl ViewRejection {
             ViewRejection::View(crate::report::heartbeat::ViewError::Malformed(_))
             | ViewRejection::Shape(_) => "malformed",
             ViewRejection::Replayed { .. } => "replayed",
+            ViewRejection::Revoked(_) => "revoked",
         }
     }
 }
@@ -76,13 +75,16 @@ struct Held {
 #[derive(Default)]
 struct Sets {
     members: Vec<NodeConfig>,
+    /// The keyring's version the sets carry the public keys of.
+    keys_version: u64,
     /// node -> its watchers, best first.
     watchers: BTreeMap<String, Vec<String>>,
     sets: BTreeMap<String, PeerSet>,
 }
 
 pub struct Peering {
-    key: Key,
+    /// Views are checked under their node's keys; peer sets carry every peer's public keys.
+    keys: std::sync::Arc<Keyring>,
     pub settings: PeeringSettings,
     held: Mutex<BTreeMap<String, Held>>,
     sets: Mutex<Sets>,
@@ -110,85 +112,10 @@ fn probe_seed() -> u64 {
     u64::from_be_bytes(b) >> 12
 }
 
-/// A set's epoch: a hash of its content, so every leader derives the same number and a
-/// collector holding it needs no push. Never 0 (a collector's empty set).
-fn epoch_of(peers: &BTreeMap<String, PeerAddress>, watchers: &BTreeSet<String>) -> u64 {
-    let mut h = Sha256::new();
-    for (name, a) in peers {
-        h.update(name.as_bytes());
-        h.update([0]);
-        h.update(a.ip.to_string().as_bytes());
-        h.update(a.port.to_be_bytes());
-        h.update([u8::from(watchers.contains(name))]);
-    }
-    let d = h.finalize();
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&d[..8]);
-    (u64::from_be_bytes(b) & MAX_SAFE_INTEGER).max(1)
-}
-
-/// A collector's address as an IP and port; a host name is looked up once per membership.
-async fn resolve(collector: &str) -> Option<SocketAddr> {
-    let addr = crate::node::collector_address(collector).ok()?;
-    if let Ok(sa) = addr.parse::<SocketAddr>() {
-        return Some(sa);
-    }
-    let lookup = tokio::net::lookup_host(addr.clone());
-    match tokio::time::timeout(Duration::from_secs(2), lookup).await {
-        Ok(Ok(mut it)) => it.next(),
-        _ => {
-            warn!(collector = %addr, "cannot resolve a collector's address; it gets no peers");
-            None
-        }
-    }
-}
-
-type Built = (
-    BTreeSet<String>,
-    BTreeMap<String, Vec<String>>,
-    BTreeMap<String, PeerSet>,
-);
-
-/// The assignment and every node's peer set: its watchers first (if a set must be cut to
-/// `MAX_PEERS`, what the node is judged by is kept), then the nodes it watches.
-fn build(names: BTreeSet<String>, addrs: &BTreeMap<String, PeerAddress>, k: usize) -> Built {
-    let watchers = assignment(&names, k);
-    let watching = watched(&watchers);
-    let mut sets = BTreeMap::new();
-    for n in &names {
-        let mut peers = BTreeMap::new();
-        let mine = watchers.get(n).map(Vec::as_slice).unwrap_or_default();
-        for p in mine.iter().chain(watching.get(n).into_iter().flatten()) {
-            if peers.len() >= MAX_PEERS {
-                warn!(node = %n, "peer set cut to {MAX_PEERS}");
-                break;
-            }
-            if let Some(a) = addrs.get(p) {
-                peers.insert(p.clone(), *a);
-            }
-        }
-        let mine: BTreeSet<String> = mine
-            .iter()
-            .filter(|w| peers.contains_key(*w))
-            .cloned()
-            .collect();
-        let epoch = epoch_of(&peers, &mine);
-        sets.insert(
-            n.clone(),
-            PeerSet {
-                epoch,
-                peers,
-                watchers: mine,
-            },
-        );
-    }
-    (names, watchers, sets)
-}
-
 impl Peering {
-    pub fn new(key: Key, settings: PeeringSettings) -> Peering {
+    pub fn new(keys: std::sync::Arc<Keyring>, settings: PeeringSettings) -> Peering {
         Peering {
-            key,
+            keys,
             settings,
             held: Mutex::default(),
             sets: Mutex::default(),
@@ -232,8 +159,12 @@ impl Peering {
 
     /// Recomputes the assignment and every node's set when membership changed.
     pub async fn refresh(&self, members: &[NodeConfig]) {
-        if self.sets.lock_unpoisoned().members == members {
-            return;
+        let keys_version = self.keys.version();
+        {
+            let sets = self.sets.lock_unpoisoned();
+            if sets.members == members && sets.keys_version == keys_version {
+                return;
+            }
         }
         let mut addrs: BTreeMap<String, PeerAddress> = BTreeMap::new();
         for n in members {
@@ -251,7 +182,8 @@ impl Peering {
         let k = self.settings.watchers;
         // Some 0.1 s of CPU at 5,000 nodes: off the runtime's threads, so the probe's other
         // work and the API go on meanwhile.
-        let built = tokio::task::spawn_blocking(move || build(names, &addrs, k)).await;
+        let keys = self.keys.clone();
+        let built = tokio::task::spawn_blocking(move || build(names, &addrs, k, &keys)).await;
         let Ok((names, watchers, sets)) = built else {
             warn!("peer sets not computed; the previous ones stay");
             return;
@@ -262,6 +194,7 @@ impl Peering {
             .retain(|n, _| names.contains(n));
         *self.sets.lock_unpoisoned() = Sets {
             members: members.to_vec(),
+            keys_version,
             watchers,
             sets,
         };
@@ -307,7 +240,11 @@ impl Peering {
     ) -> Result<u64, ViewRejection> {
         let signed: SignedView =
             serde_json::from_slice(body).map_err(|e| ViewRejection::Shape(e.to_string()))?;
-        let view = signed.verify(&self.key, node)?;
+        let keys = self
+            .keys
+            .verifiers(node)
+            .map_err(|e| ViewRejection::Revoked(e.to_string()))?;
+        let view = signed.verify(&keys, node)?;
         if view.answers != probe {
             return Err(ViewRejection::Replayed {
                 answers: view.answers,
@@ -483,6 +420,7 @@ impl WatchdogViews for Peering {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::Key;
     use crate::report::heartbeat::PeerState;
 
     const NOW: Nanos = 1_800_000_000_000_000_000;
@@ -494,7 +432,7 @@ mod tests {
 
     fn peering() -> Peering {
         Peering::new(
-            key(),
+            std::sync::Arc::new(Keyring::cluster(key())),
             PeeringSettings {
                 watchers: 2,
                 fresh_for: Duration::from_secs(3),

@@ -14,10 +14,12 @@ use prometheus_client::metrics::family::Family;
 use tracing::warn;
 
 use super::{ApiError, listener};
-use crate::report::operator::{CLUSTER_KEY_ID, OPERATOR_HEADER, Operator, Role, operator_target};
+use crate::report::operator::{
+    CLUSTER_KEY_ID, NODE_HEADER, OPERATOR_HEADER, Operator, Role, operator_target,
+};
 use crate::report::{
-    Key, Mac32, RequestError, SIGNATURE_HEADER, TIMESTAMP_HEADER, check_request_headers,
-    decode_mac, now_ns,
+    Mac32, RequestError, SIGNATURE_HEADER, TIMESTAMP_HEADER, check_request_headers, decode_mac,
+    now_ns,
 };
 use crate::sync::LockExt;
 
@@ -34,7 +36,13 @@ pub type Refused = Family<RefusalLabel, Counter>;
 /// What the signature middleware checks against, for one group of routes.
 #[derive(Clone)]
 pub struct SignedAuth {
-    pub key: Key,
+    /// The keys a request that names no operator may be signed with: the cluster key on the
+    /// daemon; on a collector, every key it holds (two while its key is rolled over).
+    pub keys: Arc<dyn crate::report::Verifiers + Send + Sync>,
+    /// The daemon's keys of its nodes: a request signed with a node's key (it says
+    /// `x-maintd-node`) is recognised, logged under that node's name and refused, since a node's
+    /// key speaks only for that node's reports, views and heartbeats. `None` on a collector.
+    pub nodes: Option<Arc<crate::report::keyring::Keyring>>,
     /// The name requests must be signed for: this node's, or [`crate::report::DAEMON_TARGET`].
     pub target: String,
     pub window_s: u64,
@@ -65,7 +73,7 @@ impl SignedAuth {
     }
 
     /// A refusal that names whose key signed (an operator, or the cluster key), once known.
-    fn refuse_signer(
+    pub(super) fn refuse_signer(
         &self,
         reason: &'static str,
         parts: &axum::http::request::Parts,
@@ -142,10 +150,15 @@ impl SignedAuth {
         } else {
             Role::Operate
         };
+        let node = header_once(&parts.headers, NODE_HEADER)
+            .map_err(|m| self.refuse("malformed", parts, ApiError::unauthorized(m)))?;
+        if let (Some(node), Some(ring)) = (node, &self.nodes) {
+            return Err(self.node_signed(parts, ring, node, (path, ts, body, sig)));
+        }
         let Some(name) = named else {
             if !self
-                .key
-                .verify_request_mac(&self.target, method, path, ts, body, sig)
+                .keys
+                .any_key(&mut |k| k.verify_request_mac(&self.target, method, path, ts, body, sig))
             {
                 let e = ApiError::unauthorized(format!(
                     "request signature does not verify under the cluster key for {:?}",
@@ -182,7 +195,7 @@ impl SignedAuth {
             ));
             return Err(self.refuse_signer("forged", parts, Some(name), e));
         }
-        if *role < needs {
+        if role < needs {
             let e = ApiError::forbidden(format!(
                 "operator {name:?} has the {} role; {method} {} needs {}",
                 role.as_str(),
@@ -193,7 +206,7 @@ impl SignedAuth {
         }
         Ok(Operator {
             name: name.to_string(),
-            role: *role,
+            role,
         })
     }
 }

@@ -10,6 +10,8 @@ use axum::http::{Request, StatusCode};
 use proptest::prelude::*;
 use tower::ServiceExt;
 
+use crate::report::Key;
+
 use super::*;
 use crate::report::operator::Operator;
 
@@ -17,7 +19,8 @@ const TARGET: &str = "maintd-daemon";
 
 fn auth(replay: Arc<ReplayCache>, refused: Refused) -> SignedAuth {
     SignedAuth {
-        key: Key::from_bytes(vec![3; 32]),
+        keys: Arc::new(Key::from_bytes(vec![3; 32])),
+        nodes: None,
         target: TARGET.into(),
         window_s: 60,
         max_body: 1024,

@@ -19,8 +19,9 @@ use futures::StreamExt;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::node::{NodeConfig, collector_address};
+use crate::report::keyring::Keyring;
+use crate::report::now_ns;
 use crate::report::poll::{Answer, MAX_REPORT, read_answer, request};
-use crate::report::{Key, now_ns};
 use crate::sync::LockExt;
 
 /// A node whose collector does not answer over UDP (down, switched off, an older version, a
@@ -38,7 +39,8 @@ pub struct UdpPoll {
 struct Exchange {
     v4: UdpSocket,
     v6: Option<UdpSocket>,
-    key: Key,
+    /// Each node's poll is signed with that node's key.
+    keys: Arc<Keyring>,
     /// How long an answer is awaited before the poll goes over HTTP.
     patience: Duration,
     /// Requests awaiting their answer at once, at most: no more answers arrive together than
@@ -104,7 +106,11 @@ const LOOKUPS_AT_ONCE: usize = 64;
 
 impl UdpPoll {
     /// Binds the sockets (IPv6 only where the host has it).
-    pub fn bind(key: Key, patience: Duration, counts: UdpCounts) -> std::io::Result<UdpPoll> {
+    pub fn bind(
+        keys: Arc<Keyring>,
+        patience: Duration,
+        counts: UdpCounts,
+    ) -> std::io::Result<UdpPoll> {
         use nix::sys::socket::{getsockopt, setsockopt, sockopt::RcvBuf};
         let mut room = usize::MAX;
         let mut bind = |addr: &str| -> std::io::Result<UdpSocket> {
@@ -124,7 +130,7 @@ impl UdpPoll {
             io: Arc::new(Exchange {
                 v4,
                 v6,
-                key,
+                keys,
                 patience,
                 in_flight,
                 nonces: Default::default(),
@@ -222,7 +228,10 @@ impl UdpPoll {
         let resolved = self.resolved.lock_unpoisoned();
         let (mut plan, mut unresolved, mut skipped) = (Vec::with_capacity(nodes.len()), vec![], 0);
         for (i, node) in nodes.iter().enumerate() {
-            if http_only.get(&node.name).is_some_and(|until| now < *until) {
+            // A revoked node is asked over HTTP, where its report is refused and counted.
+            if http_only.get(&node.name).is_some_and(|until| now < *until)
+                || self.io.keys.generation(&node.name).is_err()
+            {
                 skipped += 1;
                 continue;
             }
@@ -288,7 +297,12 @@ impl Exchange {
             while next < plan.len() && waiting.len() < self.in_flight {
                 let (i, addr) = plan[next];
                 let nonce = self.nonce();
-                let req = request(&self.key, &nodes[i].name, nonce, ts);
+                // A node revoked since the plan was made is left silent.
+                let Ok(key) = self.keys.signer(&nodes[i].name) else {
+                    next += 1;
+                    continue;
+                };
+                let req = request(&key, &nodes[i].name, nonce, ts);
                 match self.socket(&addr).send_to(&req, addr) {
                     Ok(_) => {
                         waiting.insert(nonce, next);

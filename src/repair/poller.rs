@@ -12,7 +12,8 @@ use tracing::{debug, info, warn};
 use crate::link::{Answer, CollectorLink, LinkError, UdpPoll, UdpPolled};
 use crate::node::NodeConfig;
 use crate::repair::{Observation, Observations};
-use crate::report::{Envelope, Key, ReportError, VerifyRules};
+use crate::report::keyring::Keyring;
+use crate::report::{Envelope, ReportError, VerifyRules};
 use crate::store::{NodeUpdate, Store, StoreError};
 
 use crate::members::Members;
@@ -37,7 +38,8 @@ pub struct Poller {
     link: Arc<dyn CollectorLink>,
     /// The poll over UDP, asked before `link` when the daemon has it.
     udp: Option<Arc<UdpPoll>>,
-    key: Key,
+    /// Each node's report is checked under that node's keys.
+    keys: Arc<Keyring>,
     members: Arc<Members>,
     rules: VerifyRules,
     concurrency: usize,
@@ -101,6 +103,7 @@ fn rejection_label(e: &ReportError) -> &'static str {
         ReportError::Unanswered { .. } => "unanswered",
         ReportError::Replay { .. } => "replay",
         ReportError::TooLarge { .. } => "size",
+        ReportError::Revoked(_) => "revoked",
         _ => "malformed",
     }
 }
@@ -110,7 +113,7 @@ impl Poller {
     pub fn new<C>(
         settings: PollSettings,
         link: Arc<dyn CollectorLink>,
-        key: Key,
+        keys: Arc<Keyring>,
         shared: &crate::parts::Shared<C>,
     ) -> Result<Poller, StoreError> {
         let PollSettings {
@@ -120,7 +123,7 @@ impl Poller {
         Ok(Poller {
             link,
             udp: None,
-            key,
+            keys,
             members: shared.members.clone(),
             rules,
             concurrency,
@@ -283,8 +286,12 @@ impl Poller {
         if !status.is_success() {
             return Polled::NoReport(crate::http::error_message(status, &body));
         }
+        let keys = match self.keys.verifiers(&t.name) {
+            Ok(k) => k,
+            Err(e) => return self.reject(t, ReportError::Revoked(e.to_string())),
+        };
         let last = self.seqs.get(&t.name);
-        match Envelope::verify(&body, &self.key, &t.name, last, asked, self.rules) {
+        match Envelope::verify(&body, &keys, &t.name, last, asked, self.rules) {
             Ok(r) => {
                 // Polls of one node never overlap (one per cycle), so check-then-set is safe.
                 self.seqs.set(&t.name, r.envelope.seq);
@@ -341,6 +348,7 @@ impl Poller {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::report::Key;
     use crate::verdict::Verdict;
 
     /// A collector behind an on-path attacker: it signs a report answering the nonce in the
@@ -420,7 +428,13 @@ mod tests {
         });
         let accepted = |o: &Observations| matches!(o.reports["n1"], Observation::Report(_));
         let rejection = || store.nodes().unwrap().remove(0).last_rejection;
-        let poller = Poller::new(settings.clone(), link.clone(), key.clone(), &shared).unwrap();
+        let poller = Poller::new(
+            settings.clone(),
+            link.clone(),
+            Keyring::arc(key.clone()),
+            &shared,
+        )
+        .unwrap();
         // Signed at the Unix epoch by the node's clock: it answers the poll, so it is fresh.
         for _ in 0..2 {
             clock.advance(Duration::from_secs(1));
@@ -433,7 +447,8 @@ mod tests {
         // A restart: the new poller takes the lagging floor, 10. The captured report, seq 11,
         // is above it and was signed moments ago, and is still refused: it answers another poll.
         clock.advance(Duration::from_secs(1));
-        let poller = Poller::new(settings, link.clone(), key.clone(), &shared).unwrap();
+        let poller =
+            Poller::new(settings, link.clone(), Keyring::arc(key.clone()), &shared).unwrap();
         *link.played.lock_unpoisoned() = Some(second);
         assert!(!accepted(&poller.poll_all().await));
         assert!(

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::nodekey::{CLUSTER_KEY_ENTRY, HeartbeatPublic, HeldKeys, ed25519_sign};
 use super::{Key, age_ns};
 
 /// Domain separator: a heartbeat signature is valid for nothing else.
@@ -61,9 +62,14 @@ pub struct Heartbeat {
     /// The sender's watchdog timeout in ms; 0 when it has no armed watchdog.
     #[serde(default)]
     pub watchdog_ms: u64,
-    /// HMAC-SHA256 over everything else, hex.
+    /// HMAC-SHA256 over everything else under the cluster key, hex; sent only while the sender
+    /// holds the cluster key (the shared-key configuration, and the move away from it).
     #[serde(default)]
     pub sig: String,
+    /// Ed25519 over everything else under the sender's own heartbeat key, hex; its peers hold
+    /// only the public half, which the master hands out with the peer set.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ed: String,
 }
 
 /// Why a heartbeat is refused; each is counted under its label.
@@ -110,6 +116,7 @@ impl Heartbeat {
             marked_you: false,
             watchdog_ms: 0,
             sig: String::new(),
+            ed: String::new(),
         }
     }
 
@@ -132,9 +139,33 @@ impl Heartbeat {
         .into_bytes()
     }
 
+    /// Signed with the cluster key only (the shared-key configuration).
     pub fn sign(mut self, key: &Key) -> Heartbeat {
         self.sig = key.sign(HEARTBEAT_DOMAIN, &[&self.signing_bytes()]);
         self
+    }
+
+    /// Signed with what the collector holds: its own heartbeat key, and the cluster key while
+    /// it still holds it.
+    pub fn sign_as(mut self, cred: &HeldKeys) -> Heartbeat {
+        let bytes = self.signing_bytes();
+        if let Some(k) = cred.cluster_key() {
+            self.sig = k.sign(HEARTBEAT_DOMAIN, &[&bytes]);
+        }
+        if let Some(k) = cred.heartbeat_signer() {
+            self.ed = ed25519_sign(k, HEARTBEAT_DOMAIN, &bytes);
+        }
+        self
+    }
+
+    /// Whether the cluster key signed it.
+    pub fn cluster_signed(&self, key: &Key) -> bool {
+        key.verify(HEARTBEAT_DOMAIN, &[&self.signing_bytes()], &self.sig)
+    }
+
+    /// Whether the holder of `public` signed it.
+    pub fn signed_by(&self, public: &HeartbeatPublic) -> bool {
+        public.verify(HEARTBEAT_DOMAIN, &self.signing_bytes(), &self.ed)
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -144,9 +175,10 @@ impl Heartbeat {
 
     /// Checks a received datagram for `me`. `last_seq` is the sender's last accepted counter,
     /// which the caller looks up by the (then verified) sender.
+    /// `signed` says whether the heartbeat's signature is one its sender may make.
     pub fn verify(
         bytes: &[u8],
-        key: &Key,
+        signed: impl FnOnce(&Heartbeat) -> bool,
         me: &str,
         last_seq: impl FnOnce(&str) -> Option<u64>,
         now_ns: i64,
@@ -163,7 +195,7 @@ impl Heartbeat {
                 hb.v
             )));
         }
-        if !key.verify(HEARTBEAT_DOMAIN, &[&hb.signing_bytes()], &hb.sig) {
+        if !signed(&hb) {
             return Err(HeartbeatError::BadSignature);
         }
         if hb.to != me {
@@ -237,6 +269,60 @@ pub struct PeerSet {
     /// not among `peers` is dropped on install: the node could never hear it.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub watchers: std::collections::BTreeSet<String>,
+    /// What each peer's heartbeats may be signed with: its Ed25519 public keys
+    /// (`ed25519:<hex>`, two while its key is rolled over) and `cluster-key` while it may still
+    /// sign with the cluster key. Empty in the shared-key configuration, where every heartbeat
+    /// is checked under the cluster key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, Vec<String>>,
+}
+
+/// What one peer's heartbeats are accepted under, as a pushed set says.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeerKeys {
+    pub cluster: bool,
+    pub publics: Vec<HeartbeatPublic>,
+}
+
+/// Keys one peer may have in a set: two generations and the cluster key.
+const MAX_PEER_KEYS: usize = 3;
+
+impl PeerSet {
+    /// The keys of each peer, decoded (the set was checked on install).
+    pub fn peer_keys(&self) -> BTreeMap<String, PeerKeys> {
+        self.keys
+            .iter()
+            .map(|(name, entries)| {
+                let mut k = PeerKeys::default();
+                for e in entries {
+                    if e == CLUSTER_KEY_ENTRY {
+                        k.cluster = true;
+                    } else if let Some(p) = HeartbeatPublic::decode(e) {
+                        k.publics.push(p);
+                    }
+                }
+                (name.clone(), k)
+            })
+            .collect()
+    }
+}
+
+/// Whether `hb` is signed as its sender may sign, given what this node holds and the keys a
+/// pushed set gave: a set with keys names them for each peer (none for a revoked one); a set
+/// without keys (the shared-key configuration) accepts the cluster key.
+pub fn heartbeat_signed(
+    hb: &Heartbeat,
+    keys: &BTreeMap<String, PeerKeys>,
+    cluster: Option<&Key>,
+) -> bool {
+    let by_cluster = || cluster.is_some_and(|k| hb.cluster_signed(k));
+    if keys.is_empty() {
+        return by_cluster();
+    }
+    match keys.get(&hb.from) {
+        Some(k) => k.publics.iter().any(|p| hb.signed_by(p)) || (k.cluster && by_cluster()),
+        None => false,
+    }
 }
 
 /// Why a pushed peer set is refused.
@@ -252,6 +338,10 @@ pub enum PeerSetError {
     Port(String),
     #[error("epoch {0} is above JSON's safe integers (2^53 - 1)")]
     Epoch(u64),
+    #[error(
+        "keys of {0:?}: at most {MAX_PEER_KEYS}, each `cluster-key` or `ed25519:` and 64 lower-case hex digits of a valid key, for a peer of the set"
+    )]
+    Keys(String),
 }
 
 impl PeerSet {
@@ -277,6 +367,15 @@ impl PeerSet {
         }
         if let Some(w) = self.watchers.iter().find(|w| !valid_peer_name(w)) {
             return Err(PeerSetError::Name(w.clone()));
+        }
+        for (name, entries) in &self.keys {
+            let valid = |e: &String| e == CLUSTER_KEY_ENTRY || HeartbeatPublic::decode(e).is_some();
+            if !self.peers.contains_key(name)
+                || entries.len() > MAX_PEER_KEYS
+                || !entries.iter().all(valid)
+            {
+                return Err(PeerSetError::Keys(name.clone()));
+            }
         }
         Ok(())
     }
@@ -358,8 +457,12 @@ impl PeerView {
 }
 
 impl SignedView {
-    pub fn verify(&self, key: &Key, node: &str) -> Result<PeerView, ViewError> {
-        if !key.verify(VIEW_DOMAIN, &[self.view.as_bytes()], &self.sig) {
+    pub fn verify(
+        &self,
+        keys: &(impl super::Verifiers + ?Sized),
+        node: &str,
+    ) -> Result<PeerView, ViewError> {
+        if !keys.any_key(&mut |k| k.verify(VIEW_DOMAIN, &[self.view.as_bytes()], &self.sig)) {
             return Err(ViewError::BadSignature);
         }
         let v: PeerView =
@@ -392,7 +495,14 @@ mod tests {
     }
 
     fn check(bytes: &[u8], last: Option<u64>) -> Result<Heartbeat, HeartbeatError> {
-        Heartbeat::verify(bytes, &key(), "n2", |_| last, NOW, 5)
+        Heartbeat::verify(
+            bytes,
+            |hb| hb.cluster_signed(&key()),
+            "n2",
+            |_| last,
+            NOW,
+            5,
+        )
     }
 
     #[test]

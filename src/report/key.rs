@@ -63,6 +63,22 @@ pub enum KeyError {
     )]
     OperatorFormat { path: String },
     #[error(
+        "node key-secret file {path} must hold at least 64 hex digits (32 bytes), as `maintd keygen --node-secret` writes it"
+    )]
+    SecretFormat { path: String },
+    #[error(
+        "node key file {path} must hold node:<name>:<generation>:<64 hex digits> (generation 1 or above), as `maintd keygen --node NAME` writes it"
+    )]
+    NodeFormat { path: String },
+    #[error("node key file {path} is node {signed:?}'s key; this collector is node {me:?}")]
+    OtherNode {
+        path: String,
+        signed: String,
+        me: String,
+    },
+    #[error("no key file is configured")]
+    NoKeys,
+    #[error(
         "{0:?} is not an operator name: 1 to 64 of a-z, 0-9, '.', '_', '@', '-', starting with a letter or digit"
     )]
     OperatorName(String),
@@ -81,10 +97,18 @@ pub(super) fn read_secret(path: &Path) -> Result<String, KeyError> {
 
 /// Writes `prefix` and a fresh 256-bit key in hex, mode 0600; refuses to overwrite a file.
 pub(super) fn write_fresh(path: &Path, prefix: &str) -> Result<(), KeyError> {
+    let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
+    getrandom::fill(bytes.as_mut()).map_err(|e| KeyError::Random(e.to_string()))?;
+    write_exact(
+        path,
+        &zeroize::Zeroizing::new(format!("{prefix}{}", hex::encode(bytes.as_ref()))),
+    )
+}
+
+/// Writes `text` and a newline to a new file of mode 0600, synced; refuses to overwrite one.
+pub(super) fn write_exact(path: &Path, text: &str) -> Result<(), KeyError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| KeyError::Random(e.to_string()))?;
     let write_err = |source| KeyError::Write {
         path: path.display().to_string(),
         source,
@@ -95,8 +119,32 @@ pub(super) fn write_fresh(path: &Path, prefix: &str) -> Result<(), KeyError> {
         .mode(0o600)
         .open(path)
         .map_err(write_err)?;
-    writeln!(f, "{prefix}{}", hex::encode(bytes)).map_err(write_err)?;
+    writeln!(f, "{text}").map_err(write_err)?;
     f.sync_all().map_err(write_err)
+}
+
+/// The keys a signature may be made with: one key, or a node's keys during a rollover. Each is
+/// tried in turn; the first that verifies wins.
+pub trait Verifiers {
+    fn any_key(&self, f: &mut dyn FnMut(&Key) -> bool) -> bool;
+}
+
+impl Verifiers for Key {
+    fn any_key(&self, f: &mut dyn FnMut(&Key) -> bool) -> bool {
+        f(self)
+    }
+}
+
+impl Verifiers for [Key] {
+    fn any_key(&self, f: &mut dyn FnMut(&Key) -> bool) -> bool {
+        self.iter().any(f)
+    }
+}
+
+impl Verifiers for Vec<Key> {
+    fn any_key(&self, f: &mut dyn FnMut(&Key) -> bool) -> bool {
+        self.iter().any(f)
+    }
 }
 
 impl Key {

@@ -4,12 +4,14 @@
 
 pub mod heartbeat;
 mod key;
+pub mod keyring;
 pub mod live;
+pub mod nodekey;
 pub mod operator;
 pub mod poll;
 mod request;
 
-pub use key::{Key, KeyError, Mac32, decode_mac};
+pub use key::{Key, KeyError, Mac32, Verifiers, decode_mac};
 pub use request::{
     DAEMON_TARGET, RequestError, SIGNATURE_HEADER, SignedRequest, TIMESTAMP_HEADER,
     check_request_headers, check_signature_only, check_signed_request,
@@ -38,8 +40,10 @@ pub enum ReportError {
     TooLarge { size: usize, cap: usize },
     #[error("envelope field `{0}` is missing or has the wrong value")]
     Envelope(&'static str),
-    #[error("signature does not verify under the cluster key")]
+    #[error("signature does not verify under the node's key")]
     BadSignature,
+    #[error("{0}")]
+    Revoked(String),
     #[error("report is signed for node {signed:?}, but was fetched from node {expected:?}")]
     WrongNode { signed: String, expected: String },
     #[error(
@@ -235,7 +239,7 @@ impl Envelope {
     /// `asked`. `last_seq` is the highest sequence accepted so far from that node.
     pub fn verify(
         body: &[u8],
-        key: &Key,
+        keys: &(impl Verifiers + ?Sized),
         expected_node: &str,
         last_seq: Option<u64>,
         asked: u64,
@@ -284,7 +288,7 @@ impl Envelope {
         let data = data.ok_or(ReportError::Envelope("data"))?;
         let env = env.with_data(data);
         let [before, after] = signed.map(str::as_bytes);
-        if !key.verify(REPORT_DOMAIN, &[before, after], &env.signature) {
+        if !keys.any_key(&mut |k| k.verify(REPORT_DOMAIN, &[before, after], &env.signature)) {
             return Err(ReportError::BadSignature);
         }
         if env.node != expected_node {

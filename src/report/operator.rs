@@ -8,6 +8,10 @@ use super::{DAEMON_TARGET, Key, KeyError};
 /// The header that names the operator whose key signed a request.
 pub const OPERATOR_HEADER: &str = "x-maintd-operator";
 
+/// The header that names the node whose key signed a request. No node may send the daemon a
+/// command; the daemon uses it to name whose key was misused.
+pub const NODE_HEADER: &str = "x-maintd-node";
+
 /// The name under which a request signed with the cluster key is logged and audited: every
 /// node holds that key, so it speaks for no one person.
 pub const CLUSTER_KEY_ID: &str = "cluster-key";

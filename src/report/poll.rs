@@ -91,7 +91,11 @@ pub struct Asked {
 
 /// Checks a datagram addressed to the collector of `me`: its shape, its signature and its node.
 /// The replay check is the caller's: it holds the nonces seen lately, on its own clock.
-pub fn verify_request(key: &Key, me: &str, d: &[u8]) -> Result<Asked, PollError> {
+pub fn verify_request(
+    keys: &(impl super::Verifiers + ?Sized),
+    me: &str,
+    d: &[u8],
+) -> Result<Asked, PollError> {
     if d.len() < 21 || d.len() > MAX_REQUEST || &d[..4] != REQUEST {
         return Err(PollError::Shape);
     }
@@ -109,7 +113,7 @@ pub fn verify_request(key: &Key, me: &str, d: &[u8]) -> Result<Asked, PollError>
     }
     let sig = std::str::from_utf8(sig).map_err(|_| PollError::Shape)?;
     let parts = signed_parts(nonce, ts, name);
-    if !key.verify(POLL_DOMAIN, &[&parts[0], &parts[1], &parts[2]], sig) {
+    if !keys.any_key(&mut |k| k.verify(POLL_DOMAIN, &[&parts[0], &parts[1], &parts[2]], sig)) {
         return Err(PollError::Signature);
     }
     if name != me {

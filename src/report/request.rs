@@ -2,7 +2,7 @@
 //! checks a server makes before and after it reads the body.
 
 use super::age_ns;
-use super::{Key, Mac32, decode_mac};
+use super::{Key, Mac32, Verifiers, decode_mac};
 
 /// Domain separators keep a signature made for one purpose from being valid for another.
 const REQUEST_DOMAIN: &[u8] = b"maintd-request-v1\n";
@@ -141,9 +141,14 @@ fn decode_timestamp(ts: &str) -> Result<i64, RequestError> {
 /// for a request whose freshness is proven otherwise (the liveness probe echoes a beat of this
 /// node, timed on its own clock). Returns the timestamp, as the sender's clock read it, and the
 /// decoded signature.
-pub fn check_signature_only(key: &Key, req: &SignedRequest) -> Result<(i64, Mac32), RequestError> {
+pub fn check_signature_only(
+    keys: &(impl Verifiers + ?Sized),
+    req: &SignedRequest,
+) -> Result<(i64, Mac32), RequestError> {
     let (ts, sig) = decode_headers(req.timestamp, req.signature)?;
-    if !key.verify_request_mac(req.target, req.method, req.path, ts, req.body, &sig) {
+    if !keys.any_key(&mut |k| {
+        k.verify_request_mac(req.target, req.method, req.path, ts, req.body, &sig)
+    }) {
         return Err(RequestError::Forged {
             target: req.target.into(),
         });
@@ -153,13 +158,15 @@ pub fn check_signature_only(key: &Key, req: &SignedRequest) -> Result<(i64, Mac3
 
 /// Checks a signed request's headers and signature.
 pub fn check_signed_request(
-    key: &Key,
+    keys: &(impl Verifiers + ?Sized),
     req: &SignedRequest,
     now_ns: i64,
     window_s: u64,
 ) -> Result<(), RequestError> {
     let (ts, sig) = check_request_headers(req.timestamp, req.signature, now_ns, window_s)?;
-    if !key.verify_request_mac(req.target, req.method, req.path, ts, req.body, &sig) {
+    if !keys.any_key(&mut |k| {
+        k.verify_request_mac(req.target, req.method, req.path, ts, req.body, &sig)
+    }) {
         return Err(RequestError::Forged {
             target: req.target.into(),
         });

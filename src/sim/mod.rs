@@ -223,7 +223,7 @@ impl World {
             },
             links: Links::same(link),
             agents: agents.clone(),
-            key,
+            keys: crate::report::keyring::Keyring::arc(key),
         };
         let parts = assemble(settings, deps).expect("the parts assemble");
         let running = parts.spawn();
