@@ -160,6 +160,9 @@ pub struct Cluster {
     pub diagnose_interval: String,
     /// Appended to every collector's config (after its `[collector]` keys).
     pub extra_collector_toml: String,
+    /// Per node: its `key-files` (file names in the cluster's directory); none: the cluster
+    /// key.
+    pub collector_keys: Vec<Vec<String>>,
     /// Extra environment for every process spawned.
     pub env: Vec<(String, String)>,
     /// List the nodes in the daemon's config (the inventory backend); off for Kubernetes, where
@@ -231,6 +234,7 @@ impl Cluster {
             poll_timeout: "2s".into(),
             diagnose_interval: "100ms".into(),
             extra_collector_toml: String::new(),
+            collector_keys: (0..n).map(|_| Vec::new()).collect(),
             env: Vec::new(),
             inventory_nodes: true,
             client: maintd::http::client_builder()
@@ -333,6 +337,10 @@ live-repair-timeout = "30s"
         }
         let root = self.dir.path().display();
         let node = &self.nodes[i];
+        let key_files: Vec<String> = self.collector_keys[i]
+            .iter()
+            .map(|f| format!("\"{root}/{f}\""))
+            .collect();
         let toml = format!(
             r#"
 [cluster]
@@ -340,6 +348,7 @@ key-file = "{root}/{key}"
 
 [collector]
 node = "{node}"
+key-files = [{}]
 listen = "{}:{}"
 diagnose = "{diagnose}"
 diagnose-dir = "{root}/diagnose.d"
@@ -352,6 +361,7 @@ boot-id-file = "{boot}"
 env = {{ NODE = "{node}" }}
 {}
 "#,
+            key_files.join(", "),
             self.node_hosts[i],
             self.ports[i],
             self.extra_collector_toml,
