@@ -181,6 +181,10 @@ fn two_daemon_replicas_and_a_collector_per_node_with_host_script_dirs() {
             .collect()
     };
     assert!(secrets(pod).contains("maintd-operators"));
+    // So does the secret every node's key is derived from.
+    assert!(secrets(pod).contains("maintd-node-keys"));
+    let s: Vec<k8s_openapi::api::core::v1::Secret> = of_kind("node-keys.yaml", "Secret");
+    assert_eq!(s[0].metadata.name.as_deref(), Some("maintd-node-keys"));
     // The API is reached through the Service: HTTPS, with its certificate from maintd-tls.
     assert!(secrets(pod).contains("maintd-tls"));
     let probe = pod.containers[0].liveness_probe.as_ref().unwrap();
@@ -210,10 +214,13 @@ fn two_daemon_replicas_and_a_collector_per_node_with_host_script_dirs() {
         .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
         .collect();
     assert!(host.contains("/etc/maintd/diagnose.d") && host.contains("/etc/maintd/repair.d"));
+    // Each node's own key comes from its host, never from a Secret all nodes mount.
+    assert!(host.contains("/etc/maintd/node"));
     let c = &pod.containers[0];
     assert!(c.env.iter().flatten().any(|e| e.name == "MAINTD_NODE"));
     assert_eq!(c.ports.as_ref().unwrap()[0].host_port, Some(1815));
     assert!(!secrets(pod).contains("maintd-operators"));
+    assert!(!secrets(pod).contains("maintd-node-keys"));
 }
 
 /// Reports are verified by re-serializing the parsed JSON, which is exact only with serde_json's

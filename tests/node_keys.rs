@@ -116,28 +116,6 @@ fn node_credential(c: &Cluster, file: &str, node: &str) -> Credential {
     )])
 }
 
-fn hup(pid: u32) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGHUP,
-    )
-    .unwrap();
-}
-
-/// SIGHUP to the process in `slot`, then waits for its log to say `said` once more.
-async fn reload(p: &Option<Proc>, said: &str) {
-    let p = p.as_ref().expect("running");
-    let count = || {
-        std::fs::read_to_string(&p.log)
-            .unwrap_or_default()
-            .matches(said)
-            .count()
-    };
-    let before = count();
-    hup(p.child.id());
-    wait_for(said, || async { (count() > before).then_some(()) }).await;
-}
-
 /// Rewrites node `i`'s key files and has its collector read them again.
 async fn collector_keys(c: &mut Cluster, i: usize, files: &[&str]) {
     c.collector_keys[i] = files.iter().map(|f| f.to_string()).collect();

@@ -175,8 +175,9 @@ async fn resume_as(c: &Cluster, op: &OperatorKey) -> u16 {
         .0
 }
 
-/// Alice's key rolled over while the cluster runs: both keys work during the rollover, then
-/// only the new one; the collectors are never refused nor found silent meanwhile.
+/// Alice's key rolled over while the cluster runs, with SIGHUPs only (no restart): both keys
+/// work during the rollover, then only the new one; the collectors are never refused nor found
+/// silent meanwhile. A configuration that cannot be read changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operators_key_is_rolled_over_with_both_accepted_meanwhile() {
     let mut c = Cluster::new(2);
@@ -188,16 +189,28 @@ async fn an_operators_key_is_rolled_over_with_both_accepted_meanwhile() {
 
     let new = c.operator_key("alice", "alice-next.key");
     assert_eq!(resume_as(&c, &new).await, 401);
+    let pid = c.daemon.as_ref().unwrap().child.id();
+    let said = "SIGHUP: operators and node keys read again";
     c.extra_daemon_toml = operators_toml(&c, &["alice.key", "alice-next.key"]);
-    c.start_daemon();
-    c.wait_api().await;
+    c.daemon_config();
+    reload(&c.daemon, said).await;
     assert_eq!(resume_as(&c, &old).await, 200);
     assert_eq!(resume_as(&c, &new).await, 200);
+    // A key file that is not there: refused whole, logged, the keys in use stay.
+    c.extra_daemon_toml = operators_toml(&c, &["alice-next.key", "missing.key"]);
+    c.daemon_config();
+    reload(&c.daemon, "SIGHUP: cannot read the operators").await;
+    assert_eq!(resume_as(&c, &old).await, 200);
     c.extra_daemon_toml = operators_toml(&c, &["alice-next.key"]);
-    c.start_daemon();
-    c.wait_api().await;
+    c.daemon_config();
+    reload(&c.daemon, said).await;
     assert_eq!(resume_as(&c, &old).await, 401);
     assert_eq!(resume_as(&c, &new).await, 200);
+    assert_eq!(
+        c.daemon.as_ref().unwrap().child.id(),
+        pid,
+        "never restarted"
+    );
     let (_, nodes) = send(&c, reqwest::Method::GET, "/1/nodes", Some(&new)).await;
     for n in nodes.as_array().unwrap() {
         assert_eq!(n["reachable"], true, "{n}");

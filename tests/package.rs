@@ -52,6 +52,7 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs() {
         "./lib/systemd/system/maintd-collector.service",
         "./etc/maintd/maintd.toml",
         "./etc/maintd/operators/",
+        "./etc/maintd/node/",
         "./etc/maintd/diagnose.d/maintd-diagnose",
         "./etc/maintd/repair.d/offline",
         "./usr/lib/maintd/collectors/fs-check",
@@ -119,6 +120,33 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs() {
     ]);
     let mode = chroot(&["stat", "-c", "%a", "/etc/maintd/operators/alice.key"]);
     assert_eq!(mode.trim(), "600");
+    // A node's own key, from the master's secret, in the directory the package made for it;
+    // the shipped diagnose signs with it.
+    let node = chroot(&["stat", "-c", "%a %U", "/etc/maintd/node"]);
+    assert_eq!(node.trim(), "700 root");
+    std::fs::write(
+        root.join("tmp/keys.toml"),
+        "[daemon.node-keys]\nsecret-file = \"/etc/maintd/node-keys.secret\"\n[collector]\nnode = \"host1\"\nkey-files = [\"/etc/maintd/node/node.key\"]\ndiagnose = \"maintd-diagnose\"\ndiagnose-dir = \"/etc/maintd/diagnose.d\"\n",
+    )
+    .unwrap();
+    let keys = ["/usr/bin/maintd", "--config", "/tmp/keys.toml"];
+    chroot(&[&keys[..], &["keygen", "--node-secret"]].concat());
+    chroot(
+        &[
+            &keys[..],
+            &[
+                "keygen",
+                "--node",
+                "host1",
+                "--out",
+                "/etc/maintd/node/node.key",
+            ],
+        ]
+        .concat(),
+    );
+    let signed = chroot(&[&keys[..], &["diagnose", "--once"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&signed).unwrap();
+    assert_eq!(v["node"], "host1", "{signed}");
     // The shipped configuration runs the shipped diagnose and collectors into a signed report.
     chroot(&["/usr/bin/maintd", "keygen"]);
     let report = chroot(&["/usr/bin/maintd", "diagnose", "--once"]);

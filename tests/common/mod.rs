@@ -768,6 +768,29 @@ pub async fn fetch_view(
     s.verify(key, node).expect("a view signed by the node")
 }
 
+/// Sends SIGHUP (what `systemctl reload` sends) to process `pid`.
+pub fn hup(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+}
+
+/// SIGHUP to the process in `slot`, then waits for its log to say `said` once more.
+pub async fn reload(slot: &Option<Proc>, said: &str) {
+    let p = slot.as_ref().expect("running");
+    let count = || {
+        std::fs::read_to_string(&p.log)
+            .unwrap_or_default()
+            .matches(said)
+            .count()
+    };
+    let before = count();
+    hup(p.child.id());
+    wait_for(said, || async { (count() > before).then_some(()) }).await;
+}
+
 /// Whether the process in this slot is still running.
 pub fn alive(p: &mut Option<Proc>) -> bool {
     p.as_mut()
