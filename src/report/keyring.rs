@@ -324,6 +324,30 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Whatever generations are configured, node A's key of any generation never verifies
+        /// as node B's, and a node's accepted keys are exactly its configured generations.
+        #[test]
+        fn no_nodes_key_ever_speaks_for_another(
+            a in "[a-z0-9.-]{1,12}",
+            b in "[a-z0-9.-]{1,12}",
+            generation in 1u32..6,
+            previous in proptest::option::of(0u32..6),
+            signed_with in 1u32..6,
+        ) {
+            proptest::prop_assume!(a != b);
+            let mut cfg = NodeKeysConfig::default();
+            for n in [&a, &b] {
+                cfg.nodes.insert(n.clone(), NodeGenerations { generation, previous });
+            }
+            let r = ring(cfg);
+            let sig = signs(&r.node_key(&a, signed_with).unwrap().mac);
+            proptest::prop_assert!(!accepts(&r, &b, &sig));
+            let own = signed_with == generation || previous == Some(signed_with);
+            proptest::prop_assert_eq!(accepts(&r, &a, &sig), own);
+        }
+    }
+
     #[test]
     fn a_revoked_node_has_no_key_and_a_reload_takes_effect_at_once() {
         let r = ring(NodeKeysConfig::default());
