@@ -21,6 +21,13 @@ pub struct Command {
     pub status: Option<u16>,
 }
 
+/// Commands the trail keeps: the newest this many. Only authenticated operators add to it, but
+/// a script looping on a command must not grow the database without end.
+pub const AUDIT_KEEP: i64 = 100_000;
+
+/// The trail is cut back every this many commands, not on each one.
+const AUDIT_PRUNE_EVERY: i64 = 1024;
+
 impl Store {
     /// Records a command before it runs; returns its number.
     pub fn audit_begin(&self, operator: &str, method: &str, path: &str, at: Nanos) -> Result<i64> {
@@ -29,7 +36,19 @@ impl Store {
             "INSERT INTO audit (at_ns, operator, method, path) VALUES (?1, ?2, ?3, ?4)",
             params![at, operator, method, path],
         )?;
-        Ok(c.last_insert_rowid())
+        let seq = c.last_insert_rowid();
+        drop(c);
+        if seq % AUDIT_PRUNE_EVERY == 0 {
+            self.prune_audit(seq, AUDIT_KEEP)?;
+        }
+        Ok(seq)
+    }
+
+    /// Forgets the commands older than the newest `keep` of those up to `seq`.
+    pub(crate) fn prune_audit(&self, seq: i64, keep: i64) -> Result<usize> {
+        Ok(self
+            .conn()
+            .execute("DELETE FROM audit WHERE seq <= ?1", params![seq - keep])?)
     }
 
     /// Records how command `seq` was answered.
@@ -61,5 +80,30 @@ impl Store {
                     .and_then(|s| u16::try_from(s).ok()),
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trail_keeps_the_newest_commands_only() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(&d.path().join("s.db")).unwrap();
+        let mut last = 0;
+        for i in 0..10 {
+            last = s
+                .audit_begin("alice", "POST", &format!("/1/x/{i}"), i)
+                .unwrap();
+        }
+        assert_eq!(s.prune_audit(last, 4).unwrap(), 6);
+        let kept: Vec<String> = s
+            .audit(None, 100)
+            .unwrap()
+            .into_iter()
+            .map(|c| c.path)
+            .collect();
+        assert_eq!(kept, ["/1/x/9", "/1/x/8", "/1/x/7", "/1/x/6"]);
     }
 }
