@@ -552,6 +552,40 @@ mod tests {
         assert!(matches!(p.install(stranger), Err(PeerSetError::Keys(_))));
     }
 
+    /// The largest set the leader can push (64 peers with the longest names, IPv6 addresses,
+    /// three heartbeat keys each during a rollover, all of them watchers) fits the route's cap.
+    #[test]
+    fn the_largest_peer_set_fits_the_cap() {
+        use crate::report::nodekey::NodeSecret;
+        let secret = NodeSecret::from_bytes(&[4; 32]);
+        let mut set = PeerSet {
+            epoch: MAX_SAFE_INTEGER,
+            ..Default::default()
+        };
+        for i in 0..crate::report::heartbeat::MAX_PEERS {
+            let name = format!("{i:0>64}");
+            let ip = "fd00:1234:5678:9abc:def0:1234:5678:9abc".parse().unwrap();
+            set.peers
+                .insert(name.clone(), PeerAddress { ip, port: 65535 });
+            set.watchers.insert(name.clone());
+            let keys = [1, 2].map(|g| secret.derive(&name, g).heartbeat_public().encode());
+            set.keys
+                .insert(name, [keys.to_vec(), vec!["cluster-key".into()]].concat());
+        }
+        let p = Peers::new(
+            "me".into(),
+            Credential::cluster(crate::report::Key::from_bytes(vec![1; 32])),
+            HeartbeatConfig::default(),
+        );
+        let bytes = serde_json::to_vec(&set).unwrap();
+        assert!(
+            bytes.len() < super::super::probe::PEER_SET_CAP,
+            "{}",
+            bytes.len()
+        );
+        assert!(p.install(set).is_ok());
+    }
+
     /// With keys per node, a peer accepts a heartbeat only under the sender's own public key
     /// (or the cluster key where the set still allows it): node A's key cannot speak for B, and
     /// the cluster key stops counting once the set drops it.

@@ -15,8 +15,9 @@ use crate::exec;
 use crate::http::{ApiError, parse_json};
 use crate::report::now_ns;
 
-/// A peer set of 64 peers with long names and addresses stays well under this.
-pub(super) const PEER_SET_CAP: usize = 16 * 1024;
+/// The largest set stays under this: 64 peers with 64-byte names and IPv6 addresses (8 KiB),
+/// three heartbeat keys each during a rollover (19 KiB) and 64 watchers (4 KiB).
+pub(super) const PEER_SET_CAP: usize = 48 * 1024;
 
 pub(super) async fn set_peers(
     State(c): State<Arc<Collector>>,

@@ -93,7 +93,7 @@ impl super::SignedAuth {
     ) -> super::ApiError {
         let method = parts.method.as_str();
         let id = format!("node:{node}");
-        let genuine = ring.verifiers(node).is_ok_and(|keys| {
+        let genuine = ring.claimed_verifiers(node).is_ok_and(|keys| {
             keys.iter()
                 .any(|k| k.verify_request_mac(&self.target, method, path, ts, body, sig))
         });

@@ -99,8 +99,14 @@ impl Ring {
         })
     }
 
-    /// The node key of `generation` (≥ 1; only called with a secret).
+    /// The node key of `generation` (≥ 1; only called with a secret), kept for next time.
     fn derived(&self, node: &str, generation: u32) -> NodeKey {
+        self.derived_keeping(node, generation, true)
+    }
+
+    /// The same; `keep` false for a name an unauthenticated request chose, which must not fill
+    /// the cache (or empty it of the members' keys).
+    fn derived_keeping(&self, node: &str, generation: u32, keep: bool) -> NodeKey {
         let secret = self
             .secret
             .as_ref()
@@ -108,6 +114,10 @@ impl Ring {
         let mut cache = self.derived.lock_unpoisoned();
         if let Some(k) = cache.get(&(node.to_string(), generation)) {
             return k.clone();
+        }
+        if !keep {
+            drop(cache);
+            return secret.derive(node, generation);
         }
         if cache.len() >= DERIVED_CAP {
             cache.clear();
@@ -117,11 +127,11 @@ impl Ring {
         k
     }
 
-    fn mac(&self, node: &str, generation: u32) -> Key {
+    fn mac(&self, node: &str, generation: u32, keep: bool) -> Key {
         if generation == 0 {
             self.cluster.clone()
         } else {
-            self.derived(node, generation).mac
+            self.derived_keeping(node, generation, keep).mac
         }
     }
 }
@@ -197,16 +207,25 @@ impl Keyring {
     pub fn signer(&self, node: &str) -> Result<Key, NodeKeyError> {
         let ring = self.ring();
         let (generation, _) = ring.generations(node)?;
-        Ok(ring.mac(node, generation))
+        Ok(ring.mac(node, generation, true))
     }
 
     /// The keys `node`'s reports, views and requests may be signed with.
     pub fn verifiers(&self, node: &str) -> Result<Vec<Key>, NodeKeyError> {
+        self.verifiers_keeping(node, true)
+    }
+
+    /// [`Keyring::verifiers`] of a node an unauthenticated request names: nothing is kept.
+    pub fn claimed_verifiers(&self, node: &str) -> Result<Vec<Key>, NodeKeyError> {
+        self.verifiers_keeping(node, false)
+    }
+
+    fn verifiers_keeping(&self, node: &str, keep: bool) -> Result<Vec<Key>, NodeKeyError> {
         let ring = self.ring();
         let (generation, previous) = ring.generations(node)?;
-        let mut keys = vec![ring.mac(node, generation)];
+        let mut keys = vec![ring.mac(node, generation, keep)];
         if let Some(p) = previous.filter(|p| *p != generation) {
-            keys.push(ring.mac(node, p));
+            keys.push(ring.mac(node, p, keep));
         }
         Ok(keys)
     }
@@ -346,6 +365,28 @@ mod tests {
             let own = signed_with == generation || previous == Some(signed_with);
             proptest::prop_assert_eq!(accepts(&r, &a, &sig), own);
         }
+    }
+
+    /// A name an unauthenticated request chose is checked but never kept: no client can fill
+    /// the cache, or push the members' keys out of it.
+    #[test]
+    fn a_claimed_name_is_derived_but_not_kept() {
+        let r = ring(NodeKeysConfig::default());
+        let a = r.node_key("a", 1).unwrap();
+        let kept = || r.ring().derived.lock_unpoisoned().len();
+        let before = kept();
+        for i in 0..100 {
+            assert_eq!(r.claimed_verifiers(&format!("x{i}")).unwrap().len(), 1);
+        }
+        assert_eq!(kept(), before);
+        assert!(r.claimed_verifiers("a").unwrap()[0].verify_request(
+            "n",
+            "GET",
+            "/",
+            1,
+            b"",
+            &signs(&a.mac)
+        ));
     }
 
     #[test]
