@@ -108,10 +108,17 @@ async fn the_image_runs_a_daemon_and_a_collector_that_create_an_event() {
         "{listed}"
     );
 
-    // The test cluster's configs, key and scripts, mounted at the same path in both
-    // containers; the binary that runs is the image's.
+    // The test cluster's configs, keys and scripts, mounted at the same path in both
+    // containers; the binary that runs is the image's. The node holds its own key only; the
+    // daemon derives it from its secret.
     let mut c = Cluster::new(1);
-    c.extra_daemon_toml = "[actions]\nevacuate = false\n".into();
+    c.extra_daemon_toml = format!(
+        "[actions]\nevacuate = false\n[daemon.node-keys]\nsecret-file = \"{}\"\n",
+        c.path("node-keys.secret").display()
+    );
+    c.keygen(&["--node-secret"]);
+    c.keygen(&["--node", "node1", "--out", "node1.key"]);
+    c.collector_keys[0] = vec!["node1.key".into()];
     c.set_verdict(
         &c.nodes[0],
         r#"{"status":"evacuate","details":{"disk":"sdb"}}"#,
@@ -177,7 +184,8 @@ async fn the_image_runs_a_daemon_and_a_collector_that_create_an_event() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    // The report was verified, so the key and the signature crossed between the containers.
+    // The report was verified under the key the daemon derived, so the node's key file and the
+    // signature crossed between the containers.
     let (_, nodes) = c.get("/1/nodes").await;
     assert!(nodes.to_string().contains("evacuate"), "{nodes}");
 }

@@ -18,20 +18,6 @@ use maintd::report::operator::NODE_HEADER;
 use maintd::report::{DAEMON_TARGET, Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 use serde_json::Value;
 
-/// `maintd --config <daemon.toml> keygen <args>`, which must succeed.
-fn keygen(c: &Cluster, args: &[&str]) {
-    let cfg = c.daemon_config();
-    let out = std::process::Command::new(&*BIN)
-        .arg("--config")
-        .arg(&cfg)
-        .arg("keygen")
-        .args(args)
-        .current_dir(c.path(""))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "keygen {args:?}: {out:?}");
-}
-
 /// `[daemon.node-keys]` with the master's secret, then `more` (per-node tables, revocations),
 /// then fencing with a grace far longer than any test, so peer sets are pushed and nothing is
 /// fenced.
@@ -48,10 +34,10 @@ fn daemon_toml(c: &Cluster, node_keys: &str, more: &str) -> String {
 async fn per_node_cluster(n: usize) -> Cluster {
     let mut c = Cluster::new(n);
     c.extra_daemon_toml = daemon_toml(&c, "", "");
-    keygen(&c, &["--node-secret"]);
+    c.keygen(&["--node-secret"]);
     for i in 0..n {
         let file = format!("{}.key", c.nodes[i]);
-        keygen(&c, &["--node", &c.nodes[i].clone(), "--out", &file]);
+        c.keygen(&["--node", &c.nodes[i].clone(), "--out", &file]);
         c.collector_keys[i] = vec![file];
     }
     c.start().await;
@@ -345,17 +331,14 @@ async fn a_nodes_key_speaks_for_that_node_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nodes_key_rolls_over_without_silence_and_a_revoked_node_is_refused() {
     let mut c = per_node_cluster(3).await;
-    keygen(
-        &c,
-        &[
-            "--node",
-            "node1",
-            "--generation",
-            "2",
-            "--out",
-            "node1-g2.key",
-        ],
-    );
+    c.keygen(&[
+        "--node",
+        "node1",
+        "--generation",
+        "2",
+        "--out",
+        "node1-g2.key",
+    ]);
     let old = node_credential(&c, "node1.key", "node1");
     let w = watch(&c);
     let rolled = "[daemon.node-keys.nodes.node1]\ngeneration = 2\nprevious = 1\n";
@@ -415,22 +398,19 @@ async fn a_cluster_moves_off_the_cluster_key_without_silence() {
     let w = watch(&c);
     // 2. The master's secret; generation 0 is the cluster key, so nothing changes yet.
     c.extra_daemon_toml = daemon_toml(&c, "generation = 0\n", "");
-    keygen(&c, &["--node-secret"]);
+    c.keygen(&["--node-secret"]);
     daemon_keys(&mut c, "generation = 0\n", "", &[0, 1, 2]).await;
     // 3. Every node gets its key beside the cluster key, which still signs.
     for i in 0..3 {
         let file = format!("{}.key", c.nodes[i]);
-        keygen(
-            &c,
-            &[
-                "--node",
-                &c.nodes[i].clone(),
-                "--generation",
-                "1",
-                "--out",
-                &file,
-            ],
-        );
+        c.keygen(&[
+            "--node",
+            &c.nodes[i].clone(),
+            "--generation",
+            "1",
+            "--out",
+            &file,
+        ]);
         collector_keys(&mut c, i, &["cluster.key", &file]).await;
     }
     // 4. The master signs with the node keys and takes both.

@@ -457,6 +457,21 @@ env = {{ NODE = "{node}" }}
         self.collectors[i] = Some(p);
     }
 
+    /// `maintd --config <daemon.toml> keygen <args>` in the cluster's directory, which must
+    /// succeed.
+    pub fn keygen(&self, args: &[&str]) {
+        let cfg = self.daemon_config();
+        let out = Command::new(&*BIN)
+            .arg("--config")
+            .arg(&cfg)
+            .arg("keygen")
+            .args(args)
+            .current_dir(self.path(""))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "keygen {args:?}: {out:?}");
+    }
+
     pub fn start_collectors(&mut self) {
         for i in 0..self.nodes.len() {
             self.start_collector_with(i, "scripted", "cluster.key");
