@@ -305,9 +305,11 @@ async fn report(State(c): State<Arc<Collector>>, uri: axum::http::Uri) -> Respon
     }
 }
 
+/// A job key names its journal file: no leading dot, so never `.`, `..` or a hidden file.
 fn valid_job_key(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
+        && !s.starts_with('.')
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
@@ -316,7 +318,7 @@ async fn start_repair(State(c): State<Arc<Collector>>, body: Bytes) -> Result<Re
     let req: RepairRequest = parse_json(&body)?;
     if !valid_job_key(&req.job) {
         return Err(ApiError::bad_request(
-            "job must be 1-128 chars of [A-Za-z0-9._-]",
+            "job must be 1-128 chars of [A-Za-z0-9._-], not starting with '.'",
         ));
     }
     exec::validate_name(&req.command).map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -486,6 +488,17 @@ mod tests {
     use super::*;
     use crate::exec::testing::{script, whitelist_dir};
     use crate::report::Key;
+
+    /// A job key names a file in the journal: never `.`, `..` or a hidden file.
+    #[test]
+    fn a_job_key_is_a_plain_file_name() {
+        for bad in ["", ".", "..", ".x", "a/b", &"a".repeat(129)] {
+            assert!(!valid_job_key(bad), "{bad:?}");
+        }
+        for good in ["a", "a.b", "ev-1_2", "7..x"] {
+            assert!(valid_job_key(good), "{good:?}");
+        }
+    }
     use axum::body::Body;
     use axum::http::Request;
     use tower::ServiceExt;

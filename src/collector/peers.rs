@@ -295,6 +295,7 @@ impl Peers {
     /// Returns the set as installed.
     pub fn install(&self, mut set: PeerSet) -> Result<PeerSet, PeerSetError> {
         set.check(&self.me)?;
+        set.tidy_keys();
         let before = set.watchers.len();
         set.watchers.retain(|w| set.peers.contains_key(w));
         if set.watchers.len() < before {
@@ -545,11 +546,21 @@ mod tests {
         let mut bad_keys = set("n2", 1815);
         bad_keys.keys.insert("n2".into(), vec!["ed25519:00".into()]);
         assert!(matches!(p.install(bad_keys), Err(PeerSetError::Keys(_))));
+        // Keys of a node that is not a peer are dropped, as watchers are.
         let mut stranger = set("n2", 1815);
         stranger
             .keys
             .insert("n9".into(), vec!["cluster-key".into()]);
-        assert!(matches!(p.install(stranger), Err(PeerSetError::Keys(_))));
+        assert!(p.install(stranger).unwrap().keys.is_empty());
+        // A key that is no valid point is taken, and verifies nothing.
+        let mut bad_point = set("n2", 1815);
+        let not_a_point = (0u8..=255)
+            .map(|b| format!("ed25519:{}", hex::encode([b; 32])))
+            .find(|k| crate::report::nodekey::HeartbeatPublic::decode(k).is_none())
+            .expect("some 32 equal bytes are no point");
+        bad_point.keys.insert("n2".into(), vec![not_a_point]);
+        let installed = p.install(bad_point).unwrap();
+        assert!(installed.peer_keys()["n2"].publics.is_empty());
     }
 
     /// The largest set the leader can push (64 peers with the longest names, IPv6 addresses,

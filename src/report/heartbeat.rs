@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::nodekey::{CLUSTER_KEY_ENTRY, HeartbeatPublic, HeldKeys, ed25519_sign};
+pub use super::peerkeys::{PeerKeys, heartbeat_signed};
 use super::{Key, age_ns};
 
 /// Domain separator: a heartbeat signature is valid for nothing else.
@@ -277,53 +278,8 @@ pub struct PeerSet {
     pub keys: BTreeMap<String, Vec<String>>,
 }
 
-/// What one peer's heartbeats are accepted under, as a pushed set says.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PeerKeys {
-    pub cluster: bool,
-    pub publics: Vec<HeartbeatPublic>,
-}
-
 /// Keys one peer may have in a set: two generations and the cluster key.
-const MAX_PEER_KEYS: usize = 3;
-
-impl PeerSet {
-    /// The keys of each peer, decoded (the set was checked on install).
-    pub fn peer_keys(&self) -> BTreeMap<String, PeerKeys> {
-        self.keys
-            .iter()
-            .map(|(name, entries)| {
-                let mut k = PeerKeys::default();
-                for e in entries {
-                    if e == CLUSTER_KEY_ENTRY {
-                        k.cluster = true;
-                    } else if let Some(p) = HeartbeatPublic::decode(e) {
-                        k.publics.push(p);
-                    }
-                }
-                (name.clone(), k)
-            })
-            .collect()
-    }
-}
-
-/// Whether `hb` is signed as its sender may sign, given what this node holds and the keys a
-/// pushed set gave: a set with keys names them for each peer (none for a revoked one); a set
-/// without keys (the shared-key configuration) accepts the cluster key.
-pub fn heartbeat_signed(
-    hb: &Heartbeat,
-    keys: &BTreeMap<String, PeerKeys>,
-    cluster: Option<&Key>,
-) -> bool {
-    let by_cluster = || cluster.is_some_and(|k| hb.cluster_signed(k));
-    if keys.is_empty() {
-        return by_cluster();
-    }
-    match keys.get(&hb.from) {
-        Some(k) => k.publics.iter().any(|p| hb.signed_by(p)) || (k.cluster && by_cluster()),
-        None => false,
-    }
-}
+pub const MAX_PEER_KEYS: usize = 3;
 
 /// Why a pushed peer set is refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -339,7 +295,7 @@ pub enum PeerSetError {
     #[error("epoch {0} is above JSON's safe integers (2^53 - 1)")]
     Epoch(u64),
     #[error(
-        "keys of {0:?}: at most {MAX_PEER_KEYS}, each `cluster-key` or `ed25519:` and 64 lower-case hex digits of a valid key, for a peer of the set"
+        "keys of {0:?}: at most {MAX_PEER_KEYS}, each `cluster-key` or `ed25519:` and 64 lower-case hex digits"
     )]
     Keys(String),
 }
@@ -368,12 +324,13 @@ impl PeerSet {
         if let Some(w) = self.watchers.iter().find(|w| !valid_peer_name(w)) {
             return Err(PeerSetError::Name(w.clone()));
         }
+        if self.keys.len() > MAX_PEERS {
+            return Err(PeerSetError::TooMany);
+        }
         for (name, entries) in &self.keys {
-            let valid = |e: &String| e == CLUSTER_KEY_ENTRY || HeartbeatPublic::decode(e).is_some();
-            if !self.peers.contains_key(name)
-                || entries.len() > MAX_PEER_KEYS
-                || !entries.iter().all(valid)
-            {
+            // A name that is not a peer is dropped on install, as a watcher's is.
+            let valid = |e: &String| e == CLUSTER_KEY_ENTRY || HeartbeatPublic::well_formed(e);
+            if entries.len() > MAX_PEER_KEYS || !entries.iter().all(valid) {
                 return Err(PeerSetError::Keys(name.clone()));
             }
         }

@@ -169,12 +169,20 @@ impl HeartbeatPublic {
         format!("{ED25519_PREFIX}{}", hex::encode(self.0.as_bytes()))
     }
 
+    /// Whether `s` is written as [`HeartbeatPublic::encode`] writes: `ed25519:` and 64
+    /// lower-case hex digits (whether they are a valid point is [`HeartbeatPublic::decode`]'s).
+    pub fn well_formed(s: &str) -> bool {
+        s.strip_prefix(ED25519_PREFIX).is_some_and(|hex| {
+            hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
+    }
+
     /// The one encoding [`HeartbeatPublic::encode`] writes: lower-case hex of a valid point.
     pub fn decode(s: &str) -> Option<HeartbeatPublic> {
-        let hex = s.strip_prefix(ED25519_PREFIX)?;
-        if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        if !HeartbeatPublic::well_formed(s) {
             return None;
         }
+        let hex = &s[ED25519_PREFIX.len()..];
         let mut bytes = [0u8; 32];
         hex::decode_to_slice(hex, &mut bytes).ok()?;
         VerifyingKey::from_bytes(&bytes).ok().map(HeartbeatPublic)
