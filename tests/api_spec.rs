@@ -380,6 +380,49 @@ async fn real_responses_match_the_openapi_spec() {
             ),
         ]
     );
+    // Maintenance: start (twice: the reason changes, the start stays), list, stop; an unknown
+    // node is 404, an end in the past 400.
+    let mp = "/1/nodes/{node}/maintenance";
+    for path in [
+        "/1/nodes/node1/maintenance?reason=disk%20swap",
+        "/1/nodes/node1/maintenance?reason=longer",
+    ] {
+        let (st, m) = api.call(true, &base, "POST", mp, path, None).await;
+        assert_eq!(st, 200, "{m}");
+        assert_eq!(
+            (m["node"].as_str(), m["source"].as_str()),
+            (Some("node1"), Some("operator"))
+        );
+    }
+    let (_, all) = api
+        .call(
+            false,
+            &base,
+            "GET",
+            "/1/maintenance",
+            "/1/maintenance",
+            None,
+        )
+        .await;
+    assert_eq!(all[0]["reason"], "longer", "{all}");
+    let past = format!(
+        "/1/nodes/node1/maintenance?until={}",
+        maintd::report::now_ns() - 1
+    );
+    assert_eq!(api.call(true, &base, "POST", mp, &past, None).await.0, 400);
+    let nope = "/1/nodes/nope/maintenance";
+    assert_eq!(api.call(true, &base, "POST", mp, nope, None).await.0, 404);
+    let (st, stopped) = api
+        .call(
+            true,
+            &base,
+            "DELETE",
+            mp,
+            "/1/nodes/node1/maintenance",
+            None,
+        )
+        .await;
+    assert_eq!((st, &stopped["was-in-maintenance"]), (200, &json!(true)));
     let dp = "/1/nodes/{node}/drill";
     assert_eq!(
         api.call(true, &base, "POST", dp, "/1/nodes/node1/drill", None)

@@ -11,9 +11,11 @@ mod client;
 mod fences;
 mod keys;
 mod manual;
+mod nodes;
 mod show;
 use client::*;
 pub use fences::{FencesCmd, FencingCmd};
+pub use nodes::{MaintenanceCmd, TagsCmd};
 use show::status_table;
 
 use std::path::PathBuf;
@@ -97,6 +99,11 @@ pub enum Command {
     Tags {
         #[command(subcommand)]
         cmd: TagsCmd,
+    },
+    /// Put a node in maintenance (never fenced, powered on or off), end it, or list them.
+    Maintenance {
+        #[command(subcommand)]
+        cmd: MaintenanceCmd,
     },
     /// Fence flows: list them, or show one with its timeline.
     Fences {
@@ -187,23 +194,6 @@ pub struct ApiArgs {
     pub ca_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Subcommand)]
-pub enum TagsCmd {
-    /// List tags of every node, or of one.
-    List {
-        node: Option<String>,
-        #[command(flatten)]
-        api: ApiArgs,
-    },
-    /// Remove a tag from a node.
-    Remove {
-        node: String,
-        tag: String,
-        #[command(flatten)]
-        api: ApiArgs,
-    },
-}
-
 #[derive(Debug, Args)]
 pub struct DaemonArgs {
     /// Listen address of the API (default 0.0.0.0:1816).
@@ -256,6 +246,8 @@ pub enum CliError {
     Bench(#[from] bench::BenchError),
     #[error(transparent)]
     NodeKey(#[from] keys::NodeKeyCliError),
+    #[error("{0}")]
+    Usage(String),
     #[error("cannot write the man pages into {dir}: {source}")]
     Manpages {
         dir: String,
@@ -405,30 +397,8 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             )?;
             println!("event {} is now {}", e.id, e.repair_status.as_str());
         }
-        Command::Tags { cmd } => match cmd {
-            TagsCmd::List { node, api } => {
-                let path = match node {
-                    Some(n) => format!("/1/tags?node={}", segment(n)),
-                    None => "/1/tags".into(),
-                };
-                let tags: views::Tags = view(api_get(api, &path).await?)?;
-                for (node, tags) in tags {
-                    let list: Vec<String> = tags.into_iter().collect();
-                    println!("{node}: {}", list.join(" "));
-                }
-            }
-            TagsCmd::Remove { node, tag, api } => {
-                let cfg = cli.load_config()?;
-                api_signed(
-                    &cfg,
-                    api,
-                    reqwest::Method::DELETE,
-                    &format!("/1/nodes/{}/tags/{}", segment(node), segment(tag)),
-                )
-                .await?;
-                println!("removed {tag} from {node}");
-            }
-        },
+        Command::Tags { cmd } => nodes::tags(&cli, cmd).await?,
+        Command::Maintenance { cmd } => nodes::maintenance(&cli, cmd).await?,
         Command::Fences { cmd } => fences::fences(cmd).await?,
         Command::Fencing { cmd } => fences::fencing(&cli, cmd).await?,
         Command::Drill { node, wait, api } => return fences::drill(&cli, node, *wait, api).await,

@@ -178,6 +178,10 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
             "/1/nodes/{node}/drill",
             post(super::fencing_api::drill::<C>),
         )
+        .route(
+            "/1/nodes/{node}/maintenance",
+            post(super::maintenance::start::<C>).delete(super::maintenance::stop::<C>),
+        )
         // Inside the signature check: only a signed, accepted command is recorded, with its
         // signer.
         .route_layer(middleware::from_fn_with_state(
@@ -196,6 +200,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/fences/{id}", get(super::fencing_api::one::<C>))
         .route("/1/drills", get(super::fencing_api::drills::<C>))
         .route("/1/audit", get(super::audit::list::<C>))
+        .route("/1/maintenance", get(super::maintenance::list::<C>))
         .route(
             "/1/fences/{id}/timeline",
             get(super::fencing_api::timeline::<C>),

@@ -9,6 +9,7 @@ mod found;
 mod listing;
 mod lists;
 pub mod lock;
+pub mod maintenance;
 mod reload;
 mod ui;
 

@@ -248,6 +248,29 @@ pub struct FenceState {
     pub returns: BTreeMap<String, ReturnFacts>,
     /// This master's boot and its boot clock, read with `now`: a proven wait is kept on it.
     pub boot: crate::verdict::BootInstant,
+    /// Nodes an operator put in maintenance, with why (a node tagged as waiting for the
+    /// acknowledgement of its repair is in maintenance too: see [`in_maintenance`]).
+    pub maintenance: BTreeMap<String, String>,
+}
+
+/// Why `node` is in maintenance, if it is: an operator said so, or a repair event evacuated it
+/// and waits for its acknowledgement (its `repairready` tag stands), so a person may have
+/// their hands in it. Such a node is never fenced, powered on or off, and does not count
+/// toward the storm threshold.
+pub fn in_maintenance(s: &FenceState, node: &str) -> Option<String> {
+    if let Some(why) = s.maintenance.get(node) {
+        return Some(why.clone());
+    }
+    s.tags
+        .get(node)?
+        .iter()
+        .find(|t| {
+            crate::tags::split(t)
+                .is_some_and(|(kind, _)| kind == crate::tags::TagKind::RepairReady.as_str())
+        })
+        .map(|t| {
+            format!("{node} waits for the acknowledgement of its repair (remove {t} to end it)")
+        })
 }
 
 /// An operator's request to fence a node (on Kubernetes, a NodeFence object created with
@@ -403,8 +426,21 @@ pub fn merge_liveness(
 /// Decides every fence action due now.
 pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
     let mut out = Vec::new();
-    let total = s.liveness.len();
-    let unreachable = s.liveness.values().filter(|l| !l.reachable).count();
+    // Nodes in maintenance, and nodes already fenced or waiting to return, are out of the
+    // pool: their silence is known, and must not hold the next dead node's fence.
+    let counted: Vec<&Liveness> = s
+        .liveness
+        .iter()
+        .filter(|(n, _)| in_maintenance(s, n).is_none())
+        .filter(|(n, _)| {
+            !s.flows
+                .iter()
+                .any(|f| &f.node == *n && f.fenced && f.status != FenceStatus::Final)
+        })
+        .map(|(_, l)| l)
+        .collect();
+    let total = counted.len();
+    let unreachable = counted.iter().filter(|l| !l.reachable).count();
     let storm = total > 0 && unreachable * 100 > s.policy.storm_percent as usize * total;
     if storm {
         out.push(FenceAction::Storm { unreachable, total });

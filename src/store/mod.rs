@@ -29,6 +29,7 @@ mod drills;
 mod events;
 mod flows;
 mod inventory;
+mod maintenance;
 mod nodes;
 #[cfg(test)]
 mod tests;
@@ -41,6 +42,7 @@ pub use events::CancelOutcome;
 pub(crate) use flows::conformance as flow_conformance;
 pub use flows::{FenceCancel, FlowOutcome, FlowStore, Requests};
 pub(crate) use flows::{apply_cancel, record_outcome};
+pub use maintenance::Maintenance;
 pub use nodes::{NodeRow, NodeUpdate};
 
 #[derive(Debug, thiserror::Error)]

@@ -254,6 +254,29 @@ impl<C: Cluster> Fencer<C> {
         (liveness, rules)
     }
 
+    /// Nodes operators put in maintenance, with why. A store that cannot be read keeps every
+    /// node's fence held rather than let one through that a person may be working on.
+    fn maintenance(&self, now: Nanos) -> std::collections::BTreeMap<String, String> {
+        match self.shared.store.maintenance(now) {
+            Ok(all) => all
+                .into_iter()
+                .map(|m| {
+                    let why = format!("in maintenance by {} ({})", m.by, m.reason);
+                    (m.node, why)
+                })
+                .collect(),
+            Err(e) => {
+                error!(error = %e, db = %self.shared.store.path(), "cannot read which nodes are in maintenance; every node is held as if it were");
+                self.shared
+                    .members
+                    .get()
+                    .iter()
+                    .map(|n| (n.name.clone(), format!("maintenance unknown: {e}")))
+                    .collect()
+            }
+        }
+    }
+
     pub async fn tick(self: &Arc<Self>) {
         let (now, boot) = self.shared.clock.now_and_boot();
         let mut policy = self.settings.policy;
@@ -314,6 +337,7 @@ impl<C: Cluster> Fencer<C> {
         let plans = self.summaries(&flows);
         let returns = self.return_facts(&flows);
         let state = FenceState {
+            maintenance: self.maintenance(now),
             returns,
             flows,
             liveness,

@@ -105,6 +105,7 @@ pub(super) fn requested_flows(
         }
         let wait = held
             .clone()
+            .or_else(|| super::in_maintenance(s, &r.node).map(|m| format!("in maintenance: {m}")))
             .or_else(|| node_busy(s, &r.node, now))
             .or_else(|| gates.closed(&s.policy, now));
         if let Some(why) = wait {
@@ -156,7 +157,8 @@ pub(super) fn start_flows(
         let started = out
             .iter()
             .any(|a| matches!(a, FenceAction::Start(f) if &f.node == node));
-        if started || node_busy(s, node, now).is_some() {
+        if started || node_busy(s, node, now).is_some() || super::in_maintenance(s, node).is_some()
+        {
             continue;
         }
         if gates.closed(p, now).is_some() {

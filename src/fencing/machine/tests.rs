@@ -110,6 +110,7 @@ fn state() -> FenceState {
         requests: vec![],
         kdump: BTreeMap::new(),
         returns: BTreeMap::new(),
+        maintenance: BTreeMap::new(),
         boot: crate::verdict::BootInstant {
             boot: crate::clock::TEST_BOOT,
             ns: T0,
@@ -1578,3 +1579,5 @@ fn a_canceled_flow_ends_while_its_node_stays_dead() {
         assert!(f.canceled && !f.fenced && !f.released);
     }
 }
+
+mod maintenance;

@@ -56,6 +56,9 @@ pub(super) struct Ctx<'a> {
     pub(super) l: Liveness,
     pub(super) plan: &'a PlanSummary,
     pub(super) hold_power: bool,
+    /// The node is in maintenance: no step of its flow runs (no agent call at all) until it
+    /// leaves it.
+    pub(super) maintenance: bool,
     pub(super) now: Nanos,
 }
 
@@ -85,6 +88,7 @@ pub(super) fn advance(
         l: s.liveness.get(&f.node).copied().unwrap_or_default(),
         plan: s.plans.get(&f.node).unwrap_or(&NO_PLAN),
         hold_power,
+        maintenance: super::in_maintenance(s, &f.node).is_some(),
         now,
     };
     if super::kdump::kdump(&c, out) {
@@ -250,7 +254,7 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
         out.push(FenceAction::Save(n));
         return;
     }
-    if (power_step && hold_power) || now < f.next_attempt {
+    if (power_step && hold_power) || c.maintenance || now < f.next_attempt {
         return;
     }
     let dumping = f

@@ -1,0 +1,179 @@
+//! Maintenance in the API (signed, audited): put a node in maintenance, end it, and list every
+//! node in maintenance, the operators' and those whose repair waits for its acknowledgement.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use serde::{Deserialize, Serialize};
+
+use super::api::{ApiState, require_leader};
+use crate::clock::steady_ns;
+use crate::cluster::Cluster;
+use crate::http::ApiError;
+use crate::store::Maintenance;
+use crate::verdict::Nanos;
+
+type S<C> = State<Arc<ApiState<C>>>;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StartQuery {
+    reason: Option<String>,
+    /// When it ends by itself: ns since the epoch on the wall clock.
+    until: Option<Nanos>,
+}
+
+/// One node in maintenance, as `GET /1/maintenance` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct InMaintenance {
+    pub node: String,
+    /// `operator`: set with `maintenance start`; `repair`: a repair event evacuated the node and
+    /// waits for its acknowledgement (its `repairready` tag).
+    pub source: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Nanos>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Nanos>,
+}
+
+fn db<C: Cluster>(s: &ApiState<C>, e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("{}: {e}", s.store.path()))
+}
+
+fn member<C: Cluster>(s: &ApiState<C>, node: &str) -> Result<(), ApiError> {
+    if s.members.get().iter().any(|n| n.name == node) {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!("no managed node {node:?}")))
+    }
+}
+
+/// Records the change where a successor reads it.
+async fn checkpoint<C: Cluster>(s: &ApiState<C>) {
+    if let Err(e) = s.leadership.checkpoint().await {
+        tracing::warn!(error = %e, "the maintenance is recorded here but not yet in the shared checkpoint; retried on the next change");
+    }
+}
+
+/// `POST /1/nodes/{node}/maintenance?reason=…&until=…`: the node is never fenced, powered on or
+/// off, and is out of the storm count until the maintenance ends (`DELETE`, or `until`).
+pub(super) async fn start<C: Cluster>(
+    State(s): S<C>,
+    axum::Extension(op): axum::Extension<crate::report::operator::Operator>,
+    Path(node): Path<String>,
+    Query(q): Query<StartQuery>,
+) -> Result<Json<InMaintenance>, ApiError> {
+    require_leader(&s)?;
+    member(&s, &node)?;
+    let raw = q.reason.unwrap_or_default();
+    if raw.chars().count() > 512 || raw.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "reason must be at most 512 characters, without control characters",
+        ));
+    }
+    let reason = Some(raw.trim().to_string())
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| "maintenance".into());
+    let now = steady_ns();
+    // The end is given on the wall clock and kept on the steady timeline, so a clock step
+    // neither ends a maintenance early nor prolongs it.
+    let until = match q.until {
+        None => None,
+        Some(wall) => {
+            let left = wall.saturating_sub(crate::report::now_ns());
+            if left <= 0 {
+                return Err(ApiError::bad_request("until is in the past"));
+            }
+            Some(now.saturating_add(left))
+        }
+    };
+    let m = Maintenance {
+        node: node.clone(),
+        reason,
+        since: now,
+        by: op.name.clone(),
+        until,
+    };
+    let again = s.store.start_maintenance(m, now).map_err(|e| db(&s, e))?;
+    tracing::info!(node = %node, operator = %op.name, again, "node in maintenance");
+    checkpoint(&s).await;
+    let kept = s.store.maintenance(now).map_err(|e| db(&s, e))?;
+    let m = kept
+        .into_iter()
+        .find(|m| m.node == node)
+        .ok_or_else(|| ApiError::internal("the maintenance was not kept"))?;
+    Ok(Json(operator_view(m)))
+}
+
+/// `DELETE /1/nodes/{node}/maintenance`: normal handling resumes (a node that is still silent
+/// is then fenced in the normal way, after the grace).
+pub(super) async fn stop<C: Cluster>(
+    State(s): S<C>,
+    Path(node): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_leader(&s)?;
+    member(&s, &node)?;
+    let was = s
+        .store
+        .stop_maintenance(&node, steady_ns())
+        .map_err(|e| db(&s, e))?;
+    tracing::info!(node = %node, was, "node out of maintenance");
+    checkpoint(&s).await;
+    Ok(Json(
+        serde_json::json!({ "node": node, "was-in-maintenance": was }),
+    ))
+}
+
+fn operator_view(m: Maintenance) -> InMaintenance {
+    InMaintenance {
+        node: m.node,
+        source: "operator".into(),
+        reason: m.reason,
+        by: Some(m.by),
+        since: Some(m.since),
+        until: m.until,
+    }
+}
+
+/// `GET /1/maintenance`: every node in maintenance, by name.
+pub(super) async fn list<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<InMaintenance>>, ApiError> {
+    let mut out: Vec<InMaintenance> = s
+        .store
+        .maintenance(steady_ns())
+        .map_err(|e| db(&s, e))?
+        .into_iter()
+        .map(operator_view)
+        .collect();
+    let tags = s
+        .cluster
+        .tags()
+        .await
+        .map_err(|e| ApiError::unavailable(format!("cannot read tags: {e}")))?;
+    let ready = crate::tags::TagKind::RepairReady.as_str();
+    for (node, tags) in tags {
+        let Some(tag) = tags
+            .iter()
+            .find(|t| crate::tags::split(t).is_some_and(|(k, _)| k == ready))
+        else {
+            continue;
+        };
+        if out.iter().any(|m| m.node == node) {
+            continue;
+        }
+        out.push(InMaintenance {
+            reason: format!("waits for the acknowledgement of its repair (remove {tag} to end it)"),
+            node,
+            source: "repair".into(),
+            by: None,
+            since: None,
+            until: None,
+        });
+    }
+    out.sort_by(|a, b| a.node.cmp(&b.node));
+    Ok(Json(out))
+}
