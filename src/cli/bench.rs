@@ -117,7 +117,7 @@ pub async fn sim_collectors(
             }
         });
     }
-    println!("{}", serde_json::to_string(&ports)?);
+    out!("{}", serde_json::to_string(&ports)?);
     std::io::stdout().flush()?;
     // Serve until the parent closes our stdin.
     tokio::task::spawn_blocking(|| {
@@ -218,7 +218,7 @@ pub async fn poll(
     Key::generate(&key_file)?;
     let key = Key::load(&key_file)?;
     let exe = std::env::current_exe()?;
-    println!(
+    out!(
         "poll-and-verify cycle: {} cores, {} warm cycles per size (first cycle, which opens the connections, shown apart)",
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -226,7 +226,7 @@ pub async fn poll(
         cycles
     );
     let concurrency = 512.min(connections / 2).max(1);
-    println!(
+    out!(
         "{:>6}  {:>8}  {:>7}  {:>7}  {:>9}  {:>12}  {:>8}  {:>9}  {:>8}  {:>6}  {:>9}  {:>9}  {:>12}",
         "nodes",
         "cold ms",
@@ -319,7 +319,7 @@ pub async fn poll(
         let (fds, rss, calls, bytes) = process_figures();
         walls.sort();
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        println!(
+        out!(
             "{:>6}  {:>8.1}  {:>7.1}  {:>7.1}  {:>9.1}  {:>12.1}  {:>8.1}  {:>9.2}  {:>8.1}  {:>6}  {:>9.0}  {:>9.1}  {:>6}/{:<5}",
             n,
             ms(cold),
@@ -344,7 +344,7 @@ pub async fn poll(
             let _ = child.wait().await;
         }
     }
-    println!("peak RSS {:.1} MiB", peak_rss_mib());
+    out!("peak RSS {:.1} MiB", peak_rss_mib());
     Ok(())
 }
 
@@ -410,13 +410,16 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
             movable: i % 30 != 0,
         });
     }
-    println!(
+    out!(
         "evacuation admission over {nodes} nodes and {total} pods ({} PDBs)",
         s.pdbs.len()
     );
-    println!(
+    out!(
         "{:>10}  {:>10}  {:>9}  {:>8}",
-        "candidates", "ms (best)", "admitted", "waiting"
+        "candidates",
+        "ms (best)",
+        "admitted",
+        "waiting"
     );
     for &n in candidates {
         // A whole decision, as the engine makes it: every node reports, `n` of them want a
@@ -487,7 +490,7 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
                 matches!(a, crate::repair::Action::Note { note: Some(w), .. } if w.starts_with("waiting to drain"))
             })
             .count();
-        println!("{n:>10}  {best:>10.1}  {admitted:>9}  {waiting:>8}");
+        out!("{n:>10}  {best:>10.1}  {admitted:>9}  {waiting:>8}");
     }
     Ok(())
 }

@@ -85,13 +85,13 @@ pub async fn api(
         .bytes()
         .await?
         .len();
-    println!(
+    out!(
         "API with {events} repair events on {nodes} nodes, {} cores; the daemon polls their live collectors meanwhile",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
     );
-    println!(
+    out!(
         "the simulated collectors run {}",
         if collectors_share {
             "at normal priority, sharing the cores with the daemon and the client"
@@ -99,10 +99,15 @@ pub async fn api(
             "in the idle scheduling class, as the other machines they stand for"
         }
     );
-    println!("bytes: /1/status {plain} (gzip {gzip}), /1/status?node= {one}");
-    println!(
+    out!("bytes: /1/status {plain} (gzip {gzip}), /1/status?node= {one}");
+    out!(
         "{:<28} {:>7} {:>9} {:>9} {:>9} {:>8}",
-        "request", "clients", "req/s", "p50 ms", "p99 ms", "errors"
+        "request",
+        "clients",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "errors"
     );
     let secs = Duration::from_secs(secs);
     for path in ["/1/status", "/1/nodes"] {
@@ -117,7 +122,7 @@ pub async fn api(
     let (r, mut lags) = fixed_rate(&client, &base, nodes, rate, secs).await;
     r.print("/1/status?node=<random>", &format!("{rate}/s"));
     lags.sort_by(f64::total_cmp);
-    println!(
+    out!(
         "  (the client sent them p50 {:.2} ms, p99 {:.2} ms after their due time: its timer's \
          millisecond and its own wait for a core, not counted above)",
         pct(&lags, 0.5),
@@ -127,7 +132,7 @@ pub async fn api(
     let (mut answered, mut seen) = watch_delays(&client, &base, &key, &waiting).await?;
     answered.sort_by(f64::total_cmp);
     seen.sort_by(f64::total_cmp);
-    println!(
+    out!(
         "watch: a cancel seen by a waiting watcher after p50 {:.1} ms, max {:.1} ms ({} changes; \
          the cancel itself answered after p50 {:.1} ms, max {:.1} ms)",
         pct(&seen, 0.5),
@@ -242,7 +247,7 @@ struct Figures {
 impl Figures {
     fn print(mut self, what: &str, clients: &str) {
         self.latencies_ms.sort_by(f64::total_cmp);
-        println!(
+        out!(
             "{:<28} {:>7} {:>9.0} {:>9.2} {:>9.2} {:>8}",
             what,
             clients,

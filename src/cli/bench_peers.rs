@@ -74,7 +74,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
         Credential::new(vec![Held::Node(k)])
     };
     let hb = HeartbeatConfig::default();
-    println!(
+    out!(
         "peer heartbeats: {nodes} nodes, {DEFAULT_WATCHERS} watchers each, a heartbeat every {:?}",
         hb.interval
     );
@@ -89,7 +89,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
     let sizes: Vec<usize> = sets.values().map(|s| s.peers.len()).collect();
     let avg = sizes.iter().sum::<usize>() as f64 / sizes.len().max(1) as f64;
     let max = sizes.iter().copied().max().unwrap_or(0);
-    println!(
+    out!(
         "assignment and peer sets: {assign_s:.2} s for {nodes} nodes; peers per node avg {avg:.1}, max {max}"
     );
 
@@ -102,7 +102,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
     let per_s = avg / hb.interval.as_secs_f64();
     // IPv4 + UDP headers on top of the payload.
     let wire = (beat + 28) as f64;
-    println!(
+    out!(
         "heartbeat: {beat} bytes ({wire:.0} on the wire); per node {per_s:.0} sent and {per_s:.0} received per second = {:.1} KiB/s each way",
         per_s * wire / 1024.0
     );
@@ -158,7 +158,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
         .sum::<usize>();
     let expected: usize = live_sets.values().map(|s| s.peers.len()).sum();
     let per_node_ms = cpu / wall / live as f64 * 1000.0;
-    println!(
+    out!(
         "node CPU: {live} live nodes over {wall:.0} s used {cpu:.2} CPU-s: {per_node_ms:.3} ms of CPU per node per second ({:.3} % of a core); {heard} of {expected} peer links heard both ways at the end",
         per_node_ms / 10.0
     );
@@ -195,7 +195,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
         .filter(|(n, _)| keyring.verifiers(n).is_ok())
         .count();
     let lookups = t.elapsed().as_secs_f64();
-    println!(
+    out!(
         "leader: {looked_up} node key lookups in {:.1} ms",
         lookups * 1000.0
     );
@@ -211,7 +211,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
         let _ = verifier.opinion(n, now, &[]);
     }
     let opinions = t.elapsed().as_secs_f64();
-    println!(
+    out!(
         "leader: {nodes} views of {:.0} bytes avg ({:.1} MiB per probe) verified in {:.0} ms = {:.1} % of a core at one probe per second; the second opinion on {silent} silent nodes: {:.2} ms",
         bytes as f64 / nodes as f64,
         bytes as f64 / 1048576.0,

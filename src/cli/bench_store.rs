@@ -61,20 +61,24 @@ pub fn store(dir: &Path, commits: usize) -> Result<(), BenchError> {
         [r#"{"at":1795880000000000000,"step":"power-management","status":"running","note":"attempt 1 of the power-off, with the agent's answer"}"#; 12].join(","),
         [r#"{"at":1795880000000000000,"method":"bmc","agent":"fence_ipmilan","action":"off","ok":true,"elapsed-ms":310,"output":"Success: Powered OFF"}"#; 2].join(",")
     );
-    println!(
+    out!(
         "a fence step's commit ({} bytes) in WAL mode on {}, {commits} commits each",
         doc.len(),
         dir.display()
     );
-    println!(
+    out!(
         "{:>9} {:>10} {:>10} {:>10} {:>12}",
-        "sync", "p50 ms", "p99 ms", "max ms", "commits/s"
+        "sync",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "commits/s"
     );
     for mode in ["NORMAL", "FULL"] {
         let mut t = series(dir, mode, commits, &doc)?;
         let total: f64 = t.iter().sum();
         t.sort_by(f64::total_cmp);
-        println!(
+        out!(
             "{:>9} {:>10.3} {:>10.3} {:>10.3} {:>12.0}",
             mode,
             pct(&t, 0.5) * 1e3,

@@ -139,7 +139,7 @@ pub(super) fn view<T: serde::de::DeserializeOwned>(v: ExactJson) -> Result<T, Cl
 }
 
 pub(super) fn print_json(v: &ExactJson) {
-    println!("{}", v.pretty());
+    out!("{}", v.pretty());
 }
 
 /// The filters the API's lists take; the daemon does the filtering.

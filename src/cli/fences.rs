@@ -63,11 +63,11 @@ pub(super) async fn fences(cmd: &FencesCmd) -> Result<(), CliError> {
             }
             let flows: Vec<views::Fence> = view(v)?;
             if flows.is_empty() {
-                println!("no fence flows");
+                out!("no fence flows");
             }
             for f in flows {
                 let f = &f.flow;
-                println!(
+                out!(
                     "{}  {}  {} {}  detected {}{}",
                     f.id,
                     f.node,
@@ -93,21 +93,21 @@ pub(super) async fn fences(cmd: &FencesCmd) -> Result<(), CliError> {
             let f: views::Fence = view(one)?;
             let entries: Vec<views::timeline::Entry> = view(timeline)?;
             let f = &f.flow;
-            println!("flow     {}", f.id);
-            println!("node     {}", f.node);
-            println!("state    {} {}", f.step.as_str(), f.status.as_str());
+            out!("flow     {}", f.id);
+            out!("node     {}", f.node);
+            out!("state    {} {}", f.step.as_str(), f.status.as_str());
             let boot = |b: Option<uuid::Uuid>| b.map_or("-".to_string(), |u| u.to_string());
-            println!(
+            out!(
                 "boots    before {}, returned {}",
                 boot(f.boot_before),
                 boot(f.returned_boot)
             );
             if let Some(a) = &f.alarm {
-                println!("ALARM    {a}");
+                out!("ALARM    {a}");
             }
-            println!("timeline");
+            out!("timeline");
             for e in entries {
-                println!("  {}  {:<11}  {}", time(e.at), kind(e.kind), e.what);
+                out!("  {}  {:<11}  {}", time(e.at), kind(e.kind), e.what);
             }
         }
     }
@@ -130,10 +130,10 @@ pub(super) async fn fencing(cli: &Cli, cmd: &FencingCmd) -> Result<(), CliError>
         FencingCmd::Status { api } => {
             let s: views::FencingSummary = view(api_get(api, "/1/fences/summary").await?)?;
             match &s.paused {
-                Some(p) => println!("fencing PAUSED since {}: {}", time(p.since), p.reason),
-                None => println!("fencing active"),
+                Some(p) => out!("fencing PAUSED since {}: {}", time(p.since), p.reason),
+                None => out!("fencing active"),
             }
-            println!(
+            out!(
                 "{} nodes with fencing, {} inactive{}",
                 s.nodes,
                 s.inactive.len(),
@@ -157,8 +157,8 @@ pub(super) async fn fencing(cli: &Cli, cmd: &FencingCmd) -> Result<(), CliError>
     let cfg = cli.load_config()?;
     let p: views::FencingPause = view(api_signed(&cfg, api, reqwest::Method::POST, &path).await?)?;
     match p.pause {
-        Some(p) => println!("fencing paused: {}", p.reason),
-        None => println!("fencing resumed"),
+        Some(p) => out!("fencing paused: {}", p.reason),
+        None => out!("fencing resumed"),
     }
     Ok(())
 }
@@ -195,10 +195,10 @@ pub(super) async fn drills(json: bool, api: &ApiArgs) -> Result<(), CliError> {
     }
     let list: Vec<crate::fencing::drill::Drill> = view(v)?;
     if list.is_empty() {
-        println!("no drills");
+        out!("no drills");
     }
     for d in list {
-        println!("{}", drill_line(&d));
+        out!("{}", drill_line(&d));
     }
     Ok(())
 }
@@ -215,7 +215,7 @@ pub(super) async fn drill(
     let path = format!("/1/nodes/{}/drill", segment(node));
     let d: crate::fencing::drill::Drill =
         view(api_signed(&cfg, api, reqwest::Method::POST, &path).await?)?;
-    println!("drill {} on {node} started", d.id);
+    out!("drill {} on {node} started", d.id);
     if !wait {
         return Ok(0);
     }
@@ -226,7 +226,7 @@ pub(super) async fn drill(
             continue;
         };
         if now.status.is_final() {
-            println!("{}", drill_line(&now));
+            out!("{}", drill_line(&now));
             return Ok(i32::from(
                 now.status != crate::fencing::drill::DrillStatus::Passed,
             ));

@@ -64,7 +64,7 @@ pub fn keygen(cli: &Cli, what: Keygen<'_>) -> Result<(), CliError> {
             .out
             .unwrap_or_else(|| PathBuf::from(format!("{name}.key")));
         crate::report::operator::OperatorKey::generate(&path, name)?;
-        println!(
+        out!(
             "wrote a new key for operator {name} to {}; list it under [daemon.operators.{name}] key-files",
             path.display()
         );
@@ -77,7 +77,7 @@ pub fn keygen(cli: &Cli, what: Keygen<'_>) -> Result<(), CliError> {
             .unwrap_or_else(|| PathBuf::from(format!("{name}.key")));
         let k = node_key(&cfg, name, what.generation)?;
         k.write(&path)?;
-        println!(
+        out!(
             "wrote node {name}'s key of generation {} to {}; install it on {name} (mode 0600) and list it in [collector] key-files",
             k.generation,
             path.display()
@@ -88,13 +88,13 @@ pub fn keygen(cli: &Cli, what: Keygen<'_>) -> Result<(), CliError> {
             .or_else(|| cfg.daemon.node_keys.secret_file.clone())
             .ok_or(NodeKeyCliError::NoSecretFile)?;
         NodeSecret::generate(&path)?;
-        println!(
+        out!(
             "wrote a new node-key secret to {}; keep it on the master only",
             path.display()
         );
     } else {
         Key::generate(&cfg.cluster.key_file)?;
-        println!(
+        out!(
             "wrote a new cluster key to {}",
             cfg.cluster.key_file.display()
         );

@@ -1,6 +1,37 @@
 //! Command-line interface: argument parsing, and the operator commands (status, cancel, tags,
 //! keygen, diagnose --once) that talk to the daemon's API or run locally.
 
+/// `println!` that ends the process quietly when stdout is a closed pipe (`maintd status |
+/// head -1`), where `println!` would panic.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($t)*) {
+            $crate::cli::stdout_failed(e)
+        }
+    }};
+}
+
+/// `print!`, the same way.
+macro_rules! out_raw {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout().lock(), $($t)*) {
+            $crate::cli::stdout_failed(e)
+        }
+    }};
+}
+
+/// A reader that went away (a closed pipe) ends the command quietly and successfully, as
+/// `head` expects; any other failure to write is an error.
+pub fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("maintd: cannot write to stdout: {e}");
+    std::process::exit(1);
+}
+
 mod bench;
 mod bench_api;
 mod bench_floor;
@@ -333,6 +364,11 @@ pub async fn shutdown_signal() {
 
 /// Runs a parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> Result<i32, CliError> {
+    // A configuration named on the command line must be there and valid, whatever the command
+    // (a read that needs none would otherwise go on as if it had not been named).
+    if cli.config.is_some() {
+        cli.load_config()?;
+    }
     match &cli.command {
         Command::Daemon(_) => {
             let cfg = cli.load_config()?;
@@ -355,7 +391,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
             if *json {
                 print_json(&v);
             } else {
-                print!("{}", status_table(&view::<Vec<views::Event>>(v)?));
+                out_raw!("{}", status_table(&view::<Vec<views::Event>>(v)?));
             }
         }
         Command::Nodes { json, filter, api } => {
@@ -364,7 +400,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 print_json(&v);
             } else {
                 for n in view::<Vec<views::Node>>(v)? {
-                    println!("{}", show::node_line(&n));
+                    out!("{}", show::node_line(&n));
                 }
             }
         }
@@ -379,7 +415,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 )
                 .await?,
             )?;
-            println!(
+            out!(
                 "node {node}: sequence state reset (was {})",
                 v.previous_seq.map_or("none".to_string(), |s| s.to_string())
             );
@@ -395,7 +431,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 )
                 .await?,
             )?;
-            println!("event {} is now {}", e.id, e.repair_status.as_str());
+            out!("event {} is now {}", e.id, e.repair_status.as_str());
         }
         Command::Tags { cmd } => nodes::tags(&cli, cmd).await?,
         Command::Maintenance { cmd } => nodes::maintenance(&cli, cmd).await?,
@@ -415,11 +451,11 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 source,
             })?;
             for p in pages {
-                println!("{}", p.display());
+                out!("{}", p.display());
             }
         }
         Command::Crd => {
-            print!("{}", crate::cluster::kube::nodefence::crd_yaml());
+            out_raw!("{}", crate::cluster::kube::nodefence::crd_yaml());
         }
         Command::Keygen {
             operator,

@@ -34,7 +34,7 @@ pub(super) async fn tags(cli: &Cli, cmd: &TagsCmd) -> Result<(), CliError> {
             let tags: views::Tags = view(api_get(api, &path).await?)?;
             for (node, tags) in tags {
                 let list: Vec<String> = tags.into_iter().collect();
-                println!("{node}: {}", list.join(" "));
+                out!("{node}: {}", list.join(" "));
             }
         }
         TagsCmd::Remove { node, tag, api } => {
@@ -46,7 +46,7 @@ pub(super) async fn tags(cli: &Cli, cmd: &TagsCmd) -> Result<(), CliError> {
                 &format!("/1/nodes/{}/tags/{}", segment(node), segment(tag)),
             )
             .await?;
-            println!("removed {tag} from {node}");
+            out!("removed {tag} from {node}");
         }
     }
     Ok(())
@@ -105,12 +105,12 @@ pub(super) async fn maintenance(cli: &Cli, cmd: &MaintenanceCmd) -> Result<(), C
         MaintenanceCmd::List { json, api } => {
             let all: Vec<InMaintenance> = view(api_get(api, "/1/maintenance").await?)?;
             if *json {
-                println!("{}", serde_json::to_string_pretty(&all).unwrap_or_default());
+                out!("{}", serde_json::to_string_pretty(&all).unwrap_or_default());
                 return Ok(());
             }
             for m in all {
                 let by = m.by.map(|b| format!(" by {b}")).unwrap_or_default();
-                println!("{}  {}{by}: {}", m.node, m.source, m.reason);
+                out!("{}  {}{by}: {}", m.node, m.source, m.reason);
             }
         }
         MaintenanceCmd::Start {
@@ -135,13 +135,13 @@ pub(super) async fn maintenance(cli: &Cli, cmd: &MaintenanceCmd) -> Result<(), C
             let cfg = cli.load_config()?;
             let m: InMaintenance =
                 view(api_signed(&cfg, api, reqwest::Method::POST, &path).await?)?;
-            println!("{} in maintenance: {}", m.node, m.reason);
+            out!("{} in maintenance: {}", m.node, m.reason);
         }
         MaintenanceCmd::Stop { node, api } => {
             let path = format!("/1/nodes/{}/maintenance", segment(node));
             let cfg = cli.load_config()?;
             api_signed(&cfg, api, reqwest::Method::DELETE, &path).await?;
-            println!("{node} out of maintenance");
+            out!("{node} out of maintenance");
         }
     }
     Ok(())

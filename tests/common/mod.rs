@@ -739,7 +739,7 @@ env = {{ NODE = "{node}" }}
         self.cli_command_env(args, &[("MAINTD_OPERATOR_KEY", key)])
     }
 
-    fn cli_command(&self, args: &[&str]) -> Command {
+    pub fn cli_command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(&*BIN);
         c.args(args)
             .env("MAINTD_URL", self.url())
