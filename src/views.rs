@@ -228,6 +228,10 @@ pub struct Node {
     /// probe's round trip; shown, never used to judge it. Null without fencing.
     #[serde(default)]
     pub clock_offset_ms: Option<i64>,
+    /// Why it is in maintenance (an operator's, or its repair waiting for acknowledgement):
+    /// never fenced or powered meanwhile. Absent when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<String>,
 }
 
 /// A node's watchers as the master last heard them.
@@ -280,6 +284,7 @@ impl Node {
                 fencing,
                 witnesses: None,
                 clock_offset_ms: None,
+                maintenance: None,
             };
         };
         Node {
@@ -302,6 +307,7 @@ impl Node {
             fencing,
             witnesses: None,
             clock_offset_ms: None,
+            maintenance: None,
         }
     }
 }

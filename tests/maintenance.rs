@@ -138,6 +138,14 @@ async fn a_node_being_repaired_by_hand_is_never_fenced_or_powered_on() {
         [("node2".into(), "operator".into())]
     );
     stays_off_untouched(&c, &ipmi, 4).await;
+    let shown = c.node("node2").await["maintenance"].clone();
+    assert!(shown.as_str().unwrap().contains("disk swap"), "{shown}");
+    let out = c.cli(&["nodes"]);
+    let nodes = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        nodes.contains("MAINTENANCE (in maintenance by cluster-key (disk swap))"),
+        "{nodes}"
+    );
     let out = c.cli(&["maintenance", "list"]);
     let listed = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -99,8 +99,12 @@ pub fn node_line(n: &views::Node) -> String {
         Some(w) => format!(" watchdog={:.0}s", w.timeout_ms as f64 / 1000.0),
         None => String::new(),
     };
+    let maintenance = match &n.maintenance {
+        Some(m) => format!(" MAINTENANCE ({})", short(m, 80)),
+        None => String::new(),
+    };
     format!(
-        "{:<20} {state:<5}{off} rejected={}{fencing}{peers}{watchdog}{diag}",
+        "{:<20} {state:<5}{off}{maintenance} rejected={}{fencing}{peers}{watchdog}{diag}",
         n.name, n.rejected_reports
     )
 }

@@ -267,6 +267,7 @@ async fn nodes_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, 
     let mut tags = s.cluster.tags().await.map_err(internal)?;
     let heard = s.heard.all();
     let now = crate::clock::steady_ns();
+    let maintenance = super::maintenance::operators(s)?;
     let mut items = Vec::new();
     for n in s.members.get().iter().filter(|n| q.node_ok(&n.name)) {
         let row = rows.get(n.name.as_str()).copied();
@@ -278,14 +279,20 @@ async fn nodes_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, 
         }) {
             continue;
         }
+        let node_tags = tags.remove(&n.name).unwrap_or_default();
+        let in_maintenance = maintenance
+            .get(&n.name)
+            .cloned()
+            .or_else(|| crate::fencing::machine::awaiting_ack(&node_tags));
         let mut v = views::Node::new(
             &n.name,
             collector_address(&n.collector).unwrap_or_default(),
             row,
             offline.contains(&n.name),
-            tags.remove(&n.name).unwrap_or_default(),
+            node_tags,
             s.readiness.as_ref().and_then(|b| b.get(&n.name)),
         );
+        v.maintenance = in_maintenance;
         v.witnesses = s.peering.as_ref().map(|p| p.witnesses(&n.name, now));
         v.clock_offset_ms = s
             .peering

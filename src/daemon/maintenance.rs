@@ -140,6 +140,18 @@ fn operator_view(m: Maintenance) -> InMaintenance {
     }
 }
 
+/// Each node an operator put in maintenance, with why, as `/1/nodes` shows it.
+pub(super) fn operators<C: Cluster>(
+    s: &ApiState<C>,
+) -> Result<std::collections::BTreeMap<String, String>, ApiError> {
+    Ok(s.store
+        .maintenance(steady_ns())
+        .map_err(|e| db(s, e))?
+        .into_iter()
+        .map(|m| (m.node, format!("in maintenance by {} ({})", m.by, m.reason)))
+        .collect())
+}
+
 /// `GET /1/maintenance`: every node in maintenance, by name.
 pub(super) async fn list<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<InMaintenance>>, ApiError> {
     let mut out: Vec<InMaintenance> = s
@@ -154,19 +166,15 @@ pub(super) async fn list<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<InMainte
         .tags()
         .await
         .map_err(|e| ApiError::unavailable(format!("cannot read tags: {e}")))?;
-    let ready = crate::tags::TagKind::RepairReady.as_str();
     for (node, tags) in tags {
-        let Some(tag) = tags
-            .iter()
-            .find(|t| crate::tags::split(t).is_some_and(|(k, _)| k == ready))
-        else {
+        let Some(reason) = crate::fencing::machine::awaiting_ack(&tags) else {
             continue;
         };
         if out.iter().any(|m| m.node == node) {
             continue;
         }
         out.push(InMaintenance {
-            reason: format!("waits for the acknowledgement of its repair (remove {tag} to end it)"),
+            reason,
             node,
             source: "repair".into(),
             by: None,

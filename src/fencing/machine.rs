@@ -261,16 +261,15 @@ pub fn in_maintenance(s: &FenceState, node: &str) -> Option<String> {
     if let Some(why) = s.maintenance.get(node) {
         return Some(why.clone());
     }
-    s.tags
-        .get(node)?
-        .iter()
-        .find(|t| {
-            crate::tags::split(t)
-                .is_some_and(|(kind, _)| kind == crate::tags::TagKind::RepairReady.as_str())
-        })
-        .map(|t| {
-            format!("{node} waits for the acknowledgement of its repair (remove {t} to end it)")
-        })
+    awaiting_ack(s.tags.get(node)?)
+}
+
+/// Why a node with these tags is in maintenance for its repair: its `repairready` tag stands.
+pub fn awaiting_ack(tags: &BTreeSet<String>) -> Option<String> {
+    let ready = crate::tags::TagKind::RepairReady.as_str();
+    tags.iter()
+        .find(|t| crate::tags::split(t).is_some_and(|(kind, _)| kind == ready))
+        .map(|t| format!("waits for the acknowledgement of its repair (remove {t} to end it)"))
 }
 
 /// An operator's request to fence a node (on Kubernetes, a NodeFence object created with

@@ -15,6 +15,7 @@ fn a_node_waiting_for_its_repairs_acknowledgement_is_never_fenced() {
     s.tags.insert("n2".into(), BTreeSet::from([ready.clone()]));
     assert!(decide_fencing(&s, T0 + 60 * S).is_empty());
     let why = in_maintenance(&s, "n2").unwrap();
+    assert!(why.starts_with("waits for the acknowledgement"), "{why}");
     assert!(why.contains(&ready), "{why}");
     s.requests.push(FenceRequest {
         id: Uuid::from_u128(9),
