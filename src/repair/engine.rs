@@ -245,6 +245,13 @@ impl<C: Cluster> Engine<C> {
         state.max_remedies = Some(self.settings.max_remedies);
         state.upkeep_running = self.upkeep.running();
         let now = self.clock.now();
+        state.maintenance = match self.store.maintenance(now) {
+            Ok(all) => all.into_iter().map(|m| (m.node, m.reason)).collect(),
+            Err(source) => {
+                let db = self.store.path().to_string();
+                return self.skip(TickError::Store { db, source });
+            }
+        };
         if let Some(w) = &self.watch {
             obs.conditions = w.evaluate(now).map(|e| e.verdicts);
         }

@@ -261,6 +261,8 @@ pub struct State {
     /// The cluster's own upkeep (instance repairs, balancing moves) still runs: the next round
     /// waits for it.
     pub upkeep_running: bool,
+    /// Nodes an operator put in maintenance, with why: their events start no job meanwhile.
+    pub maintenance: BTreeMap<String, String>,
 }
 
 /// What the last poll says about a node.

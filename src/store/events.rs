@@ -120,6 +120,7 @@ impl Store {
             members: None,
             max_remedies: None,
             upkeep_running: false,
+            maintenance: BTreeMap::new(),
         })
     }
 

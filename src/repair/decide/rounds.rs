@@ -227,6 +227,12 @@ fn node_block(
     active: &[&Event],
     specs: &mut Vec<JobSpec>,
 ) -> Option<String> {
+    let node = evs.first().map(|e| e.node.as_str()).unwrap_or_default();
+    if let Some(why) = d.state.maintenance.get(node) {
+        return Some(format!(
+            "node is in maintenance ({why}); its events wait until it ends"
+        ));
+    }
     for e in evs {
         let st = d.status(e);
         if st == RepairStatus::Failed && !escalated(d, e, evs) {

@@ -112,6 +112,7 @@ fn state(events: Vec<Event>, jobs: Vec<Job>) -> State {
         members: None,
         max_remedies: None,
         upkeep_running: false,
+        maintenance: BTreeMap::new(),
     }
 }
 
@@ -233,6 +234,25 @@ fn no_new_round_while_a_job_runs() {
     assert!(a.iter().any(
         |x| matches!(x, Action::Note { note: Some(n), .. } if n.contains("waiting for round 1"))
     ));
+}
+
+/// A node in maintenance: its new event starts no job and says why; once the maintenance
+/// ends, the round starts.
+#[test]
+fn a_node_in_maintenance_starts_no_job_until_it_ends() {
+    let e = Event::test("n1", evac("sda"), NOW - 100);
+    let mut s = state(vec![e], vec![]);
+    s.maintenance.insert("n1".into(), "disk swap".into());
+    let a = decide(&s, &Observations::new(), NOW);
+    assert!(round(&a).is_none());
+    assert!(
+        a.iter().any(
+            |x| matches!(x, Action::Note { note: Some(n), .. } if n.contains("in maintenance (disk swap)"))
+        ),
+        "{a:?}"
+    );
+    s.maintenance.clear();
+    assert!(round(&decide(&s, &Observations::new(), NOW)).is_some());
 }
 
 #[test]
