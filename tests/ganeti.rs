@@ -230,7 +230,23 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     acknowledge(&g, &c, &fid).await;
 
     // Ganeti moves its master: the daemon on the old one stops acting and exits with 11.
-    g.run(&["node2/cmd", "gnt-cluster", "master-failover"]);
+    // Ganeti's vote needs both node daemons to answer; right after node2 came back online one
+    // may not yet (Ganeti says "Unhealthy nodes"), so the failover is asked again meanwhile.
+    let failover = ["node2/cmd", "gnt-cluster", "master-failover"];
+    common::wait_for("Ganeti's master failover", || {
+        let done = match g.try_run(&failover) {
+            Ok(_) => Some(()),
+            Err(e) if e.contains("Unhealthy nodes") => None,
+            Err(e) => panic!("{failover:?}: {e}"),
+        };
+        async move {
+            if done.is_none() {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            done
+        }
+    })
+    .await;
     let daemon = &mut c.daemon.as_mut().unwrap().child;
     let code = common::wait_for("the old master's daemon to stop", || {
         let code = daemon.try_wait().unwrap().map(|s| s.code());

@@ -53,19 +53,27 @@ impl Ganeti {
 
     /// Runs a command on the cluster (`node1/cmd gnt-node list`); its stdout, or a panic.
     pub fn run(&self, args: &[&str]) -> String {
+        self.try_run(args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// Runs a command on the cluster; its stdout, or what it said when it failed.
+    pub fn try_run(&self, args: &[&str]) -> Result<String, String> {
         let out = Command::new(script())
             .arg("run")
             .arg(self.dir.path())
             .args(args)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
     }
 
     /// A gnt-* command on the master.
