@@ -753,13 +753,18 @@ env = {{ NODE = "{node}" }}
     /// An operator key for `name` in `file` (in this cluster's directory), written by the CLI.
     pub fn operator_key(&self, name: &str, file: &str) -> maintd::report::operator::OperatorKey {
         let path = self.path(file);
-        let out = self.cli(&[
-            "keygen",
-            "--operator",
-            name,
-            "--out",
-            path.to_str().unwrap(),
-        ]);
+        // Written before the daemon's configuration may exist: it needs none.
+        let out = self
+            .cli_command(&[
+                "keygen",
+                "--operator",
+                name,
+                "--out",
+                path.to_str().unwrap(),
+            ])
+            .env_remove("MAINTD_CONFIG")
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{out:?}");
         maintd::report::operator::OperatorKey::load(&path).unwrap()
     }
