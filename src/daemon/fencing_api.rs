@@ -88,6 +88,20 @@ async fn changed<C: Cluster>(s: &ApiState<C>) -> Result<Json<views::FencingPause
     }))
 }
 
+/// An operator's reason as sent: at most 512 characters, no control characters (judged before
+/// trimming: a tab trimmed away was still sent); `default` when it is empty.
+pub(super) fn operator_reason(sent: Option<String>, default: &str) -> Result<String, ApiError> {
+    let raw = sent.unwrap_or_default();
+    if raw.chars().count() > 512 || raw.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "reason must be at most 512 characters, without control characters",
+        ));
+    }
+    Ok(Some(raw.trim().to_string())
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| default.into()))
+}
+
 /// `POST /1/fencing/pause?reason=…`: no new flow starts and no isolation or power step runs
 /// until resumed; running steps finish. Kept across restarts and failovers.
 pub(super) async fn pause<C: Cluster>(
@@ -96,16 +110,7 @@ pub(super) async fn pause<C: Cluster>(
     Query(q): Query<PauseQuery>,
 ) -> Result<Json<views::FencingPause>, ApiError> {
     require_leader(&s)?;
-    // Judged as sent: a tab trimmed away is still a control character that was sent.
-    let raw = q.reason.unwrap_or_default();
-    if raw.chars().count() > 512 || raw.chars().any(char::is_control) {
-        return Err(ApiError::bad_request(
-            "reason must be at most 512 characters, without control characters",
-        ));
-    }
-    let reason = Some(raw.trim().to_string())
-        .filter(|r| !r.is_empty())
-        .unwrap_or_else(|| "paused by an operator".into());
+    let reason = operator_reason(q.reason, "paused by an operator")?;
     let was = s
         .store
         .pause_fencing(&reason, &op.name, steady_ns())

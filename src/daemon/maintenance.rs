@@ -70,15 +70,7 @@ pub(super) async fn start<C: Cluster>(
 ) -> Result<Json<InMaintenance>, ApiError> {
     require_leader(&s)?;
     member(&s, &node)?;
-    let raw = q.reason.unwrap_or_default();
-    if raw.chars().count() > 512 || raw.chars().any(char::is_control) {
-        return Err(ApiError::bad_request(
-            "reason must be at most 512 characters, without control characters",
-        ));
-    }
-    let reason = Some(raw.trim().to_string())
-        .filter(|r| !r.is_empty())
-        .unwrap_or_else(|| "maintenance".into());
+    let reason = super::fencing_api::operator_reason(q.reason, "maintenance")?;
     let now = steady_ns();
     // The end is given on the wall clock and kept on the steady timeline, so a clock step
     // neither ends a maintenance early nor prolongs it.
