@@ -212,4 +212,13 @@ impl super::Flow {
     pub(super) fn step_reached(&self, step: Step) -> bool {
         self.history.iter().any(|t| t.step == step)
     }
+
+    /// Whether an attempt of `step` ever ran. An agent may act and still fail (a timeout after
+    /// the switch took the port down, a status check that did not answer), so an attempt that
+    /// failed may have done its work all the same.
+    pub(super) fn step_attempted(&self, step: Step) -> bool {
+        self.history
+            .iter()
+            .any(|t| t.step == step && t.status == super::FenceStatus::Running)
+    }
 }

@@ -320,11 +320,12 @@ fn a_node_back_before_isolation_ends_the_flow() {
     let f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 7 * S));
     let f = saved(&tick(&mut s, &f, T0 + 7 * S));
     assert_eq!(f.status, FenceStatus::Final);
-    // A flow that never reached its power-off ends at once.
+    // A flow whose isolation never ran ends at once.
     let mut s = state();
     s.liveness.insert("n1".into(), down(T0));
     let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
     f.status = FenceStatus::New;
+    f.history.retain(|t| t.status != FenceStatus::Running);
     s.liveness.insert("n1".into(), up());
     let f = saved(&tick(&mut s, &f, T0 + 6 * S));
     assert_eq!(f.status, FenceStatus::Final);
@@ -450,6 +451,60 @@ fn cancel_before_power_off_undoes_isolation_and_after_it_is_ignored() {
     g.fenced = true;
     let a = tick(&mut s, &g, T0 + 7 * S);
     assert!(matches!(a[0], FenceAction::Release { .. }));
+}
+
+/// An isolation attempt that failed may have isolated the node all the same (the switch took
+/// the port down, then the agent timed out): a stand-down after it, by a cancel or by the node's
+/// answer, undoes the isolation rather than ending with the port down.
+#[test]
+fn a_stand_down_after_a_failed_isolation_attempt_still_undoes_the_isolation() {
+    for canceled in [true, false] {
+        let mut s = state();
+        s.liveness.insert("n1".into(), down(T0));
+        let f = saved(&decide_fencing(&s, T0 + 5 * S));
+        assert_eq!((f.step, f.status), (Step::Isolation, FenceStatus::Running));
+        // Failed; one retry is left, so the step waits for its next attempt.
+        let mut f = saved(&tick(&mut s, &with_result(&f, false), T0 + 6 * S));
+        assert_eq!((f.step, f.status), (Step::Isolation, FenceStatus::New));
+        assert!(!f.isolated);
+        if canceled {
+            f.cancel(T0 + 7 * S).unwrap();
+        } else {
+            s.liveness.insert("n1".into(), up());
+        }
+        let g = saved(&tick(&mut s, &f, T0 + 7 * S));
+        assert_eq!(
+            (g.step, g.status),
+            (Step::Recovery, FenceStatus::New),
+            "{g:?}"
+        );
+        assert_eq!(runs(&tick(&mut s, &g, T0 + 8 * S)), vec![Step::Recovery]);
+    }
+    // Canceled while the attempt ran, which then failed for good: recovery, not a tag.
+    let mut s = state();
+    s.policy.max_restarts = 0;
+    s.liveness.insert("n1".into(), down(T0));
+    let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
+    f.retries = 1;
+    f.cancel(T0 + 6 * S).unwrap();
+    let f = saved(&tick(&mut s, &with_result(&f, false), T0 + 7 * S));
+    assert_eq!(f.status, FenceStatus::Error);
+    let g = saved(&tick(&mut s, &f, T0 + 7 * S));
+    assert_eq!(
+        (g.step, g.status),
+        (Step::Recovery, FenceStatus::New),
+        "{g:?}"
+    );
+    // Before any attempt ran there is nothing to undo: the flow just ends.
+    let mut s = state();
+    s.policy.paused = false;
+    s.liveness.insert("n1".into(), down(T0));
+    let mut f = saved(&decide_fencing(&s, T0 + 5 * S));
+    f.status = FenceStatus::New;
+    f.history.retain(|t| t.status != FenceStatus::Running);
+    f.cancel(T0 + 6 * S).unwrap();
+    let g = saved(&tick(&mut s, &f, T0 + 6 * S));
+    assert_eq!(g.status, FenceStatus::Final);
 }
 
 #[test]

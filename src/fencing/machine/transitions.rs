@@ -124,6 +124,12 @@ fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
         s, f, plan, now, ..
     } = *c;
     let p = &s.policy;
+    if f.canceled && is_power_step(f.step) && !f.fenced && !f.tagged {
+        // The operator stood the flow down: undo what it may have done, no tag to acknowledge.
+        // (A flow already tagged keeps its tag for the operator to remove, as before.)
+        stand_down(c, out);
+        return;
+    }
     let mut n = f.clone();
     if f.restarts < p.max_restarts && !f.canceled && !f.released && f.alarm.is_none() {
         n.restarts += 1;
@@ -219,6 +225,41 @@ fn attempted(c: &Ctx, out: &mut Vec<FenceAction>) {
     out.push(FenceAction::Save(n));
 }
 
+/// A step before the power-off is proven: one a cancel or the node's answer still stands down.
+fn is_power_step(step: Step) -> bool {
+    !matches!(step, Step::Recovery | Step::PowerOn)
+}
+
+/// Ends a flow before its power-off (canceled, or the node answered): through recovery when
+/// anything may need undoing, else at once.
+fn stand_down(c: &Ctx, out: &mut Vec<FenceAction>) {
+    let Ctx { f, now, .. } = *c;
+    let mut n = f.clone();
+    let why = if f.canceled {
+        "canceled before power-off"
+    } else {
+        "node answered again before power-off"
+    };
+    // A power-off attempt marked the node: its recovery clears the mark. An isolation attempt
+    // that failed may have isolated the node all the same: recovery undoes it too.
+    let marked = f.marked || f.step_reached(Step::PowerManagement);
+    if f.isolated || f.released || marked || f.step_attempted(Step::Isolation) {
+        n.marked = marked;
+        n.result = None;
+        n.retries = 0;
+        n.next_attempt = now;
+        n.go(
+            now,
+            Step::Recovery,
+            FenceStatus::New,
+            format!("{why}; undoing isolation and release"),
+        );
+    } else {
+        n.go(now, f.step, FenceStatus::Final, why);
+    }
+    out.push(FenceAction::Save(n));
+}
+
 /// Stand down if the node answered (or the operator canceled) before the power-off; else start
 /// the attempt once it is due, power held back during a storm or a pause, recovery held back
 /// until every witness is healthy.
@@ -231,27 +272,9 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
         ..
     } = *c;
     let mut n = f.clone();
-    let power_step = !matches!(f.step, Step::Recovery | Step::PowerOn);
+    let power_step = is_power_step(f.step);
     if power_step && !f.fenced && ((l.answered && f.yields_to_answer()) || f.canceled) {
-        let why = if f.canceled {
-            "canceled before power-off"
-        } else {
-            "node answered again before power-off"
-        };
-        // A power-off attempt marked the node: its recovery clears the mark.
-        let marked = f.marked || f.step_reached(Step::PowerManagement);
-        if f.isolated || f.released || marked {
-            n.marked = marked;
-            n.go(
-                now,
-                Step::Recovery,
-                FenceStatus::New,
-                format!("{why}; undoing isolation and release"),
-            );
-        } else {
-            n.go(now, f.step, FenceStatus::Final, why);
-        }
-        out.push(FenceAction::Save(n));
+        stand_down(c, out);
         return;
     }
     if (power_step && hold_power) || c.maintenance || now < f.next_attempt {
