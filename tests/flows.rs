@@ -296,22 +296,7 @@ async fn sigterm_stops_daemon_and_collector_cleanly_and_state_survives() {
         c.daemon.as_mut().unwrap(),
         c.collectors[0].as_mut().unwrap(),
     ] {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(p.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let deadline = std::time::Instant::now() + WAIT;
-        let status = loop {
-            if let Some(s) = p.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "did not stop on SIGTERM"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        };
+        let status = p.terminate().await;
         assert_eq!(
             status.code(),
             Some(0),

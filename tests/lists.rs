@@ -4,6 +4,7 @@
 mod common;
 
 use std::io::Read;
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
@@ -119,7 +120,7 @@ async fn filters_pages_etags_gzip_and_a_watch() {
             let r = client
                 .get(url)
                 .header("if-none-match", etag)
-                .timeout(std::time::Duration::from_secs(90))
+                .timeout(Duration::from_secs(90))
                 .send()
                 .await
                 .unwrap();
@@ -129,7 +130,7 @@ async fn filters_pages_etags_gzip_and_a_watch() {
             )
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!watch.is_finished(), "a watch with nothing new must wait");
     c.set_verdict("node3", EVAC);
     let (s, v) = watch.await.unwrap();
@@ -181,4 +182,63 @@ async fn a_steady_node_is_shown_current_though_its_row_is_not_rewritten() {
     );
     assert_eq!(stored(), row, "an unchanged report rewrote the row");
     assert!(later["last-seq"].as_i64().unwrap() > row.1);
+}
+
+/// A watch may be held for the documented maximum (60 s), longer than the request timeout (set
+/// to 2 s here so the test does not take a minute): it answers 304 at the end of its span, not a
+/// closed connection. A watch open when the daemon gets SIGTERM answers at once, the daemon
+/// stops promptly, and after its restart a watch with the old ETag is answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_outlive_the_request_timeout_and_end_at_once_on_sigterm() {
+    let mut c = Cluster::new(1);
+    c.extra_daemon_toml = "[daemon.limits]\nrequest-timeout = \"2s\"\n".into();
+    c.start().await;
+    let etag = get(&c, "/1/status", &[]).await.headers()["etag"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let (base, client) = (c.url(), c.client.clone());
+    let watch = |wait: u64| {
+        let url = format!("{base}/1/status?wait={wait}");
+        let client = client.clone();
+        let etag = etag.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let r = client
+                .get(url)
+                .header("if-none-match", etag)
+                .timeout(Duration::from_secs(90))
+                .send()
+                .await;
+            (r.map(|r| r.status().as_u16()), started.elapsed())
+        })
+    };
+    // Held for its 5 s, past the 2 s request timeout, and answered 304.
+    let (status, took) = watch(5).await.unwrap();
+    assert_eq!(status.expect("the watch was answered"), 304);
+    assert!(took >= Duration::from_secs(5), "{took:?}");
+
+    // A 60 s watch, then SIGTERM: the watch is answered, and the daemon exits, well before
+    // the watch's span would have ended.
+    let held = watch(60);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!held.is_finished(), "nothing changed: the watch waits");
+    let stopped = std::time::Instant::now();
+    let code = c.daemon.as_mut().unwrap().terminate().await;
+    assert_eq!(code.code(), Some(0), "{}", c.daemon_log());
+    let (status, _) = held.await.unwrap();
+    assert_eq!(status.expect("the watch was answered on SIGTERM"), 304);
+    assert!(
+        stopped.elapsed() < Duration::from_secs(30),
+        "the daemon took {:?} to stop with a watch open",
+        stopped.elapsed()
+    );
+
+    c.start_daemon();
+    c.wait_api().await;
+    let (status, _) = watch(1).await.unwrap();
+    assert!(
+        matches!(status, Ok(200 | 304)),
+        "after the restart: {status:?}"
+    );
 }

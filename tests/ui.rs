@@ -8,6 +8,7 @@
 mod common;
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use common::browser::Browser;
 use common::netns::{self, Net};
@@ -258,4 +259,81 @@ fn event_text(page: &Value, node: &str) -> String {
         .as_str()
         .unwrap()
         .to_string()
+}
+
+/// The page on an operator's worst day: a node put into maintenance says so in its row, and
+/// when the daemon restarts under an open page (its watches held), the daemon stops at once and
+/// the page is live again a few seconds after the new daemon answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_maintenance_and_reconnects_after_a_daemon_restart() {
+    let Some(browser) = Browser::start(1280, 1200).await else {
+        return;
+    };
+    let mut c = Cluster::new(2);
+    c.start().await;
+    c.wait_collectors_ready().await;
+    browser.goto(&format!("{}/", c.url())).await;
+    browser
+        .wait_until(
+            "the live page",
+            &read_when("p.conn === 'live' && p.nodes.node1"),
+        )
+        .await;
+    let out = c.cli(&[
+        "maintenance",
+        "start",
+        "node1",
+        "--reason",
+        "disk swap in bay 3",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let p = browser
+        .wait_until(
+            "node1's maintenance on the open page",
+            &read_when("(p.nodes.node1 || '').includes('disk swap in bay 3')"),
+        )
+        .await;
+    assert!(
+        p["nodes"]["node1"]
+            .as_str()
+            .unwrap()
+            .contains("maintenance"),
+        "{p:#}"
+    );
+    assert!(
+        !p["nodes"]["node2"]
+            .as_str()
+            .unwrap()
+            .contains("maintenance"),
+        "{p:#}"
+    );
+    // Let the page's watches be held, then restart the daemon under them.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stopping = Instant::now();
+    let code = c.daemon.as_mut().unwrap().terminate().await;
+    assert_eq!(code.code(), Some(0));
+    let stop_took = stopping.elapsed();
+    browser
+        .wait_until(
+            "the page to see the daemon gone",
+            &read_when("p.conn === 'error'"),
+        )
+        .await;
+    c.start_daemon();
+    c.wait_api().await;
+    let answering = Instant::now();
+    browser
+        .wait_until("the page live again", &read_when("p.conn === 'live'"))
+        .await;
+    let back_took = answering.elapsed();
+    // Far below the 30 s request timeout that used to hold both (the page retries every 2 s).
+    assert!(
+        stop_took < Duration::from_secs(20),
+        "SIGTERM took {stop_took:?}"
+    );
+    assert!(
+        back_took < Duration::from_secs(20),
+        "reconnecting took {back_took:?}"
+    );
+    eprintln!("daemon stopped in {stop_took:?}; page live {back_took:?} after the restart");
 }

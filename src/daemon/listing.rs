@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use crate::http::ApiError;
+use crate::http::listener::ConnActivity;
 use crate::store::changes::{Changes, Generation};
 
 /// The longest a watch may hold a request.
@@ -209,13 +210,15 @@ impl Watches {
 /// Answers a list request: 200 with the page, or 304 when the client holds it already. With
 /// `wait`, a request that holds the current version is kept open until the page changes (a
 /// change counted by the store, or one seen by a recheck each second for what the store does
-/// not count) or the wait ends with 304.
+/// not count) or the wait ends with 304. A held watch is not cut by the request timeout
+/// (`conn`, the listener's view of the connection, extends it), and answers at once when the
+/// daemon stops.
 pub async fn answer<F, Fut>(
     builders: &tokio::sync::Semaphore,
     changes: &Changes,
     watches: Watches,
-    headers: &HeaderMap,
-    q: &ListQuery,
+    conn: Option<&ConnActivity>,
+    (headers, q): (&HeaderMap, &ListQuery),
     build: F,
 ) -> Result<Response, ApiError>
 where
@@ -233,7 +236,16 @@ where
         build().await
     };
     let mut p = build().await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait.unwrap_or(0));
+    let span = Duration::from_secs(q.wait.unwrap_or(0));
+    let deadline = tokio::time::Instant::now() + span;
+    let _holding = conn.map(|c| c.hold(span));
+    let stopping = async {
+        match conn {
+            Some(c) => c.stopping().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(stopping);
     // Set after each build only: changes the watch does not follow must not keep putting the
     // recheck off.
     let mut recheck = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -250,6 +262,7 @@ where
                 seen = now;
             }
             _ = tokio::time::sleep_until(recheck.min(deadline)) => {}
+            _ = &mut stopping => break,
         }
         p = build().await?;
         recheck = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -358,7 +371,7 @@ mod tests {
         });
         let start = tokio::time::Instant::now();
         let sem = tokio::sync::Semaphore::new(1);
-        let r = answer(&sem, &changes, Watches::Events, &headers, &q, build)
+        let r = answer(&sem, &changes, Watches::Events, None, (&headers, &q), build)
             .await
             .unwrap();
         noise.abort();

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 
@@ -13,6 +13,7 @@ use super::api::{ApiState, S, db_error, flows_error, internal};
 use super::listing::{self, Item, ListQuery, Page, Watches, one_of};
 use crate::cluster::Cluster;
 use crate::http::ApiError;
+use crate::http::listener::ConnActivity;
 use crate::node::collector_address;
 use crate::store::Store;
 use crate::sync::LockExt;
@@ -163,6 +164,7 @@ impl StatusCache {
 
 pub(super) async fn status<C: Cluster>(
     State(s): S<C>,
+    conn: Option<Extension<ConnActivity>>,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
@@ -173,8 +175,8 @@ pub(super) async fn status<C: Cluster>(
         &s.builders,
         s.store.changes(),
         Watches::Events,
-        &headers,
-        &q,
+        conn.as_deref(),
+        (&headers, &q),
         || status_page(&s, &q),
     )
     .await
@@ -206,6 +208,7 @@ async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page,
 
 pub(super) async fn fences<C: Cluster>(
     State(s): S<C>,
+    conn: Option<Extension<ConnActivity>>,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
@@ -215,8 +218,8 @@ pub(super) async fn fences<C: Cluster>(
         &s.builders,
         s.store.changes(),
         Watches::Events,
-        &headers,
-        &q,
+        conn.as_deref(),
+        (&headers, &q),
         || async {
             let flows = s
                 .flows
@@ -243,6 +246,7 @@ pub(super) async fn fences<C: Cluster>(
 
 pub(super) async fn nodes<C: Cluster>(
     State(s): S<C>,
+    conn: Option<Extension<ConnActivity>>,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
@@ -252,8 +256,8 @@ pub(super) async fn nodes<C: Cluster>(
         &s.builders,
         s.store.changes(),
         Watches::Nodes,
-        &headers,
-        &q,
+        conn.as_deref(),
+        (&headers, &q),
         || nodes_page(&s, &q),
     )
     .await

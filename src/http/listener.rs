@@ -77,6 +77,9 @@ struct Conn {
     served: AtomicBool,
     /// Bytes of the next request head arrived while it was idle: it reads a head.
     reading: AtomicBool,
+    /// Milliseconds a handler holds its request open on purpose (a watch): the request
+    /// timeout counts from the end of that span.
+    hold: AtomicU64,
     /// Its deadline moved earlier (a head began): the connection's loop looks again.
     moved: tokio::sync::Notify,
     close: tokio::sync::Notify,
@@ -95,6 +98,17 @@ impl Conn {
 pub struct ConnActivity {
     conn: Arc<Conn>,
     base: Instant,
+    /// Becomes true when the listener stops: a held request answers at once.
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// While held, the request may stay open for its span beyond the request timeout.
+pub struct Holding(ConnActivity);
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.0.conn.hold.store(0, Ordering::Relaxed);
+    }
 }
 
 /// While held, the connection counts as idle for eviction.
@@ -105,6 +119,21 @@ impl ConnActivity {
         self.conn.busy.fetch_sub(1, Ordering::Relaxed);
         self.conn.touch(self.base);
         Unprotected(self.clone())
+    }
+
+    /// Marks the request as held open on purpose for up to `span` (a watch); the request
+    /// timeout then applies after it.
+    pub fn hold(&self, span: Duration) -> Holding {
+        self.conn
+            .hold
+            .store(span.as_millis() as u64, Ordering::Relaxed);
+        Holding(self.clone())
+    }
+
+    /// Resolves once the listener stops (the daemon shuts down).
+    pub async fn stopping(&self) {
+        let mut stop = self.stop.clone();
+        let _ = stop.wait_for(|s| *s).await;
     }
 }
 
@@ -212,6 +241,7 @@ impl Governor {
             last: AtomicU64::new(0),
             served: AtomicBool::new(false),
             reading: AtomicBool::new(false),
+            hold: AtomicU64::new(0),
             moved: tokio::sync::Notify::new(),
             close: tokio::sync::Notify::new(),
         });
@@ -231,7 +261,7 @@ impl Governor {
     /// When the connection's current stretch runs out.
     fn deadline(&self, c: &Conn) -> Instant {
         let limit = if c.busy.load(Ordering::Relaxed) > 0 {
-            self.limits.request_timeout
+            self.limits.request_timeout + Duration::from_millis(c.hold.load(Ordering::Relaxed))
         } else if c.served.load(Ordering::Relaxed) && !c.reading.load(Ordering::Relaxed) {
             self.limits.idle_timeout
         } else {
@@ -379,6 +409,7 @@ async fn run_conn(
     let activity = ConnActivity {
         conn: conn.clone(),
         base: gov.base,
+        stop: stop.clone(),
     };
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let busy = Busy::enter(activity.clone());

@@ -4,6 +4,7 @@
 "use strict";
 
 const WAIT_S = 30; // how long the daemon may hold a watch
+const LATE_S = 5; // beyond the watch's span before the page gives a watch up
 const RETRY_MS = 2000; // after a failed request
 const FACTS_MS = 5000; // leader and fencing summary, which have no watch
 const PAGE = { events: 500, nodes: 500, fences: 50 };
@@ -106,6 +107,8 @@ function renderNodes(nodes, more) {
       ? el("div", {}, badge("reachable", "ok"))
       : el("div", {}, badge("unreachable", "bad"), " since ", when(n["unreachable-since"]));
     if (n.offline) reach.append(" ", badge("offline", "warn"));
+    // Never fenced, powered or remedied while it lasts: the operator must see why.
+    if (n.maintenance) reach.append(el("div", { class: "maintenance" }, badge("maintenance", "warn"), " " + n.maintenance));
     if (n["last-error"] && !n.reachable) reach.append(el("div", { class: "muted" }, n["last-error"]));
     const offset = n["clock-offset-ms"];
     if (offset !== null && offset !== undefined) {
@@ -237,7 +240,10 @@ async function watch(list, render, gen, signal) {
     const headers = {};
     if (etag) { p.set("wait", WAIT_S); headers["If-None-Match"] = etag; }
     try {
-      const r = await fetch("/1/" + (list === "events" ? "status" : list) + "?" + p, { headers, signal, cache: "no-store" });
+      // A watch the daemon can no longer answer (a cut network) is given up after its span, so
+      // the page says it is reconnecting instead of waiting for the socket to time out.
+      const limit = AbortSignal.any([signal, AbortSignal.timeout((WAIT_S + LATE_S) * 1000)]);
+      const r = await fetch("/1/" + (list === "events" ? "status" : list) + "?" + p, { headers, signal: limit, cache: "no-store" });
       if (r.status === 200) {
         etag = r.headers.get("ETag");
         const body = await r.json();
@@ -247,11 +253,15 @@ async function watch(list, render, gen, signal) {
         status(list, null);
       } else {
         status(list, list + " " + await why(r));
+        etag = null;
         await sleep(RETRY_MS, signal);
       }
     } catch (e) {
       if (signal.aborted) return;
       status(list, list + ": " + e.message);
+      // The next request is a plain read, answered at once: a held watch would keep the page
+      // saying "reconnecting" for its whole span after the daemon is back.
+      etag = null;
       await sleep(RETRY_MS, signal);
     }
   }
