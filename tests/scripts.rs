@@ -348,3 +348,90 @@ fn a_slow_diagnose_is_dated_from_its_start() {
         (after - at) as f64 / 1e9
     );
 }
+
+/// `scripts/local-cluster` on an operator's machine where a port is taken: it says which port
+/// and how to pick others, exits 1, and touches nothing. With free ports from the environment it
+/// prints its banner only once the daemon answers, and a stop (SIGTERM) takes every process
+/// with it.
+#[test]
+fn local_cluster_checks_its_ports_and_starts_on_the_ones_it_is_given() {
+    use std::io::{BufRead, BufReader};
+    use std::net::TcpListener;
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let demo = tempfile::tempdir().unwrap();
+    std::fs::write(demo.path().join("keep"), "").unwrap();
+    let out = Command::new(repo("scripts/local-cluster"))
+        .env("MAINTD_DEMO_DIR", demo.path())
+        .env("MAINTD_API_PORT", port.to_string())
+        .env("MAINTD_COLLECTOR_PORT", common::free_port().to_string())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("port {port} ")) && err.contains("in use"),
+        "{err}"
+    );
+    assert!(err.contains("MAINTD_API_PORT="), "{err}");
+    assert!(
+        demo.path().join("keep").exists(),
+        "the demo directory was wiped"
+    );
+    drop(taken);
+
+    // Free ports: the API's, and three collector ports in a row that nothing listens on.
+    let api = common::free_port();
+    let first = loop {
+        let p = common::free_port();
+        let clear = (1..3).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok());
+        if p < 65000 && clear && !(p..p + 3).contains(&api) {
+            break p;
+        }
+    };
+    let mut child = Command::new(repo("scripts/local-cluster"))
+        .env("MAINTD_DEMO_DIR", demo.path())
+        .env("MAINTD_API_PORT", api.to_string())
+        .env("MAINTD_COLLECTOR_PORT", first.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first_line)
+        .unwrap();
+    if !first_line.contains("is running") {
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        panic!("no banner: {first_line:?}; stderr: {err}");
+    }
+    // The banner came after the daemon answered: it answers now.
+    let answer = std::net::TcpStream::connect(("127.0.0.1", api)).map(|mut s| {
+        use std::io::Write;
+        s.write_all(b"GET /1/nodes HTTP/1.0\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut head = String::new();
+        BufReader::new(s).read_line(&mut head).unwrap();
+        head
+    });
+    // Only the script gets SIGTERM; it stops what it started.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let _ = child.wait();
+    let head = answer.expect("the daemon listens once the banner is out");
+    assert!(head.contains(" 200"), "{head}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", api)).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon outlived the script"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
