@@ -41,6 +41,10 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs() {
     let out = dir.path().join("out");
     let deb = run(Command::new(repo().join("scripts/package"))
         .env("MAINTD_BIN", &*BIN)
+        .env(
+            "MAINTD_MAINTAINER",
+            "maintd maintainers <maintainers@maintd.dev>",
+        )
         .env("MAINTD_PACKAGE_OUT", &out));
     let deb = Path::new(deb.trim());
     assert!(deb.exists(), "{}", deb.display());
@@ -60,10 +64,49 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs() {
         "./usr/share/bash-completion/completions/maintd",
         "./usr/share/zsh/vendor-completions/_maintd",
         "./usr/share/fish/vendor_completions.d/maintd.fish",
+        "./usr/share/doc/maintd/copyright",
+        "./usr/share/doc/maintd/changelog.gz",
+        "./usr/share/doc/maintd/docs/configuration.md",
     ] {
         assert!(
             contents.lines().any(|l| l.ends_with(path)),
             "{path} is not in the package:\n{contents}"
+        );
+    }
+    // clap's generated `help` subcommands get no man pages.
+    let help: Vec<&str> = contents
+        .lines()
+        .filter(|l| l.contains("/man1/") && l.contains("help"))
+        .collect();
+    assert!(help.is_empty(), "{help:#?}");
+    // Every path the shipped configuration points an operator to is in the package.
+    let shipped = std::fs::read_to_string(repo().join("deploy/debian/maintd.toml")).unwrap();
+    for doc in shipped
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
+        .filter(|w| w.starts_with("/usr/share/doc/"))
+    {
+        assert!(
+            contents.lines().any(|l| l.ends_with(&format!(".{doc}"))),
+            "the configuration points at {doc}, which the package does not ship"
+        );
+    }
+    assert!(
+        !shipped.contains(" docs/") && !shipped.contains("(docs/"),
+        "a path relative to the source tree"
+    );
+    // lintian, Debian's package checker: no error, no warning that is not overridden with a
+    // reason in deploy/debian/lintian-overrides.
+    if have_tool("lintian", "MAINTD_REQUIRE_DEBIAN") {
+        let out = Command::new("lintian")
+            .args(["--tag-display-limit", "0", "--fail-on", "error,warning"])
+            .arg(deb)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "lintian: {said}{}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
     let conffiles = run(Command::new("dpkg-deb")
@@ -99,6 +142,7 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs() {
         .arg(&suite)
         .arg(&root));
     std::fs::copy(deb, root.join("tmp/maintd.deb")).unwrap();
+    let before = tree(&root);
     let chroot = |args: &[&str]| run(Command::new("chroot").arg(&root).args(args));
     chroot(&["dpkg", "-i", "/tmp/maintd.deb"]);
     let version = chroot(&["/usr/bin/maintd", "--version"]);
@@ -160,4 +204,57 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs() {
     assert!(!root.join("usr/bin/maintd").exists());
     chroot(&["dpkg", "-P", "maintd"]);
     assert!(!root.join("etc/maintd/maintd.toml").exists());
+    // A purge leaves nothing behind: no keys, no byte-code caches, no state, no directories.
+    // (The system user stays, as Debian's packages leave theirs.)
+    let leftovers: Vec<String> = tree(&root)
+        .difference(&before)
+        .filter(|p| !USER_FILES.contains(&p.as_str()))
+        .cloned()
+        .collect();
+    assert!(leftovers.is_empty(), "left after purge: {leftovers:#?}");
+}
+
+/// Files the system user's creation changes or backs up, which a purge keeps.
+const USER_FILES: &[&str] = &[
+    "etc/passwd-",
+    "etc/group-",
+    "etc/shadow-",
+    "etc/gshadow-",
+    "etc/subuid-",
+    "etc/subgid-",
+];
+
+/// Every path under `root`, but the scratch space, logs and dpkg's own records.
+fn tree(root: &Path) -> std::collections::BTreeSet<String> {
+    fn walk(dir: &Path, root: &Path, out: &mut std::collections::BTreeSet<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if [
+                "tmp",
+                "proc",
+                "sys",
+                "dev",
+                "run",
+                "var/log",
+                "var/cache",
+                "var/lib/dpkg",
+            ]
+            .iter()
+            .any(|skip| rel == *skip || rel.starts_with(&format!("{skip}/")))
+            {
+                continue;
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&p, root, out);
+            }
+            out.insert(rel);
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    walk(root, root, &mut out);
+    out
 }

@@ -47,16 +47,22 @@ fn page(
     let path = dir.join(format!("{name}.1"));
     std::fs::write(&path, roff)?;
     written.push(path);
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+    for sub in cmd.get_subcommands().filter(|s| shown(s)) {
         page(sub, &format!("{name}-{}", sub.get_name()), dir, written)?;
     }
     Ok(())
 }
 
+/// A subcommand with a page of its own: not hidden, and not clap's generated `help` (whose
+/// page would only repeat the parent's).
+fn shown(s: &clap::Command) -> bool {
+    !s.is_hide_set() && s.get_name() != "help"
+}
+
 /// Every visible subcommand's path (`tags list`), for checks that nothing is left out.
 #[cfg(test)]
 fn visible(cmd: &clap::Command, prefix: &str, out: &mut Vec<String>) {
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+    for sub in cmd.get_subcommands().filter(|s| shown(s)) {
         let path = format!("{prefix}{}", sub.get_name());
         out.push(path.clone());
         visible(sub, &format!("{path} "), out);
@@ -114,5 +120,11 @@ mod tests {
             "its flags are listed: {status}"
         );
         assert!(!dir.path().join("maintd-run-job.1").exists());
+        // clap's generated `help` subcommands get no pages of their own.
+        let help: Vec<_> = pages
+            .iter()
+            .filter(|p| p.to_string_lossy().contains("help"))
+            .collect();
+        assert!(help.is_empty(), "{help:?}");
     }
 }
