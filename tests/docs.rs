@@ -144,3 +144,44 @@ fn every_shipped_alert_has_a_runbook_entry() {
         );
     }
 }
+
+/// The CLI list in operations.md names every command an operator can run (every visible
+/// subcommand, down to the leaves), so its runbook never uses a command the list leaves out.
+#[test]
+fn the_operations_cli_list_names_every_command() {
+    use clap::CommandFactory;
+    fn leaves(cmd: &clap::Command, prefix: &str, out: &mut Vec<String>) {
+        for sub in cmd
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        {
+            let path = format!("{prefix}{}", sub.get_name());
+            if sub.has_subcommands() {
+                leaves(sub, &format!("{path} "), out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let mut commands = Vec::new();
+    leaves(&maintd::cli::Cli::command(), "", &mut commands);
+    let text = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    let list = text
+        .split("## CLI")
+        .nth(1)
+        .and_then(|t| t.split("```").nth(1))
+        .expect("operations.md has a CLI list in a code block");
+    let missing: Vec<&String> = commands
+        .iter()
+        .filter(|c| {
+            !list.lines().any(|l| {
+                l.strip_prefix(&format!("maintd {c}"))
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '|']))
+            })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "operations.md's CLI list lacks {missing:?}"
+    );
+}

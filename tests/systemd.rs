@@ -107,3 +107,39 @@ async fn the_daemon_is_ready_once_it_serves_feeds_the_watchdog_and_says_it_stops
     }
     panic!("no STOPPING=1 after SIGTERM; heard {said:?}");
 }
+
+/// Every file the docs suggest the daemon or its hooks write (the hook log in
+/// `hook-env`) lies in a directory the shipped unit makes writable under `ProtectSystem=strict`:
+/// otherwise every hook would fail with "Read-only file system".
+#[test]
+fn the_documented_writable_paths_are_writable_under_the_unit() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let unit = std::fs::read_to_string(repo.join("deploy/systemd/maintd.service")).unwrap();
+    let mut writable: Vec<String> = Vec::new();
+    for line in unit.lines() {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let base = match key {
+            "StateDirectory" => "/var/lib/",
+            "LogsDirectory" => "/var/log/",
+            "CacheDirectory" => "/var/cache/",
+            "RuntimeDirectory" => "/run/",
+            "ReadWritePaths" => "",
+            _ => continue,
+        };
+        writable.extend(value.split_whitespace().map(|v| format!("{base}{v}/")));
+    }
+    let docs = std::fs::read_to_string(repo.join("docs/configuration.md")).unwrap();
+    let suggested: Vec<&str> = docs
+        .split('"')
+        .filter(|w| w.starts_with("/var/") && w.contains("hooks"))
+        .collect();
+    assert!(!suggested.is_empty(), "the docs suggest a hook log");
+    for path in suggested {
+        assert!(
+            writable.iter().any(|w| path.starts_with(w.as_str())),
+            "{path} is not writable under maintd.service (writable: {writable:?})"
+        );
+    }
+}
