@@ -13,6 +13,8 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 #[derive(Debug)]
 struct Pinned {
     cert: CertificateDer<'static>,
+    /// The file it was read from, named when the RAPI shows another certificate.
+    path: std::path::PathBuf,
     key: PublicKey,
     provider: Arc<CryptoProvider>,
 }
@@ -87,7 +89,29 @@ impl PublicKey {
     }
 }
 
+/// The RAPI showed a certificate other than the pinned one.
+#[derive(Debug)]
+struct Mismatch(std::path::PathBuf);
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the RAPI's certificate is not the one pinned in {} (after `gnt-cluster renew-crypto`, copy the new certificate there and restart)",
+            self.0.display()
+        )
+    }
+}
+
+impl std::error::Error for Mismatch {}
+
 impl Pinned {
+    fn mismatch(&self) -> rustls::Error {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+            Arc::new(Mismatch(self.path.clone())),
+        )))
+    }
+
     fn verify(
         &self,
         message: &[u8],
@@ -96,9 +120,7 @@ impl Pinned {
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
         // Only the pinned certificate got this far; its key checks the signature.
         if cert.as_ref() != self.cert.as_ref() {
-            return Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ));
+            return Err(self.mismatch());
         }
         let algs = &self.provider.signature_verification_algorithms;
         let candidates = algs
@@ -136,9 +158,7 @@ impl ServerCertVerifier for Pinned {
         if end_entity.as_ref() == self.cert.as_ref() {
             Ok(ServerCertVerified::assertion())
         } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ))
+            Err(self.mismatch())
         }
     }
 
@@ -168,8 +188,11 @@ impl ServerCertVerifier for Pinned {
     }
 }
 
-/// A TLS client configuration that trusts `cert` (DER) and nothing else.
-pub fn pinned(cert: CertificateDer<'static>) -> Result<rustls::ClientConfig, String> {
+/// A TLS client configuration that trusts `cert` (DER, read from `path`) and nothing else.
+pub fn pinned(
+    cert: CertificateDer<'static>,
+    path: &std::path::Path,
+) -> Result<rustls::ClientConfig, String> {
     let key = PublicKey::of(&cert).ok_or("the certificate's public key cannot be read")?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -178,6 +201,7 @@ pub fn pinned(cert: CertificateDer<'static>) -> Result<rustls::ClientConfig, Str
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(Pinned {
             cert,
+            path: path.to_path_buf(),
             key,
             provider,
         }))

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 use uuid::Uuid;
 
 use super::Fencer;
@@ -108,7 +108,10 @@ impl<C: Cluster> Fencer<C> {
                 work,
             } => {
                 let me = self.clone();
-                self.spawn(flow, FlowOutcome::Step, async move {
+                let wanted = move |f: &Flow| {
+                    f.step == step && f.status == FenceStatus::Running && f.result.is_none()
+                };
+                self.spawn(flow, FlowOutcome::Step, wanted, async move {
                     let (o, calls) = me.run_step(flow, &node, step, work).await;
                     if !o.ok {
                         me.shared.metrics.fence_failed(step.as_str(), &o);
@@ -122,7 +125,8 @@ impl<C: Cluster> Fencer<C> {
                 attempt,
             } => {
                 let me = self.clone();
-                self.spawn(flow, FlowOutcome::Release, async move {
+                let wanted = |f: &Flow| !f.released && f.release_result.is_none();
+                self.spawn(flow, FlowOutcome::Release, wanted, async move {
                     (
                         me.shared.cluster.release(&node, &flow, attempt).await,
                         vec![],
@@ -131,7 +135,8 @@ impl<C: Cluster> Fencer<C> {
             }
             FenceAction::Reclaim { flow, node, unmark } => {
                 let me = self.clone();
-                self.spawn(flow, FlowOutcome::Reclaim, async move {
+                let wanted = |f: &Flow| !f.reclaimed && f.reclaim_result.is_none();
+                self.spawn(flow, FlowOutcome::Reclaim, wanted, async move {
                     let cluster = &me.shared.cluster;
                     let mut o = cluster.reclaim(&node, &flow).await;
                     if o.ok && unmark {
@@ -302,12 +307,19 @@ impl<C: Cluster> Fencer<C> {
         }
     }
 
-    /// Runs `fut` as a tracked task unless an effect of its kind already runs for `flow`, and
-    /// writes its outcome back to the flow store.
+    /// Runs `fut` as a tracked task unless an effect of its kind already runs for `flow`, or
+    /// the flow as stored no longer wants it, and writes its outcome back to the flow store.
+    ///
+    /// The decision that asked for the effect was made from flows read at the start of a tick:
+    /// an earlier run of the same effect may have ended, written its outcome and let go of its
+    /// claim since. So the stored flow is read again under the claim (the outcome is written
+    /// before the claim is let go), and the effect runs only if `wanted` still holds: each
+    /// agent call, release and reclaim happens once per attempt.
     fn spawn(
         self: &Arc<Self>,
         flow: Uuid,
         kind: FlowOutcome,
+        wanted: impl Fn(&Flow) -> bool + Send + 'static,
         fut: impl std::future::Future<Output = (Outcome, Vec<Call>)> + Send + 'static,
     ) {
         if !self.effects.claim(flow, kind) {
@@ -317,6 +329,20 @@ impl<C: Cluster> Fencer<C> {
         let what = kind.as_str();
         self.effects.tasks.spawn(
             async move {
+                match me.shared.flows.get(&flow).await {
+                    Ok(Some(f)) if wanted(&f) => {}
+                    Ok(_) => {
+                        debug!("fence effect already done since it was decided; not run again");
+                        me.effects.done(flow, kind);
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, at = %me.shared.flows.location(), "cannot read the fence flow before its effect; decided again next time");
+                        me.effects.done(flow, kind);
+                        me.wake.notify_one();
+                        return;
+                    }
+                }
                 let (outcome, calls) = fut.await;
                 info!(ok = outcome.ok, detail = %outcome.detail, "fence effect finished");
                 // A step counts its failure under the step's own name (in `execute`).
