@@ -584,6 +584,22 @@ methods = [{{ template = "ipmi", params = {{ {} }} }}]
         failover["ops"][0]["ignore_consistency"] == true,
         "{failover}"
     );
+    // Every job of maintd's names it once in its reason, the release's offline job included.
+    let source = maintd::cluster::ganeti::REASON_SOURCE;
+    let mut mine = 0;
+    for j in jobs.as_array().unwrap() {
+        for entry in j["ops"][0]["reason"].as_array().into_iter().flatten() {
+            let text = entry[1].as_str().unwrap_or_default();
+            if text.contains(source) {
+                mine += 1;
+                assert_eq!(text.matches(source).count(), 1, "{text}");
+            }
+        }
+    }
+    assert!(
+        mine >= 2,
+        "the offline and failover jobs carry maintd's reason: {jobs}"
+    );
     // The release runs at most once per flow and attempt, even when asked again (a restart
     // between its jobs): a second call changes nothing.
     {
@@ -735,4 +751,143 @@ async fn acknowledge(g: &Ganeti, c: &common::Cluster, id: &str) {
         g.offline().contains("node2 N").then_some(())
     })
     .await;
+}
+
+/// Ganeti's rough days, on the real cluster. An evacuation whose first child job fails (a
+/// `file` instance cannot migrate) while its sibling still migrates (slowed by a Ganeti hook):
+/// the event fails only once the sibling has ended, so no instance moves after the event is
+/// final. Then `ganeti-rapi` is stopped for 5 s with Ganeti's own tools while maintd follows a
+/// job: maintd asks again until the job's deadline, and the event completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sibling_and_a_rapi_outage_mid_job_are_followed_to_the_end() {
+    let Some(g) = Ganeti::up() else { return };
+    // Ganeti submits a node migrate's child jobs in the order of its configuration's instances,
+    // which is by UUID: the failing one (a1) must come first for the test to tell anything.
+    g.instance_of("file", "a1", "node2");
+    let rapi = Rapi::new(&g.settings()).unwrap();
+    let uuid = |all: &serde_json::Value, name: &str| -> String {
+        all.as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["name"] == name)
+            .unwrap()["uuid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for attempt in 0.. {
+        g.running_instance("b1", "node2");
+        let all = rapi.get("/2/instances?bulk=1").await.unwrap();
+        if uuid(&all, "a1") < uuid(&all, "b1") {
+            break;
+        }
+        assert!(attempt < 12, "b1's UUID never sorted after a1's");
+        g.gnt(&["gnt-instance", "remove", "-f", "b1"]);
+    }
+    for node in ["node1", "node2"] {
+        let dir = g.path(&format!(
+            "vc/{node}/etc/ganeti/hooks/instance-migrate-pre.d"
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        common::write_exec(&dir.join("slow"), "#!/bin/sh\nsleep 6\n");
+    }
+    let mut c = g.maintd("");
+    let port = c.api_port;
+    c.set_verdict("node2", r#"{"status":"evacuate","details":{"disk":"sdb"}}"#);
+    let fwd = g.start(&mut c, port, None).await;
+    let e = c.wait_status("node2", "failed").await;
+    assert!(
+        g.instances().contains("b1 node1 running"),
+        "{}",
+        g.instances()
+    );
+    assert!(g.instances().contains("a1 node2 running"));
+    let detail = e["jobs"][0]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("does not allow migrations"), "{e}");
+    // The failing child came first, and maintd's job ended only after every child had: by
+    // Ganeti's own clock, b1's migration ended before maintd's job was finished (a wait that
+    // stopped at the first failure finishes the job while b1 still migrates).
+    let finished = e["jobs"][0]["finished"].as_i64().unwrap();
+    let jobs = rapi.get("/2/jobs?bulk=1").await.unwrap();
+    let children: Vec<&serde_json::Value> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["ops"][0]["OP_ID"] == "OP_INSTANCE_MIGRATE")
+        .collect();
+    let names: Vec<&str> = children
+        .iter()
+        .map(|j| j["ops"][0]["instance_name"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(names, vec!["a1", "b1"], "{jobs}");
+    for j in children {
+        let end = &j["end_ts"];
+        let end_ns = end[0].as_i64().expect("the child ended") * 1_000_000_000
+            + end[1].as_i64().unwrap() * 1_000;
+        assert!(
+            end_ns <= finished,
+            "child job {} ended {} ns after maintd's job was finished",
+            j["id"],
+            end_ns - finished
+        );
+    }
+    for node in ["node1", "node2"] {
+        let hook = format!("vc/{node}/etc/ganeti/hooks/instance-migrate-pre.d/slow");
+        std::fs::remove_file(g.path(&hook)).unwrap();
+    }
+
+    // The operator removes the file instance and acknowledges; the new event's migrate waits
+    // in Ganeti's queue behind a job holding node2, and the RAPI goes away meanwhile.
+    g.gnt(&["gnt-instance", "remove", "-f", "a1"]);
+    g.gnt(&["gnt-instance", "migrate", "-f", "b1"]);
+    g.gnt(&[
+        "gnt-debug",
+        "delay",
+        "--submit",
+        "--no-master",
+        "-n",
+        "node2",
+        "12",
+    ]);
+    let id = e["id"].as_str().unwrap().to_string();
+    g.gnt(&[
+        "gnt-node",
+        "remove-tags",
+        "node2",
+        &format!("maintd:repairfailed:{id}"),
+    ]);
+    let again = c
+        .wait_event("node2", "a new event", |e| e["id"] != id.as_str())
+        .await;
+    common::wait_for("the migrate job in Ganeti's queue", || {
+        let (g, again) = (&g, &again);
+        async move {
+            let job = again["jobs"]
+                .as_array()?
+                .iter()
+                .find(|j| j["kind"] == "evacuate")?
+                .clone();
+            let r = format!(
+                "gnt:daemon:maintd maintd:{} job:{} migrate",
+                again["id"].as_str()?,
+                job["id"]
+            );
+            (g.jobs_with_reason(&r, "OP_NODE_MIGRATE").await == 1).then_some(())
+        }
+    })
+    .await;
+    let daemon_util = "/usr/lib/ganeti/daemon-util";
+    g.run(&["node1/cmd", daemon_util, "stop", "ganeti-rapi"]);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    g.run(&["node1/cmd", daemon_util, "start", "ganeti-rapi"]);
+    let done = c.wait_status("node2", "completed").await;
+    assert_eq!(done["id"], again["id"]);
+    assert!(g.offline().contains("node2 Y"), "{}", g.offline());
+    assert!(g.instances().contains("b1 node1 running"));
+    assert!(
+        c.daemon_log()
+            .contains("the RAPI did not answer while following a job"),
+        "the outage was seen and ridden out"
+    );
+    drop(fwd);
 }

@@ -419,7 +419,7 @@ impl Cluster for Ganeti {
         let r = async {
             let base = format!("fence:{flow} release:{attempt}");
             let mut done = vec![
-                self.set_offline(node, true, &Self::reason(&format!("{base} offline")))
+                self.set_offline(node, true, &format!("{base} offline"))
                     .await?,
             ];
             for inst in self.node(node).await?.pinst_list {
@@ -438,7 +438,7 @@ impl Cluster for Ganeti {
 
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
         outcome(
-            self.set_offline(node, false, &Self::reason(&format!("fence:{flow} reclaim")))
+            self.set_offline(node, false, &format!("fence:{flow} reclaim"))
                 .await,
         )
     }

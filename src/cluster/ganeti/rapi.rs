@@ -66,6 +66,14 @@ pub enum RapiError {
     },
     #[error("Ganeti job {id} is not done after {waited:?}")]
     JobTimeout { id: u64, waited: Duration },
+    #[error(
+        "Ganeti job {id} could not be followed within its {waited:?}: the RAPI did not answer ({last})"
+    )]
+    JobUnreachable {
+        id: u64,
+        waited: Duration,
+        last: String,
+    },
 }
 
 /// A node as `/2/nodes?bulk=1` lists it (the fields maintd reads).
@@ -203,7 +211,7 @@ impl Rapi {
                 .tls
                 .connect(self.server.clone(), tcp)
                 .await
-                .map_err(|e| Try::NotSent(format!("TLS: {e}")))?;
+                .map_err(|e| Try::NotSent(format!("TLS: {}", tls_error(&e))))?;
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
                 .await
                 .map_err(|e| Try::NotSent(format!("HTTP: {e}")))
@@ -369,20 +377,30 @@ impl Rapi {
         Self::answer("GET", path, self.call("GET", path, None).await?)
     }
 
-    /// Waits for job `id` and every child job it submits, for at most `limit` in all.
+    /// Waits for job `id` and every child job it submits, for at most `limit` in all. A child
+    /// that fails does not end the wait: every sibling is followed to its end (they move
+    /// instances whatever maintd thinks), and then the first failure is the answer.
     pub async fn wait(&self, id: u64, limit: Duration) -> Result<JobDone, RapiError> {
         let deadline = tokio::time::Instant::now() + limit;
         let result = self.wait_one(id, deadline, limit).await?;
         let mut children = Vec::new();
+        let mut failed = None;
         for r in result.as_array().into_iter().flatten() {
             for child in r["jobs"].as_array().into_iter().flatten() {
                 match (child[0].as_bool(), child[1].as_u64()) {
                     (Some(true), Some(c)) => {
-                        self.wait_one(c, deadline, limit).await?;
                         children.push(c);
+                        match self.wait_one(c, deadline, limit).await {
+                            Ok(_) => {}
+                            Err(e @ RapiError::JobFailed { .. }) => {
+                                tracing::warn!(job = id, child = c, error = %e, "a child job failed; following its siblings to their end");
+                                failed.get_or_insert(e);
+                            }
+                            Err(e) => return Err(e),
+                        }
                     }
                     _ => {
-                        return Err(RapiError::JobFailed {
+                        failed.get_or_insert(RapiError::JobFailed {
                             id,
                             status: "with a child job refused".into(),
                             message: child[1].to_string(),
@@ -391,11 +409,60 @@ impl Rapi {
                 }
             }
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         Ok(JobDone {
             id,
             children,
             result,
         })
+    }
+
+    /// A read made while following job `id`: a RAPI that does not answer (restarting, a
+    /// master's daemons moving) is asked again with a growing pause until the job's deadline.
+    /// Reads are safe to repeat; each miss is logged.
+    async fn follow(
+        &self,
+        id: u64,
+        path: &str,
+        body: Option<&Value>,
+        deadline: tokio::time::Instant,
+        limit: Duration,
+    ) -> Result<Value, RapiError> {
+        let mut misses = 0u32;
+        loop {
+            let e = match self.call("GET", path, body).await {
+                Ok(v) => {
+                    if misses > 0 {
+                        tracing::info!(
+                            job = id,
+                            misses,
+                            "the RAPI answers again; following the job"
+                        );
+                    }
+                    return Ok(v);
+                }
+                Err(
+                    e @ (RapiError::Transport { .. } | RapiError::Status { status: 500.., .. }),
+                ) => e,
+                Err(e) => return Err(e),
+            };
+            misses += 1;
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(RapiError::JobUnreachable {
+                    id,
+                    waited: limit,
+                    last: e.to_string(),
+                });
+            }
+            let pause = Duration::from_millis(250 << misses.min(5))
+                .min(Duration::from_secs(5))
+                .min(deadline - now);
+            tracing::warn!(job = id, misses, error = %e, retry_in_ms = pause.as_millis() as u64, "the RAPI did not answer while following a job; asking again until the job's deadline");
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// One job to its end; its `opresult` when it succeeded.
@@ -409,7 +476,7 @@ impl Rapi {
         loop {
             let path = format!("/2/jobs/{id}/wait");
             let body = json!({"fields": ["status"], "previous_job_info": seen});
-            let v = self.call("GET", &path, Some(&body)).await?;
+            let v = self.follow(id, &path, Some(&body), deadline, limit).await?;
             // null: nothing changed within the RAPI's own wait.
             if let Some(info) = v.get("job_info").filter(|i| i.is_array()) {
                 seen = Some(info.clone());
@@ -422,7 +489,7 @@ impl Rapi {
             }
         }
         let path = format!("/2/jobs/{id}");
-        let job = self.call("GET", &path, None).await?;
+        let job = self.follow(id, &path, None, deadline, limit).await?;
         let status = job["status"].as_str().unwrap_or("unknown").to_string();
         if status == "success" {
             return Ok(job["opresult"].clone());
@@ -433,6 +500,21 @@ impl Rapi {
             message: job_error(&job),
         })
     }
+}
+
+/// A failed handshake in words: a certificate other than the pinned one is told by the pin's
+/// own message (which names the file), not by rustls's debug form of it.
+fn tls_error(e: &std::io::Error) -> String {
+    let pinned = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .and_then(|r| match r {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(o)) => {
+                Some(o.0.to_string())
+            }
+            _ => None,
+        });
+    pinned.unwrap_or_else(|| e.to_string())
 }
 
 /// Whether any opcode of a job (as `/2/jobs?bulk=1` lists it) has a reason entry that `ok`.
