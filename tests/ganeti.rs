@@ -154,6 +154,14 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     let (code, err) = c.daemon_exit(&cfg, &["--cluster", "ganeti"]);
     assert_eq!(code, Some(11), "{err}");
     assert!(err.contains("not the Ganeti master (node1)"), "{err}");
+    // The documented setup, one configuration everywhere with the RAPI at this host: node2 has
+    // no RAPI to ask (refused), and its ssconf says who is master, so it still exits 11.
+    let nothing = common::free_port();
+    c.extra_daemon_toml = g.daemon_toml(&format!("https://127.0.0.1:{nothing}"), "node2", "");
+    let cfg = c.daemon_config();
+    let (code, err) = c.daemon_exit(&cfg, &["--cluster", "ganeti"]);
+    assert_eq!(code, Some(11), "{err}");
+    assert!(err.contains("not the Ganeti master (node1)"), "{err}");
 
     c.extra_daemon_toml = own;
     let port = c.api_port;
@@ -172,11 +180,15 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
     let e = c.wait_status("node2", "completed").await;
     let id = e["id"].as_str().unwrap().to_string();
     let tag = format!("maintd:repairready:{id}");
+    // `completed` is said only once the tag exists: read at once, before anything else.
+    assert!(
+        g.gnt(&["gnt-node", "list-tags", "node2"]).contains(&tag),
+        "completed before its tag existed"
+    );
     let list = g.instances();
     assert!(list.contains("inst1 node1 running"), "{list}");
     let nodes = g.offline();
     assert!(nodes.contains("node2 Y"), "{nodes}");
-    assert!(g.gnt(&["gnt-node", "list-tags", "node2"]).contains(&tag));
     // Every job carries maintd's reason with the event.
     let rapi = Rapi::new(&g.settings()).unwrap();
     let evacuate = e["jobs"]
@@ -889,5 +901,20 @@ async fn a_failed_sibling_and_a_rapi_outage_mid_job_are_followed_to_the_end() {
             .contains("the RAPI did not answer while following a job"),
         "the outage was seen and ridden out"
     );
+
+    // An evacuate verdict on the master is refused before anything moves.
+    c.set_verdict("node1", r#"{"status":"evacuate","details":{"disk":"sda"}}"#);
+    let refused = c.wait_status("node1", "failed").await;
+    let detail = refused["jobs"][0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("node1 is the Ganeti master") && detail.contains("nothing was moved"),
+        "{refused}"
+    );
+    assert!(
+        g.instances().contains("b1 node1 running"),
+        "{}",
+        g.instances()
+    );
+    assert!(g.offline().contains("node1 N"), "{}", g.offline());
     drop(fwd);
 }

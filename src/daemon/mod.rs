@@ -157,9 +157,15 @@ pub async fn run(
         }
         Backend::Ganeti => {
             let g = Arc::new(crate::cluster::ganeti::Ganeti::connect(&cfg.ganeti)?);
-            // Master only, by Ganeti's own vote (the lock above only keeps two daemons on one
-            // host apart).
-            let (node, master) = (cfg.ganeti.this_node(&cfg.host), g.master().await?);
+            // Master only (the lock above only keeps two daemons on one host apart). This
+            // node's ssconf is read first: on a non-master the documented `rapi-url` (this
+            // host) has no RAPI to ask, and the answer there is "not master" (exit 11), not a
+            // refused connection. A node whose ssconf says it is master asks Ganeti's own vote.
+            let node = cfg.ganeti.this_node(&cfg.host);
+            let master = match g.ssconf_master() {
+                Some(m) if m != node => m,
+                _ => g.master().await?,
+            };
             if node != master {
                 return Err(DaemonError::NotGanetiMaster { node, master });
             }

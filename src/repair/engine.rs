@@ -346,7 +346,19 @@ impl<C: Cluster> Engine<C> {
                 tag,
                 ..
             } => {
+                // The tag first: nobody reads `completed` (or `failed`) before the node carries
+                // the tag that acknowledging removes. A tag set but not yet recorded is set again
+                // (idempotently) when the same finalization is decided after a restart.
+                self.cluster
+                    .add_tag(node, tag)
+                    .await
+                    .map_err(|source| ActionError::Tag {
+                        node: node.clone(),
+                        tag: tag.clone(),
+                        source,
+                    })?;
                 self.store.apply(action, now)?;
+                self.store.mark_tagged(event, now)?;
                 info!(event = %event, node = %node, status = status.as_str(), tag = %tag, "event finalized");
                 let failed = *status == crate::repair::RepairStatus::Failed;
                 self.cluster
@@ -361,7 +373,6 @@ impl<C: Cluster> Engine<C> {
                         failed,
                     )
                     .await;
-                self.tag(event, node, tag, now).await?;
             }
             Action::ApplyTag { event, node, tag } => self.tag(event, node, tag, now).await?,
             Action::StartRound { round, jobs } => {

@@ -161,10 +161,18 @@ impl Ganeti {
     /// Who is master as Ganeti told this node (its ssconf), or the RAPI when that file cannot
     /// be read. After a failover the old master's RAPI is gone, but its ssconf is updated.
     pub async fn current_master(&self) -> Result<String, ClusterError> {
-        match std::fs::read_to_string(&self.ssconf_master) {
-            Ok(m) if !m.trim().is_empty() => Ok(m.trim().to_string()),
-            _ => self.master().await,
+        match self.ssconf_master() {
+            Some(m) => Ok(m),
+            None => self.master().await,
         }
+    }
+
+    /// The master this node's `ssconf_master_node` names, if it can be read.
+    pub fn ssconf_master(&self) -> Option<String> {
+        std::fs::read_to_string(&self.ssconf_master)
+            .ok()
+            .map(|m| m.trim().to_string())
+            .filter(|m| !m.is_empty())
     }
 
     pub fn rapi(&self) -> &Rapi {
@@ -253,6 +261,14 @@ impl Ganeti {
     /// secondaries by a secondary evacuation, each with the iallocator.
     async fn evacuate(&self, job: &Job, live: bool) -> Result<String, ClusterError> {
         let node = self.node(&job.node).await?;
+        if node.role == "M" {
+            // Ganeti offlines no master: evacuating it would empty it and then fail, leaving
+            // an emptied master tagged as failed. Refused before anything moves.
+            return Err(ClusterError::Ganeti(format!(
+                "{} is the Ganeti master, which Ganeti will not offline: nothing was moved; fail the master over (gnt-cluster master-failover on a master candidate), and the new master's maintd acts on this verdict",
+                job.node
+            )));
+        }
         let n = &job.node;
         let base = format!("maintd:{} job:{}", job.event, job.id);
         let mut done = Vec::new();
