@@ -172,6 +172,28 @@ fn two_daemon_replicas_and_a_collector_per_node_with_host_script_dirs() {
     assert!(env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"));
     let args = pod.containers[0].args.clone().unwrap();
     assert!(args.windows(2).any(|w| w == ["--cluster", "kubernetes"]));
+    // It may run on the control plane: its taint tolerated, its nodes preferred.
+    const CP: &str = "node-role.kubernetes.io/control-plane";
+    assert!(
+        pod.tolerations
+            .iter()
+            .flatten()
+            .any(|t| t.key.as_deref() == Some(CP) && t.effect.as_deref() == Some("NoSchedule")),
+        "no control-plane toleration"
+    );
+    let prefers = pod
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p.preference.match_expressions.iter().flatten())
+        .any(|e| e.key == CP && e.operator == "Exists");
+    assert!(prefers, "control-plane nodes are not preferred");
     // The operators' keys go to the daemon only: a node's root cannot command fencing.
     let secrets = |pod: &k8s_openapi::api::core::v1::PodSpec| -> BTreeSet<String> {
         pod.volumes

@@ -53,13 +53,18 @@ pub struct NodeFenceStatus {
     /// The flow's id (an operator's request takes the object's uid).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow: Option<String>,
+    /// The step the flow is at: `isolation`, `power-management`, `self-fence`, `power-on` or
+    /// `recovery`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<Step>,
+    /// The step's status: `new` (waiting for its attempt), `running`, `done`, `error` (failed
+    /// for good) or `final` (the flow has ended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<FenceStatus>,
-    /// Failed attempts of the current step, and restarts of the whole flow.
+    /// Failed attempts of the current step.
     #[serde(default)]
     pub retries: u32,
+    /// Restarts of the whole flow after a step failed for good.
     #[serde(default)]
     pub restarts: u32,
     /// Why a request waits or was refused, else the flow's latest note.
@@ -74,19 +79,23 @@ pub struct NodeFenceStatus {
     /// Proof of the power-off (the verified `status` read OFF) or of a self-fencing reset.
     #[serde(default)]
     pub fenced: bool,
+    /// When the power-off was proven (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fenced_at: Option<String>,
     /// A self-fencing node has reset by this moment (an estimate until `safeProven`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safe_until: Option<String>,
+    /// The self-fencing node's reset is proven, not estimated.
     #[serde(default)]
     pub safe_proven: bool,
     /// The proven moment on the boot clock of the master that proved it (another boot proves
     /// the reset again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safe_boot: Option<crate::verdict::BootInstant>,
+    /// How long after it went silent a self-fencing node has surely reset, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safe_time_ms: Option<u64>,
+    /// The watchdog timings the self-fencing node reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_fence_times: Option<SelfFenceTimes>,
     /// A kdump notification said the node runs its crash kernel (its workloads were released
@@ -97,26 +106,38 @@ pub struct NodeFenceStatus {
     /// proven, when the node returned, and the alarm of a node that kept its old boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_before: Option<String>,
+    /// When the released node's power-on was verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub powered_on_at: Option<String>,
+    /// The new boot id the node came back with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub returned_boot: Option<String>,
+    /// When the node's return to service was proven.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub returned_at: Option<String>,
+    /// Why the flow raised an alarm (the node runs the boot it had before its verified
+    /// power-off: the BMC's answer was not true); an operator must acknowledge it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alarm: Option<String>,
+    /// The isolation step took the node off its network or storage.
     #[serde(default)]
     pub isolated: bool,
+    /// When the isolation was done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolated_at: Option<String>,
+    /// The node's workloads were released to run elsewhere (after the proven power-off).
     #[serde(default)]
     pub released: bool,
+    /// When the workloads were released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<String>,
+    /// The release was cleared: the node is back in service.
     #[serde(default)]
     pub reclaimed: bool,
+    /// An operator canceled the flow before its power-off.
     #[serde(default)]
     pub canceled: bool,
+    /// The node was marked unschedulable by the flow (cleared by its recovery).
     #[serde(default)]
     pub marked: bool,
     /// The node carries the flow's fencefailed tag.
@@ -125,21 +146,28 @@ pub struct NodeFenceStatus {
     /// Outcomes the executor recorded and the next decision reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Outcome>,
+    /// The release's outcome, written by the executor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_result: Option<Outcome>,
+    /// The return to service's outcome, written by the executor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim_result: Option<Outcome>,
+    /// When the node was found silent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detected: Option<String>,
+    /// When the flow started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created: Option<String>,
+    /// When the flow last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated: Option<String>,
+    /// When the step's next attempt is due.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt: Option<String>,
+    /// Every transition: when, the step and status, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<Transition>,
-    /// `Accepted`, `PoweredOff`, `Released`, `Canceled`.
+    /// `Accepted`, `PoweredOff`, `Released`, `Returned`, `Canceled`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<FenceCondition>,
 }
@@ -148,13 +176,17 @@ pub struct NodeFenceStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FenceCondition {
+    /// `Accepted`, `PoweredOff`, `Released`, `Returned` or `Canceled`.
     #[serde(rename = "type")]
     pub type_: String,
     /// True, False or Unknown.
     pub status: String,
+    /// A one-word reason in CamelCase.
     pub reason: String,
+    /// What happened, in words.
     #[serde(default)]
     pub message: String,
+    /// When the status last changed (RFC 3339).
     pub last_transition_time: String,
 }
 
@@ -422,6 +454,25 @@ pub fn labels(f: &Flow) -> BTreeMap<String, String> {
 mod tests {
     use super::*;
     use crate::fencing::machine::Witnesses;
+
+    /// `kubectl explain nodefence.status` describes every field an operator reads.
+    #[test]
+    fn every_status_field_has_a_description() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(NodeFence::crd()).unwrap();
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        let status = &schema["properties"]["status"]["properties"];
+        let condition = &status["conditions"]["items"]["properties"];
+        let mut missing = Vec::new();
+        for (prefix, props) in [("status", status), ("status.conditions", condition)] {
+            for (name, p) in props.as_object().expect("properties") {
+                if p["description"].as_str().is_none_or(str::is_empty) {
+                    missing.push(format!("{prefix}.{name}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "no description: {missing:?}");
+    }
 
     #[test]
     fn a_flow_survives_the_round_trip_through_the_status() {
