@@ -89,7 +89,7 @@ impl AgentRunner for Agents {
             ),
             Err(ExecError::Timeout { timeout, .. }) => (
                 None,
-                format!("no answer within {timeout:?}; the agent's process group was killed"),
+                format!("{KILLED} {timeout:?}; the agent's process group was killed"),
             ),
             Err(e) => (None, e.to_string()),
         }
@@ -237,15 +237,23 @@ async fn call(
     code
 }
 
-/// How an agent call ended, for a message: an exit code, or killed at the deadline.
-fn ended(code: Option<i32>) -> String {
-    code.map_or("killed".into(), |c| format!("exit {c}"))
+/// How the output of a call killed at its deadline begins.
+const KILLED: &str = "no answer within";
+
+/// How an agent call ended, for a message: an exit code, killed at the deadline, or never run
+/// (a missing agent, one that could not be started).
+pub fn ended(code: Option<i32>, output: &str) -> String {
+    match code {
+        Some(c) => format!("exit {c}"),
+        None if output.starts_with(KILLED) => "killed at the deadline".into(),
+        None => "not run".into(),
+    }
 }
 
 /// Why a method did not do its part.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MethodError {
-    #[error("{agent} {action} failed ({}): {output}", ended(*code))]
+    #[error("{agent} {action} failed ({}): {output}", ended(*code, output))]
     Action {
         agent: String,
         action: String,
@@ -258,11 +266,12 @@ pub enum MethodError {
     StillOn { agent: String },
     #[error("{agent} accepted on but status still reports OFF")]
     StillOff { agent: String },
-    #[error("{agent} status could not confirm power-{action} ({})", ended(*code))]
+    #[error("{agent} status could not confirm power-{action} ({})", ended(*code, output))]
     Unconfirmed {
         agent: String,
         code: Option<i32>,
         action: String,
+        output: String,
     },
 }
 
@@ -325,6 +334,7 @@ async fn run_method(
             agent: m.agent.clone(),
             code,
             action: m.action.clone(),
+            output: calls.last().map(|c| c.output.clone()).unwrap_or_default(),
         }),
     }
 }
@@ -354,8 +364,30 @@ mod tests {
                 .iter()
                 .position(|(act, _)| act == action)
                 .expect("scripted answer");
-            (a.remove(i).1, String::new())
+            // No exit code: killed at its deadline, as the real runner says it.
+            match a.remove(i).1 {
+                None => (
+                    None,
+                    format!("{KILLED} 1s; the agent's process group was killed"),
+                ),
+                code => (code, String::new()),
+            }
         }
+    }
+
+    #[test]
+    fn a_call_without_an_exit_code_says_whether_it_was_killed_or_never_ran() {
+        assert_eq!(ended(Some(1), ""), "exit 1");
+        let killed = format!("{KILLED} 20s; the agent's process group was killed");
+        assert_eq!(ended(None, &killed), "killed at the deadline");
+        assert_eq!(
+            ended(
+                None,
+                "cannot start /usr/sbin/fence_gone: No such file or directory"
+            ),
+            "not run"
+        );
+        assert_eq!(ended(None, "agent refused: no agent fence_gone"), "not run");
     }
 
     fn fake(answers: &[(&str, Option<i32>)]) -> Fake {

@@ -107,9 +107,7 @@ pub fn of(f: &Flow) -> Vec<Entry> {
         ));
     }
     for c in &f.calls {
-        let code = c
-            .code
-            .map_or("killed at the deadline".into(), |c| format!("exit {c}"));
+        let code = crate::fencing::agent::ended(c.code, &c.output);
         let host = c
             .host
             .as_deref()

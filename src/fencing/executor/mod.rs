@@ -313,12 +313,14 @@ impl<C: Cluster> Fencer<C> {
         self.listen_for_kdump().await;
         let (liveness, rules) = self.liveness(now);
         let opinions = self.opinions(&liveness, now);
-        let fenced: std::collections::BTreeSet<String> = flows
+        // Nodes with a flow under way: being fenced (or just fenced), so never "partitioned,
+        // not fenced", whatever their watchers say.
+        let fencing: std::collections::BTreeSet<String> = flows
             .iter()
-            .filter(|f| f.fenced && f.status != FenceStatus::Final)
+            .filter(|f| f.status != FenceStatus::Final)
             .map(|f| f.node.clone())
             .collect();
-        self.report_partitions(&opinions, &liveness, &fenced, now)
+        self.report_partitions(&opinions, &liveness, &fencing, now)
             .await;
         let self_fence = self.self_fence_facts(&flows);
         self.probes.set_marked(

@@ -174,19 +174,19 @@ impl<C: Cluster> Fencer<C> {
     /// called partitioned only once it has been silent to the master for the fence grace (the
     /// watchers' judgement is in by then: a dead node's watchers lose it too), and no longer
     /// only after it has not been for as long, so a witness that flickers (a kubelet Lease
-    /// renewed a little late) says nothing. A node whose flow is past its power-off is never
-    /// called partitioned: it is off.
+    /// renewed a little late) says nothing. A node with a flow under way (`fencing`) is never
+    /// called partitioned: it is being fenced, or is off already.
     pub(super) async fn report_partitions(
         &self,
         opinions: &BTreeMap<String, PeerOpinion>,
         liveness: &BTreeMap<String, Liveness>,
-        fenced: &std::collections::BTreeSet<String>,
+        fencing: &std::collections::BTreeSet<String>,
         now: Nanos,
     ) {
         let hold = self.settings.policy.grace;
         let candidates: BTreeMap<&String, &Vec<String>> = opinions
             .iter()
-            .filter(|(n, _)| !fenced.contains(*n))
+            .filter(|(n, _)| !fencing.contains(*n))
             .filter_map(|(n, o)| match o {
                 PeerOpinion::Partitioned { hearers } => Some((n, hearers)),
                 _ => None,
@@ -209,13 +209,13 @@ impl<C: Cluster> Fencer<C> {
             for n in candidates.keys() {
                 clear.remove(*n);
             }
-            // Ended: at once when its watchers lost it too (their judgement: gone) or it was
-            // powered off; else once it has been clear for the hold.
+            // Ended: at once when its watchers lost it too (their judgement: gone) or a flow
+            // took it on; else once it has been clear for the hold.
             let mut ended = Vec::new();
             for n in was.iter().filter(|n| !candidates.contains_key(n)) {
                 let since = *clear.entry(n.clone()).or_insert(now);
                 let lost = matches!(opinions.get(n), Some(PeerOpinion::Lost { .. }));
-                if lost || fenced.contains(n) || now.saturating_sub(since) >= hold {
+                if lost || fencing.contains(n) || now.saturating_sub(since) >= hold {
                     ended.push(n.clone());
                 }
             }
