@@ -294,6 +294,8 @@ impl Config {
             }
         }
         self.kubernetes.validate()?;
+        (self.kubernetes)
+            .check_witness_timing(self.fencing.grace, self.fencing.liveness_interval)?;
         self.fencing.check_jobs(None, "")?;
         for (what, l) in [
             ("daemon.limits", &d.limits),
@@ -511,6 +513,25 @@ mod tests {
         assert_eq!(explicit.node_name(), "n7");
         assert_eq!(explicit.kubernetes.leader_election.identity(), "replica-a");
         assert_eq!(explicit.kubernetes.leader_election.namespace(), "ops");
+    }
+
+    /// A storage Lease renewed too seldom to veto within the grace is refused at start, with
+    /// the numbers; one renewed often enough (the 2.5 s of a typical storage agent) is taken.
+    #[test]
+    fn a_witness_that_could_never_veto_in_time_is_refused() {
+        let lease = |every: &str| {
+            format!(
+                "[[kubernetes.storage-leases]]\nnamespace = \"storage\"\nname = \"{{node}}-storage\"\nrenew-interval = \"{every}\"\n"
+            )
+        };
+        assert!(Config::parse(&lease("2500ms")).is_ok());
+        let e = Config::parse(&lease("4s")).unwrap_err().to_string();
+        assert!(
+            e.contains("storage/{node}-storage") && e.contains("could never veto"),
+            "{e}"
+        );
+        let slower = format!("{}[fencing]\ngrace = \"10s\"\n", lease("4s"));
+        assert!(Config::parse(&slower).is_ok(), "a longer grace takes it");
     }
 
     /// The `toml` block after the heading `heading` of the configuration reference.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::cluster::{Cluster, KubeletLease, NodeFacts};
+use crate::cluster::{Cluster, NodeFacts};
 use crate::node::NodeConfig;
 use crate::repair::conditions::{Evaluation, Rule, evaluate};
 use crate::sync::{LockExt, RwLockExt};
@@ -144,31 +144,6 @@ impl NodeView {
         let facts = self.facts.lock_unpoisoned().clone();
         let (at, facts) = facts?;
         (at.elapsed() <= self.max_age).then(|| evaluate(&self.rules, &facts.conditions, now))
-    }
-
-    /// How late a change to the cluster can be seen here: two reads of the cache and the
-    /// watch's own delay.
-    pub fn lag(&self) -> Duration {
-        self.interval * 2 + Duration::from_secs(1)
-    }
-
-    /// Every Lease that witnesses a node's life (its kubelet's, and the storage Leases the
-    /// operator names), by node and witness name, from a recent node list (Kubernetes).
-    pub fn leases(&self) -> Option<std::collections::BTreeMap<(String, String), KubeletLease>> {
-        let facts = self.facts.lock_unpoisoned().clone();
-        let (at, facts) = facts?;
-        if at.elapsed() > self.max_age {
-            return None;
-        }
-        let kubelets = facts.kubelet_leases.iter().map(|(n, l)| {
-            let witness = crate::fencing::opinion::KUBELET_WITNESS.to_string();
-            ((n.clone(), witness), l.clone())
-        });
-        let storage = facts.storage_leases.iter().flat_map(|(n, v)| {
-            v.iter()
-                .map(move |(w, l)| ((n.clone(), w.clone()), l.clone()))
-        });
-        Some(kubelets.chain(storage).collect())
     }
 
     /// Whether each node's kubelet reports Ready, from a recent node list (`None` without one:

@@ -380,19 +380,19 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
 /// collector and its peers (which lose the collector's heartbeats) are outvoted and nothing is
 /// fenced. The kubelet stops too, but a storage Lease the operator named is still renewed (by
 /// a storage agent, here the test): still nothing. Once that stops and goes stale as well, the
-/// node is fenced, with both Leases among the witnesses.
+/// node is fenced, with both Leases among the witnesses. All at the default timings: the 5 s
+/// grace, the default node interval, a storage Lease renewed every 2.5 s.
 async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &ControlPlane) {
     let (mut c, nodes) = managed_cluster(cp, "l").await;
     let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    // A grace longer than the test kubelet's 2 s renewals plus the 2 s it takes to see one.
     c.extra_daemon_toml = format!(
-        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[[kubernetes.storage-leases]]\nnamespace = \"storage\"\nname = \"{{node}}-storage\"\n[kubernetes.leader-election]\nenabled = false\n",
-        c.stub_fencing("fence_ok", POWER_AGENT, "6s", &refs)
+        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\n[[kubernetes.storage-leases]]\nnamespace = \"storage\"\nname = \"{{node}}-storage\"\nrenew-interval = \"2500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
+        c.stub_fencing("fence_ok", POWER_AGENT, "5s", &refs)
     );
     c.env
         .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
     let victim = nodes[0].clone();
-    // The storage agent's Lease: 8 s long, renewed every 2 s while `storage` holds.
+    // The storage agent's Lease: 10 s long, renewed every 2.5 s while `storage` holds.
     cp.kubectl(&["create", "namespace", "storage"]);
     let storage = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let renewer = {
@@ -408,14 +408,14 @@ async fn a_renewing_kubelet_lease_vetoes_a_fence_until_it_goes_stale(cp: &Contro
                 let lease = json!({
                     "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": name, "namespace": "storage"},
-                    "spec": {"holderIdentity": "storage-agent", "leaseDurationSeconds": 8,
+                    "spec": {"holderIdentity": "storage-agent", "leaseDurationSeconds": 10,
                         "renewTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
                 });
                 let pp = kube::api::PatchParams::apply("maintd-test-storage").force();
                 let _ = leases
                     .patch(&name, &pp, &kube::api::Patch::Apply(&lease))
                     .await;
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                tokio::time::sleep(Duration::from_millis(2500)).await;
             }
         })
     };

@@ -59,22 +59,24 @@ pub enum ClusterError {
 pub struct NodeFacts {
     pub members: Vec<crate::node::NodeConfig>,
     pub conditions: BTreeMap<String, Vec<crate::repair::conditions::NodeCondition>>,
-    /// Each node's kubelet Lease, by node name (Kubernetes; empty when unknown).
-    pub kubelet_leases: BTreeMap<String, KubeletLease>,
-    /// Each node's storage Leases the operator names, by node name, each with its witness name
-    /// (`lease:<namespace>/<name>`).
-    pub storage_leases: BTreeMap<String, Vec<(String, KubeletLease)>>,
 }
 
-/// A kubelet's Lease as the fencer reads it: only whether it was renewed, never its time
+/// A Lease that witnesses a node's life (its kubelet's, or a storage agent's) as the fencer
+/// reads it: only whether and when (by this process's clock) it was renewed, never its time
 /// against the master's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeletLease {
     /// `renewTime` exactly as stored: a change is a renewal.
     pub renew_marker: String,
-    /// `leaseDurationSeconds`; the kubelet renews every quarter of it.
+    /// `leaseDurationSeconds`; the holder renews every quarter of it.
     pub duration_s: i32,
+    /// When this renewal was delivered by a live watch: the renewal happened before, and at
+    /// most the watch's delivery delay before. `None` when it was learned from a list.
+    pub arrived: Option<std::time::Instant>,
 }
+
+/// Witness Leases by (node, witness name): `lease:kubelet` or `lease:<namespace>/<name>`.
+pub type WitnessLeases = BTreeMap<(String, String), KubeletLease>;
 
 /// A Lease as leader election reads and writes it. `version` is the resourceVersion it was read
 /// at (`None`: not created yet), so a write over someone else's change fails instead of winning.
@@ -205,6 +207,11 @@ pub trait Cluster: Send + Sync + 'static {
     /// Current membership and node conditions, for backends that have them.
     async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
         Ok(None)
+    }
+    /// The Leases that witness nodes' lives, read now from the watches (Kubernetes); `None`
+    /// for backends without them. Cheap: the fencer asks at every decision.
+    fn witness_leases(&self) -> Option<WitnessLeases> {
+        None
     }
     /// Who checks operators' bearer tokens, when this cluster takes them.
     fn token_reviewer(

@@ -99,6 +99,46 @@ where
     store: Store<K>,
     health: Arc<Health>,
     task: tokio::task::AbortHandle,
+    arrivals: Option<Arc<Arrivals>>,
+}
+
+/// When each object's marker (a Lease's `renewTime`) last changed on a live watch, by this
+/// process's clock: the moment a renewal was delivered, which a renewal can only precede. A
+/// marker learned from a list (the first one, or a relist after a broken watch) has no moment:
+/// it may have changed at any time while nothing was watched.
+#[derive(Default)]
+pub struct Arrivals(Mutex<std::collections::HashMap<String, (String, Option<Instant>)>>);
+
+impl Arrivals {
+    fn note<K: kube::Resource>(&self, ev: &watcher::Event<K>, marker: fn(&K) -> Option<String>) {
+        let (obj, live) = match ev {
+            watcher::Event::Apply(o) => (o, true),
+            watcher::Event::InitApply(o) => (o, false),
+            watcher::Event::Delete(o) => {
+                if let Some(n) = o.meta().name.as_ref() {
+                    self.0.lock_unpoisoned().remove(n);
+                }
+                return;
+            }
+            watcher::Event::Init | watcher::Event::InitDone => return,
+        };
+        let (Some(name), Some(m)) = (obj.meta().name.clone(), marker(obj)) else {
+            return;
+        };
+        let mut all = self.0.lock_unpoisoned();
+        if all.get(&name).is_some_and(|(was, _)| *was == m) {
+            return;
+        }
+        all.insert(name, (m, live.then(Instant::now)));
+    }
+
+    /// When `name`'s current `marker` arrived on a live watch.
+    pub fn of(&self, name: &str, marker: &str) -> Option<Instant> {
+        let all = self.0.lock_unpoisoned();
+        all.get(name)
+            .filter(|(m, _)| m == marker)
+            .and_then(|(_, at)| *at)
+    }
 }
 
 impl<K: kube::Resource + 'static> Drop for Watched<K>
@@ -126,8 +166,22 @@ where
         what: &'static str,
         api: Api<K>,
         cfg: watcher::Config,
-        mut trim: impl FnMut(&mut K) + Send + 'static,
+        trim: impl FnMut(&mut K) + Send + 'static,
     ) -> Self {
+        Self::spawn_noting(what, api, cfg, trim, None)
+    }
+
+    /// `spawn`, also noting when each object's `marker` arrives on a live watch
+    /// (`arrived`).
+    pub fn spawn_noting(
+        what: &'static str,
+        api: Api<K>,
+        cfg: watcher::Config,
+        mut trim: impl FnMut(&mut K) + Send + 'static,
+        marker: Option<fn(&K) -> Option<String>>,
+    ) -> Self {
+        let arrivals = marker.map(|_| Arc::new(Arrivals::default()));
+        let noted = arrivals.clone();
         let (store, mut writer) = reflector::store();
         let health = Arc::new(Health::default());
         let h = health.clone();
@@ -139,6 +193,9 @@ where
                     match stream.next().await {
                         Some(Ok(ev)) => {
                             let ev = ev.modify(&mut trim);
+                            if let (Some(a), Some(m)) = (&noted, marker) {
+                                a.note(&ev, m);
+                            }
                             writer.apply_watcher_event(&ev);
                             // `Init` comes before the list is even sent: not a sign of life.
                             if !matches!(ev, watcher::Event::Init | watcher::Event::InitApply(_)) {
@@ -165,7 +222,14 @@ where
             store,
             health,
             task,
+            arrivals,
         }
+    }
+
+    /// When `name`'s `marker` arrived on a live watch (see `Arrivals`); `None` without
+    /// noting, or when it was learned from a list.
+    pub fn arrived(&self, name: &str, marker: &str) -> Option<Instant> {
+        self.arrivals.as_ref()?.of(name, marker)
     }
 
     /// Waits for the first full list (up to `SYNC_WAIT`).

@@ -68,6 +68,10 @@ pub struct KubeConfig {
 pub struct StorageLeaseConfig {
     pub namespace: String,
     pub name: String,
+    /// How often its holder renews it, when the operator knows: checked at start against the
+    /// fence grace, so a witness that could never veto in time is refused, not ignored.
+    #[serde(default, with = "humantime_serde")]
+    pub renew_interval: Option<std::time::Duration>,
 }
 
 /// `(type, status) for <duration> -> actions`, escalating one step per `escalate-after`.
@@ -180,9 +184,43 @@ pub enum KubeConfigError {
     Remedy(#[from] super::RemedyError),
     #[error("kubernetes.remedies: {0:?} is not a remedy name (1 to 40 of a-z, 0-9 and '-')")]
     RemedyName(String),
+    #[error(
+        "kubernetes.storage-leases {lease}: renewed every {every:?}, a renewal is seen as proof of life up to {seen:?} after the node went silent, not before fencing.grace ({grace:?}): this witness could never veto a fence in time; raise fencing.grace above {seen:?} or renew the Lease more often"
+    )]
+    WitnessTooSlow {
+        lease: String,
+        every: Duration,
+        seen: Duration,
+        grace: Duration,
+    },
 }
 
 impl KubeConfig {
+    /// A storage Lease is a witness only if one of its renewals can be seen as proof of life
+    /// within the fence grace: its renew interval, the watch's delivery and the fencer's next
+    /// look must all fit in it. One that could never veto in time is refused with the numbers.
+    pub fn check_witness_timing(
+        &self,
+        grace: Duration,
+        liveness_interval: Duration,
+    ) -> Result<(), KubeConfigError> {
+        let margin = crate::fencing::executor::LEASE_DELIVERY + liveness_interval;
+        for l in &self.storage_leases {
+            let Some(every) = l.renew_interval else {
+                continue;
+            };
+            if every + margin >= grace {
+                return Err(KubeConfigError::WitnessTooSlow {
+                    lease: format!("{}/{}", l.namespace, l.name),
+                    every,
+                    seen: every + margin,
+                    grace,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Checks what serde cannot: rules, and timings that only work in one order.
     pub fn validate(&self) -> Result<(), KubeConfigError> {
         for r in &self.conditions {

@@ -120,11 +120,12 @@ impl KubeCluster {
             any(),
             cache::trim_meta,
         );
-        let kubelet_leases = Watched::spawn(
+        let kubelet_leases = Watched::spawn_noting(
             "kubelet leases",
             Api::namespaced(client.clone(), KUBELET_LEASE_NAMESPACE),
             any(),
             cache::trim_meta,
+            Some(leases::renew_marker),
         );
         let storage_leases = cfg
             .storage_leases
@@ -133,11 +134,12 @@ impl KubeCluster {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .map(|ns| {
-                let w = Watched::spawn(
+                let w = Watched::spawn_noting(
                     "storage leases",
                     Api::namespaced(client.clone(), &ns),
                     any(),
                     cache::trim_meta,
+                    Some(leases::renew_marker),
                 );
                 (ns, w)
             })
@@ -434,26 +436,11 @@ impl Cluster for KubeCluster {
             facts.conditions.insert(m.name.clone(), conditions);
             facts.members.push(m);
         }
-        // Optional: without a current Lease cache (no permission, a broken watch) there is
-        // simply no kubelet witness.
-        if let Some(leases) = self.kubelet_leases.if_current() {
-            for l in leases {
-                let (Some(name), Some(spec)) = (l.metadata.name.as_ref(), l.spec.as_ref()) else {
-                    continue;
-                };
-                if let Some(t) = &spec.renew_time {
-                    facts.kubelet_leases.insert(
-                        name.clone(),
-                        KubeletLease {
-                            renew_marker: format!("{:?}", t.0),
-                            duration_s: spec.lease_duration_seconds.unwrap_or(40),
-                        },
-                    );
-                }
-            }
-        }
-        self.storage_lease_facts(&mut facts);
         Ok(Some(facts))
+    }
+
+    fn witness_leases(&self) -> Option<crate::cluster::WitnessLeases> {
+        Some(self.leases_now())
     }
 
     async fn capacity(&self) -> Result<Option<capacity::Snapshot>, ClusterError> {

@@ -16,20 +16,25 @@ use crate::metrics::NodeLabel;
 use crate::sync::LockExt;
 use crate::verdict::Nanos;
 
-/// Each witnessing Lease's `renewTime` as last seen (by node and witness name), and when (by
-/// this fencer's clock) it last changed: a cache of the node watch, rebuilt after a restart.
+/// When (by this fencer's clock) each witnessing Lease's current renewal arrived, by node and
+/// witness name: read from the Lease watches at each decision.
 #[derive(Default)]
 pub(super) struct Renewals(std::sync::Mutex<BTreeMap<(String, String), Renewal>>);
 
 /// A kubelet Lease as the fencer follows it.
 #[derive(Debug, Clone)]
 struct Renewal {
-    marker: String,
-    /// When this fencer saw it change (`None`: not since it first saw it).
+    /// When its current renewal arrived on a live watch (`None`: learned from a list, or not
+    /// changed since this fencer first saw it, so when it happened is unknown).
     at: Option<Nanos>,
     /// The kubelet renews every quarter of the Lease's duration.
     every: Nanos,
 }
+
+/// How much earlier than its arrival a Lease renewal may have happened: the watch's delivery.
+/// A renewal delivered later than this counts as later than it was, which can only delay a
+/// fence (a veto for one renew interval), never start one.
+pub const DELIVERY: Duration = Duration::from_secs(1);
 
 /// The times a node reported with its armed watchdog, in ns.
 fn reported_times(w: &crate::report::WatchdogReport) -> SelfFenceTimes {
@@ -65,39 +70,29 @@ impl<C: Cluster> Fencer<C> {
             .collect()
     }
 
-    /// Notes every kubelet Lease renewal the node cache shows, by this fencer's clock: no clock
-    /// is ever compared with a node's.
+    /// Notes every witness Lease renewal the watches show, dated by when it arrived, on this
+    /// fencer's clock: no clock is ever compared with a node's. Returns how much earlier than
+    /// its arrival a renewal may have happened (the watch's delivery), `None` on a backend
+    /// without Leases.
     fn observe_renewals(&self, now: Nanos) -> Option<Nanos> {
-        let watch = self.shared.watch.as_ref()?;
-        let leases = watch.leases()?;
+        let leases = self.shared.cluster.witness_leases()?;
         let mut seen = self.witnesses.0.lock_unpoisoned();
         seen.retain(|n, _| leases.contains_key(n));
         for (node, l) in leases {
             let every = ns(Duration::from_secs(l.duration_s.max(4) as u64 / 4));
-            match seen.get_mut(&node) {
-                Some(r) if r.marker != l.renew_marker => {
-                    r.marker = l.renew_marker;
-                    r.at = Some(now);
-                    r.every = every;
-                }
-                Some(_) => {}
-                // First sight: when it was renewed is unknown.
-                None => {
-                    let r = Renewal {
-                        marker: l.renew_marker,
-                        at: None,
-                        every,
-                    };
-                    seen.insert(node, r);
-                }
-            }
+            let arrived = l.arrived.map(|t| now.saturating_sub(ns(t.elapsed())));
+            // The watch dates each renewal by its arrival; one first seen in a list has no
+            // date, and proves nothing until the next one arrives.
+            let r = Renewal { at: arrived, every };
+            seen.insert(node, r);
         }
-        Some(ns(watch.lag()))
+        Some(ns(DELIVERY))
     }
 
-    /// The second opinion on every node whose collector is silent. On Kubernetes its kubelet's
-    /// Lease speaks too: a renewal seen after the collector went silent (later than a change
-    /// can take to be seen) and within one renew interval of now proves the node runs.
+    /// The second opinion on every node whose collector is silent. On Kubernetes its Leases
+    /// speak too: a renewal that surely happened after the collector went silent (it arrived
+    /// later than that by more than a watch's delivery) and within one renew interval of now
+    /// proves the node runs.
     pub(super) fn opinions(
         &self,
         liveness: &BTreeMap<String, Liveness>,
@@ -149,7 +144,7 @@ impl<C: Cluster> Fencer<C> {
             return BTreeMap::new();
         };
         let ready = watch.ready().unwrap_or_default();
-        let lag = ns(watch.lag());
+        let lag = ns(DELIVERY);
         let renewals = self.witnesses.0.lock_unpoisoned();
         flows
             .iter()
