@@ -133,6 +133,24 @@ pub(super) fn gate(c: &Ctx, out: &mut Vec<FenceAction>) -> Gate {
         return Gate::Decided;
     }
     match missing(c, down_at) {
+        // Once the new boot and its healthy reports are in, the record says what the return
+        // still waits for (the kubelet's Ready, a Lease, a condition), and again only when that
+        // changes: a node back up but out of service is never left unexplained.
+        Some(why) if f.returned_boot.is_some() && reports_in(c) => {
+            let note = format!("the return to service waits for: {why}");
+            if f.history.last().is_some_and(|t| t.note == note) {
+                return Gate::Wait;
+            }
+            n.updated = now;
+            n.history.push(Transition {
+                at: now,
+                step: f.step,
+                status: f.status,
+                note,
+            });
+            out.push(FenceAction::Save(n));
+            Gate::Decided
+        }
         Some(_) => Gate::Wait,
         None => {
             let b = boot.expect("a proof has a boot");
@@ -169,6 +187,13 @@ fn lease_witnesses(f: &super::Flow) -> Vec<String> {
         .map(|p| p.watcher.clone())
         .filter(|w| w.starts_with("lease:"))
         .collect()
+}
+
+/// The node's own part of the proof is in: enough healthy reports from its new boot, and its
+/// collector answers.
+fn reports_in(c: &Ctx) -> bool {
+    let need = c.s.policy.clean_reports.max(1);
+    c.l.boot.is_some_and(|b| b.clean >= need) && !c.l.probe_silent
 }
 
 /// What the proof still lacks, or `None` once it is complete.

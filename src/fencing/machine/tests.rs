@@ -810,14 +810,24 @@ fn every_witness_that_declared_the_node_dead_must_be_back_before_its_return() {
         renewed: BTreeMap::new(),
     };
     s.returns.insert("n2".into(), facts.clone());
-    assert!(
-        tick(&mut s, &f, T0 + 41 * S).is_empty(),
-        "the kubelet is not Ready"
+    // What the return waits for is said once, and again only when it changes.
+    let waits = |f: &Flow| f.history.last().unwrap().note.clone();
+    let f = saved(&tick(&mut s, &f, T0 + 41 * S));
+    assert_eq!(
+        waits(&f),
+        "the return to service waits for: the kubelet is not Ready"
     );
+    assert!(tick(&mut s, &f, T0 + 41 * S).is_empty(), "said once");
     facts.ready = Some(true);
     // A renewal from before the node came back is no witness of its return.
     facts.renewed.insert("lease:kubelet".into(), T0 + 5 * S);
     s.returns.insert("n2".into(), facts.clone());
+    let f = saved(&tick(&mut s, &f, T0 + 42 * S));
+    assert!(
+        waits(&f).contains("lease:kubelet not renewed"),
+        "{}",
+        waits(&f)
+    );
     assert!(
         tick(&mut s, &f, T0 + 42 * S).is_empty(),
         "the Lease is stale"
