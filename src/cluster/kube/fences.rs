@@ -407,28 +407,16 @@ impl FlowStore for NodeFences {
 
     async fn prune(&self, ended_before: Nanos) -> Result<usize> {
         let mut n = 0;
-        for (f, o) in self.flows().await? {
-            if f.status != FenceStatus::Final || f.updated >= ended_before {
-                continue;
-            }
-            let name = o.metadata.name.clone().unwrap_or_default();
-            if Self::has_finalizer(&o) {
-                self.finalizer(&o, false).await?;
-            }
-            // Only the object read: a new one of the same name is not this record.
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: o.metadata.uid.clone(),
-                    resource_version: None,
-                }),
-                ..Default::default()
+        for o in self.objects().await? {
+            let ended = match crate::cluster::kube::nodefence::flow_of(&o) {
+                Ok(Some(f)) => (f.status == FenceStatus::Final).then_some(f.updated),
+                // An operator's request refused for good ends then, like a final flow.
+                Ok(None) => crate::cluster::kube::nodefence::refused_at(o.status.as_ref()),
+                Err(_) => None,
             };
-            match self.api.delete(&name, &dp).await {
-                Ok(_) => n += 1,
-                Err(e) if matches!(api_code(&e), Some(404 | 409)) => {}
-                Err(e) => return Err(remote(&format!("cannot delete NodeFence {name}"), e)),
+            if ended.is_some_and(|t| t < ended_before) && self.delete_record(&o).await? {
+                n += 1;
             }
-            self.forget(&name);
         }
         Ok(n)
     }
@@ -447,6 +435,31 @@ impl FlowStore for NodeFences {
 
     fn location(&self) -> String {
         "NodeFence objects (maintd.io/v1alpha1)".to_string()
+    }
+}
+
+impl NodeFences {
+    /// Deletes the record `o`, and only that object (a new one of the same name is not it);
+    /// whether it was deleted here.
+    async fn delete_record(&self, o: &NodeFence) -> Result<bool> {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        if Self::has_finalizer(o) {
+            self.finalizer(o, false).await?;
+        }
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: o.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        let deleted = match self.api.delete(&name, &dp).await {
+            Ok(_) => true,
+            Err(e) if matches!(api_code(&e), Some(404 | 409)) => false,
+            Err(e) => return Err(remote(&format!("cannot delete NodeFence {name}"), e)),
+        };
+        self.forget(&name);
+        Ok(deleted)
     }
 }
 

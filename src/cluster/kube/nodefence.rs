@@ -382,6 +382,17 @@ pub fn has_condition(s: Option<&NodeFenceStatus>, kind: &str, reason: &str) -> b
     })
 }
 
+/// When an operator's request was refused for good (its `Accepted` condition says `Refused`).
+pub fn refused_at(s: Option<&NodeFenceStatus>) -> Option<Nanos> {
+    let c = s?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Accepted" && c.reason == "Refused")?;
+    parse_time("conditions", &Some(c.last_transition_time.clone()))
+        .ok()
+        .flatten()
+}
+
 /// The flow an object records, at `version` (its resourceVersion); `Ok(None)` for an
 /// operator's request not yet started; an error names the field that makes it unreadable.
 pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, String> {
@@ -454,6 +465,34 @@ pub fn labels(f: &Flow) -> BTreeMap<String, String> {
 mod tests {
     use super::*;
     use crate::fencing::machine::Witnesses;
+
+    /// A refused request ends at its refusal (then pruned like a final flow); a waiting one
+    /// has not ended.
+    #[test]
+    fn a_refused_request_ends_when_it_was_refused() {
+        let mut s = NodeFenceStatus::default();
+        set_condition(
+            &mut s.conditions,
+            "Accepted",
+            false,
+            "Waiting",
+            "storm",
+            &time(5),
+        );
+        assert_eq!(refused_at(Some(&s)), None);
+        let at = 1_795_000_000_123_456_789;
+        s.conditions.retain(|c| c.type_ != "Accepted");
+        set_condition(
+            &mut s.conditions,
+            "Accepted",
+            false,
+            "Refused",
+            "no plan",
+            &time(at),
+        );
+        assert_eq!(refused_at(Some(&s)), Some(at));
+        assert_eq!(refused_at(None), None);
+    }
 
     /// `kubectl explain nodefence.status` describes every field an operator reads.
     #[test]

@@ -75,6 +75,11 @@ impl NodeFences {
         let mut s = o.status.clone().unwrap_or_default();
         s.message = Some(why.to_string());
         let reason = if refused { "Refused" } else { "Waiting" };
+        if refused && !has_condition(Some(&s), "Accepted", "Refused") {
+            // The refusal is dated by itself, not by when the request began to wait: the
+            // record is pruned a retention after it.
+            s.conditions.retain(|c| c.type_ != "Accepted");
+        }
         set_condition(&mut s.conditions, "Accepted", false, reason, why, &now);
         if refused {
             s.status = None;
