@@ -75,6 +75,11 @@ pub struct KubeletLease {
     pub arrived: Option<std::time::Instant>,
 }
 
+/// How much earlier than its arrival on a watch a Lease renewal may have happened: the watch's
+/// delivery. A renewal delivered later than this counts as later than it was, which can only
+/// delay a fence (a veto for one renew interval), never start one.
+pub const LEASE_DELIVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Witness Leases by (node, witness name): `lease:kubelet` or `lease:<namespace>/<name>`.
 pub type WitnessLeases = BTreeMap<(String, String), KubeletLease>;
 

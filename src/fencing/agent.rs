@@ -237,18 +237,7 @@ async fn call(
     code
 }
 
-/// How the output of a call killed at its deadline begins.
-const KILLED: &str = "no answer within";
-
-/// How an agent call ended, for a message: an exit code, killed at the deadline, or never run
-/// (a missing agent, one that could not be started).
-pub fn ended(code: Option<i32>, output: &str) -> String {
-    match code {
-        Some(c) => format!("exit {c}"),
-        None if output.starts_with(KILLED) => "killed at the deadline".into(),
-        None => "not run".into(),
-    }
-}
+use crate::fencing::machine::{KILLED, ended};
 
 /// Why a method did not do its part.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -121,7 +121,7 @@ async fn check_power(
             runner.call_at(&site, m, "status", timeout).await;
         let ok = status_ok(code);
         if !ok {
-            let ended = super::agent::ended(code, &output);
+            let ended = super::machine::ended(code, &output);
             failures.push(format!(
                 "{}: {} status failed ({ended}): {}",
                 m.name,

@@ -107,7 +107,7 @@ pub fn of(f: &Flow) -> Vec<Entry> {
         ));
     }
     for c in &f.calls {
-        let code = crate::fencing::agent::ended(c.code, &c.output);
+        let code = crate::fencing::machine::ended(c.code, &c.output);
         let host = c
             .host
             .as_deref()

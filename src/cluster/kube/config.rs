@@ -204,7 +204,7 @@ impl KubeConfig {
         grace: Duration,
         liveness_interval: Duration,
     ) -> Result<(), KubeConfigError> {
-        let margin = crate::fencing::executor::LEASE_DELIVERY + liveness_interval;
+        let margin = crate::cluster::LEASE_DELIVERY + liveness_interval;
         for l in &self.storage_leases {
             let Some(every) = l.renew_interval else {
                 continue;

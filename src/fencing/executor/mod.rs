@@ -34,8 +34,6 @@ mod pause;
 mod probe;
 mod witnesses;
 
-pub use witnesses::DELIVERY as LEASE_DELIVERY;
-
 fn ns(d: Duration) -> Nanos {
     d.as_nanos() as Nanos
 }

@@ -31,10 +31,7 @@ struct Renewal {
     every: Nanos,
 }
 
-/// How much earlier than its arrival a Lease renewal may have happened: the watch's delivery.
-/// A renewal delivered later than this counts as later than it was, which can only delay a
-/// fence (a veto for one renew interval), never start one.
-pub const DELIVERY: Duration = Duration::from_secs(1);
+use crate::cluster::LEASE_DELIVERY as DELIVERY;
 
 /// The times a node reported with its armed watchdog, in ns.
 fn reported_times(w: &crate::report::WatchdogReport) -> SelfFenceTimes {

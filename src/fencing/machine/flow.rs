@@ -31,6 +31,19 @@ pub struct Call {
     pub host: Option<String>,
 }
 
+/// How the output of an agent call killed at its deadline begins.
+pub const KILLED: &str = "no answer within";
+
+/// How an agent call ended, for a message: an exit code, killed at the deadline, or never run
+/// (a missing agent, one that could not be started).
+pub fn ended(code: Option<i32>, output: &str) -> String {
+    match code {
+        Some(c) => format!("exit {c}"),
+        None if output.starts_with(KILLED) => "killed at the deadline".into(),
+        None => "not run".into(),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Flow {
