@@ -299,15 +299,19 @@ impl<C: Cluster> Readiness<C> {
                 }
                 continue;
             }
+            // The ConfigMaps changed: refused configurations are reported on every replica
+            // (their board and metric are local; only the leader writes the Event), so a
+            // restarted replica shows them as soon as it has read the maps, not once it leads.
+            let fresh = rotation.refresh(&self.book, self.settings.interval);
+            if fresh.is_some() {
+                self.report_problems().await;
+            }
             if !self.leadership.is_leader() {
                 continue;
             }
-            // The ConfigMaps changed: new and changed nodes are checked at once.
-            if let Some(fresh) = rotation.refresh(&self.book, self.settings.interval) {
-                self.report_problems().await;
-                for n in fresh {
-                    self.check(&n).await;
-                }
+            // New and changed nodes are checked at once.
+            for n in fresh.into_iter().flatten() {
+                self.check(&n).await;
             }
             for n in rotation.self_fencing.clone() {
                 self.check_watchdog(&n).await;
