@@ -313,23 +313,7 @@ async fn a_failed_job_fails_the_event_and_a_restarted_daemon_adopts_its_job() {
     let again = c
         .wait_event("node2", "a new event", |e| e["id"] != id.as_str())
         .await;
-    let reason = common::wait_for("the migrate job in Ganeti's queue", || {
-        let (g, again) = (&g, &again);
-        async move {
-            let job = again["jobs"]
-                .as_array()?
-                .iter()
-                .find(|j| j["kind"] == "evacuate")?
-                .clone();
-            let r = format!(
-                "gnt:daemon:maintd maintd:{} job:{} migrate",
-                again["id"].as_str()?,
-                job["id"]
-            );
-            (g.jobs_with_reason(&r, "OP_NODE_MIGRATE").await == 1).then_some(r)
-        }
-    })
-    .await;
+    let reason = migrate_queued(&g, &again).await;
     c.kill_daemon();
     assert!(
         g.instances().contains("d1 node2 running"),
@@ -743,6 +727,25 @@ async fn evacuate_and_evacuate_failover_move_every_instance() {
 }
 
 /// How many jobs in Ganeti's queue run opcode `op` first.
+/// Waits until the migrate job of `event`'s evacuation is in Ganeti's queue (found by maintd's
+/// reason); returns that reason.
+async fn migrate_queued(g: &Ganeti, event: &serde_json::Value) -> String {
+    common::wait_for("the migrate job in Ganeti's queue", || async move {
+        let job = event["jobs"]
+            .as_array()?
+            .iter()
+            .find(|j| j["kind"] == "evacuate")?
+            .clone();
+        let r = format!(
+            "gnt:daemon:maintd maintd:{} job:{} migrate",
+            event["id"].as_str()?,
+            job["id"]
+        );
+        (g.jobs_with_reason(&r, "OP_NODE_MIGRATE").await == 1).then_some(r)
+    })
+    .await
+}
+
 async fn jobs_of(g: &Ganeti, op: &str) -> usize {
     let rapi = Rapi::new(&g.settings()).unwrap();
     let jobs = rapi.get("/2/jobs?bulk=1").await.unwrap();
@@ -871,23 +874,7 @@ async fn a_failed_sibling_and_a_rapi_outage_mid_job_are_followed_to_the_end() {
     let again = c
         .wait_event("node2", "a new event", |e| e["id"] != id.as_str())
         .await;
-    common::wait_for("the migrate job in Ganeti's queue", || {
-        let (g, again) = (&g, &again);
-        async move {
-            let job = again["jobs"]
-                .as_array()?
-                .iter()
-                .find(|j| j["kind"] == "evacuate")?
-                .clone();
-            let r = format!(
-                "gnt:daemon:maintd maintd:{} job:{} migrate",
-                again["id"].as_str()?,
-                job["id"]
-            );
-            (g.jobs_with_reason(&r, "OP_NODE_MIGRATE").await == 1).then_some(())
-        }
-    })
-    .await;
+    migrate_queued(&g, &again).await;
     let daemon_util = "/usr/lib/ganeti/daemon-util";
     g.run(&["node1/cmd", daemon_util, "stop", "ganeti-rapi"]);
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -349,14 +349,7 @@ impl<C: Cluster> Engine<C> {
                 // The tag first: nobody reads `completed` (or `failed`) before the node carries
                 // the tag that acknowledging removes. A tag set but not yet recorded is set again
                 // (idempotently) when the same finalization is decided after a restart.
-                self.cluster
-                    .add_tag(node, tag)
-                    .await
-                    .map_err(|source| ActionError::Tag {
-                        node: node.clone(),
-                        tag: tag.clone(),
-                        source,
-                    })?;
+                self.set_tag(node, tag).await?;
                 self.store.apply(action, now)?;
                 self.store.mark_tagged(event, now)?;
                 info!(event = %event, node = %node, status = status.as_str(), tag = %tag, "event finalized");
@@ -401,6 +394,12 @@ impl<C: Cluster> Engine<C> {
         tag: &str,
         now: i64,
     ) -> Result<(), ActionError> {
+        self.set_tag(node, tag).await?;
+        Ok(self.store.mark_tagged(event, now)?)
+    }
+
+    /// Sets `tag` on `node` in the cluster (idempotent), without recording it.
+    async fn set_tag(&self, node: &str, tag: &str) -> Result<(), ActionError> {
         self.cluster
             .add_tag(node, tag)
             .await
@@ -408,8 +407,7 @@ impl<C: Cluster> Engine<C> {
                 node: node.into(),
                 tag: tag.into(),
                 source,
-            })?;
-        Ok(self.store.mark_tagged(event, now)?)
+            })
     }
 
     fn spawn_job(self: Arc<Self>, job: Job) {
