@@ -73,16 +73,16 @@ impl<C: Cluster> Fencer<C> {
     /// without Leases.
     fn observe_renewals(&self, now: Nanos) -> Option<Nanos> {
         let leases = self.shared.cluster.witness_leases()?;
-        let mut seen = self.witnesses.0.lock_unpoisoned();
-        seen.retain(|n, _| leases.contains_key(n));
-        for (node, l) in leases {
-            let every = ns(Duration::from_secs(l.duration_s.max(4) as u64 / 4));
-            let arrived = l.arrived.map(|t| now.saturating_sub(ns(t.elapsed())));
-            // The watch dates each renewal by its arrival; one first seen in a list has no
-            // date, and proves nothing until the next one arrives.
-            let r = Renewal { at: arrived, every };
-            seen.insert(node, r);
-        }
+        // The watch dates each renewal by its arrival; one first seen in a list has no date,
+        // and proves nothing until the next one arrives.
+        *self.witnesses.0.lock_unpoisoned() = leases
+            .into_iter()
+            .map(|(node, l)| {
+                let every = ns(Duration::from_secs(l.duration_s.max(4) as u64 / 4));
+                let at = l.arrived.map(|t| now.saturating_sub(ns(t.elapsed())));
+                (node, Renewal { at, every })
+            })
+            .collect();
         Some(ns(DELIVERY))
     }
 
