@@ -76,6 +76,8 @@ fn rbac_grants_only_the_verbs_maintd_uses() {
         "maintd.io/nodefences:patch[]",
         "maintd.io/nodefences:delete[]",
         "maintd.io/nodefences/status:update[]",
+        "nodemaintenance.medik8s.io/nodemaintenances:list[]",
+        "nodemaintenance.medik8s.io/nodemaintenances:watch[]",
         "authentication.k8s.io/tokenreviews:create[]",
         "authorization.k8s.io/subjectaccessreviews:create[]",
     ]
@@ -144,6 +146,19 @@ fn rbac_grants_only_the_verbs_maintd_uses() {
             "coordination.k8s.io/leases:watch[]".to_string()
         ]
         .into()
+    );
+    // The medik8s per-node Leases: read, and maintd's own taken, renewed and given back.
+    let node_leases = ns
+        .iter()
+        .find(|r| {
+            r.metadata.namespace.as_deref() == Some(maintd::cluster::kube::medik8s::LEASE_NAMESPACE)
+        })
+        .expect("a Role in medik8s-leases for the per-node Leases");
+    assert_eq!(
+        rules(node_leases.rules.as_deref().unwrap()),
+        ["get", "list", "watch", "create", "update", "delete"]
+            .map(|v| format!("coordination.k8s.io/leases:{v}[]"))
+            .into()
     );
     // The names the Role allows are the ones the shipped config uses.
     let cm: Vec<ConfigMap> = of_kind("configmap.yaml", "ConfigMap");

@@ -489,33 +489,7 @@ async fn a_dead_node_is_fenced_and_its_instances_fail_over_only_after_the_verifi
     let inside = g.inside();
     let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
     let mut c = g.maintd("");
-    // The BMC in the cluster's network namespace, where the daemon runs its agents.
-    let ipmi = common::sims::Ipmi::start_in(c.dir.path(), "node2", &wrap);
-    c.extra_daemon_toml += &format!(
-        r#"
-[fencing]
-check-interval = "0s"
-grace = "1s"
-liveness-interval = "200ms"
-liveness-timeout = "500ms"
-storm-percent = 50
-max-restarts = 0
-[fencing.templates.ipmi]
-agent = "fence_ipmilan"
-secrets = {{ password = "{}" }}
-[fencing.nodes.node2.power-management]
-retries = 0
-timeout = "20s"
-methods = [{{ template = "ipmi", params = {{ {} }} }}]
-[fencing.nodes.node2.recovery]
-retries = 1
-timeout = "20s"
-methods = [{{ template = "ipmi", params = {{ {} }} }}]
-"#,
-        c.secret("bmc.pw", "s3cret").display(),
-        ipmi.params(),
-        ipmi.params()
-    );
+    let ipmi = fenced_by_ipmi(&mut c, &wrap);
     let port = c.api_port;
     let _fwd = g.start(&mut c, port, None).await;
     common::wait_for("both nodes polled", || async {
@@ -724,6 +698,98 @@ async fn evacuate_and_evacuate_failover_move_every_instance() {
         acknowledge(&g, &c, id).await;
         g.gnt(&["gnt-node", "migrate", "-f", "node1"]);
     }
+}
+
+/// node2's BMC, an IPMI simulator in the cluster's network namespace (where the daemon runs
+/// its agents), and fencing configured with it: power-off by fence_ipmilan, then power-on for
+/// its recovery.
+fn fenced_by_ipmi(c: &mut common::Cluster, wrap: &[&str]) -> common::sims::Ipmi {
+    let ipmi = common::sims::Ipmi::start_in(c.dir.path(), "node2", wrap);
+    c.extra_daemon_toml += &format!(
+        r#"
+[fencing]
+check-interval = "0s"
+grace = "1s"
+liveness-interval = "200ms"
+liveness-timeout = "500ms"
+storm-percent = 50
+max-restarts = 0
+[fencing.templates.ipmi]
+agent = "fence_ipmilan"
+secrets = {{ password = "{}" }}
+[fencing.nodes.node2.power-management]
+retries = 0
+timeout = "20s"
+methods = [{{ template = "ipmi", params = {{ {} }} }}]
+[fencing.nodes.node2.recovery]
+retries = 1
+timeout = "20s"
+methods = [{{ template = "ipmi", params = {{ {} }} }}]
+"#,
+        c.secret("bmc.pw", "s3cret").display(),
+        ipmi.params(),
+        ipmi.params()
+    );
+    ipmi
+}
+
+/// The hardware swap on real Ganeti: node2's repair evacuates and offlines it and waits for
+/// its acknowledgement; a technician then powers it down (off at its BMC, its node daemon and
+/// collector gone). maintd starts no fence flow, calls no agent and powers nothing on: node2
+/// stays off and offline, its instance where the evacuation put it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_being_repaired_by_hand_is_never_fenced_or_powered_on() {
+    if !common::sims::available() {
+        return;
+    }
+    let Some(g) = Ganeti::up() else { return };
+    g.running_instance("inst1", "node2");
+    let inside = g.inside();
+    let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
+    let mut c = g.maintd("");
+    let ipmi = fenced_by_ipmi(&mut c, &wrap);
+    let port = c.api_port;
+    let _fwd = g.start(&mut c, port, None).await;
+    c.set_verdict("node2", r#"{"status":"evacuate","details":"disk"}"#);
+    c.wait_event("node2", "the evacuation to complete", |e| {
+        e["repair-status"] == "completed"
+    })
+    .await;
+    assert!(g.instances().contains("inst1 node1 running"));
+    assert!(g.offline().contains("node2 Y"));
+    let (_, held) = c.get("/1/maintenance").await;
+    assert_eq!(held[0]["node"], "node2", "{held}");
+    assert_eq!(held[0]["source"], "repair", "{held}");
+
+    // The technician powers node2 down at its BMC.
+    std::fs::write(ipmi.state_file(), "0\n").unwrap();
+    let pid = std::fs::read_to_string(g.path("vc/node2/var/run/ganeti/ganeti-noded.pid")).unwrap();
+    g.run(&["kill", "-KILL", pid.trim()]);
+    c.kill_collector(1);
+    // Far past the 1 s grace: no flow (so no agent call), no power-on, still offline.
+    for _ in 0..40 {
+        let (_, flows) = c.get("/1/fences").await;
+        assert_eq!(flows, serde_json::json!([]), "a fence flow started");
+        assert!(!ipmi.powered_on(), "node2 was powered on");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(c.node("node2").await["reachable"], false);
+    assert!(g.offline().contains("node2 Y"));
+    assert!(g.instances().contains("inst1 node1 running"));
+    // Back from the swap: its node daemon restarted and the repair acknowledged, it returns.
+    g.run(&[
+        "node2/cmd",
+        "/usr/lib/ganeti/daemon-util",
+        "start",
+        "ganeti-noded",
+    ]);
+    std::fs::write(ipmi.state_file(), "1\n").unwrap();
+    g.start_collectors(&mut c);
+    let id = c.status().await[0]["id"].as_str().unwrap().to_string();
+    acknowledge(&g, &c, &id).await;
+    assert!(g.offline().contains("node2 N"));
+    let (_, flows) = c.get("/1/fences").await;
+    assert_eq!(flows, serde_json::json!([]), "{flows}");
 }
 
 /// How many jobs in Ganeti's queue run opcode `op` first.

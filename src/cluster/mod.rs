@@ -218,6 +218,22 @@ pub trait Cluster: Send + Sync + 'static {
     fn witness_leases(&self) -> Option<WitnessLeases> {
         None
     }
+    /// Nodes someone else is working on, with why (Kubernetes: a NodeMaintenance object, or
+    /// another holder of the node's medik8s Lease): held as if in maintenance. Cheap: read
+    /// from watches at every decision.
+    fn held_elsewhere(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+    /// Holds the per-node claims of `purpose` for exactly `nodes` (Kubernetes: the medik8s
+    /// Lease), renewing those due and giving back the rest; returns the nodes it could not
+    /// claim, with why. Nothing is done on such a node this time.
+    async fn hold_nodes(
+        &self,
+        _purpose: Purpose,
+        _nodes: &BTreeSet<String>,
+    ) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
     /// Who checks operators' bearer tokens, when this cluster takes them.
     fn token_reviewer(
         self: std::sync::Arc<Self>,
@@ -256,6 +272,13 @@ pub trait Cluster: Send + Sync + 'static {
     async fn run_upkeep(&self, u: &Upkeep) -> Outcome {
         Outcome::failed(format!("{}: this backend has no upkeep", u.what))
     }
+}
+
+/// Why maintd claims a node (the claim is given back once no purpose needs it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Purpose {
+    Fence,
+    Repair,
 }
 
 /// What the engine knows when it asks for a round's upkeep.

@@ -30,7 +30,9 @@ pub(super) struct StartQuery {
 pub struct InMaintenance {
     pub node: String,
     /// `operator`: set with `maintenance start`; `repair`: a repair event evacuated the node and
-    /// waits for its acknowledgement (its `repairready` tag).
+    /// waits for its acknowledgement (its `repairready` tag); `elsewhere`: someone else is
+    /// working on it (on Kubernetes, a NodeMaintenance object or another holder of the node's
+    /// medik8s Lease).
     pub source: String,
     pub reason: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -136,11 +138,16 @@ fn operator_view(m: Maintenance) -> InMaintenance {
 pub(super) fn operators<C: Cluster>(
     s: &ApiState<C>,
 ) -> Result<std::collections::BTreeMap<String, String>, ApiError> {
-    Ok(s.store
-        .maintenance(steady_ns())
-        .map_err(|e| db(s, e))?
+    let operators = s.store.maintenance(steady_ns()).map_err(|e| db(s, e))?;
+    // An operator's own maintenance is the one shown when both hold a node.
+    Ok(s.cluster
+        .held_elsewhere()
         .into_iter()
-        .map(|m| (m.node, format!("in maintenance by {} ({})", m.by, m.reason)))
+        .chain(
+            operators
+                .into_iter()
+                .map(|m| (m.node, format!("in maintenance by {} ({})", m.by, m.reason))),
+        )
         .collect())
 }
 
@@ -158,6 +165,18 @@ pub(super) async fn list<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<InMainte
         .tags()
         .await
         .map_err(|e| ApiError::unavailable(format!("cannot read tags: {e}")))?;
+    for (node, reason) in s.cluster.held_elsewhere() {
+        if !out.iter().any(|m| m.node == node) {
+            out.push(InMaintenance {
+                reason,
+                node,
+                source: "elsewhere".into(),
+                by: None,
+                since: None,
+                until: None,
+            });
+        }
+    }
     for (node, tags) in tags {
         let Some(reason) = crate::fencing::machine::awaiting_ack(&tags) else {
             continue;

@@ -252,6 +252,11 @@ impl<C: Cluster> Engine<C> {
                 return self.skip(TickError::Store { db, source });
             }
         };
+        // Someone else working on a node (another operator's maintenance or remediation)
+        // holds its events as an operator's maintenance does.
+        for (node, why) in self.cluster.held_elsewhere() {
+            state.maintenance.entry(node).or_insert(why);
+        }
         if let Some(w) = &self.watch {
             obs.conditions = w.evaluate(now).map(|e| e.verdicts);
         }

@@ -291,6 +291,16 @@ where
         (matches!(ready, Some(Ok(()))) && self.health.error().is_none()).then(|| self.sorted())
     }
 
+    /// Every object as last seen, without waiting: nothing before the first list. For facts
+    /// that must hold while a watch reconnects (another operator's maintenance).
+    pub fn known(&self) -> Vec<Arc<K>> {
+        use futures::FutureExt;
+        match self.store.wait_until_ready().now_or_never() {
+            Some(Ok(())) => self.sorted(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The one object of a single-object watch (`metadata.name=` field selector).
     pub async fn only(&self) -> Result<Option<Arc<K>>, ClusterError> {
         Ok(self.objects().await?.into_iter().next())

@@ -16,6 +16,7 @@ mod fenceconfig;
 mod fences;
 mod jobs;
 mod leases;
+pub mod medik8s;
 pub mod nodefence;
 mod nodes;
 mod remedies;
@@ -44,13 +45,13 @@ use kube::runtime::watcher;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Cluster, ClusterError, EventReason, KubeletLease, NodeFacts};
+use super::{Cluster, ClusterError, EventReason, KubeletLease, NodeFacts, Purpose};
 
 /// Where every kubelet keeps its heartbeat Lease, named after its node.
 const KUBELET_LEASE_NAMESPACE: &str = "kube-node-lease";
 use crate::node::NodeConfig;
 use crate::repair::conditions::NodeCondition;
-use crate::repair::{Job, JobKind, capacity};
+use crate::repair::{Job, capacity};
 use crate::verdict::{FailureKind, Outcome};
 use cache::Watched;
 
@@ -78,6 +79,8 @@ pub struct KubeCluster {
     storage_leases: BTreeMap<String, Watched<Lease>>,
     /// Events, through kube's recorder and a budget.
     events: events::Events,
+    /// NodeMaintenance objects and the per-node medik8s Leases.
+    medik8s: medik8s::Medik8s,
     /// Nodes as this replica last wrote them, until the watch catches up (as client-go's
     /// mutation cache): a tag applied one tick must not read as removed by an operator the
     /// next, only because its watch event is still on the way.
@@ -167,6 +170,7 @@ impl KubeCluster {
         };
         Ok(KubeCluster {
             events: events::Events::new(client.clone(), &cfg.instance),
+            medik8s: medik8s::Medik8s::start(client.clone()),
             client,
             cfg,
             selector,
@@ -299,31 +303,27 @@ impl Cluster for KubeCluster {
     }
 
     async fn run_job(&self, job: &Job, event: &str) -> Outcome {
-        let node = &job.node;
-        let o = match job.kind {
-            JobKind::Remedy => self.run_remedy(job, event).await,
-            JobKind::Evacuate => self.drain(node, true).await,
-            JobKind::EvacuateFailover => self.drain(node, false).await,
-            JobKind::Offline => outcome(
-                format!("{node} cordoned and tainted {OFFLINE_TAINT}"),
-                self.offline(node, true).await,
-            ),
-            JobKind::Online => outcome(
-                format!("{node} uncordoned"),
-                self.offline(node, false).await,
-            ),
-            JobKind::LiveRepair => {
-                Outcome::failed_as(FailureKind::Backend, "live repairs run on the collector")
-            }
-        };
+        let o = self.run_claimed(job, event).await;
         self.record(
-            node,
+            &job.node,
             EventReason::Job(job.kind),
             &format!("{} ({}): {}", job.reason, job.kind.as_str(), o.detail),
             !o.ok,
         )
         .await;
         o
+    }
+
+    fn held_elsewhere(&self) -> BTreeMap<String, String> {
+        self.medik8s.held_elsewhere()
+    }
+
+    async fn hold_nodes(
+        &self,
+        purpose: Purpose,
+        nodes: &BTreeSet<String>,
+    ) -> BTreeMap<String, String> {
+        self.hold_medik8s(purpose, nodes).await
     }
 
     fn pod_runner(self: Arc<Self>) -> Option<Arc<dyn crate::cluster::PodRunner>> {

@@ -12,8 +12,8 @@ use serde::Deserialize;
 
 use super::KubeCluster;
 use crate::cluster::pods::{Placement, PodRun};
-use crate::repair::Job;
-use crate::verdict::Outcome;
+use crate::repair::{Job, JobKind};
+use crate::verdict::{FailureKind, Outcome};
 
 /// The ConfigMap that defines remedy `<name>` when the TOML does not.
 pub const CONFIGMAP_PREFIX: &str = "remedy-";
@@ -73,6 +73,29 @@ pub enum RemedyError {
         place: String,
         problem: String,
     },
+}
+
+impl KubeCluster {
+    /// One job of a repair event on its node (its medik8s Lease already held).
+    pub(super) async fn run_node_job(&self, job: &Job, event: &str) -> Outcome {
+        let node = &job.node;
+        match job.kind {
+            JobKind::Remedy => self.run_remedy(job, event).await,
+            JobKind::Evacuate => self.drain(node, true).await,
+            JobKind::EvacuateFailover => self.drain(node, false).await,
+            JobKind::Offline => super::outcome(
+                format!("{node} cordoned and tainted {}", super::OFFLINE_TAINT),
+                self.offline(node, true).await,
+            ),
+            JobKind::Online => super::outcome(
+                format!("{node} uncordoned"),
+                self.offline(node, false).await,
+            ),
+            JobKind::LiveRepair => {
+                Outcome::failed_as(FailureKind::Backend, "live repairs run on the collector")
+            }
+        }
+    }
 }
 
 impl RemedyConfig {

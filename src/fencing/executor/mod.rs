@@ -29,6 +29,7 @@ use crate::verdict::Nanos;
 
 mod drills;
 mod effects;
+mod holds;
 mod kdump;
 mod pause;
 mod probe;
@@ -254,29 +255,6 @@ impl<C: Cluster> Fencer<C> {
         (liveness, rules)
     }
 
-    /// Nodes operators put in maintenance, with why. A store that cannot be read keeps every
-    /// node's fence held rather than let one through that a person may be working on.
-    fn maintenance(&self, now: Nanos) -> std::collections::BTreeMap<String, String> {
-        match self.shared.store.maintenance(now) {
-            Ok(all) => all
-                .into_iter()
-                .map(|m| {
-                    let why = format!("in maintenance by {} ({})", m.by, m.reason);
-                    (m.node, why)
-                })
-                .collect(),
-            Err(e) => {
-                error!(error = %e, db = %self.shared.store.path(), "cannot read which nodes are in maintenance; every node is held as if it were");
-                self.shared
-                    .members
-                    .get()
-                    .iter()
-                    .map(|n| (n.name.clone(), format!("maintenance unknown: {e}")))
-                    .collect()
-            }
-        }
-    }
-
     pub async fn tick(self: &Arc<Self>) {
         let (now, boot) = self.shared.clock.now_and_boot();
         let mut policy = self.settings.policy;
@@ -363,6 +341,7 @@ impl<C: Cluster> Fencer<C> {
             metrics.standby_dropped.inc_by(n as u64);
             return;
         }
+        let actions = self.claim_nodes(&state.flows, actions).await;
         for a in resume(&state.flows) {
             self.execute(a).await;
         }

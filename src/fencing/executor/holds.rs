@@ -1,0 +1,81 @@
+//! What holds the fencer's hand on a node: an operator's maintenance, someone else working on
+//! the node (another operator's maintenance or remediation, as the cluster knows it), and the
+//! per-node claim maintd takes before it acts, so that it and another remediator never act on
+//! one node at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tracing::{error, warn};
+
+use super::Fencer;
+use crate::cluster::{Cluster, Purpose};
+use crate::fencing::machine::{FenceAction, FenceStatus, Flow};
+use crate::verdict::Nanos;
+
+impl<C: Cluster> Fencer<C> {
+    /// Nodes in maintenance, with why: operators' (from the store) and those someone else is
+    /// working on (from the cluster). A store that cannot be read keeps every node's fence held
+    /// rather than let one through that a person may be working on.
+    pub(super) fn maintenance(&self, now: Nanos) -> BTreeMap<String, String> {
+        let mut out = match self.shared.store.maintenance(now) {
+            Ok(all) => all
+                .into_iter()
+                .map(|m| {
+                    let why = format!("in maintenance by {} ({})", m.by, m.reason);
+                    (m.node, why)
+                })
+                .collect(),
+            Err(e) => {
+                error!(error = %e, db = %self.shared.store.path(), "cannot read which nodes are in maintenance; every node is held as if it were");
+                self.shared
+                    .members
+                    .get()
+                    .iter()
+                    .map(|n| (n.name.clone(), format!("maintenance unknown: {e}")))
+                    .collect::<BTreeMap<_, _>>()
+            }
+        };
+        for (node, why) in self.shared.cluster.held_elsewhere() {
+            out.entry(node).or_insert(why);
+        }
+        out
+    }
+
+    /// Claims every node with an open flow or one about to start (and gives back the claims of
+    /// flows that ended). Nothing decided for a node whose claim is refused is done this time:
+    /// its next decision sees who holds it and holds the node as in maintenance.
+    pub(super) async fn claim_nodes(
+        &self,
+        flows: &[Flow],
+        actions: Vec<FenceAction>,
+    ) -> Vec<FenceAction> {
+        let mut want: BTreeSet<String> = flows
+            .iter()
+            .filter(|f| f.status != FenceStatus::Final)
+            .map(|f| f.node.clone())
+            .collect();
+        want.extend(actions.iter().filter_map(|a| match a {
+            FenceAction::Start(f) => Some(f.node.clone()),
+            _ => None,
+        }));
+        let refused = self.shared.cluster.hold_nodes(Purpose::Fence, &want).await;
+        if refused.is_empty() {
+            return actions;
+        }
+        for (node, why) in &refused {
+            warn!(node = %node, why = %why, "the node cannot be claimed: nothing is done on it this time");
+        }
+        let nodes: BTreeMap<uuid::Uuid, &str> =
+            flows.iter().map(|f| (f.id, f.node.as_str())).collect();
+        actions
+            .into_iter()
+            .filter(|a| {
+                let node = match a {
+                    FenceAction::Start(f) | FenceAction::Save(f) => Some(f.node.as_str()),
+                    other => other.flow().and_then(|id| nodes.get(&id).copied()),
+                };
+                node.is_none_or(|n| !refused.contains_key(n))
+            })
+            .collect()
+    }
+}
