@@ -423,6 +423,21 @@ async fn real_responses_match_the_openapi_spec() {
         )
         .await;
     assert_eq!((st, &stopped["was-in-maintenance"]), (200, &json!(true)));
+    // Acknowledging: an unknown flow is 404, a malformed id 400.
+    let ap = "/1/fences/{id}/ack";
+    let unknown_ack = format!("/1/fences/{}/ack?reason=checked", uuid::Uuid::from_u128(7));
+    assert_eq!(
+        api.call(true, &base, "POST", ap, &unknown_ack, None)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        api.call(true, &base, "POST", ap, "/1/fences/nope/ack", None)
+            .await
+            .0,
+        400
+    );
     let dp = "/1/nodes/{node}/drill";
     assert_eq!(
         api.call(true, &base, "POST", dp, "/1/nodes/node1/drill", None)

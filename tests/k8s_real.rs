@@ -862,6 +862,48 @@ async fn a_stale_answer_never_returns_a_fenced_node_and_its_old_boot_is_an_alarm
         metrics.contains(&format!("maintd_fence_alarms_total{{node=\"{victim}\"}} 1")),
         "{metrics}"
     );
+    // The operator checks the device and acknowledges the alarm: the node answers and reports
+    // healthy, so it returns to service, its taints and cordon cleared.
+    let id = f["id"].as_str().unwrap();
+    let out = c.cli(&["fences", "ack", id, "--reason", "BMC rewired"]);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("acknowledged by cluster-key (BMC rewired)") && said.contains("left: "),
+        "{said}"
+    );
+    c.wait_flow("the acknowledged return", |f| {
+        f["id"] == id && f["status"] == "final"
+    })
+    .await;
+    let state = |cp: &ControlPlane| {
+        format!(
+            "taints {} unschedulable {:?}",
+            taints(cp, &victim),
+            cp.kubectl_ok(&[
+                "get",
+                "node",
+                &victim,
+                "-o",
+                "jsonpath={.spec.unschedulable}"
+            ])
+        )
+    };
+    wait_for("the node back in service", || async {
+        let now = state(cp);
+        (!now.contains("out-of-service") && !now.contains("maintd.io") && !now.contains("true"))
+            .then_some(())
+    })
+    .await;
+    let (_, nf) = c.get(&format!("/1/fences/{id}")).await;
+    assert_eq!(nf["acknowledged"], "cluster-key (BMC rewired)", "{nf:#}");
+    // A flow no longer in error has nothing to acknowledge.
+    let again = c.cli(&["fences", "ack", id]);
+    assert!(
+        String::from_utf8_lossy(&again.stdout)
+            .contains("acknowledged by cluster-key (BMC rewired)"),
+        "{again:?}"
+    );
     remove_nodes(cp, &mut c, &nodes);
 }
 

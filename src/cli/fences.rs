@@ -1,4 +1,4 @@
-//! `maintd fences` (list, show one with its timeline) and `maintd fencing` (pause, resume,
+//! `maintd fences` (list, show one with its timeline, acknowledge one in error) and `maintd fencing` (pause, resume,
 //! status): the operator's view of fencing and its runtime switch.
 
 use super::*;
@@ -19,6 +19,16 @@ pub enum FencesCmd {
         id: String,
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Acknowledge a flow in error (an alarm, a missed return deadline) once the device and the
+    /// node are checked: a released node returns to service when it answers and reports
+    /// healthy. Says what is left (signed).
+    Ack {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -53,8 +63,25 @@ fn time(ns: Nanos) -> String {
 
 use crate::verdict::Nanos;
 
-pub(super) async fn fences(cmd: &FencesCmd) -> Result<(), CliError> {
+pub(super) async fn fences(cli: &Cli, cmd: &FencesCmd) -> Result<(), CliError> {
     match cmd {
+        FencesCmd::Ack { id, reason, api } => {
+            let q = reason
+                .as_deref()
+                .map(|r| format!("?reason={}", segment(r)))
+                .unwrap_or_default();
+            let path = format!("/1/fences/{}/ack{q}", segment(id));
+            let cfg = cli.load_config()?;
+            let a: crate::daemon::fence_ack::Acknowledged =
+                view(api_signed(&cfg, api, reqwest::Method::POST, &path).await?)?;
+            out!(
+                "fence flow {} on {} acknowledged by {}",
+                a.flow,
+                a.node,
+                a.by
+            );
+            out!("left: {}", a.left);
+        }
         FencesCmd::List { json, filter, api } => {
             let v = api_get(api, &filter.query("/1/fences", &[])).await?;
             if *json {

@@ -406,7 +406,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
         }
         Command::Tags { cmd } => nodes::tags(&cli, cmd).await?,
         Command::Maintenance { cmd } => nodes::maintenance(&cli, cmd).await?,
-        Command::Fences { cmd } => fences::fences(cmd).await?,
+        Command::Fences { cmd } => fences::fences(&cli, cmd).await?,
         Command::Fencing { cmd } => fences::fencing(&cli, cmd).await?,
         Command::Drill { node, wait, api } => return fences::drill(&cli, node, *wait, api).await,
         Command::Drills { json, api } => fences::drills(*json, api).await?,

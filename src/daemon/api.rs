@@ -173,6 +173,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         .route("/1/nodes/{node}/tags/{tag}", delete(remove_tag::<C>))
         .route("/1/nodes/{node}/reset-seq", post(reset_seq::<C>))
         .route("/1/fencing/pause", post(super::fencing_api::pause::<C>))
+        .route("/1/fences/{id}/ack", post(super::fence_ack::ack::<C>))
         .route("/1/fencing/resume", post(super::fencing_api::resume::<C>))
         .route(
             "/1/nodes/{node}/drill",

@@ -19,7 +19,7 @@ fn flow_id(id: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(id).map_err(|_| ApiError::bad_request(format!("{id:?} is not a flow id")))
 }
 
-async fn flow<C: Cluster>(
+pub(super) async fn flow<C: Cluster>(
     s: &ApiState<C>,
     id: &str,
 ) -> Result<crate::fencing::machine::Flow, ApiError> {

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod assembly;
 mod audit;
+pub mod fence_ack;
 mod fencing_api;
 mod found;
 mod listing;

@@ -119,6 +119,10 @@ pub struct NodeFenceStatus {
     /// power-off: the BMC's answer was not true); an operator must acknowledge it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alarm: Option<String>,
+    /// Who acknowledged the failure or alarm, and why (`maintd fences ack`): the released node
+    /// returns to service once it answers and reports healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<String>,
     /// The isolation step took the node off its network or storage.
     #[serde(default)]
     pub isolated: bool,
@@ -283,7 +287,12 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
     );
     if f.powered_on_at.is_some() || f.returned_at.is_some() || f.alarm.is_some() {
         let (ok, reason, msg) = match (&f.alarm, f.returned_at) {
-            (Some(a), _) => (false, "Alarm", a.as_str()),
+            (Some(_), Some(_)) => (
+                true,
+                "Acknowledged",
+                "the alarm was acknowledged and the node reports healthy; back in service",
+            ),
+            (Some(a), None) => (false, "Alarm", a.as_str()),
             (None, Some(_)) => (true, "BootProven", "a new boot proven; back in service"),
             (None, None) => (
                 false,
@@ -328,6 +337,7 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
         returned_boot: f.returned_boot.map(|u| u.to_string()),
         returned_at: f.returned_at.map(time),
         alarm: f.alarm.clone(),
+        acknowledged: f.acknowledged.clone(),
         isolated: f.isolated,
         isolated_at: f.isolated_at.map(time),
         released: f.released,
@@ -446,6 +456,7 @@ pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, String> {
         returned_boot: parse_boot("returnedBoot", &s.returned_boot)?,
         returned_at: parse_time("returnedAt", &s.returned_at)?,
         alarm: s.alarm.clone(),
+        acknowledged: s.acknowledged.clone(),
         version,
     }))
 }

@@ -247,3 +247,40 @@ impl super::Flow {
             .any(|t| t.step == step && t.status == super::FenceStatus::Running)
     }
 }
+
+/// An operator acknowledged a released node's failure or alarm (they checked the device and
+/// the node): it returns to service as soon as it answers and reports healthy, and until then
+/// the flow waits, saying so once.
+pub(super) fn acknowledged(c: &Ctx, by: &str, out: &mut Vec<FenceAction>) {
+    let Ctx { f, l, now, .. } = *c;
+    let mut n = f.clone();
+    // Its latest report healthy (an unhealthy one resets the count) and its probe answered.
+    if l.answered && l.boot.is_some_and(|b| b.clean > 0) {
+        n.returned_at = Some(now);
+        n.go(
+            now,
+            Step::Recovery,
+            FenceStatus::Done,
+            format!(
+                "acknowledged by {by}; the node answers and reports healthy: it returns to service"
+            ),
+        );
+        out.push(FenceAction::Save(n));
+    } else if !f
+        .history
+        .last()
+        .is_some_and(|t| t.note.starts_with(ACK_WAIT))
+    {
+        n.updated = now;
+        n.history.push(super::Transition {
+            at: now,
+            step: f.step,
+            status: f.status,
+            note: format!("{ACK_WAIT} (acknowledged by {by})"),
+        });
+        out.push(FenceAction::Save(n));
+    }
+}
+
+/// What an acknowledged flow of a released node still waits for.
+pub const ACK_WAIT: &str = "the return to service waits for the node to answer and report healthy";

@@ -122,6 +122,10 @@ pub struct Flow {
     /// power-off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alarm: Option<String>,
+    /// Who acknowledged the flow's failure or alarm, and why (`maintd fences ack`): a released
+    /// node then returns to service once it answers and reports healthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<String>,
     /// Store version this copy was loaded at (a save of a stale copy is refused).
     #[serde(skip)]
     pub version: u64,
@@ -227,6 +231,7 @@ impl Flow {
             returned_boot: None,
             returned_at: None,
             alarm: None,
+            acknowledged: None,
             version: 0,
         };
         f.go(now, step, FenceStatus::New, why);

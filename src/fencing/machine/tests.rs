@@ -692,6 +692,69 @@ fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() 
     assert!(matches!(a[..], [FenceAction::TagFailed { .. }]), "{a:?}");
 }
 
+#[test]
+fn an_acknowledged_alarm_returns_the_node_once_it_answers_and_reports_healthy() {
+    let mut s = state();
+    s.liveness.insert("n2".into(), down_on_b1());
+    let f = fenced_flow(&mut s);
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B1, T0 + 30 * S, 12),
+            ..up()
+        },
+    );
+    let mut f = saved(&tick(&mut s, &f, T0 + 31 * S));
+    assert!(f.released && f.alarm.is_some());
+    f.tagged = true;
+    f.acknowledged = Some("alice (device rewired)".into());
+    // Silent meanwhile: the flow waits, and says so once.
+    s.liveness.insert("n2".into(), down_on_b1());
+    let w = saved(&tick(&mut s, &f, T0 + 40 * S));
+    let note = &w.history.last().unwrap().note;
+    assert!(
+        note.contains("waits for the node to answer and report healthy") && note.contains("alice"),
+        "{note}"
+    );
+    assert!(tick(&mut s, &w, T0 + 41 * S).is_empty());
+    // It answers, healthy: back to service, its release cleared and its mark with it.
+    s.liveness.insert(
+        "n2".into(),
+        Liveness {
+            boot: booted(B1, T0 + 50 * S, 13),
+            ..up()
+        },
+    );
+    let r = saved(&tick(&mut s, &w, T0 + 51 * S));
+    assert_eq!((r.step, r.status), (Step::Recovery, FenceStatus::Done));
+    assert!(r.returned_at.is_some());
+    let a = tick(&mut s, &r, T0 + 52 * S);
+    assert!(
+        matches!(&a[..], [FenceAction::Reclaim { unmark, .. }] if *unmark == r.marked),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn an_acknowledged_failure_that_released_nothing_ends_its_flow() {
+    let mut s = state();
+    s.liveness.insert("n2".into(), down_on_b1());
+    let mut f = saved(&decide_fencing(&s, T0 + 6 * S));
+    f.go(T0 + 7 * S, f.step, FenceStatus::Error, "power-off failed");
+    f.tagged = true;
+    f.restarts = 99;
+    f.acknowledged = Some("bob (BMC replaced)".into());
+    let end = saved(&tick(&mut s, &f, T0 + 8 * S));
+    assert_eq!(end.status, FenceStatus::Final);
+    assert!(
+        end.history
+            .last()
+            .unwrap()
+            .note
+            .contains("acknowledged by bob")
+    );
+}
+
 /// n2 with a power-on stage after the release.
 fn powering_on() -> FenceState {
     let mut s = state();

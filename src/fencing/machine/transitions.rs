@@ -130,6 +130,21 @@ fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
         stand_down(c, out);
         return;
     }
+    if let Some(by) = &f.acknowledged {
+        if f.released && !f.reclaimed {
+            super::back::acknowledged(c, by, out);
+        } else {
+            let mut n = f.clone();
+            n.go(
+                now,
+                f.step,
+                FenceStatus::Final,
+                format!("acknowledged by {by}"),
+            );
+            out.push(FenceAction::Save(n));
+        }
+        return;
+    }
     let mut n = f.clone();
     if f.restarts < p.max_restarts && !f.canceled && !f.released && f.alarm.is_none() {
         n.restarts += 1;
@@ -155,12 +170,19 @@ fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
         .get(&f.node)
         .is_some_and(|t| t.contains(&fence_failed_tag(&f.id)))
     {
-        n.go(
-            now,
-            f.step,
-            FenceStatus::Final,
-            "fencefailed tag removed (acknowledged)",
-        );
+        if f.released && !f.reclaimed {
+            // The same acknowledgement as `maintd fences ack`: the node returns to service
+            // once it answers healthy, rather than staying released with nothing to say why.
+            n.acknowledged = Some("the removal of its fencefailed tag".into());
+            n.note(now, "fencefailed tag removed (acknowledged)");
+        } else {
+            n.go(
+                now,
+                f.step,
+                FenceStatus::Final,
+                "fencefailed tag removed (acknowledged)",
+            );
+        }
         out.push(FenceAction::Save(n));
     }
 }
