@@ -40,6 +40,7 @@ async fn against_a_real_control_plane() {
         nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence_with,
         configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets,
         remedies::remedy_jobs_fail_escalate_succeed_and_are_adopted_after_a_restart,
+        remedies::remedies_that_ran_while_a_node_was_fenced_leave_no_label_once_it_returns,
         maintenance::maintenance_by_repair_nodemaintenance_or_another_holder_holds_every_fence,
         events_show_in_kubectl_describe_node_under_the_deploy_rbac,
         a_fence_release_never_deletes_the_replacement_pod,

@@ -161,3 +161,43 @@ pub async fn remedy_jobs_fail_escalate_succeed_and_are_adopted_after_a_restart(c
     delete_jobs(cp, "remedy");
     remove_nodes(cp, &mut c, &nodes);
 }
+
+/// A remedy that ran while its node was fenced (its condition rule fired during the return
+/// wait) failed against a node that was down: once the node returns, its `repairfailed` label
+/// goes with the fence's reclaim, and the flow's record says so.
+pub async fn remedies_that_ran_while_a_node_was_fenced_leave_no_label_once_it_returns(
+    cp: &ControlPlane,
+) {
+    let (mut c, nodes) = managed_cluster(cp, "rw").await;
+    stub_fenced_admin_daemon(cp, &mut c, &nodes);
+    c.extra_daemon_toml += &format!(
+        "[[kubernetes.conditions]]\ntype = \"MaintdTestBroken\"\nstatus = \"True\"\nfor = \"0s\"\nactions = [\"remedy:first-aid\"]\n[kubernetes.remedies.first-aid]\nplacement = \"elsewhere\"\ndeadline = \"1m\"\ntemplate = '''{FIRST_AID}'''\n"
+    );
+    c.start_collectors();
+    c.wait_collectors_ready().await;
+    c.start_kube_daemon();
+    c.wait_api().await;
+    let victim = nodes[0].clone();
+    heard_by_its_peers(&c, &victim).await;
+    let (_pid, f) = freeze_until_released(cp, &c, 0).await;
+    set_condition(cp, &victim, "True");
+    let failed = c.wait_status(&victim, "failed").await;
+    let labels = || cp.kubectl_ok(&["get", "node", &victim, "-o", "jsonpath={.metadata.labels}"]);
+    assert!(labels().contains("repairfailed"), "{failed:#}");
+    set_condition(cp, &victim, "False");
+    boot_again(cp, &mut c, 0);
+    wait_recovered(cp, &c, &victim).await;
+    cp.wait_for("the remedy's label to go", |_| {
+        !labels().contains("repairfailed")
+    })
+    .await;
+    let id = f["id"].as_str().unwrap();
+    let (_, done) = c.get(&format!("/1/fences/{id}")).await;
+    assert!(
+        done.to_string()
+            .contains("removed the tags of remedies that ran while it was fenced"),
+        "{done:#}"
+    );
+    delete_jobs(cp, "remedy");
+    remove_nodes(cp, &mut c, &nodes);
+}

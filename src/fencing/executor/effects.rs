@@ -60,6 +60,45 @@ impl Effects {
 }
 
 impl<C: Cluster> Fencer<C> {
+    /// Removes the tags of remedies that ran on `node` while its flow held it out of service:
+    /// run against a node that was down, their verdicts say nothing about the node that
+    /// returned, and a `repairfailed` tag left behind would hold its next events. Says what it
+    /// removed, if anything.
+    async fn clear_remedies_of_the_wait(&self, node: &str, flow: &uuid::Uuid) -> Option<String> {
+        let since = match self.shared.flows.get(flow).await {
+            Ok(Some(f)) => f.detected,
+            _ => return None,
+        };
+        let events = match self.shared.store.events_with_jobs(Some(node)) {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(node = %node, error = %e, "cannot read the node's events; the tags of remedies that ran while it was fenced stay");
+                return None;
+            }
+        };
+        let mut cleared = Vec::new();
+        for (e, _) in events {
+            if e.remedy().is_none() || !e.tagged || e.acknowledged || e.created < since {
+                continue;
+            }
+            match self.shared.cluster.remove_tag(node, &e.tag).await {
+                Ok(true) => cleared.push(e.tag.clone()),
+                Ok(false) => {}
+                Err(err) => {
+                    warn!(node = %node, tag = %e.tag, error = %err, "cannot remove the tag of a remedy that ran while the node was fenced")
+                }
+            }
+        }
+        if cleared.is_empty() {
+            return None;
+        }
+        info!(node = %node, tags = ?cleared, "tags of remedies that ran while the node was fenced removed");
+        Some(format!(
+            "removed the tags of remedies that ran while it was fenced: {}",
+            cleared.join(", ")
+        ))
+    }
+
     pub(super) async fn execute(self: &Arc<Self>, a: FenceAction) {
         let flows = &self.shared.flows;
         match a {
@@ -149,6 +188,9 @@ impl<C: Cluster> Fencer<C> {
                     }
                     if o.ok {
                         me.shared.metrics.fence_returns.inc();
+                        if let Some(cleared) = me.clear_remedies_of_the_wait(&node, &flow).await {
+                            o = Outcome::done(format!("{}; {cleared}", o.detail));
+                        }
                     }
                     (o, vec![])
                 });
