@@ -7,17 +7,21 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::exec::{self, ExecError, RunSpec};
-use crate::fencing::machine::{Call, Step};
+use crate::fencing::machine::{Call, PENDING, Step};
 use crate::verdict::Nanos;
 use crate::verdict::{FailureKind, Outcome};
 
+#[cfg(test)]
+use super::call::NoJournal;
 use super::call::stdin_params;
-pub use super::call::{Answer, CallSite};
+pub use super::call::{Answer, CallJournal, CallSite};
 use super::config::{ExecPolicy, Method, Stage};
 
 /// Agent exit codes (every ClusterLabs agent): 0 success or ON, 1 failure, 2 OFF.
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_OFF: i32 = 2;
+/// Agent actions that only read the device: made without a record first.
+const READS: [&str; 4] = ["status", "monitor", "list", "metadata"];
 
 /// How agents are run: the seam the executor's tests replace.
 #[async_trait::async_trait]
@@ -123,9 +127,21 @@ impl AgentRunner for Agents {
 }
 
 /// Runs one stage's methods under its policy and returns the outcome with every call made.
+#[cfg(test)]
 pub async fn run_stage(
     runner: &dyn AgentRunner,
     clock: &dyn Clock,
+    site: &mut CallSite,
+    step: Step,
+    stage: Option<&Stage>,
+) -> (Outcome, Vec<Call>) {
+    run_stage_recorded(runner, (clock, &NoJournal), site, step, stage).await
+}
+
+/// `run_stage`, writing each state-changing call to `journal` before it is made.
+pub async fn run_stage_recorded(
+    runner: &dyn AgentRunner,
+    (clock, journal): (&dyn Clock, &dyn CallJournal),
     site: &mut CallSite,
     step: Step,
     stage: Option<&Stage>,
@@ -142,7 +158,16 @@ pub async fn run_stage(
     let mut successes = Vec::new();
     let mut optional_failures = Vec::new();
     for m in &stage.methods {
-        let ok = run_method(runner, clock, site, step, m, stage.timeout, &mut calls).await;
+        let ok = run_method(
+            runner,
+            (clock, journal),
+            site,
+            step,
+            m,
+            stage.timeout,
+            &mut calls,
+        )
+        .await;
         match ok {
             Ok(()) => {
                 successes.push(m.name.clone());
@@ -194,6 +219,7 @@ pub async fn run_stage(
 struct StageCall<'a> {
     runner: &'a dyn AgentRunner,
     clock: &'a dyn Clock,
+    journal: &'a dyn CallJournal,
     site: &'a mut CallSite,
     step: Step,
 }
@@ -208,10 +234,35 @@ async fn call(
     let StageCall {
         runner,
         clock,
+        journal,
         site,
         step,
     } = c;
     let at: Nanos = clock.now();
+    let started = Call {
+        at,
+        step,
+        method: m.name.clone(),
+        agent: m.agent.clone(),
+        action: action.into(),
+        code: None,
+        ok: false,
+        elapsed_ms: 0,
+        output: PENDING.into(),
+        host: None,
+        pending: true,
+    };
+    // A read (status, monitor, list) changes nothing: only an action is recorded first.
+    if !READS.contains(&action)
+        && let Err(e) = journal.begin(&started).await
+    {
+        calls.push(Call {
+            output: format!("not run: the call could not be recorded first: {e}"),
+            pending: false,
+            ..started
+        });
+        return None;
+    }
     let t = std::time::Instant::now();
     let Answer { code, output, host } = runner.call_at(site, m, action, deadline).await;
     let ok = match action {
@@ -233,6 +284,7 @@ async fn call(
         elapsed_ms: t.elapsed().as_millis() as u64,
         output,
         host,
+        pending: false,
     });
     code
 }
@@ -278,7 +330,7 @@ impl MethodError {
 /// One method: the action, and for a power-off the `status` that proves it.
 async fn run_method(
     runner: &dyn AgentRunner,
-    clock: &dyn Clock,
+    (clock, journal): (&dyn Clock, &dyn CallJournal),
     site: &mut CallSite,
     step: Step,
     m: &Method,
@@ -288,6 +340,7 @@ async fn run_method(
     let here = StageCall {
         runner,
         clock,
+        journal,
         site: &mut *site,
         step,
     };
@@ -307,6 +360,7 @@ async fn run_method(
     let here = StageCall {
         runner,
         clock,
+        journal,
         site,
         step,
     };

@@ -41,3 +41,23 @@ pub(super) fn stdin_params(method: &Method, action: &str) -> Vec<u8> {
     }
     s.into_bytes()
 }
+
+/// Where a state-changing call is written before it is made, so that a daemon taking over
+/// knows of a call whose answer this one never recorded (it stopped mid-call).
+#[async_trait::async_trait]
+pub trait CallJournal: Send + Sync {
+    /// Records `call` (pending); an error keeps the call from being made.
+    async fn begin(&self, call: &crate::fencing::machine::Call) -> Result<(), String>;
+}
+
+/// No record before a call: the agent module's own tests.
+#[cfg(test)]
+pub struct NoJournal;
+
+#[cfg(test)]
+#[async_trait::async_trait]
+impl CallJournal for NoJournal {
+    async fn begin(&self, _call: &crate::fencing::machine::Call) -> Result<(), String> {
+        Ok(())
+    }
+}

@@ -479,7 +479,7 @@ mod reset;
 mod start;
 mod transitions;
 pub use back::observe_report;
-pub use flow::{Call, CancelRefused, Flow, KILLED, Transition, Witnesses, ended};
+pub use flow::{Call, CancelRefused, Flow, KILLED, PENDING, Transition, Witnesses, ended};
 use start::{Gates, requested_flows, start_flows};
 use transitions::advance;
 

@@ -84,6 +84,9 @@ impl FlowStore for CountedFlows {
     async fn mark_tagged(&self, id: &Uuid) -> Result<()> {
         self.counted(self.inner.mark_tagged(id).await)
     }
+    async fn note_call(&self, id: &Uuid, call: Call) -> Result<()> {
+        self.counted(self.inner.note_call(id, call).await)
+    }
     async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
         self.counted(self.inner.cancel(id, now).await)
     }

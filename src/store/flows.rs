@@ -25,6 +25,9 @@ pub trait FlowStore: Send + Sync + 'static {
         outcome: Outcome,
         calls: Vec<Call>,
     ) -> Result<()>;
+    /// Records an agent call before it is made (`call.pending`), so a successor knows of it
+    /// even when this daemon stops before the answer; its outcome later replaces it.
+    async fn note_call(&self, id: &Uuid, call: Call) -> Result<()>;
     /// Notes that the node carries the flow's failure tag.
     async fn mark_tagged(&self, id: &Uuid) -> Result<()>;
     /// An operator's cancel: only before the node was powered off.
@@ -91,6 +94,13 @@ impl FlowStore for Store {
     async fn mark_tagged(&self, id: &Uuid) -> Result<()> {
         self.mark_flow_tagged(id)
     }
+    async fn note_call(&self, id: &Uuid, call: Call) -> Result<()> {
+        self.update_flow(id, |f| {
+            record_call_start(f, call);
+            true
+        })?;
+        Ok(())
+    }
     async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
         self.cancel_flow(id, now)
     }
@@ -136,7 +146,16 @@ pub(crate) fn record_outcome(f: &mut Flow, which: FlowOutcome, outcome: Outcome,
         FlowOutcome::Release => f.release_result = Some(outcome),
         FlowOutcome::Reclaim => f.reclaim_result = Some(outcome),
     }
+    // A call recorded before it was made gives way to its answer; a pending call of an earlier
+    // daemon (stopped mid-call) stays, as the record that it was made.
+    f.calls
+        .retain(|c| !(c.pending && calls.iter().any(|d| d.same(c))));
     f.calls.extend(calls);
+}
+
+/// A state-changing agent call about to be made, recorded first: the same in every store.
+pub(crate) fn record_call_start(f: &mut Flow, call: Call) {
+    f.calls.push(call);
 }
 
 /// An operator's cancel of `f` at `now`, and what it came to: the same in every flow store.

@@ -41,7 +41,7 @@ pub use events::CancelOutcome;
 #[doc(hidden)]
 pub(crate) use flows::conformance as flow_conformance;
 pub use flows::{FenceCancel, FlowOutcome, FlowStore, Requests};
-pub(crate) use flows::{apply_cancel, record_outcome};
+pub(crate) use flows::{apply_cancel, record_call_start, record_outcome};
 pub use maintenance::Maintenance;
 pub use nodes::{NodeRow, NodeUpdate};
 

@@ -206,6 +206,7 @@ mod tests {
             elapsed_ms: 120,
             output: String::new(),
             host: None,
+            pending: false,
         });
         f.fenced_at = Some(40);
         f.boot_before = Some(uuid::Uuid::from_u128(1));

@@ -341,6 +341,14 @@ impl FlowStore for NodeFences {
         .await
     }
 
+    async fn note_call(&self, id: &Uuid, call: Call) -> Result<()> {
+        self.update(id, |f| {
+            crate::store::record_call_start(f, call.clone());
+            true
+        })
+        .await
+    }
+
     async fn mark_tagged(&self, id: &Uuid) -> Result<()> {
         self.update(id, |f| {
             f.tagged = true;

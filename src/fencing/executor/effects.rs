@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::Fencer;
 use crate::cluster::{Cluster, EventReason};
-use crate::fencing::agent::{CallSite, run_stage};
+use crate::fencing::agent::{CallJournal, CallSite, run_stage_recorded};
 use crate::fencing::machine::{Call, FenceAction, FenceStatus, Flow, StepWork};
 use crate::metrics::StepLabel;
 use crate::store::FlowOutcome;
@@ -56,6 +56,23 @@ impl Effects {
                 "fence effects still running at shutdown; they run again after a restart"
             );
         }
+    }
+}
+
+/// Writes a flow's state-changing agent calls to its record before they are made: a daemon
+/// that takes over after this one stopped mid-call knows the device may have acted, and when.
+struct FlowJournal {
+    flows: Arc<dyn crate::store::FlowStore>,
+    flow: Uuid,
+}
+
+#[async_trait::async_trait]
+impl CallJournal for FlowJournal {
+    async fn begin(&self, call: &Call) -> Result<(), String> {
+        self.flows
+            .note_call(&self.flow, call.clone())
+            .await
+            .map_err(|e| format!("{}: {e}", self.flows.location()))
     }
 }
 
@@ -287,8 +304,18 @@ impl<C: Cluster> Fencer<C> {
                 let stage = plan.as_ref().and_then(|p| p.stage(step));
                 let clock = self.shared.clock.as_ref();
                 let mut site = self.call_site(&flow, node).await;
-                let (o, calls) =
-                    run_stage(self.runner.as_ref(), clock, &mut site, step, stage).await;
+                let journal = FlowJournal {
+                    flows: self.shared.flows.clone(),
+                    flow,
+                };
+                let (o, calls) = run_stage_recorded(
+                    self.runner.as_ref(),
+                    (clock, &journal),
+                    &mut site,
+                    step,
+                    stage,
+                )
+                .await;
                 for c in &calls {
                     info!(flow = %flow, node = %node, step = step.as_str(), agent = %c.agent, action = %c.action, code = ?c.code, elapsed_ms = c.elapsed_ms, "fence agent call");
                 }

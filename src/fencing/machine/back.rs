@@ -43,6 +43,17 @@ pub fn observe_report(
     Some(b)
 }
 
+/// When the flow's first power-off call was made, whichever daemon made it (one that stopped
+/// mid-call left it recorded without an answer): the device may have acted from then on.
+fn first_power_off(f: &super::Flow) -> Option<Nanos> {
+    f.calls
+        .iter()
+        .filter(|c| c.step == Step::PowerManagement && c.action != "status")
+        .filter(|c| c.ok || c.pending)
+        .map(|c| c.at)
+        .min()
+}
+
 /// What the return gate decided.
 pub(super) enum Gate {
     /// Proven: return to service (the note says on what).
@@ -126,7 +137,10 @@ pub(super) fn gate(c: &Ctx, out: &mut Vec<FenceAction>) -> Gate {
                 b.id,
                 f.boot_before
                     .map_or_else(|| "never reported".to_string(), |u| u.to_string()),
-                secs(b.booted_at.saturating_sub(down_at)),
+                secs(
+                    b.booted_at
+                        .saturating_sub(first_power_off(f).unwrap_or(down_at))
+                ),
             ),
         });
         out.push(FenceAction::Save(n));

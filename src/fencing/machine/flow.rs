@@ -29,7 +29,28 @@ pub struct Call {
     /// The node the call ran on, as a Job; absent when the daemon ran it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// Recorded before it was made, its answer not (yet): a call whose daemon stopped before
+    /// the answer came stays so, and tells a successor the device may have acted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
+
+impl Call {
+    /// The same call: a pending record and its answer share when it started and what it was.
+    pub fn same(&self, other: &Call) -> bool {
+        (self.at, self.step, &self.method, &self.agent, &self.action)
+            == (
+                other.at,
+                other.step,
+                &other.method,
+                &other.agent,
+                &other.action,
+            )
+    }
+}
+
+/// The output of a call recorded before it was made, until its answer replaces it.
+pub const PENDING: &str = "started; no answer recorded yet";
 
 /// How the output of an agent call killed at its deadline begins.
 pub const KILLED: &str = "no answer within";
@@ -38,6 +59,7 @@ pub const KILLED: &str = "no answer within";
 /// (a missing agent, one that could not be started).
 pub fn ended(code: Option<i32>, output: &str) -> String {
     match code {
+        None if output == PENDING => "no answer recorded".into(),
         Some(c) => format!("exit {c}"),
         None if output.starts_with(KILLED) => "killed at the deadline".into(),
         None => "not run".into(),

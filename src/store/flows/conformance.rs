@@ -35,6 +35,7 @@ fn call() -> Call {
         output: "Success: Powered OFF".into(),
         // Where a call run as a Job ran: kept by every store (a stale schema would prune it).
         host: Some("n3".into()),
+        pending: false,
     }
 }
 
@@ -83,6 +84,32 @@ pub async fn suite(store: &dyn FlowStore) {
     // Outcomes land in their own field, keep the rest, and append the agent calls; each also
     // moves the version, so a copy read before one can no longer be saved.
     let before = store.get(&a.id).await.unwrap().unwrap();
+    // A call is recorded before it is made; its answer replaces that record, while an earlier
+    // daemon's call that never got its answer stays.
+    let pending = |at| Call {
+        at,
+        code: None,
+        ok: false,
+        output: crate::fencing::machine::PENDING.into(),
+        host: None,
+        pending: true,
+        ..call()
+    };
+    store
+        .note_call(&a.id, pending(call().at - S))
+        .await
+        .unwrap();
+    store.note_call(&a.id, pending(call().at)).await.unwrap();
+    let noted = store.get(&a.id).await.unwrap().unwrap();
+    assert_eq!(
+        noted.calls,
+        vec![pending(call().at - S), pending(call().at)]
+    );
+    assert!(
+        !store.save(&before).await.unwrap(),
+        "a noted call makes older copies stale"
+    );
+    let before = noted;
     store
         .set_outcome(&a.id, FlowOutcome::Step, Outcome::done("off"), vec![call()])
         .await
@@ -95,7 +122,7 @@ pub async fn suite(store: &dyn FlowStore) {
     assert_eq!(after.result, Some(Outcome::done("off")));
     assert_eq!(after.release_result, Some(Outcome::failed("busy")));
     assert_eq!(after.reclaim_result, None);
-    assert_eq!(after.calls, vec![call()]);
+    assert_eq!(after.calls, vec![pending(call().at - S), call()]);
     assert_eq!(after.status, FenceStatus::Running);
     assert!(
         !store.save(&before).await.unwrap(),
