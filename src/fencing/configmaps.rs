@@ -4,15 +4,18 @@
 //! `fence-method-<method>-<node>` (or `fence-method-<method>` for every node) with a `template=`
 //! and overrides, templates `fence-method-template-<name>` (`agent_name` or `method_name`,
 //! `must_success`, `executor` local or job, defaults), and stages `fence-stage-<name>` (`priority`, `execution_policy`
-//! all or only one, `fence_method1`…). Pure: the ConfigMaps and the Secret values they refer to
+//! all or only one, `fence_method1`…); methods and templates may also be keys of the node's own
+//! map (the single-map form). Pure: the ConfigMaps and the Secret values they refer to
 //! in, one plan or one problem per node out. Secrets are never taken inline: a password,
 //! community or key must be a `<param>_secret=<secret>/<key>` reference.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::fencing::config::{ExecPolicy, FencePlan, Method, Stage};
-use crate::fencing::redact::secret_by_name;
+use crate::fencing::config::{ExecPolicy, FencePlan, Stage};
+
+mod method;
+use method::Source;
 
 pub const NODE_PREFIX: &str = "fence-config-";
 pub const METHOD_PREFIX: &str = "fence-method-";
@@ -80,16 +83,26 @@ fn settings(data: &BTreeMap<String, String>, file: &str) -> (BTreeMap<String, St
 /// Every `(secret, key)` the maps refer to, for the caller to read before `parse`.
 pub fn secret_refs(maps: &Maps) -> BTreeSet<(String, String)> {
     let mut out = BTreeSet::new();
+    let mut sources = Vec::new();
     for (name, data) in maps {
-        if !name.starts_with(METHOD_PREFIX) {
-            continue;
+        if name.starts_with(NODE_PREFIX) {
+            // The single-map form: methods and templates as keys of the node's own map.
+            sources.extend(
+                data.iter()
+                    .filter(|(k, _)| k.starts_with(METHOD_PREFIX))
+                    .map(|(_, v)| properties(v)),
+            );
+        } else if name.starts_with(METHOD_PREFIX) {
+            let file = if name.starts_with(TEMPLATE_PREFIX) {
+                "template.properties"
+            } else {
+                "method.properties"
+            };
+            sources.push(settings(data, file).0);
         }
-        let file = if name.starts_with(TEMPLATE_PREFIX) {
-            "template.properties"
-        } else {
-            "method.properties"
-        };
-        for (k, v) in settings(data, file).0 {
+    }
+    for props in sources {
+        for (k, v) in props {
             if k.ends_with(SECRET_SUFFIX)
                 && let Some((s, key)) = v.split_once('/')
             {
@@ -173,6 +186,43 @@ pub fn parse(
 }
 
 impl Ctx<'_> {
+    /// The first of `names` found: as a key of the node's ConfigMap `home` (the single-map
+    /// form), else as a ConfigMap of its own.
+    fn source(&self, home: &str, names: &[&str], file: &str) -> Option<Source> {
+        for n in names {
+            if let Some(text) = self.maps.get(home).and_then(|d| d.get(*n)) {
+                return Some(Source {
+                    configmap: home.to_string(),
+                    key: n.to_string(),
+                    props: properties(text),
+                    name: n.to_string(),
+                });
+            }
+        }
+        for n in names {
+            if let Some(data) = self.maps.get(*n) {
+                let (props, key) = settings(data, file);
+                return Some(Source {
+                    configmap: n.to_string(),
+                    key,
+                    props,
+                    name: n.to_string(),
+                });
+            }
+        }
+        None
+    }
+
+    /// The node a `fence-config-<node>` map configures (`node_name`, else its name's suffix).
+    fn node_of(&self, home: &str) -> String {
+        let suffix = home.strip_prefix(NODE_PREFIX).unwrap_or(home);
+        self.maps
+            .get(home)
+            .map(|d| settings(d, "config.properties").0)
+            .and_then(|p| p.get("node_name").filter(|n| !n.is_empty()).cloned())
+            .unwrap_or_else(|| suffix.to_string())
+    }
+
     fn node(
         &self,
         cm: &str,
@@ -197,7 +247,7 @@ impl Ctx<'_> {
                     None => Ok(None),
                     Some(names) if names.is_empty() => Ok(None),
                     Some(names) => self
-                        .stage(node, &names, ExecPolicy::All, k == "recovery")
+                        .stage(cm, node, &names, ExecPolicy::All, k == "recovery")
                         .map(Some)
                         .map_err(|p| p.unwrap_or_else(|m| problem(cm, key, format!("{k}: {m}")))),
                 }
@@ -217,12 +267,12 @@ impl Ctx<'_> {
             }
             let mut stages = Vec::new();
             for (_, s) in &staged {
-                stages.push(self.named_stage(node, s, false)?);
+                stages.push(self.named_stage(cm, s, false)?);
             }
             let power = stages.pop();
             let recovery = props
                 .get("recover_stage")
-                .map(|s| self.named_stage(node, s, true))
+                .map(|s| self.named_stage(cm, s, true))
                 .transpose()?;
             (stages.pop(), power, recovery)
         };
@@ -250,11 +300,12 @@ impl Ctx<'_> {
     }
 
     /// `fence-stage-<name>`: its policy and its methods, in `fence_method<N>` order.
-    fn named_stage(&self, node: &str, name: &str, recovery: bool) -> Result<Stage, Problem> {
+    fn named_stage(&self, home: &str, name: &str, recovery: bool) -> Result<Stage, Problem> {
         let cm = format!("{STAGE_PREFIX}{name}");
+        let node = self.node_of(home);
         let data = self.maps.get(&cm).ok_or_else(|| {
             problem(
-                &format!("{NODE_PREFIX}{node}"),
+                home,
                 "fence_stage",
                 format!("stage {name:?} has no ConfigMap {cm}"),
             )
@@ -281,7 +332,7 @@ impl Ctx<'_> {
             .collect();
         methods.sort();
         let names: Vec<&str> = methods.iter().map(|(_, v)| v.as_str()).collect();
-        self.stage(node, &names, policy, recovery)
+        self.stage(home, &node, &names, policy, recovery)
             .map_err(|p| p.unwrap_or_else(|m| problem(&cm, &key, m)))
     }
 
@@ -289,6 +340,7 @@ impl Ctx<'_> {
     /// to place; `Err(Ok(p))`: a problem inside a method's or template's map.
     fn stage(
         &self,
+        home: &str,
         node: &str,
         names: &[&str],
         policy: ExecPolicy,
@@ -301,16 +353,14 @@ impl Ctx<'_> {
         for (i, m) in names.iter().enumerate() {
             let specific = format!("{METHOD_PREFIX}{m}-{node}");
             let shared = format!("{METHOD_PREFIX}{m}");
-            let cm = if self.maps.contains_key(&specific) {
-                specific
-            } else if self.maps.contains_key(&shared) {
-                shared
-            } else {
-                return Err(Err(format!(
-                    "method {m:?} has no ConfigMap {specific} (or {shared})"
-                )));
-            };
-            methods.push(self.method(&cm, i, recovery).map_err(Ok)?);
+            let src = self
+                .source(home, &[&specific, &shared], "method.properties")
+                .ok_or_else(|| {
+                    Err(format!(
+                        "method {m:?} has no key {shared} in {home}, and no ConfigMap {specific} (or {shared})"
+                    ))
+                })?;
+            methods.push(self.method(home, src, i, recovery).map_err(Ok)?);
         }
         Ok(Stage {
             policy,
@@ -318,157 +368,6 @@ impl Ctx<'_> {
             retries: self.defaults.retries,
             retry_interval: self.defaults.retry_interval,
             methods,
-        })
-    }
-
-    /// One method: its template's agent and defaults, its own overrides, secrets resolved.
-    fn method(&self, cm: &str, i: usize, recovery: bool) -> Result<Method, Problem> {
-        let (props, key) = settings(&self.maps[cm], "method.properties");
-        let template = props
-            .get("template")
-            .ok_or_else(|| problem(cm, &key, "no template="))?;
-        let tname = if template.starts_with(TEMPLATE_PREFIX) {
-            template.clone()
-        } else {
-            format!("{TEMPLATE_PREFIX}{template}")
-        };
-        let tdata = self.maps.get(&tname).ok_or_else(|| {
-            problem(
-                cm,
-                &key,
-                format!("template {template:?} has no ConfigMap {tname}"),
-            )
-        })?;
-        let (tprops, tkey) = settings(tdata, "template.properties");
-        let agent = tprops
-            .get("agent_name")
-            .or_else(|| tprops.get("method_name"))
-            .cloned()
-            .ok_or_else(|| problem(&tname, &tkey, "no agent_name (the fence_* agent to run)"))?;
-        let valid = agent.starts_with("fence_")
-            && agent.len() > 6
-            && agent
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if !valid {
-            return Err(problem(
-                &tname,
-                &tkey,
-                format!("agent {agent:?} must be a fence_* name"),
-            ));
-        }
-        let required = !matches!(
-            tprops
-                .get("must_success")
-                .or_else(|| tprops.get("must_sucess"))
-                .map(|s| s.to_ascii_lowercase())
-                .as_deref(),
-            Some("no" | "false")
-        );
-        let power_on = match tprops.get("after_release").map(|s| s.trim()) {
-            None | Some("on") => true,
-            Some("off") => false,
-            Some(other) => {
-                return Err(problem(
-                    &tname,
-                    &tkey,
-                    format!("after_release {other:?} must be on or off"),
-                ));
-            }
-        };
-        let executor = match tprops.get("executor").map(|s| s.trim()) {
-            None | Some("local") => super::config::Executor::Local,
-            Some("job") => super::config::Executor::Job,
-            Some(other) => {
-                return Err(problem(
-                    &tname,
-                    &tkey,
-                    format!("executor {other:?} must be local or job"),
-                ));
-            }
-        };
-        let mut params = BTreeMap::new();
-        let mut secrets = Vec::new();
-        let reserved = [
-            "executor",
-            "after_release",
-            "name",
-            "agent_name",
-            "method_name",
-            "must_success",
-            "must_sucess",
-            "template",
-            "action",
-        ];
-        for (src, src_key, p) in [(&tname, &tkey, &tprops), (&cm.to_string(), &key, &props)] {
-            for (k, v) in p.iter().filter(|(k, _)| !reserved.contains(&k.as_str())) {
-                let (name, value) = match k.strip_suffix(SECRET_SUFFIX) {
-                    Some(base) => {
-                        let (s, sk) = v.split_once('/').ok_or_else(|| {
-                            problem(
-                                src,
-                                src_key,
-                                format!("{k} must be <secret>/<key>, not {v:?}"),
-                            )
-                        })?;
-                        let value = self
-                            .secrets
-                            .get(&(s.trim().to_string(), sk.trim().to_string()))
-                            .cloned()
-                            .ok_or_else(|| {
-                                problem(src, src_key, format!("{k}: Secret {s} has no key {sk} (or maintd may not read it)"))
-                            })?;
-                        secrets.push(value.clone());
-                        (base.to_string(), value)
-                    }
-                    None if secret_by_name(k) => {
-                        return Err(problem(
-                            src,
-                            src_key,
-                            format!(
-                                "{k} is given inline, where anyone who reads ConfigMaps sees it: put it in a Secret and write {k}{SECRET_SUFFIX}=<secret>/<key>"
-                            ),
-                        ));
-                    }
-                    None => (k.clone(), v.clone()),
-                };
-                // fence-agents read stdin options with underscores (`snmp-priv-prot` is
-                // `snmp_priv_prot` there).
-                let name = name.replace('-', "_");
-                if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-                {
-                    return Err(problem(
-                        src,
-                        src_key,
-                        format!("parameter name {k:?} must be [A-Za-z0-9_-]"),
-                    ));
-                }
-                if value.contains('\n') {
-                    return Err(problem(src, src_key, format!("{k}: a value is one line")));
-                }
-                params.insert(name, value);
-            }
-        }
-        let action = props
-            .get("action")
-            .cloned()
-            .unwrap_or_else(|| if recovery { "on" } else { "off" }.to_string());
-        if !matches!(action.as_str(), "on" | "off") {
-            return Err(problem(
-                cm,
-                &key,
-                format!("action {action:?} must be on or off"),
-            ));
-        }
-        Ok(Method {
-            name: format!("{}#{i}", cm.trim_start_matches(METHOD_PREFIX)),
-            agent,
-            action,
-            params,
-            secrets,
-            required,
-            executor,
-            power_on: power_on && !recovery,
         })
     }
 }

@@ -178,6 +178,88 @@ fn must_success_no_makes_a_method_optional() {
     assert!(p.plans["host0"].power_management.as_ref().unwrap().methods[0].required);
 }
 
+/// The single-map form: the node's methods (and a template) as `fence-method-*` keys of its
+/// own `fence-config-<node>` give the same plan as separate ConfigMaps; a key of the node's map
+/// wins over a ConfigMap of the same name, and its problems name the map and the key.
+#[test]
+fn a_node_configured_in_one_configmap_with_its_methods_embedded_gets_the_same_plan() {
+    let sep = two_devices();
+    let body = |n: &str| sep[n]["method.properties"].clone();
+    let mut one = maps(&[(
+        "fence-method-template-eaton-pdu",
+        &[(
+            "template.properties",
+            sep["fence-method-template-eaton-pdu"]["template.properties"].as_str(),
+        )],
+    )]);
+    one.insert(
+        "fence-config-host0".into(),
+        BTreeMap::from([
+            (
+                "config.properties".to_string(),
+                sep["fence-config-host0"]["config.properties"].clone(),
+            ),
+            (
+                "fence-method-fc-off".into(),
+                body("fence-method-fc-off-host0"),
+            ),
+            (
+                "fence-method-fc-on".into(),
+                body("fence-method-fc-on-host0"),
+            ),
+            (
+                "fence-method-eaton-off".into(),
+                body("fence-method-eaton-off-host0"),
+            ),
+            (
+                "fence-method-eaton-on".into(),
+                body("fence-method-eaton-on-host0"),
+            ),
+            (
+                "fence-method-template-fc-switch-brocade".into(),
+                sep["fence-method-template-fc-switch-brocade"]["template.properties"].clone(),
+            ),
+        ]),
+    );
+    assert_eq!(
+        secret_refs(&one),
+        BTreeSet::from([("pdu".to_string(), "password".to_string())])
+    );
+    let a = parse(&sep, &secrets(), StageDefaults::default());
+    let b = parse(&one, &secrets(), StageDefaults::default());
+    assert!(b.problems.is_empty(), "{:?}", b.problems);
+    let names = |p: &Parsed| {
+        let plan = &p.plans["host0"];
+        let mut m: Vec<String> = plan
+            .isolation
+            .iter()
+            .chain(&plan.power_management)
+            .chain(&plan.power_on)
+            .chain(&plan.recovery)
+            .flat_map(|s| {
+                s.methods
+                    .iter()
+                    .map(|m| format!("{} {} {:?}", m.agent, m.action, m.params))
+            })
+            .collect();
+        m.sort();
+        m
+    };
+    assert_eq!(names(&a), names(&b));
+    // A problem in an embedded method names the node's map and the key.
+    one.get_mut("fence-config-host0")
+        .unwrap()
+        .insert("fence-method-eaton-off".into(), "plug=1\n".into());
+    let p = parse(&one, &secrets(), StageDefaults::default());
+    let pr = &p.problems["host0"];
+    assert_eq!(
+        (pr.configmap.as_str(), pr.key.as_str()),
+        ("fence-config-host0", "fence-method-eaton-off"),
+        "{pr}"
+    );
+    assert!(pr.problem.contains("no template="), "{pr}");
+}
+
 /// Each problem names the ConfigMap, the key and what is wrong, and leaves only its node
 /// unfenced.
 #[test]
@@ -235,7 +317,11 @@ fn problems_name_the_configmap_and_the_key_and_touch_no_other_node() {
         "fence-config-host0".into(),
         BTreeMap::from([("config.properties".into(), "power_management=nope\n".into())]),
     );
-    check(m, "fence-config-host0", "method \"nope\" has no ConfigMap");
+    check(
+        m,
+        "fence-config-host0",
+        "method \"nope\" has no key fence-method-nope in fence-config-host0, and no ConfigMap",
+    );
     let mut m = base.clone();
     m.insert(
         "fence-method-eaton-off-host0".into(),
@@ -244,7 +330,7 @@ fn problems_name_the_configmap_and_the_key_and_touch_no_other_node() {
     check(
         m,
         "fence-method-eaton-off-host0",
-        "template \"gone\" has no ConfigMap",
+        "template \"gone\" has no key fence-method-template-gone in fence-config-host0, and no ConfigMap",
     );
     let mut m = base.clone();
     m.insert(
