@@ -8,6 +8,8 @@ mod common;
 mod maintenance;
 #[path = "k8s_real/remedies.rs"]
 mod remedies;
+#[path = "k8s_real/standby.rs"]
+mod standby;
 #[path = "k8s_real/takeover.rs"]
 mod takeover;
 
@@ -41,6 +43,7 @@ async fn against_a_real_control_plane() {
         nodefences_pass_the_flow_store_suite_under_the_deploy_rbac,
         nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence_with,
         configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets,
+        standby::a_standby_reads_no_fence_secret_until_it_leads,
         remedies::remedy_jobs_fail_escalate_succeed_and_are_adopted_after_a_restart,
         remedies::remedies_that_ran_while_a_node_was_fenced_leave_no_label_once_it_returns,
         maintenance::maintenance_by_repair_nodemaintenance_or_another_holder_holds_every_fence,

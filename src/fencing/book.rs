@@ -4,6 +4,7 @@
 //! starts, so a change takes effect for the next flow, never mid-flow.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::fencing::config::FencePlan;
@@ -34,6 +35,10 @@ pub struct PlanBook {
     merged: RwLock<Arc<Plans>>,
     /// Bumped at every change, so readers rebuild what they derive only then.
     version: std::sync::atomic::AtomicU64,
+    /// The leader wants the Secrets the ConfigMaps name; a standby reads none.
+    secrets_wanted: AtomicBool,
+    /// The ConfigMap plans in force carry the Secret values (not a standby's placeholders).
+    secrets_read: AtomicBool,
 }
 
 impl PlanBook {
@@ -54,6 +59,8 @@ impl PlanBook {
             dynamic_source,
             dynamic: RwLock::new(Dynamic::default()),
             version: Default::default(),
+            secrets_wanted: AtomicBool::new(false),
+            secrets_read: AtomicBool::new(false),
         }
     }
 
@@ -116,6 +123,30 @@ impl PlanBook {
         changed
     }
 
+    /// `set_dynamic`, saying whether the plans carry the Secret values read now (`false`: a
+    /// standby's placeholders, which check the maps' form only).
+    pub fn set_dynamic_read(&self, parsed: Parsed, secrets_read: bool) -> Vec<String> {
+        let changed = self.set_dynamic(parsed);
+        self.secrets_read.store(secrets_read, Ordering::Release);
+        changed
+    }
+
+    /// Whether this replica wants the Secrets read (it leads): a standby reads none.
+    pub fn want_secrets(&self, on: bool) {
+        self.secrets_wanted.store(on, Ordering::Release);
+    }
+
+    pub fn secrets_wanted(&self) -> bool {
+        self.secrets_wanted.load(Ordering::Acquire)
+    }
+
+    /// Whether ConfigMap plans are in force without their Secret values yet (a standby's, or
+    /// a new leader's before its first read): nothing may act on them until they are read.
+    pub fn secrets_pending(&self) -> bool {
+        !self.secrets_read.load(Ordering::Acquire)
+            && !self.dynamic.read_unpoisoned().plans.is_empty()
+    }
+
     /// Nodes left unfenced by a problem in their ConfigMaps.
     pub fn problems(&self) -> BTreeMap<String, Problem> {
         self.dynamic.read_unpoisoned().problems.clone()
@@ -126,6 +157,7 @@ impl PlanBook {
         self.current()
             .values()
             .flat_map(|p| p.secrets().cloned())
+            .filter(|s| !s.is_empty())
             .collect()
     }
 }
@@ -135,9 +167,11 @@ impl PlanBook {
 const LOOK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 const SECRETS_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Follows the fence ConfigMaps into `book` until dropped: whenever a map changes (or a minute
-/// has passed, for the Secrets), the maps are parsed again with the Secret values they name, so
-/// a node becomes fenceable within seconds of its ConfigMap, without a restart.
+/// Follows the fence ConfigMaps into `book` until dropped: whenever a map changes the maps are
+/// parsed again, so a node becomes fenceable within seconds of its ConfigMap, without a
+/// restart. Only while this replica leads (`want_secrets`) are the Secrets they name read (at
+/// once on becoming leader, on every change, and every minute); a standby parses with empty
+/// placeholders, which checks the maps' form and reads no Secret.
 pub async fn follow(
     book: Arc<PlanBook>,
     maps: crate::cluster::kube::ConfigMaps,
@@ -145,9 +179,15 @@ pub async fn follow(
 ) {
     use crate::fencing::configmaps::{parse, secret_refs};
     let mut seen = None;
-    let mut secrets_read = std::time::Instant::now();
+    let mut last = None;
+    let mut secrets_read: Option<std::time::Instant> = None;
     let mut broken = false;
     loop {
+        let want = book.secrets_wanted();
+        if !want {
+            secrets_read = None;
+        }
+        let mut changed = false;
         match maps.snapshot().await {
             Err(e) => {
                 if !broken {
@@ -157,21 +197,33 @@ pub async fn follow(
             }
             Ok((data, versions)) => {
                 broken = false;
-                let stale = secrets_read.elapsed() >= SECRETS_EVERY;
-                if seen.as_ref() != Some(&versions) || stale {
-                    let mut values = BTreeMap::new();
-                    for (s, k) in secret_refs(&data) {
-                        if let Some(v) = maps.secret(&s, &k).await {
-                            values.insert((s, k), v);
-                        }
-                    }
-                    secrets_read = std::time::Instant::now();
+                if seen.as_ref() != Some(&versions) {
                     seen = Some(versions);
-                    let changed = book.set_dynamic(parse(&data, &values, defaults));
-                    if !changed.is_empty() {
-                        tracing::info!(namespace = %maps.namespace, nodes = ?changed, "fence configuration from ConfigMaps changed; it applies to the next flow of each node");
-                    }
+                    last = Some(data);
+                    changed = true;
                 }
+            }
+        }
+        // A new leader reads at once, even while the watch reconnects (from the maps last seen).
+        let due = want && secrets_read.is_none_or(|t| t.elapsed() >= SECRETS_EVERY);
+        if let Some(data) = last.as_ref().filter(|_| changed || due) {
+            let mut values = BTreeMap::new();
+            for (s, k) in secret_refs(data) {
+                let v = if want {
+                    maps.secret(&s, &k).await
+                } else {
+                    Some(String::new())
+                };
+                if let Some(v) = v {
+                    values.insert((s, k), v);
+                }
+            }
+            if want {
+                secrets_read = Some(std::time::Instant::now());
+            }
+            let changed = book.set_dynamic_read(parse(data, &values, defaults), want);
+            if !changed.is_empty() {
+                tracing::info!(namespace = %maps.namespace, nodes = ?changed, "fence configuration from ConfigMaps changed; it applies to the next flow of each node");
             }
         }
         tokio::time::sleep(LOOK_EVERY).await;
@@ -234,5 +286,28 @@ mod tests {
         assert!(!book.current().contains_key("b"));
         assert!(book.current().contains_key("a"));
         assert!(!PlanBook::fixed(BTreeMap::new()).active());
+    }
+
+    #[test]
+    fn a_standbys_placeholder_plans_are_pending_until_a_leaders_read() {
+        let book = PlanBook::with_configmaps(BTreeMap::from([("a".into(), plan("1"))]));
+        assert!(!book.secrets_pending(), "the file's plans need no read");
+        let mut placeholder = plan("2");
+        placeholder.power_management.as_mut().unwrap().methods[0].secrets = vec![String::new()];
+        let parsed = |p: FencePlan| Parsed {
+            plans: BTreeMap::from([("b".into(), p)]),
+            ..Parsed::default()
+        };
+        book.set_dynamic_read(parsed(placeholder), false);
+        assert!(book.secrets_pending());
+        assert!(
+            !book.secrets().iter().any(String::is_empty),
+            "an empty placeholder redacts nothing"
+        );
+        assert!(!book.secrets_wanted());
+        book.want_secrets(true);
+        assert!(book.secrets_wanted());
+        assert_eq!(book.set_dynamic_read(parsed(plan("2")), true), ["b"]);
+        assert!(!book.secrets_pending());
     }
 }

@@ -353,6 +353,12 @@ impl<C: Cluster> Readiness<C> {
 
     /// Checks every level of one node: its devices' status and its reported watchdog.
     async fn check(&self, node: &str) {
+        // A plan without its Secret values (a new leader's, before its first read) would log
+        // in with an empty password: the check waits for the read, which changes the plans
+        // and so checks them again.
+        if self.book.secrets_pending() {
+            return;
+        }
         let plans = self.book.current();
         let Some(plan) = plans.get(node) else {
             return;

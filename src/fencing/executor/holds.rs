@@ -5,7 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tracing::{error, warn};
+use tracing::{error, info, warn};
+
+use crate::sync::LockExt;
 
 use super::Fencer;
 use crate::cluster::{Cluster, Purpose};
@@ -13,6 +15,22 @@ use crate::fencing::machine::{FenceAction, FenceStatus, Flow};
 use crate::verdict::Nanos;
 
 impl<C: Cluster> Fencer<C> {
+    /// Asks for the fence Secrets while this replica leads (a standby reads none), and says
+    /// whether a leader must wait for them: a plan from the ConfigMaps without its Secret
+    /// values must never run an agent, resume a flow or start one.
+    pub(super) fn secrets_pending(&self) -> bool {
+        let leader = self.shared.leadership.is_leader();
+        let book = &self.settings.book;
+        book.want_secrets(leader);
+        let pending = leader && book.secrets_pending();
+        let mut said = self.secrets_wait_said.lock_unpoisoned();
+        if pending && !*said {
+            info!("leading: the fence Secrets are being read; fencing acts once they are");
+        }
+        *said = pending;
+        pending
+    }
+
     /// Nodes in maintenance, with why: operators' (from the store) and those someone else is
     /// working on (from the cluster). A store that cannot be read keeps every node's fence held
     /// rather than let one through that a person may be working on.

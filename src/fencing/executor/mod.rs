@@ -116,6 +116,8 @@ pub struct Fencer<C: Cluster> {
     last_pause: Mutex<Option<crate::store::Pause>>,
     /// When final flows past their retention were last deleted.
     pruned: Mutex<Option<Nanos>>,
+    /// Whether the wait for the fence Secrets was said (once per wait).
+    secrets_wait_said: Mutex<bool>,
     /// Nodes called partitioned that no longer are, since when (the hysteresis of the end).
     partition_clear: Mutex<BTreeMap<String, Nanos>>,
     /// kdump notifications heard, and the listener once a plan needs it.
@@ -146,6 +148,7 @@ impl<C: Cluster> Fencer<C> {
             last_pause: Mutex::new(None),
             drill_busy: Mutex::new(Default::default()),
             pruned: Mutex::new(None),
+            secrets_wait_said: Mutex::new(false),
             partition_clear: Mutex::new(BTreeMap::new()),
             kdump: kdump::Kdump::default(),
         }
@@ -256,6 +259,9 @@ impl<C: Cluster> Fencer<C> {
     }
 
     pub async fn tick(self: &Arc<Self>) {
+        if self.secrets_pending() {
+            return;
+        }
         let (now, boot) = self.shared.clock.now_and_boot();
         let mut policy = self.settings.policy;
         policy.paused = self.pause().await.is_some();
