@@ -1,7 +1,8 @@
 //! A standby reads no fence Secret, under deploy/'s RBAC (the audit log counts what maintd's
 //! ServiceAccount sends): while another replica holds the election Lease, the daemon follows the
-//! fence ConfigMaps but reads none of the Secrets they name. Once it leads it reads them first,
-//! and only then checks the node's fencing with them.
+//! fence ConfigMaps but reads none of the Secrets they name, and a refused ConfigMap shows in
+//! its readiness, summary and metric at once (as after a restart, before it leads). Once it
+//! leads it reads the Secrets first, and only then checks the node's fencing with them.
 
 use super::*;
 
@@ -74,6 +75,20 @@ pub async fn a_standby_reads_no_fence_secret_until_it_leads(cp: &ControlPlane) {
             (r[&nodes[1]]["state"] == "inactive").then_some(())
         })
         .await;
+        // A restarted replica that does not lead yet shows the refusal everywhere at once: its
+        // readiness, the summary and the metric.
+        let (_, summary) = c.get("/1/fences/summary").await;
+        assert!(
+            summary["inactive"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|n| n == nodes[1].as_str())),
+            "{summary:#}"
+        );
+        let metrics = c.metrics().await;
+        assert!(
+            metrics.contains(&format!("maintd_fencing_ready{{node=\"{}\"}} 0", nodes[1])),
+            "{metrics}"
+        );
         tokio::time::sleep(Duration::from_secs(4)).await;
         let (_, leader) = c.get("/1/leader").await;
         assert_ne!(leader["leader"], true, "{leader:#}");
