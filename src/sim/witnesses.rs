@@ -192,3 +192,42 @@ async fn a_dead_node_or_a_flickering_cut_is_never_called_partitioned() {
     );
     sim.stop().await;
 }
+
+/// A node whose fence flow is under way (its power-off hangs at a dead BMC) and which is then
+/// heard by its peers but not by the master is being fenced, not "partitioned, not fenced": no
+/// MaintdPartitioned while its flow is open.
+#[tokio::test(start_paused = true)]
+async fn a_node_with_an_open_flow_is_never_called_partitioned() {
+    let sim = Sim::start(SimOptions {
+        nodes: 5,
+        fencing: Some(fencing(30)),
+        ..SimOptions::default()
+    });
+    let peering = sim.peering.clone().unwrap();
+    sim.run_for(Duration::from_secs(10)).await;
+    sim.agents
+        .hang
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    sim.collectors.silence("node2");
+    sim.until("node2's flow", MIN, |s| {
+        s.flows().into_iter().find(|f| f.node == "node2")
+    })
+    .await;
+    sim.collectors.cut_from_master("node2", true);
+    sim.collectors.answer_again("node2");
+    sim.run_for(3 * MIN).await;
+    let open = sim
+        .flows()
+        .into_iter()
+        .filter(|f| f.node == "node2" && f.status != crate::fencing::machine::FenceStatus::Final)
+        .count();
+    assert_eq!(open, 1, "{:?}", sim.flows());
+    let w = peering.witnesses("node2", sim.clock.now());
+    assert!(w.heard_by.len() >= 3, "its peers hear it: {w:?}");
+    let events = events_of(&sim, "node2");
+    assert!(
+        !events.iter().any(|e| e.starts_with("MaintdPartitioned")),
+        "{events:?}"
+    );
+    sim.stop().await;
+}
