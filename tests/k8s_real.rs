@@ -241,7 +241,8 @@ fn nodefence_row(cp: &ControlPlane, node: &str) -> Option<(String, String)> {
 /// flow from the object alone, with no second flow, and recovers the node once it is back. An
 /// operator's NodeFence fences a live node (power-off by the agent, workloads released) and
 /// recovers it on its next healthy report; one for a node without fence configuration is
-/// refused, with the reason in its status. All under deploy/'s RBAC.
+/// refused, with the reason in its status, and pruned once its retention has passed. All
+/// under deploy/'s RBAC.
 async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence_with(
     cp: &ControlPlane,
 ) {
@@ -383,6 +384,18 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
     ]);
     assert_eq!(reason, "Refused");
     assert!(!taints(cp, &other).contains("out-of-service"));
+    // A refusal is kept for the retention, as a final flow is, then pruned: a daemon whose
+    // retention has passed deletes it (its first decision prunes).
+    c.kill_daemon();
+    c.extra_daemon_toml =
+        c.extra_daemon_toml
+            .replacen("[fencing]\n", "[fencing]\nretention = \"1s\"\n", 1);
+    c.start_kube_daemon();
+    c.wait_api().await;
+    cp.wait_for("the refused NodeFence pruned", |cp| {
+        !cp.kubectl(&["get", "nf", "refused"]).status.success()
+    })
+    .await;
     remove_nodes(cp, &mut c, &nodes);
 }
 
