@@ -210,8 +210,12 @@ impl Medik8s {
                 .is_none_or(|c| c.renewed.elapsed() >= RENEW_AFTER);
             if due && let Err(e) = self.take(node, uid(node)).await {
                 refused.insert(node.clone(), e.to_string());
+                // Not held for this purpose; a claim no purpose needs is dropped, not renewed.
                 if let Some(c) = claims.get_mut(node) {
                     c.purposes.remove(&purpose);
+                    if c.purposes.is_empty() {
+                        claims.remove(node);
+                    }
                 }
                 continue;
             }
@@ -395,8 +399,9 @@ impl super::KubeCluster {
     /// a node another holder is working on does not run, and says who holds it.
     pub(super) async fn run_claimed(&self, job: &Job, event: &str) -> Outcome {
         let node = &job.node;
+        // A live repair runs on the collector, not here: `run_node_job` says so.
         if job.kind == JobKind::LiveRepair {
-            return Outcome::failed_as(FailureKind::Backend, "live repairs run on the collector");
+            return self.run_node_job(job, event).await;
         }
         let uid = self.node_uid(node).await;
         if let Err(e) = self.medik8s.claim(Purpose::Repair, node, uid).await {
