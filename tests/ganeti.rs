@@ -481,17 +481,9 @@ async fn instance_repairs_and_balancing_run_in_rounds_apart_from_evacuations() {
 /// returns node2 to the regular role.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_node_is_fenced_and_its_instances_fail_over_only_after_the_verified_off() {
-    if !common::sims::available() {
+    let Some((g, mut c, ipmi, _fwd)) = inst1_on_node2_fenced_by_ipmi().await else {
         return;
-    }
-    let Some(g) = Ganeti::up() else { return };
-    g.running_instance("inst1", "node2");
-    let inside = g.inside();
-    let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
-    let mut c = g.maintd("");
-    let ipmi = fenced_by_ipmi(&mut c, &wrap);
-    let port = c.api_port;
-    let _fwd = g.start(&mut c, port, None).await;
+    };
     common::wait_for("both nodes polled", || async {
         let (_, nodes) = c.get("/1/nodes").await;
         let up = nodes.as_array()?.iter().filter(|n| n["reachable"] == true);
@@ -700,37 +692,29 @@ async fn evacuate_and_evacuate_failover_move_every_instance() {
     }
 }
 
-/// node2's BMC, an IPMI simulator in the cluster's network namespace (where the daemon runs
-/// its agents), and fencing configured with it: power-off by fence_ipmilan, then power-on for
-/// its recovery.
-fn fenced_by_ipmi(c: &mut common::Cluster, wrap: &[&str]) -> common::sims::Ipmi {
-    let ipmi = common::sims::Ipmi::start_in(c.dir.path(), "node2", wrap);
-    c.extra_daemon_toml += &format!(
-        r#"
-[fencing]
-check-interval = "0s"
-grace = "1s"
-liveness-interval = "200ms"
-liveness-timeout = "500ms"
-storm-percent = 50
-max-restarts = 0
-[fencing.templates.ipmi]
-agent = "fence_ipmilan"
-secrets = {{ password = "{}" }}
-[fencing.nodes.node2.power-management]
-retries = 0
-timeout = "20s"
-methods = [{{ template = "ipmi", params = {{ {} }} }}]
-[fencing.nodes.node2.recovery]
-retries = 1
-timeout = "20s"
-methods = [{{ template = "ipmi", params = {{ {} }} }}]
-"#,
-        c.secret("bmc.pw", "s3cret").display(),
-        ipmi.params(),
-        ipmi.params()
-    );
-    ipmi
+/// The cluster with `inst1` running on node2, and maintd started on it with node2 fenced by
+/// its BMC: an IPMI simulator in the cluster's network namespace (where the daemon runs its
+/// agents), powering off by fence_ipmilan and on again in the recovery. `None` (the test
+/// skips) without the simulators or the cluster. The forwarder must be kept.
+async fn inst1_on_node2_fenced_by_ipmi() -> Option<(
+    Ganeti,
+    common::Cluster,
+    common::sims::Ipmi,
+    (u16, common::Proc),
+)> {
+    if !common::sims::available() {
+        return None;
+    }
+    let g = Ganeti::up()?;
+    g.running_instance("inst1", "node2");
+    let inside = g.inside();
+    let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
+    let mut c = g.maintd("");
+    let ipmi = common::sims::Ipmi::start_in(c.dir.path(), "node2", &wrap);
+    c.extra_daemon_toml += &common::sims::ipmi_fencing(&c, &ipmi, "node2", true);
+    let port = c.api_port;
+    let fwd = g.start(&mut c, port, None).await;
+    Some((g, c, ipmi, fwd))
 }
 
 /// The hardware swap on real Ganeti: node2's repair evacuates and offlines it and waits for
@@ -739,17 +723,9 @@ methods = [{{ template = "ipmi", params = {{ {} }} }}]
 /// stays off and offline, its instance where the evacuation put it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_being_repaired_by_hand_is_never_fenced_or_powered_on() {
-    if !common::sims::available() {
+    let Some((g, mut c, ipmi, _fwd)) = inst1_on_node2_fenced_by_ipmi().await else {
         return;
-    }
-    let Some(g) = Ganeti::up() else { return };
-    g.running_instance("inst1", "node2");
-    let inside = g.inside();
-    let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
-    let mut c = g.maintd("");
-    let ipmi = fenced_by_ipmi(&mut c, &wrap);
-    let port = c.api_port;
-    let _fwd = g.start(&mut c, port, None).await;
+    };
     c.set_verdict("node2", r#"{"status":"evacuate","details":"disk"}"#);
     c.wait_event("node2", "the evacuation to complete", |e| {
         e["repair-status"] == "completed"

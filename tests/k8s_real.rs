@@ -101,13 +101,41 @@ async fn managed_cluster(cp: &ControlPlane, prefix: &str) -> (Cluster, Vec<Strin
 /// A daemon as cluster-admin, without election, fencing `nodes` with a stub agent that always
 /// powers off (2 s grace).
 fn stub_fenced_admin_daemon(cp: &ControlPlane, c: &mut Cluster, nodes: &[String]) {
+    stub_fenced_admin_daemon_with(cp, c, nodes, ("fence_ok", POWER_AGENT));
+}
+
+/// `stub_fenced_admin_daemon` with the stand-in agent `(name, body)`.
+fn stub_fenced_admin_daemon_with(
+    cp: &ControlPlane,
+    c: &mut Cluster,
+    nodes: &[String],
+    (agent, body): (&str, &str),
+) {
     let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
     c.extra_daemon_toml = format!(
         "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
-        c.stub_fencing("fence_ok", POWER_AGENT, "2s", &refs)
+        c.stub_fencing(agent, body, "2s", &refs)
     );
     c.env
         .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
+}
+
+/// The collectors, then the daemon on the Kubernetes backend, each answering.
+async fn start_all(c: &mut Cluster) {
+    c.start_collectors();
+    c.wait_collectors_ready().await;
+    c.start_kube_daemon();
+    c.wait_api().await;
+}
+
+/// The daemon talks to the apiserver as maintd's ServiceAccount, under deploy/'s RBAC.
+fn as_maintd(cp: &ControlPlane, c: &mut Cluster) {
+    c.env.push((
+        "KUBECONFIG".into(),
+        cp.service_account_kubeconfig("maintd", "maintd")
+            .display()
+            .to_string(),
+    ));
 }
 
 /// Waits until the three other nodes hear `victim`.
@@ -142,15 +170,22 @@ async fn freeze_until_released(
     i: usize,
 ) -> (nix::unistd::Pid, serde_json::Value) {
     let victim = c.nodes[i].clone();
-    let pid = nix::unistd::Pid::from_raw(c.collectors[i].as_ref().unwrap().child.id() as i32);
-    kill(pid, Signal::SIGSTOP).unwrap();
-    cp.heartbeats.alive(&victim, false);
+    let pid = hang(cp, c, i);
     let f = c
         .wait_flow("the release", |f| {
             f["node"] == victim.as_str() && f["released"] == true
         })
         .await;
     (pid, f)
+}
+
+/// Node `i` hangs: its collector freezes (SIGSTOP; the returned pid wakes it with SIGCONT) and
+/// its kubelet stops.
+fn hang(cp: &ControlPlane, c: &Cluster, i: usize) -> nix::unistd::Pid {
+    let pid = nix::unistd::Pid::from_raw(c.collectors[i].as_ref().unwrap().child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    cp.heartbeats.alive(&c.nodes[i], false);
+    pid
 }
 
 /// Node `i`, powered off by the stub agent, boots again: a new collector with a new boot id,
@@ -252,16 +287,8 @@ async fn nodefences_are_the_record_a_new_daemon_resumes_from_and_operators_fence
         "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
         c.stub_fencing("fence_ok", POWER_AGENT, "2s", &refs)
     );
-    c.env.push((
-        "KUBECONFIG".into(),
-        cp.service_account_kubeconfig("maintd", "maintd")
-            .display()
-            .to_string(),
-    ));
-    c.start_collectors();
-    c.wait_collectors_ready().await;
-    c.start_kube_daemon();
-    c.wait_api().await;
+    as_maintd(cp, &mut c);
+    start_all(&mut c).await;
     let victim = nodes[0].clone();
     heard_by_its_peers(&c, &victim).await;
     let (pid, f) = freeze_until_released(cp, &c, 0).await;
@@ -727,12 +754,7 @@ async fn events_show_in_kubectl_describe_node_under_the_deploy_rbac(cp: &Control
     // Leader election as shipped: the Lease and the state ConfigMap in `maintd`, watched by
     // name, which the Role allows only through its resourceNames.
     c.extra_daemon_toml = "[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\noperator-tokens = true\n[kubernetes.leader-election]\nnamespace = \"maintd\"\n".into();
-    c.env.push((
-        "KUBECONFIG".into(),
-        cp.service_account_kubeconfig("maintd", "maintd")
-            .display()
-            .to_string(),
-    ));
+    as_maintd(cp, &mut c);
     c.set_verdict("node1", r#"{"status":"live-repair","command":"fix"}"#);
     c.start_collectors();
     c.start_kube_daemon();
@@ -935,12 +957,7 @@ async fn a_stale_answer_never_returns_a_fenced_node_and_its_old_boot_is_an_alarm
 async fn drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(cp: &ControlPlane) {
     let (mut c, nodes) = managed_cluster(cp, "d").await;
     c.extra_daemon_toml = "[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\ndrain-deadline = \"8s\"\n[kubernetes.leader-election]\nnamespace = \"maintd\"\n".into();
-    c.env.push((
-        "KUBECONFIG".into(),
-        cp.service_account_kubeconfig("maintd", "maintd")
-            .display()
-            .to_string(),
-    ));
+    as_maintd(cp, &mut c);
     cp.kubectl_ok(&["create", "namespace", "drain"]);
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(cp.client.clone(), "drain");
@@ -958,10 +975,7 @@ async fn drains_evict_each_pod_once_and_a_failed_drain_leaves_the_node_cordoned(
         pods.create(&Default::default(), &p).await.unwrap();
         k8s::running_pod(&pods, name).await;
     }
-    c.start_collectors();
-    c.wait_collectors_ready().await;
-    c.start_kube_daemon();
-    c.wait_api().await;
+    start_all(&mut c).await;
     let since = maintd::report::now_ns();
     c.set_verdict(&nodes[0], r#"{"status":"evacuate"}"#);
     let e = c
@@ -1043,16 +1057,8 @@ async fn configmaps_configure_fencing_at_run_time_with_secrets_only_from_secrets
     let (mut c, nodes) = managed_cluster(cp, "cm").await;
     let ipmi = common::sims::Ipmi::start(c.dir.path(), "cm0");
     c.extra_daemon_toml = "[fencing]\nagent-image = \"localhost/fence-agents:test\"\ngrace = \"2s\"\nliveness-interval = \"200ms\"\nliveness-timeout = \"1s\"\nstorm-percent = 50\ncheck-interval = \"1h\"\n[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\nnamespace = \"maintd\"\n".into();
-    c.env.push((
-        "KUBECONFIG".into(),
-        cp.service_account_kubeconfig("maintd", "maintd")
-            .display()
-            .to_string(),
-    ));
-    c.start_collectors();
-    c.wait_collectors_ready().await;
-    c.start_kube_daemon();
-    c.wait_api().await;
+    as_maintd(cp, &mut c);
+    start_all(&mut c).await;
     let (victim, bad) = (nodes[0].clone(), nodes[1].clone());
     let file = c.path("fence-configmaps.yaml");
     let cm = |name: &str, key: &str, body: &str| {

@@ -13,28 +13,6 @@ use common::sims::{self, Ipmi, PoweredNode};
 use common::*;
 use serde_json::Value;
 
-fn fencing_toml(c: &Cluster, ipmi: &Ipmi) -> String {
-    format!(
-        r#"
-[fencing]
-check-interval = "0s"
-grace = "1s"
-liveness-interval = "200ms"
-liveness-timeout = "500ms"
-storm-percent = 50
-[fencing.templates.ipmi]
-agent = "fence_ipmilan"
-secrets = {{ password = "{pw}" }}
-[fencing.nodes.node2.power-management]
-retries = 0
-timeout = "20s"
-methods = [{{ template = "ipmi", params = {{ {params} }} }}]
-"#,
-        pw = c.secret("bmc.pw", &ipmi.password).display(),
-        params = ipmi.params()
-    )
-}
-
 /// What a technician does at the BMC: the real agent, outside maintd.
 fn at_the_bmc(ipmi: &Ipmi, action: &str) {
     let out = Command::new("fence_ipmilan")
@@ -91,7 +69,7 @@ async fn a_node_being_repaired_by_hand_is_never_fenced_or_powered_on() {
     }
     let mut c = Cluster::new(2);
     let ipmi = Ipmi::start(c.dir.path(), "node2");
-    c.extra_daemon_toml = fencing_toml(&c, &ipmi);
+    c.extra_daemon_toml = sims::ipmi_fencing(&c, &ipmi, "node2", false);
     c.start().await;
     let _node = PoweredNode::start(&mut c, 1, &ipmi);
     c.wait_collectors_ready().await;

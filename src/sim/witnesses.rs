@@ -17,6 +17,18 @@ fn fencing(storm_percent: u32) -> FencingConfig {
     }
 }
 
+/// `nodes` nodes fencing at the defaults with `storm_percent`, run for 10 s: every collector
+/// polled, every peer set pushed.
+async fn settled(nodes: usize, storm_percent: u32) -> Sim {
+    let sim = Sim::start(SimOptions {
+        nodes,
+        fencing: Some(fencing(storm_percent)),
+        ..SimOptions::default()
+    });
+    sim.run_for(Duration::from_secs(10)).await;
+    sim
+}
+
 fn events_of(sim: &Sim, node: &str) -> Vec<String> {
     sim.cluster
         .events()
@@ -27,13 +39,8 @@ fn events_of(sim: &Sim, node: &str) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_cut_from_the_master_but_heard_by_its_peers_is_partitioned_and_never_fenced() {
-    let sim = Sim::start(SimOptions {
-        nodes: 5,
-        fencing: Some(fencing(30)),
-        ..SimOptions::default()
-    });
+    let sim = settled(5, 30).await;
     let peering = sim.peering.clone().unwrap();
-    sim.run_for(Duration::from_secs(10)).await;
     sim.collectors.cut_from_master("node2", true);
     sim.run_for(10 * MIN).await;
     assert!(sim.flows().is_empty(), "{:?}", sim.flows());
@@ -71,12 +78,7 @@ async fn a_node_cut_from_the_master_but_heard_by_its_peers_is_partitioned_and_ne
 
 #[tokio::test(start_paused = true)]
 async fn the_second_opinion_is_ready_when_the_grace_ends() {
-    let sim = Sim::start(SimOptions {
-        nodes: 5,
-        fencing: Some(fencing(30)),
-        ..SimOptions::default()
-    });
-    sim.run_for(Duration::from_secs(10)).await;
+    let sim = settled(5, 30).await;
     let died = sim.clock.now();
     sim.collectors.silence("node3");
     let f = sim
@@ -99,13 +101,8 @@ async fn the_second_opinion_is_ready_when_the_grace_ends() {
 
 #[tokio::test(start_paused = true)]
 async fn with_too_few_watchers_heard_nothing_is_fenced_until_enough_are_heard_again() {
-    let sim = Sim::start(SimOptions {
-        nodes: 5,
-        // No storm gate here: the rule under test is the second opinion's own.
-        fencing: Some(fencing(100)),
-        ..SimOptions::default()
-    });
-    sim.run_for(Duration::from_secs(10)).await;
+    // No storm gate here: the rule under test is the second opinion's own.
+    let sim = settled(5, 100).await;
     // The master loses three of node1's four watchers (they still hear each other), then node1
     // dies: one watcher heard of four is too few to judge.
     for n in ["node2", "node3", "node4"] {
@@ -134,12 +131,7 @@ async fn with_too_few_watchers_heard_nothing_is_fenced_until_enough_are_heard_ag
 
 #[tokio::test(start_paused = true)]
 async fn a_node_with_the_wrong_key_is_never_fenced_for_it() {
-    let sim = Sim::start(SimOptions {
-        nodes: 4,
-        fencing: Some(fencing(30)),
-        ..SimOptions::default()
-    });
-    sim.run_for(Duration::from_secs(10)).await;
+    let sim = settled(4, 30).await;
     // Its peers refuse its heartbeats and the master its view: to every witness it looks
     // lost. But its collector answers, and an answer is proof of life.
     sim.collectors.use_wrong_key("node2");
@@ -161,12 +153,7 @@ async fn a_node_with_the_wrong_key_is_never_fenced_for_it() {
 /// it flickers, says nothing.
 #[tokio::test(start_paused = true)]
 async fn a_dead_node_or_a_flickering_cut_is_never_called_partitioned() {
-    let sim = Sim::start(SimOptions {
-        nodes: 5,
-        fencing: Some(fencing(30)),
-        ..SimOptions::default()
-    });
-    sim.run_for(Duration::from_secs(10)).await;
+    let sim = settled(5, 30).await;
     for _ in 0..5 {
         sim.collectors.cut_from_master("node3", true);
         sim.run_for(Duration::from_secs(3)).await;
@@ -198,13 +185,8 @@ async fn a_dead_node_or_a_flickering_cut_is_never_called_partitioned() {
 /// MaintdPartitioned while its flow is open.
 #[tokio::test(start_paused = true)]
 async fn a_node_with_an_open_flow_is_never_called_partitioned() {
-    let sim = Sim::start(SimOptions {
-        nodes: 5,
-        fencing: Some(fencing(30)),
-        ..SimOptions::default()
-    });
+    let sim = settled(5, 30).await;
     let peering = sim.peering.clone().unwrap();
-    sim.run_for(Duration::from_secs(10)).await;
     sim.agents
         .hang
         .store(true, std::sync::atomic::Ordering::SeqCst);

@@ -83,6 +83,39 @@ pub struct Ipmi {
     proc: Option<Proc>,
 }
 
+/// `[fencing]` for `node` behind `ipmi`, by the real fence_ipmilan: fast detection, readiness
+/// checks off (every agent call is a flow's), no restart, the power-off tried once; with
+/// `recovery`, the BMC also powers the node back on in its recovery.
+pub fn ipmi_fencing(c: &super::Cluster, ipmi: &Ipmi, node: &str, recovery: bool) -> String {
+    let methods = format!(
+        "timeout = \"20s\"\nmethods = [{{ template = \"ipmi\", params = {{ {} }} }}]\n",
+        ipmi.params()
+    );
+    let mut toml = format!(
+        r#"
+[fencing]
+check-interval = "0s"
+grace = "1s"
+liveness-interval = "200ms"
+liveness-timeout = "500ms"
+storm-percent = 50
+max-restarts = 0
+[fencing.templates.ipmi]
+agent = "fence_ipmilan"
+secrets = {{ password = "{}" }}
+[fencing.nodes.{node}.power-management]
+retries = 0
+{methods}"#,
+        c.secret("bmc.pw", &ipmi.password).display(),
+    );
+    if recovery {
+        toml.push_str(&format!(
+            "[fencing.nodes.{node}.recovery]\nretries = 1\n{methods}"
+        ));
+    }
+    toml
+}
+
 impl Ipmi {
     pub fn start(dir: &Path, name: &str) -> Ipmi {
         Ipmi::start_in(dir, name, &[])

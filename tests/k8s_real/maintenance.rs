@@ -100,16 +100,8 @@ pub async fn maintenance_by_repair_nodemaintenance_or_another_holder_holds_every
         "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\nnamespace = \"maintd\"\n",
         c.stub_fencing("fence_ok", &logging_agent(), "2s", &refs)
     );
-    c.env.push((
-        "KUBECONFIG".into(),
-        cp.service_account_kubeconfig("maintd", "maintd")
-            .display()
-            .to_string(),
-    ));
-    c.start_collectors();
-    c.wait_collectors_ready().await;
-    c.start_kube_daemon();
-    c.wait_api().await;
+    as_maintd(cp, &mut c);
+    start_all(&mut c).await;
     for n in &nodes[..3] {
         heard_by_its_peers(&c, n).await;
     }

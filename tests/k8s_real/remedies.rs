@@ -62,12 +62,7 @@ pub async fn remedy_jobs_fail_escalate_succeed_and_are_adopted_after_a_restart(c
     c.extra_daemon_toml = format!(
         "[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\nmax-remedies = 2\n[kubernetes.leader-election]\nenabled = false\nnamespace = \"maintd\"\n[[kubernetes.conditions]]\ntype = \"MaintdTestBroken\"\nstatus = \"True\"\nfor = \"0s\"\nactions = [\"remedy:first-aid\", \"remedy:fix\"]\nescalate-after = \"25s\"\n[kubernetes.remedies.first-aid]\ndeadline = \"1m\"\nttl = \"10m\"\ntemplate = '''{FIRST_AID}'''\n"
     );
-    c.env.push((
-        "KUBECONFIG".into(),
-        cp.service_account_kubeconfig("maintd", "maintd")
-            .display()
-            .to_string(),
-    ));
+    as_maintd(cp, &mut c);
     let body: String = FIX.lines().map(|l| format!("    {l}\n")).collect();
     let cm = format!(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: remedy-fix\n  namespace: maintd\ndata:\n  placement: elsewhere\n  deadline: 2m\n  template: |\n{body}"
@@ -75,10 +70,7 @@ pub async fn remedy_jobs_fail_escalate_succeed_and_are_adopted_after_a_restart(c
     let file = c.path("remedy-fix.yaml");
     std::fs::write(&file, cm).unwrap();
     cp.kubectl_ok(&["apply", "-f", file.to_str().unwrap()]);
-    c.start_collectors();
-    c.wait_collectors_ready().await;
-    c.start_kube_daemon();
-    c.wait_api().await;
+    start_all(&mut c).await;
     let sick = nodes[1].clone();
     set_condition(cp, &sick, "True");
 
@@ -173,10 +165,7 @@ pub async fn remedies_that_ran_while_a_node_was_fenced_leave_no_label_once_it_re
     c.extra_daemon_toml += &format!(
         "[[kubernetes.conditions]]\ntype = \"MaintdTestBroken\"\nstatus = \"True\"\nfor = \"0s\"\nactions = [\"remedy:first-aid\"]\n[kubernetes.remedies.first-aid]\nplacement = \"elsewhere\"\ndeadline = \"1m\"\ntemplate = '''{FIRST_AID}'''\n"
     );
-    c.start_collectors();
-    c.wait_collectors_ready().await;
-    c.start_kube_daemon();
-    c.wait_api().await;
+    start_all(&mut c).await;
     let victim = nodes[0].clone();
     heard_by_its_peers(&c, &victim).await;
     let (_pid, f) = freeze_until_released(cp, &c, 0).await;

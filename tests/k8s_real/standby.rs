@@ -27,12 +27,7 @@ pub async fn a_standby_reads_no_fence_secret_until_it_leads(cp: &ControlPlane) {
         c.stub_fencing("fence_ok", POWER_AGENT, "2s", &[])
             .replace("[fencing]\n", "[fencing]\ncheck-interval = \"1h\"\n")
     );
-    c.env.push((
-        "KUBECONFIG".into(),
-        cp.service_account_kubeconfig("maintd", "maintd")
-            .display()
-            .to_string(),
-    ));
+    as_maintd(cp, &mut c);
     let file = c.path("standby.yaml");
     std::fs::write(
         &file,

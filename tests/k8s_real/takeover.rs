@@ -16,22 +16,11 @@ pub async fn a_takeover_mid_call_keeps_the_earlier_daemons_power_off_in_the_reco
     cp: &ControlPlane,
 ) {
     let (mut c, nodes) = managed_cluster(cp, "tk").await;
-    let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    c.extra_daemon_toml = format!(
-        "{}[kubernetes]\nlabel-selector = \"maintd.io/managed=true\"\nnode-interval = \"500ms\"\n[kubernetes.leader-election]\nenabled = false\n",
-        c.stub_fencing("fence_slow", &slow_off_agent(), "2s", &refs)
-    );
-    c.env
-        .push(("KUBECONFIG".into(), cp.kubeconfig.display().to_string()));
-    c.start_collectors();
-    c.wait_collectors_ready().await;
-    c.start_kube_daemon();
-    c.wait_api().await;
+    stub_fenced_admin_daemon_with(cp, &mut c, &nodes, ("fence_slow", &slow_off_agent()));
+    start_all(&mut c).await;
     let victim = nodes[0].clone();
     heard_by_its_peers(&c, &victim).await;
-    let pid = nix::unistd::Pid::from_raw(c.collectors[0].as_ref().unwrap().child.id() as i32);
-    kill(pid, Signal::SIGSTOP).unwrap();
-    cp.heartbeats.alive(&victim, false);
+    hang(cp, &c, 0);
     // The power-off call is on record before its answer: the daemon dies mid-call.
     let pending = c
         .wait_flow("the pending power-off", |f| {

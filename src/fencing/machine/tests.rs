@@ -661,12 +661,11 @@ fn healthy_reports_count_once_per_diagnose_after_the_boot_and_an_unhealthy_one_r
     assert_eq!(observe_report(b, None, T0 + 6 * S, true), None);
 }
 
-#[test]
-fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() {
-    let mut s = state();
+/// n2 fenced and released, then answering under its boot from before the verified off (a
+/// diagnose that started after it): the decision the alarm comes from.
+fn old_boot_after_the_off(s: &mut FenceState) -> Vec<FenceAction> {
     s.liveness.insert("n2".into(), down_on_b1());
-    let f = fenced_flow(&mut s);
-    // A diagnose that started after the verified off, under the boot from before it.
+    let f = fenced_flow(s);
     s.liveness.insert(
         "n2".into(),
         Liveness {
@@ -674,7 +673,13 @@ fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() 
             ..up()
         },
     );
-    let a = tick(&mut s, &f, T0 + 31 * S);
+    tick(s, &f, T0 + 31 * S)
+}
+
+#[test]
+fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() {
+    let mut s = state();
+    let a = old_boot_after_the_off(&mut s);
     assert!(
         a.iter()
             .any(|x| matches!(x, FenceAction::Alarm { node, .. } if node == "n2")),
@@ -695,16 +700,7 @@ fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() 
 #[test]
 fn an_acknowledged_alarm_returns_the_node_once_it_answers_and_reports_healthy() {
     let mut s = state();
-    s.liveness.insert("n2".into(), down_on_b1());
-    let f = fenced_flow(&mut s);
-    s.liveness.insert(
-        "n2".into(),
-        Liveness {
-            boot: booted(B1, T0 + 30 * S, 12),
-            ..up()
-        },
-    );
-    let mut f = saved(&tick(&mut s, &f, T0 + 31 * S));
+    let mut f = saved(&old_boot_after_the_off(&mut s));
     assert!(f.released && f.alarm.is_some());
     f.tagged = true;
     f.acknowledged = Some("alice (device rewired)".into());
