@@ -1,7 +1,7 @@
 //! The fence plans in force: those of the TOML file, fixed at start-up, and those of the
 //! cluster's ConfigMaps, replaced whenever they change. The fencer, the readiness checks and
-//! the agents' redaction read the current set; the fencer pins each flow's plan when the flow
-//! starts, so a change takes effect for the next flow, never mid-flow.
+//! the agents' redaction read the current set; the fencer records each flow's plan with the flow
+//! when it starts, so a change takes effect for the next flow, never mid-flow.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -475,11 +475,13 @@ pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
 mod back;
 mod flow;
 mod kdump;
+mod record;
 mod reset;
 mod start;
 mod transitions;
 pub use back::observe_report;
 pub use flow::{Call, CancelRefused, Flow, KILLED, PENDING, Transition, Witnesses, ended};
+pub use record::{ExecPolicy, Executor, MethodRecord, PlanRecord, StageRecord};
 use start::{Gates, requested_flows, start_flows};
 use transitions::advance;
 

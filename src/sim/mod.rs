@@ -8,6 +8,7 @@
 mod clocks;
 mod fakes;
 mod latency;
+mod plans;
 mod returns;
 mod scenarios;
 mod selffence;
@@ -75,6 +76,8 @@ pub struct SimOptions {
     /// Power-management powers nodes back on after the release (`after-release = "on"`);
     /// off leaves them off for a person.
     pub power_on: bool,
+    /// Changes every node's plan as the configuration would (a restart takes it up).
+    pub edit_plans: Option<fn(&mut FencePlan)>,
 }
 
 impl Default for SimOptions {
@@ -88,6 +91,7 @@ impl Default for SimOptions {
             self_fence: Vec::new(),
             no_power: Vec::new(),
             power_on: false,
+            edit_plans: None,
         }
     }
 }
@@ -169,7 +173,7 @@ impl World {
                 .iter()
                 .map(|n| {
                     let power = !o.no_power.contains(n);
-                    let plan = FencePlan {
+                    let mut plan = FencePlan {
                         isolation: None,
                         power_management: power.then(|| stage(n, "off", o.power_retries)),
                         power_on: (power && o.power_on).then(|| stage(n, "on", 2)),
@@ -177,6 +181,9 @@ impl World {
                         self_fence: o.self_fence.contains(n),
                         kdump: false,
                     };
+                    if let Some(edit) = o.edit_plans {
+                        edit(&mut plan);
+                    }
                     (n.clone(), plan)
                 })
                 .collect();

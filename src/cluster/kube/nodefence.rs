@@ -123,6 +123,9 @@ pub struct NodeFenceStatus {
     /// returns to service once it answers and reports healthy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acknowledged: Option<String>,
+    /// The plan the flow started with and runs by to its end, secret parameters named only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::fencing::machine::PlanRecord>,
     /// The isolation step took the node off its network or storage.
     #[serde(default)]
     pub isolated: bool,
@@ -338,6 +341,7 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
         returned_at: f.returned_at.map(time),
         alarm: f.alarm.clone(),
         acknowledged: f.acknowledged.clone(),
+        plan: f.plan.clone(),
         isolated: f.isolated,
         isolated_at: f.isolated_at.map(time),
         released: f.released,
@@ -457,6 +461,7 @@ pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, String> {
         returned_at: parse_time("returnedAt", &s.returned_at)?,
         alarm: s.alarm.clone(),
         acknowledged: s.acknowledged.clone(),
+        plan: s.plan.clone(),
         version,
     }))
 }

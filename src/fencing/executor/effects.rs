@@ -119,7 +119,7 @@ impl<C: Cluster> Fencer<C> {
     pub(super) async fn execute(self: &Arc<Self>, a: FenceAction) {
         let flows = &self.shared.flows;
         match a {
-            FenceAction::Start(f) => {
+            FenceAction::Start(mut f) => {
                 // The first note says why the node is fenced: the rule, the witnesses or the
                 // operator's request.
                 let why = f
@@ -128,7 +128,7 @@ impl<C: Cluster> Fencer<C> {
                     .map(|t| t.note.clone())
                     .unwrap_or_default();
                 info!(flow = %f.id, node = %f.node, why = %why, "fence flow started");
-                self.pin(f.id, &f.node);
+                self.pin(&mut f);
                 self.shared.metrics.fences_started.inc();
                 match flows.insert(&f).await {
                     Ok(()) => {

@@ -167,15 +167,17 @@ impl<C: Cluster> Fencer<C> {
         self.settings.book.current().get(node).cloned()
     }
 
-    /// Pins `node`'s current plan for a flow that starts now.
-    pub(super) fn pin(&self, flow: uuid::Uuid, node: &str) {
-        if let Some(p) = self.settings.book.current().get(node) {
-            self.pinned.lock_unpoisoned().insert(flow, p.clone());
+    /// Records `f`'s node's current plan with the flow that starts now, and pins it.
+    pub(super) fn pin(&self, f: &mut crate::fencing::machine::Flow) {
+        if let Some(p) = self.settings.book.current().get(&f.node) {
+            f.plan = Some(p.record());
+            self.pinned.lock_unpoisoned().insert(f.id, p.clone());
         }
     }
 
     /// The machine's view of the plans: the current ones, and each open flow's pinned plan for
-    /// its node (pinning flows this process resumes, and unpinning ended ones).
+    /// its node (pinning flows this process resumes to the plan they recorded, and unpinning
+    /// ended ones).
     fn summaries(&self, flows: &[crate::fencing::machine::Flow]) -> BTreeMap<String, PlanSummary> {
         let current = {
             let mut cached = self.summaries.lock_unpoisoned();
@@ -200,9 +202,9 @@ impl<C: Cluster> Fencer<C> {
         });
         for f in flows.iter().filter(|f| f.status != FenceStatus::Final) {
             if !pins.contains_key(&f.id)
-                && let Some(p) = plans.get(&f.node)
+                && let Some(p) = crate::fencing::plan::resumed(f, plans.get(&f.node))
             {
-                pins.insert(f.id, p.clone());
+                pins.insert(f.id, p);
             }
             if let Some(p) = pins.get(&f.id) {
                 out.insert(f.node.clone(), p.summary());

@@ -148,6 +148,10 @@ pub struct Flow {
     /// node then returns to service once it answers and reports healthy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acknowledged: Option<String>,
+    /// The plan the flow started with, without its secrets: it runs by this one to its end,
+    /// whatever the configuration became since (absent in flows recorded before plans were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanRecord>,
     /// Store version this copy was loaded at (a save of a stale copy is refused).
     #[serde(skip)]
     pub version: u64,
@@ -254,6 +258,7 @@ impl Flow {
             returned_at: None,
             alarm: None,
             acknowledged: None,
+            plan: None,
             version: 0,
         };
         f.go(now, step, FenceStatus::New, why);

@@ -6,7 +6,10 @@
 use uuid::Uuid;
 
 use super::{FenceCancel, FlowOutcome, FlowStore};
-use crate::fencing::machine::{Call, FenceStatus, Flow, Step, Witnesses};
+use crate::fencing::machine::{
+    Call, ExecPolicy, Executor, FenceStatus, Flow, MethodRecord, PlanRecord, StageRecord, Step,
+    Witnesses,
+};
 use crate::verdict::{Nanos, Outcome};
 
 const S: Nanos = 1_000_000_000;
@@ -19,7 +22,30 @@ fn flow(node: &str, at: Nanos) -> Flow {
         manual: None,
         alive: vec![],
     };
-    Flow::new(node, at - 5 * S, at, Step::PowerManagement, w, "silent")
+    let mut f = Flow::new(node, at - 5 * S, at, Step::PowerManagement, w, "silent");
+    // The plan it started with, which every store keeps whole (a stale schema would prune it).
+    f.plan = Some(PlanRecord {
+        stages: vec![StageRecord {
+            step: Step::PowerManagement,
+            policy: ExecPolicy::Any,
+            timeout_ms: 20_000,
+            retries: 2,
+            retry_interval_ms: 1_500,
+            methods: vec![MethodRecord {
+                name: "ipmi#0".into(),
+                agent: "fence_ipmilan".into(),
+                action: "off".into(),
+                params: [("ip".to_string(), "10.9.9.9".to_string())].into(),
+                secret_params: vec!["password".into()],
+                required: true,
+                executor: Executor::Job,
+                power_on: true,
+            }],
+        }],
+        self_fence: false,
+        kdump: true,
+    });
+    f
 }
 
 fn call() -> Call {
