@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 #[cfg(test)]
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::verdict::{BootInstant, Nanos};
+use maintd_core::verdict::{BootInstant, Nanos};
 
 pub trait Clock: Send + Sync + 'static {
     /// The steady timeline in nanoseconds: what every decision's `now` is.
@@ -136,7 +136,7 @@ impl Clock for SystemClock {
 
 /// The boot id the test clocks report.
 #[cfg(test)]
-pub const TEST_BOOT: uuid::Uuid = uuid::Uuid::from_u128(0x7465_7374_2d62_6f6f_7400_0000_0000_0001);
+pub use maintd_core::testing::TEST_BOOT;
 
 /// A clock that moves only when told to; its wall clock and its boot clock move with it.
 #[cfg(test)]

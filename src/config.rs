@@ -42,7 +42,7 @@ pub struct Config {
     pub cluster: ClusterConfig,
     pub daemon: DaemonConfig,
     pub collector: CollectorConfig,
-    pub actions: crate::repair::Policy,
+    pub actions: maintd_core::repair::Policy,
     pub inventory: InventoryConfig,
     pub nodes: Vec<NodeConfig>,
     pub fencing: crate::fencing::config::FencingConfig,

@@ -65,7 +65,5 @@ mod secret;
 mod sim;
 mod store;
 mod sync;
-mod tags;
 mod ticker;
-pub mod verdict;
 mod views;

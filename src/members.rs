@@ -11,9 +11,9 @@ use tracing::{info, warn};
 
 use crate::cluster::{Cluster, NodeFacts};
 use crate::node::NodeConfig;
-use crate::repair::conditions::{Evaluation, Rule, evaluate};
 use crate::sync::{LockExt, RwLockExt};
-use crate::verdict::Nanos;
+use maintd_core::repair::conditions::{Evaluation, Rule, evaluate};
+use maintd_core::verdict::Nanos;
 
 /// The managed nodes, replaced as a whole when discovery sees a change.
 pub struct Members(RwLock<Arc<Vec<NodeConfig>>>);
@@ -46,7 +46,7 @@ pub struct NodeHealth(Mutex<std::collections::BTreeMap<String, Health>>);
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Health {
     pub healthy_at: Option<Nanos>,
-    pub boot: Option<crate::fencing::machine::BootSeen>,
+    pub boot: Option<maintd_core::fencing::machine::BootSeen>,
     /// The poll's latest answer from the node (verified or not), and the diagnose time of its
     /// latest verified report. The API shows these from here: the store writes an unchanged row
     /// only every so often, so its copy may be that much older.
@@ -93,7 +93,7 @@ impl NodeHealth {
         };
         h.healthy_at = healthy.then_some(diagnosed_at);
         h.diagnosed_at = Some(diagnosed_at);
-        h.boot = crate::fencing::machine::observe_report(
+        h.boot = maintd_core::fencing::machine::observe_report(
             h.boot,
             boot.map(|b| (b.id, b.at)),
             diagnosed_at,
@@ -162,7 +162,8 @@ impl NodeView {
                     let ready = facts.conditions.get(&m.name).is_some_and(|cs| {
                         cs.iter().any(|c| {
                             c.kind == "Ready"
-                                && c.status == crate::repair::conditions::ConditionStatus::True
+                                && c.status
+                                    == maintd_core::repair::conditions::ConditionStatus::True
                         })
                     });
                     (m.name.clone(), ready)

@@ -6,7 +6,7 @@ pub use state::StateGauges;
 
 use prometheus_client::encoding::EncodeLabelSet;
 
-use crate::fencing::machine::{FenceStatus, Step};
+use maintd_core::fencing::machine::{FenceStatus, Step};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -336,8 +336,10 @@ impl Metrics {
     }
 
     /// A failed fence effect, under its stage and the kind of its failure.
-    pub fn fence_failed(&self, stage: &'static str, o: &crate::verdict::Outcome) {
-        let kind = o.failure().unwrap_or(crate::verdict::FailureKind::Other);
+    pub fn fence_failed(&self, stage: &'static str, o: &maintd_core::verdict::Outcome) {
+        let kind = o
+            .failure()
+            .unwrap_or(maintd_core::verdict::FailureKind::Other);
         self.fence_failures
             .get_or_create(&FailLabel {
                 stage,
@@ -368,7 +370,7 @@ pub struct FlowLabel {
 impl Metrics {
     /// Sets the flow gauges from the flows just read (every step and status present, 0 when
     /// none), so the gauge follows the store of record, wherever it is.
-    pub fn count_flows(&self, flows: &[crate::fencing::machine::Flow]) {
+    pub fn count_flows(&self, flows: &[maintd_core::fencing::machine::Flow]) {
         for step in [
             Step::Isolation,
             Step::PowerManagement,

@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::fencing::machine::{FenceStatus, Flow, Step, fence_failed_tag};
-use crate::repair::{JobKind, JobStatus, RepairStatus};
 use crate::store::NodeRow;
-use crate::verdict::{ExactJson, Nanos, Status};
+use maintd_core::fencing::machine::{FenceStatus, Flow, Step, fence_failed_tag};
+use maintd_core::repair::{JobKind, JobStatus, RepairStatus};
+use maintd_core::verdict::{ExactJson, Nanos, Status};
 
 /// What an event of `/1/status` is about: a repair verdict, or a fence flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,7 +88,7 @@ pub struct FenceProgress {
 }
 
 impl Event {
-    pub fn of_repair(e: &crate::repair::Event, jobs: &[crate::repair::Job]) -> Event {
+    pub fn of_repair(e: &maintd_core::repair::Event, jobs: &[maintd_core::repair::Job]) -> Event {
         Event {
             id: e.id,
             node: e.node.clone(),
@@ -185,7 +185,7 @@ impl Fence {
         if !flow.fenced {
             flow.safe_until = flow.safe_until.map(to_wall);
         }
-        if flow.status != crate::fencing::machine::FenceStatus::Final {
+        if flow.status != maintd_core::fencing::machine::FenceStatus::Final {
             flow.next_attempt = to_wall(flow.next_attempt);
         }
         Fence {
@@ -515,7 +515,7 @@ mod tests {
 
     #[test]
     fn waits_still_to_come_are_shown_as_the_wall_clock_will_read_them_after_a_step() {
-        use crate::fencing::machine::{Flow, Step, Witnesses};
+        use maintd_core::fencing::machine::{Flow, Step, Witnesses};
         const S: Nanos = 1_000_000_000;
         let mut f = Flow::new(
             "n1",

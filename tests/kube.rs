@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::fake_kube;
 use maintd::cluster::Cluster;
 use maintd::cluster::kube::{KubeCluster, KubeConfig, OUT_OF_SERVICE};
-use maintd::repair::{Job, JobKind, JobStatus};
+use maintd_core::repair::{Job, JobKind, JobStatus};
 use serde_json::json;
 use uuid::Uuid;
 

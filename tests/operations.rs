@@ -8,7 +8,7 @@ use std::process::Command;
 
 use common::*;
 use maintd::report::{Envelope, Key, now_ns};
-use maintd::verdict::Verdict;
+use maintd_core::verdict::Verdict;
 
 fn promtool() -> Option<&'static str> {
     let ok = Command::new("promtool")

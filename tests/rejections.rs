@@ -12,7 +12,7 @@ use axum::extract::RawQuery;
 use axum::routing::get;
 use common::*;
 use maintd::report::{Envelope, Key, now_ns};
-use maintd::verdict::Verdict;
+use maintd_core::verdict::Verdict;
 
 /// How a fake collector misbehaves.
 #[derive(Clone, Copy)]

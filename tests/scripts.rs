@@ -278,7 +278,7 @@ fn diagnose_once_prints_a_signed_envelope() {
     let rules = maintd::report::VerifyRules { max_bytes: 1 << 20 };
     // `diagnose --once` answers no poll (0).
     let v = maintd::report::Envelope::verify(&out.stdout, &k, "n1", None, 0, rules).unwrap();
-    assert_eq!(v.verdict.status, maintd::verdict::Status::Evacuate);
+    assert_eq!(v.verdict.status, maintd_core::verdict::Status::Evacuate);
     assert_eq!(v.envelope.name, "diagnose");
     assert_eq!(v.envelope.version, "B");
 

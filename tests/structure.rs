@@ -1,79 +1,37 @@
-//! The module structure docs/ARCHITECTURE.md promises. The unit is the top-level module of
-//! `src/`, except in the two rooms (`repair`, `fencing`), where each file is its own unit because
-//! a room holds both pure decisions and their executor. Checked: no import cycle between units,
-//! and the pure units import nothing but pure units and touch no clock, file, socket or process.
+//! The module structure docs/ARCHITECTURE.md promises. The unit is a top-level module of
+//! `src/` (a folder or a file); the pure core is the `maintd-core` crate, one unit below them all.
+//! Checked: no import cycle between units, no import up the layers, and a core whose
+//! dependencies do no I/O and whose code names no clock, file, socket or process. That the core
+//! imports nothing of the shell, Cargo checks: it cannot name the crate that depends on it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-const ROOMS: [&str; 2] = ["repair", "fencing"];
-
-const PURE: [&str; 11] = [
-    "verdict",
-    "tags",
-    "repair::model",
-    "repair::decide",
-    "repair::capacity",
-    "repair::conditions",
-    "fencing::machine",
-    "fencing::watchers",
-    "fencing::opinion",
-    "fencing::selffence",
-    "fencing::drill",
-];
-
-struct Unit {
-    name: String,
-    /// A file below a room's file (`fencing/machine/transitions.rs`): its `super` is its unit.
-    nested: bool,
-    /// Source without its `#[cfg(test)]` tail.
-    code: String,
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn units() -> Vec<Unit> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Every `.rs` file under `dir` but test code (unit-test files and folders, the simulated-time
+/// harness), with its path relative to `dir` and its text before any `#[cfg(test)]`.
+fn code_files(dir: &Path) -> Vec<(PathBuf, String)> {
     let mut out = Vec::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
             let p = e.unwrap().path();
+            let rel = p.strip_prefix(dir).unwrap().to_path_buf();
             if p.is_dir() {
-                stack.push(p);
+                if !rel.ends_with("tests") && !rel.starts_with("sim") {
+                    stack.push(p);
+                }
                 continue;
             }
-            // Test code (unit-test files and folders, the simulated-time harness) may import
-            // anything.
-            let rel = p.strip_prefix(&src).unwrap().to_path_buf();
-            let test_code = rel.ends_with("tests.rs")
-                || rel.components().any(|c| c.as_os_str() == "tests")
-                || rel.starts_with("sim");
-            if p.extension().is_none_or(|x| x != "rs") || test_code {
+            if p.extension().is_none_or(|x| x != "rs") || rel.ends_with("tests.rs") {
                 continue;
             }
-            let parts: Vec<String> = p
-                .strip_prefix(&src)
-                .unwrap()
-                .components()
-                .map(|c| {
-                    c.as_os_str()
-                        .to_string_lossy()
-                        .trim_end_matches(".rs")
-                        .to_string()
-                })
-                .collect();
-            let top = parts[0].clone();
-            if top == "lib" || top == "main" {
-                continue;
-            }
-            let name = if ROOMS.contains(&top.as_str()) && parts.len() > 1 && parts[1] != "mod" {
-                format!("{top}::{}", parts[1])
-            } else {
-                top
-            };
             let text = std::fs::read_to_string(&p).unwrap();
             let code = text.split("#[cfg(test)]").next().unwrap().to_string();
-            let nested = parts.len() > 2;
-            out.push(Unit { name, nested, code });
+            out.push((rel, code));
         }
     }
     out
@@ -85,50 +43,31 @@ fn ident(s: &str) -> String {
         .collect()
 }
 
-/// Unit -> the units its non-test code names.
+/// Unit -> the units its non-test code names (`crate::x`, and `maintd_core` as `core`).
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let units = units();
-    let names: BTreeSet<String> = units.iter().map(|u| u.name.clone()).collect();
-    let in_room = |room: &str, file: &str| {
-        let n = format!("{room}::{file}");
-        if names.contains(&n) {
-            n
-        } else {
-            room.to_string()
-        }
-    };
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for u in &units {
-        let top = u.name.split("::").next().unwrap().to_string();
-        let mut deps = BTreeSet::new();
-        for part in u.code.split("crate::").skip(1) {
-            let m = ident(part);
-            if m.is_empty() {
-                continue;
-            }
-            if ROOMS.contains(&m.as_str()) {
-                let rest = &part[m.len()..];
-                let file = rest.strip_prefix("::").map(ident).unwrap_or_default();
-                deps.insert(in_room(&m, &file));
-            } else {
-                deps.insert(m);
-            }
+    for (rel, code) in code_files(&root().join("src")) {
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let unit = first.trim_end_matches(".rs").to_string();
+        if unit == "lib" || unit == "main" {
+            continue;
         }
-        if ROOMS.contains(&top.as_str()) && !u.nested {
-            for part in u.code.split("super::").skip(1) {
-                deps.insert(in_room(&top, &ident(part)));
-            }
-            if u.name == top {
-                // A room's mod.rs re-exports its files' items.
-                for line in u.code.lines() {
-                    if let Some(rest) = line.trim().strip_prefix("pub use ") {
-                        deps.insert(in_room(&top, &ident(rest)));
-                    }
-                }
-            }
+        let mut deps: BTreeSet<String> = code
+            .split("crate::")
+            .skip(1)
+            .map(ident)
+            .filter(|m| !m.is_empty())
+            .collect();
+        if code.contains("maintd_core::") {
+            deps.insert("core".into());
         }
-        deps.remove(&u.name);
-        g.entry(u.name.clone()).or_default().extend(deps);
+        deps.remove(&unit);
+        g.entry(unit).or_default().extend(deps);
     }
     g
 }
@@ -152,8 +91,9 @@ fn reaches(g: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool
 #[test]
 fn modules_import_each_other_without_a_cycle() {
     let g = graph();
-    assert!(g.len() > 20, "{g:?}");
-    assert!(g["repair::engine"].contains("store"), "{g:#?}");
+    assert!(g.len() > 15, "{g:?}");
+    assert!(g["repair"].contains("store"), "{g:#?}");
+    assert!(g["store"].contains("core"), "{g:#?}");
     let cycles: Vec<&String> = g.keys().filter(|m| reaches(&g, m, m)).collect();
     assert!(
         cycles.is_empty(),
@@ -161,59 +101,13 @@ fn modules_import_each_other_without_a_cycle() {
     );
 }
 
-#[test]
-fn the_pure_decisions_import_only_pure_code() {
-    let g = graph();
-    for p in PURE {
-        let impure: Vec<&String> = g[p]
-            .iter()
-            .filter(|d| !PURE.contains(&d.as_str()))
-            .collect();
-        assert!(
-            impure.is_empty(),
-            "{p} must stay pure but imports {impure:?}"
-        );
-    }
-    assert!(g["repair::decide"].contains("repair::model"));
-}
-
-#[test]
-fn the_pure_decisions_touch_no_clock_file_socket_or_process() {
-    let forbidden = [
-        "SystemTime",
-        "Instant::now",
-        "std::fs",
-        "std::net",
-        "std::process",
-        "tokio::",
-        "rand::",
-        "std::env",
-        "new_v4",
-    ];
-    for u in units() {
-        if !PURE.contains(&u.name.as_str()) {
-            continue;
-        }
-        for f in forbidden {
-            assert!(!u.code.contains(f), "{} is pure but names {f}", u.name);
-        }
-    }
-}
-
-/// The folders' order, lowest first: a unit imports only units of its own layer or below, so
-/// the coupling shows in the folder list. The shared vocabulary and the pure decisions at the
-/// bottom; the plumbing every part uses; state, backends and membership; the rooms' executors;
-/// the two processes; the command line on top.
-fn layer(g: &BTreeMap<String, BTreeSet<String>>, unit: &str) -> usize {
-    let top = unit.split("::").next().unwrap();
-    if PURE.contains(&unit) {
-        return 0;
-    }
-    // A room's own module only re-exports: it sits where what it re-exports sits.
-    if ROOMS.contains(&unit) {
-        return g[unit].iter().map(|d| layer(g, d)).max().unwrap_or(0);
-    }
-    match top {
+/// The units' order, lowest first: a unit imports only units of its own layer or below, so the
+/// coupling shows in the folder list. The core (the vocabulary and the pure decisions) at the
+/// bottom; the plumbing every part uses; state, backends and membership; the two rooms'
+/// executors; the two processes; the command line on top.
+fn layer(unit: &str) -> usize {
+    match unit {
+        "core" => 0,
         "clock" | "sync" | "fsutil" | "secret" | "exec" | "node" | "report" | "http" | "ticker"
         | "sdnotify" => 1,
         "store" | "cluster" | "leader" | "members" | "link" | "metrics" | "parts" | "views" => 2,
@@ -230,7 +124,7 @@ fn no_import_points_up_the_layers() {
     let mut up = Vec::new();
     for (from, deps) in &g {
         for to in deps {
-            if layer(&g, to) > layer(&g, from) {
+            if layer(to) > layer(from) {
                 up.push(format!("{from} -> {to}"));
             }
         }
@@ -242,31 +136,71 @@ fn no_import_points_up_the_layers() {
     );
 }
 
+/// The core's `[dependencies]`: what its decisions may use. Adding one means asking whether it
+/// does I/O; none of these does.
+const CORE_DEPENDENCIES: [&str; 9] = [
+    "humantime",
+    "proptest",
+    "schemars",
+    "serde",
+    "serde_json",
+    "sha2",
+    "strum",
+    "thiserror",
+    "uuid",
+];
+
+#[test]
+fn the_core_depends_on_nothing_that_does_io() {
+    let manifest = std::fs::read_to_string(root().join("crates/maintd-core/Cargo.toml")).unwrap();
+    let deps: BTreeSet<String> = manifest
+        .split("\n[")
+        .filter(|section| section.starts_with("dependencies]"))
+        .flat_map(|section| section.lines().skip(1))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.split([' ', '=']).next().unwrap().replace('-', "_"))
+        .collect();
+    assert_eq!(
+        deps,
+        CORE_DEPENDENCIES.iter().map(|d| d.to_string()).collect(),
+        "the core's dependencies changed: none may do I/O (tokio, hyper, kube, rusqlite, nix…)"
+    );
+    // `proptest` only behind the `testing` feature, for the shell's tests.
+    assert!(manifest.contains("proptest = { version = \"1\", optional = true }"));
+}
+
+#[test]
+fn the_core_names_no_clock_file_socket_or_process() {
+    let forbidden = [
+        "SystemTime",
+        "Instant::now",
+        "std::fs",
+        "std::net",
+        "std::process",
+        "std::thread",
+        "std::env",
+        "new_v4",
+    ];
+    let files = code_files(&root().join("crates/maintd-core/src"));
+    assert!(files.len() > 20, "{}", files.len());
+    for (rel, code) in files {
+        for f in forbidden {
+            assert!(!code.contains(f), "{} is core but names {f}", rel.display());
+        }
+    }
+}
+
 /// A file that outgrows this is doing more than one thing: split it along its seams. Test code
 /// (an inline `#[cfg(test)]` tail, a test file, the simulated-time harness) is not counted.
 #[test]
 fn no_source_file_is_over_500_lines() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut long = Vec::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            let rel = p.strip_prefix(&src).unwrap().to_path_buf();
-            if p.is_dir() {
-                if !rel.ends_with("tests") && !rel.starts_with("sim") {
-                    stack.push(p);
-                }
-                continue;
-            }
-            if p.extension().is_none_or(|x| x != "rs") || rel.ends_with("tests.rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&p).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap();
+    for dir in ["src", "crates/maintd-core/src"] {
+        for (rel, code) in code_files(&root().join(dir)) {
             let n = code.lines().count();
             if n > 500 {
-                long.push(format!("{} ({n} lines)", rel.display()));
+                long.push(format!("{dir}/{} ({n} lines)", rel.display()));
             }
         }
     }

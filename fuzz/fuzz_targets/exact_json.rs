@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use maintd::verdict::ExactJson;
+use maintd_core::verdict::ExactJson;
 
 fuzz_target!(|data: &[u8]| {
     let ours = ExactJson::parse(data);

@@ -15,10 +15,10 @@ use crate::members::Members;
 use crate::metrics::Metrics;
 use crate::node::NodeConfig;
 use crate::repair::poller::{PollSettings, Poller};
-use crate::repair::{Observation, Policy, decide};
 use crate::report::{Key, VerifyRules};
 use crate::store::Store;
-use crate::verdict::Verdict;
+use maintd_core::repair::{Observation, Policy, decide};
+use maintd_core::verdict::Verdict;
 
 /// Why a benchmark could not produce valid figures.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +34,7 @@ pub enum BenchError {
     #[error(transparent)]
     Collector(#[from] crate::collector::CollectorError),
     #[error("bad verdict: {0}")]
-    Verdict(#[from] crate::verdict::VerdictError),
+    Verdict(#[from] maintd_core::verdict::VerdictError),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
     #[error("a bench task failed: {0}")]
@@ -350,7 +350,7 @@ pub async fn poll(
 
 /// `maintd bench plan`: admission of evacuation candidates over a synthetic cluster.
 pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<(), BenchError> {
-    use crate::repair::capacity::{NodeCap, Pdb, PodReq, Snapshot, Taint, Toleration};
+    use maintd_core::repair::capacity::{NodeCap, Pdb, PodReq, Snapshot, Taint, Toleration};
     use std::collections::BTreeMap;
     const GI: i64 = 1 << 30;
     let mut s = Snapshot::default();
@@ -424,34 +424,36 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
     for &n in candidates {
         // A whole decision, as the engine makes it: every node reports, `n` of them want a
         // drain, and the round planner admits what fits.
-        let mut obs = crate::repair::Observations::new();
+        let mut obs = maintd_core::repair::Observations::new();
         let mut events = Vec::new();
-        let evac = crate::verdict::Verdict::from_value(
+        let evac = maintd_core::verdict::Verdict::from_value(
             serde_json::json!({"status": "evacuate", "details": {"bench": true}}),
         )?;
         for i in 0..nodes {
             let name = format!("node{i}");
             obs.reports.insert(
                 name,
-                crate::repair::Observation::Report(crate::verdict::Verdict::builtin_ok()),
+                maintd_core::repair::Observation::Report(
+                    maintd_core::verdict::Verdict::builtin_ok(),
+                ),
             );
         }
         for i in 0..n.min(nodes) {
             let name = format!("node{}", (i * 37) % nodes);
             obs.reports.insert(
                 name.clone(),
-                crate::repair::Observation::Report(evac.clone()),
+                maintd_core::repair::Observation::Report(evac.clone()),
             );
             let id = uuid::Uuid::from_u128(i as u128 + 1);
-            events.push(crate::repair::Event {
+            events.push(maintd_core::repair::Event {
                 id,
                 node: name,
                 original: evac.original.clone(),
                 canonical: evac.canonical(),
                 action: evac.status,
                 command: None,
-                status: crate::repair::RepairStatus::Noted,
-                tag: crate::repair::ready_tag(&id),
+                status: maintd_core::repair::RepairStatus::Noted,
+                tag: maintd_core::repair::ready_tag(&id),
                 tagged: false,
                 acknowledged: false,
                 superseded_by: None,
@@ -460,9 +462,9 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
                 updated: i as i64,
             });
         }
-        let state = crate::repair::State {
+        let state = maintd_core::repair::State {
             events,
-            capacity: Some(crate::repair::Capacity {
+            capacity: Some(maintd_core::repair::Capacity {
                 snapshot: s.clone(),
                 max_disruptions: n,
             }),
@@ -472,7 +474,7 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
         let mut last = None;
         for _ in 0..5 {
             let t = std::time::Instant::now();
-            let a = crate::repair::decide(&state, &obs, 1_000_000);
+            let a = maintd_core::repair::decide(&state, &obs, 1_000_000);
             best = best.min(t.elapsed().as_secs_f64() * 1e3);
             last = Some(a);
         }
@@ -480,14 +482,14 @@ pub fn plan(nodes: usize, pods_per_node: usize, candidates: &[usize]) -> Result<
         let admitted = actions
             .iter()
             .find_map(|a| match a {
-                crate::repair::Action::StartRound { jobs, .. } => Some(jobs.len()),
+                maintd_core::repair::Action::StartRound { jobs, .. } => Some(jobs.len()),
                 _ => None,
             })
             .unwrap_or(0);
         let waiting = actions
             .iter()
             .filter(|a| {
-                matches!(a, crate::repair::Action::Note { note: Some(w), .. } if w.starts_with("waiting to drain"))
+                matches!(a, maintd_core::repair::Action::Note { note: Some(w), .. } if w.starts_with("waiting to drain"))
             })
             .count();
         out!("{n:>10}  {best:>10.1}  {admitted:>9}  {waiting:>8}");

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use reqwest::header::{ETAG, IF_NONE_MATCH};
 
 use super::bench::BenchError;
-use crate::repair::model::{Action, Event, RepairStatus};
 use crate::report::Key;
 use crate::store::Store;
-use crate::verdict::Status;
+use maintd_core::repair::model::{Action, Event, RepairStatus};
+use maintd_core::verdict::Status;
 
 /// Of every five events (one per node), one waits, one is canceled and three are completed and
 /// acknowledged.

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use crate::config::HeartbeatConfig;
 use crate::fencing::peering::{Peering, PeeringSettings};
-use crate::fencing::watchers::DEFAULT_WATCHERS;
 use crate::node::NodeConfig;
 use crate::report::heartbeat::{Heartbeat, PeerSet, PeerState, PeerView};
 use crate::report::keyring::Keyring;
 use crate::report::nodekey::{Credential, Held, NodeSecret};
 use crate::report::{Key, now_ns};
+use maintd_core::fencing::watchers::DEFAULT_WATCHERS;
 
 use super::bench::{BenchError, cpu_seconds};
 

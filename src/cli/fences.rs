@@ -61,7 +61,7 @@ fn time(ns: Nanos) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
-use crate::verdict::Nanos;
+use maintd_core::verdict::Nanos;
 
 pub(super) async fn fences(cli: &Cli, cmd: &FencesCmd) -> Result<(), CliError> {
     match cmd {
@@ -190,7 +190,7 @@ pub(super) async fn fencing(cli: &Cli, cmd: &FencingCmd) -> Result<(), CliError>
     Ok(())
 }
 
-fn drill_line(d: &crate::fencing::drill::Drill) -> String {
+fn drill_line(d: &maintd_core::fencing::drill::Drill) -> String {
     let stages: Vec<String> = d
         .stages
         .iter()
@@ -220,7 +220,7 @@ pub(super) async fn drills(json: bool, api: &ApiArgs) -> Result<(), CliError> {
         print_json(&v);
         return Ok(());
     }
-    let list: Vec<crate::fencing::drill::Drill> = view(v)?;
+    let list: Vec<maintd_core::fencing::drill::Drill> = view(v)?;
     if list.is_empty() {
         out!("no drills");
     }
@@ -240,7 +240,7 @@ pub(super) async fn drill(
 ) -> Result<i32, CliError> {
     let cfg = cli.load_config()?;
     let path = format!("/1/nodes/{}/drill", segment(node));
-    let d: crate::fencing::drill::Drill =
+    let d: maintd_core::fencing::drill::Drill =
         view(api_signed(&cfg, api, reqwest::Method::POST, &path).await?)?;
     out!("drill {} on {node} started", d.id);
     if !wait {
@@ -248,14 +248,14 @@ pub(super) async fn drill(
     }
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        let list: Vec<crate::fencing::drill::Drill> = view(api_get(api, "/1/drills").await?)?;
+        let list: Vec<maintd_core::fencing::drill::Drill> = view(api_get(api, "/1/drills").await?)?;
         let Some(now) = list.into_iter().find(|x| x.id == d.id) else {
             continue;
         };
         if now.status.is_final() {
             out!("{}", drill_line(&now));
             return Ok(i32::from(
-                now.status != crate::fencing::drill::DrillStatus::Passed,
+                now.status != maintd_core::fencing::drill::DrillStatus::Passed,
             ));
         }
     }

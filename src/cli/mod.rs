@@ -27,8 +27,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::{Config, ConfigError};
 use crate::http::{error_message, send_signed};
 use crate::report::{Envelope, Key, KeyError, now_ns};
-use crate::verdict::ExactJson;
 use crate::views;
+use maintd_core::verdict::ExactJson;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -15,10 +15,10 @@ use crate::clock::steady_ns;
 use crate::exec;
 use crate::exec::hooks::HookCall;
 use crate::exec::jobs::JobRunner;
-use crate::repair::Policy;
-use crate::repair::{Job, JobKind};
 use crate::store::Store;
-use crate::verdict::Outcome;
+use maintd_core::repair::Policy;
+use maintd_core::repair::{Job, JobKind};
+use maintd_core::verdict::Outcome;
 
 /// Names of the inventory hooks in the daemon's `repair-dir`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]

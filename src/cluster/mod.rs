@@ -16,9 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use uuid::Uuid;
 
 use crate::exec::ExecError;
-use crate::repair::Job;
 use crate::store::StoreError;
-use crate::verdict::Outcome;
+use maintd_core::repair::Job;
+use maintd_core::verdict::Outcome;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -58,7 +58,7 @@ pub enum ClusterError {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeFacts {
     pub members: Vec<crate::node::NodeConfig>,
-    pub conditions: BTreeMap<String, Vec<crate::repair::conditions::NodeCondition>>,
+    pub conditions: BTreeMap<String, Vec<maintd_core::repair::conditions::NodeCondition>>,
 }
 
 /// A Lease that witnesses a node's life (its kubelet's, or a storage agent's) as the fencer
@@ -106,7 +106,7 @@ pub enum EventReason {
     RepairReady,
     RepairFailed,
     /// A job of a repair ran on the node (the reason names its kind).
-    Job(crate::repair::JobKind),
+    Job(maintd_core::repair::JobKind),
     /// A fence flow moved.
     Fence,
     FenceRelease,
@@ -131,7 +131,7 @@ pub enum EventReason {
 
 impl EventReason {
     pub fn as_str(self) -> &'static str {
-        use crate::repair::JobKind;
+        use maintd_core::repair::JobKind;
         match self {
             EventReason::EventNoted => "MaintdEventNoted",
             EventReason::RepairReady => "MaintdRepairReady",
@@ -245,7 +245,9 @@ pub trait Cluster: Send + Sync + 'static {
         None
     }
     /// Capacity facts for admitting drains, for backends that know the workloads.
-    async fn capacity(&self) -> Result<Option<crate::repair::capacity::Snapshot>, ClusterError> {
+    async fn capacity(
+        &self,
+    ) -> Result<Option<maintd_core::repair::capacity::Snapshot>, ClusterError> {
         Ok(None)
     }
     /// The managed nodes as the backend lists them now, for backends whose membership can
@@ -281,16 +283,7 @@ pub enum Purpose {
     Repair,
 }
 
-/// What the engine knows when it asks for a round's upkeep.
-#[derive(Debug, Clone, Default)]
-pub struct UpkeepPlan {
-    /// Nodes with an active event or a job in the round.
-    pub busy: BTreeSet<String>,
-    /// Nodes with a failed event: no balancing there.
-    pub failed: BTreeSet<String>,
-    /// A round of events starts now (the upkeep joins it).
-    pub round: bool,
-}
+pub use maintd_core::repair::upkeep::UpkeepPlan;
 
 /// One upkeep task of a round: what it does (for logs and the API), the nodes it touches, and
 /// the backend's own description of it.

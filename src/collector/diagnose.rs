@@ -4,7 +4,7 @@
 use crate::config::CollectorConfig;
 use crate::exec::{self, ExecError, RunSpec};
 use crate::report::{Envelope, Key, now_ns};
-use crate::verdict::Verdict;
+use maintd_core::verdict::Verdict;
 
 /// The result of one diagnose run.
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ pub enum DiagnoseError {
     #[error("diagnose exited with {status}: {stderr}")]
     Exit { status: String, stderr: String },
     #[error("diagnose printed invalid output: {0}")]
-    Output(#[from] crate::verdict::VerdictError),
+    Output(#[from] maintd_core::verdict::VerdictError),
     /// The collector checks its own report as the daemon would, so the two never disagree.
     #[error("the daemon would refuse this diagnose output: {0}")]
     Unacceptable(#[source] crate::report::ReportError),

@@ -531,7 +531,7 @@ mod tests {
         script(d.path(), "huge", "head -c 1000 /dev/zero | tr '\\0' 'a'");
         let ok = diagnose(&cfg(d.path(), "good")).await;
         assert!(ok.error.is_none());
-        assert_eq!(ok.verdict.status, crate::verdict::Status::Evacuate);
+        assert_eq!(ok.verdict.status, maintd_core::verdict::Status::Evacuate);
         for (name, expect) in [
             ("badjson", "invalid output"),
             ("badstatus", "unknown status"),
@@ -548,12 +548,12 @@ mod tests {
             let r = diagnose(&c).await;
             let err = r.error.unwrap_or_default();
             assert!(err.contains(expect), "{name}: {err}");
-            assert_eq!(r.verdict.status, crate::verdict::Status::Ok);
+            assert_eq!(r.verdict.status, maintd_core::verdict::Status::Ok);
             assert_eq!(r.verdict.original["details"]["diagnose-error"], err);
         }
         let builtin = diagnose(&cfg(d.path(), "")).await;
         assert!(builtin.error.is_none());
-        assert_eq!(builtin.verdict.status, crate::verdict::Status::Ok);
+        assert_eq!(builtin.verdict.status, maintd_core::verdict::Status::Ok);
     }
 
     /// Collector `n1` with the built-in diagnose and its journal in a fresh directory.

@@ -28,7 +28,7 @@ use crate::report::heartbeat::{
 use crate::report::nodekey::Credential;
 use crate::report::now_ns;
 use crate::sync::{LockExt, RwLockExt};
-use crate::verdict::Nanos;
+use maintd_core::verdict::Nanos;
 
 struct Heard {
     seq: u64,
@@ -246,7 +246,7 @@ impl Peers {
     ) -> (
         Option<Nanos>,
         bool,
-        Vec<crate::fencing::selffence::WatcherContact>,
+        Vec<maintd_core::fencing::selffence::WatcherContact>,
     ) {
         let (contact, marked) = {
             let m = self.master.lock_unpoisoned();
@@ -280,7 +280,7 @@ impl Peers {
         };
         let contacts = said
             .into_iter()
-            .map(|w| crate::fencing::selffence::WatcherContact {
+            .map(|w| maintd_core::fencing::selffence::WatcherContact {
                 heard: w.alive,
                 echoed: self.sent_at(w.echo),
                 vouched: self.sent_at(w.vouch),

@@ -125,7 +125,7 @@ mod tests {
     use crate::link::{UdpCounts, UdpOutcome, UdpPoll, UdpPolled};
     use crate::node::NodeConfig;
     use crate::report::{Envelope, Key, VerifyRules, now_ns};
-    use crate::verdict::Verdict;
+    use maintd_core::verdict::Verdict;
     use std::time::Duration;
 
     fn refused(c: &Collector, reason: &'static str) -> u64 {

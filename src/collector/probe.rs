@@ -48,7 +48,7 @@ pub struct MasterProbe {
     pub marked: std::collections::BTreeSet<String>,
     /// A probe's marks are taken only when its echo is of a view this node served within this
     /// span of its own clock.
-    pub mark_window: crate::verdict::Nanos,
+    pub mark_window: maintd_core::verdict::Nanos,
 }
 
 /// Names the master may mark in one probe (more are ignored).

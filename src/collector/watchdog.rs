@@ -16,10 +16,10 @@ use tracing::{error, info, warn};
 
 use crate::clock::mono_ns;
 use crate::config::{HeartbeatConfig, WatchdogConfig};
-use crate::fencing::selffence::{Feed, FeedInputs, FeedSettings, Reason, decide_feed};
 use crate::report::WatchdogReport;
 use crate::sync::RwLockExt;
-use crate::verdict::Nanos;
+use maintd_core::fencing::selffence::{Feed, FeedInputs, FeedSettings, Reason, decide_feed};
+use maintd_core::verdict::Nanos;
 
 use super::peers::Peers;
 

@@ -12,8 +12,8 @@ use uuid::Uuid;
 
 use super::api::{ApiState, require_leader};
 use crate::cluster::Cluster;
-use crate::fencing::machine::{FenceStatus, Transition, fence_failed_tag};
 use crate::http::ApiError;
+use maintd_core::fencing::machine::{FenceStatus, Transition, fence_failed_tag};
 
 type S<C> = State<Arc<ApiState<C>>>;
 
@@ -99,7 +99,7 @@ pub(super) async fn ack<C: Cluster>(
 
 fn answer<C: Cluster>(
     s: &ApiState<C>,
-    f: &crate::fencing::machine::Flow,
+    f: &maintd_core::fencing::machine::Flow,
     by: String,
 ) -> Result<Acknowledged, ApiError> {
     let answers = s

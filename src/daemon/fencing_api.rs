@@ -22,7 +22,7 @@ fn flow_id(id: &str) -> Result<Uuid, ApiError> {
 pub(super) async fn flow<C: Cluster>(
     s: &ApiState<C>,
     id: &str,
-) -> Result<crate::fencing::machine::Flow, ApiError> {
+) -> Result<maintd_core::fencing::machine::Flow, ApiError> {
     let id = flow_id(id)?;
     s.flows
         .get(&id)
@@ -138,7 +138,13 @@ pub(super) async fn resume<C: Cluster>(
 pub(super) async fn drill<C: Cluster>(
     State(s): S<C>,
     Path(node): Path<String>,
-) -> Result<(axum::http::StatusCode, Json<crate::fencing::drill::Drill>), ApiError> {
+) -> Result<
+    (
+        axum::http::StatusCode,
+        Json<maintd_core::fencing::drill::Drill>,
+    ),
+    ApiError,
+> {
     require_leader(&s)?;
     let db = |e: crate::store::StoreError| ApiError::internal(format!("{}: {e}", s.store.path()));
     if s.members.find(&node).is_none() {
@@ -177,7 +183,7 @@ pub(super) async fn drill<C: Cluster>(
         .map_err(|e| ApiError::internal(format!("{}: {e}", s.flows.location())))?;
     if let Some(f) = flows
         .iter()
-        .find(|f| f.status != crate::fencing::machine::FenceStatus::Final)
+        .find(|f| f.status != maintd_core::fencing::machine::FenceStatus::Final)
     {
         return Err(ApiError::conflict(format!(
             "fence flow {} runs on {}: no drill while a node is fenced",
@@ -186,7 +192,7 @@ pub(super) async fn drill<C: Cluster>(
     }
     let d = s
         .store
-        .insert_drill(&crate::fencing::drill::Drill::new(
+        .insert_drill(&maintd_core::fencing::drill::Drill::new(
             &node,
             steady_ns(),
             Uuid::new_v4(),
@@ -203,7 +209,7 @@ pub(super) async fn drill<C: Cluster>(
 /// `GET /1/drills`: the 100 newest drills, each with its status and measured stages.
 pub(super) async fn drills<C: Cluster>(
     State(s): S<C>,
-) -> Result<Json<Vec<crate::fencing::drill::Drill>>, ApiError> {
+) -> Result<Json<Vec<maintd_core::fencing::drill::Drill>>, ApiError> {
     s.store
         .drills(100)
         .map(Json)

@@ -45,7 +45,7 @@ pub(super) async fn leftovers<C: Cluster>(cfg: &Config, shared: &Shared<C>) -> V
                     .iter()
                     .flat_map(|(node, t)| {
                         t.iter()
-                            .filter(|t| crate::tags::split(t).is_some())
+                            .filter(|t| maintd_core::tags::split(t).is_some())
                             .map(move |t| format!("{t} on {node}"))
                     })
                     .collect();

@@ -287,7 +287,7 @@ async fn nodes_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, 
         let in_maintenance = maintenance
             .get(&n.name)
             .cloned()
-            .or_else(|| crate::fencing::machine::awaiting_ack(&node_tags));
+            .or_else(|| maintd_core::fencing::machine::awaiting_ack(&node_tags));
         let mut v = views::Node::new(
             &n.name,
             collector_address(&n.collector).unwrap_or_default(),

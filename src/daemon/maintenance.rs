@@ -12,7 +12,7 @@ use crate::clock::steady_ns;
 use crate::cluster::Cluster;
 use crate::http::ApiError;
 use crate::store::Maintenance;
-use crate::verdict::Nanos;
+use maintd_core::verdict::Nanos;
 
 type S<C> = State<Arc<ApiState<C>>>;
 
@@ -178,7 +178,7 @@ pub(super) async fn list<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<InMainte
         }
     }
     for (node, tags) in tags {
-        let Some(reason) = crate::fencing::machine::awaiting_ack(&tags) else {
+        let Some(reason) = maintd_core::fencing::machine::awaiting_ack(&tags) else {
             continue;
         };
         if out.iter().any(|m| m.node == node) {

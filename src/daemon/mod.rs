@@ -60,7 +60,7 @@ pub enum DaemonError {
     #[error("{task} stopped unexpectedly: {detail}")]
     TaskEnded { task: &'static str, detail: String },
     #[error(transparent)]
-    Rules(#[from] crate::repair::conditions::RuleError),
+    Rules(#[from] maintd_core::repair::conditions::RuleError),
     #[error(transparent)]
     Leader(#[from] crate::leader::LeaderError),
     /// Ganeti's vote made another node master: maintd acts only on the master.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::exec::RunSpec;
-use crate::tags::reference as reason_trail;
+use maintd_core::tags::reference as reason_trail;
 
 /// What a hook run is about. `job` and `action` are absent for live repairs, which run on the
 /// node itself and are not jobs of the backend.

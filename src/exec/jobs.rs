@@ -32,7 +32,7 @@ struct FileSpec {
     timeout_ms: u64,
 }
 
-use crate::verdict::Outcome;
+use maintd_core::verdict::Outcome;
 
 #[derive(Debug, Clone)]
 pub struct JobRunner {

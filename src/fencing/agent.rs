@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::exec::{self, ExecError, RunSpec};
-use crate::fencing::machine::{Call, PENDING, Step};
-use crate::verdict::Nanos;
-use crate::verdict::{FailureKind, Outcome};
+use maintd_core::fencing::machine::{Call, PENDING, Step};
+use maintd_core::verdict::Nanos;
+use maintd_core::verdict::{FailureKind, Outcome};
 
 #[cfg(test)]
 use super::call::NoJournal;
@@ -289,7 +289,7 @@ async fn call(
     code
 }
 
-use crate::fencing::machine::{KILLED, ended};
+use maintd_core::fencing::machine::{KILLED, ended};
 
 /// Why a method did not do its part.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

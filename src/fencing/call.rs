@@ -47,7 +47,7 @@ pub(super) fn stdin_params(method: &Method, action: &str) -> Vec<u8> {
 #[async_trait::async_trait]
 pub trait CallJournal: Send + Sync {
     /// Records `call` (pending); an error keeps the call from being made.
-    async fn begin(&self, call: &crate::fencing::machine::Call) -> Result<(), String>;
+    async fn begin(&self, call: &maintd_core::fencing::machine::Call) -> Result<(), String>;
 }
 
 /// No record before a call: the agent module's own tests.
@@ -57,7 +57,7 @@ pub struct NoJournal;
 #[cfg(test)]
 #[async_trait::async_trait]
 impl CallJournal for NoJournal {
-    async fn begin(&self, _call: &crate::fencing::machine::Call) -> Result<(), String> {
+    async fn begin(&self, _call: &maintd_core::fencing::machine::Call) -> Result<(), String> {
         Ok(())
     }
 }

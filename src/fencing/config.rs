@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use super::plan::{ExecPolicy, Executor, FencePlan, Method, Stage};
-use crate::fencing::machine::Step;
+use maintd_core::fencing::machine::Step;
 
 /// A fencing section that cannot work; the text names the node, stage, method or file.
 #[derive(Debug, thiserror::Error)]
@@ -125,7 +125,7 @@ impl Default for FencingConfig {
             check_timeout: Duration::from_secs(10),
             check_concurrency: 4,
             second_opinion: true,
-            watchers: crate::fencing::watchers::DEFAULT_WATCHERS,
+            watchers: maintd_core::fencing::watchers::DEFAULT_WATCHERS,
             self_fence_margin: Duration::from_secs(5),
             kdump_listen: std::net::SocketAddr::from(([0, 0, 0, 0], 7410)),
             kdump_timeout: Duration::from_secs(600),

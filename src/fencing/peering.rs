@@ -12,16 +12,16 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use crate::fencing::opinion::{KubeletSays, PeerOpinion, Says, Testimony};
 use crate::fencing::peersets::{build, resolve};
 use crate::fencing::readiness::WatchdogViews;
-use crate::fencing::selffence::{LostRun, ResetEvidence, WatcherEvidence};
 use crate::node::NodeConfig;
 use crate::report::heartbeat::{PeerAddress, PeerSet, PeerView, SignedView};
 use crate::report::keyring::Keyring;
 use crate::sync::LockExt;
-use crate::verdict::Nanos;
 use crate::views::PeerWitnesses;
+use maintd_core::fencing::opinion::{KubeletSays, PeerOpinion, Says, Testimony};
+use maintd_core::fencing::selffence::{LostRun, ResetEvidence, WatcherEvidence};
+use maintd_core::verdict::Nanos;
 
 /// A view lists at most `MAX_PEERS` peers of ~120 bytes each, then escaped into a string.
 pub const VIEW_BODY_CAP: usize = 32 * 1024;
@@ -377,7 +377,7 @@ impl Peering {
 
     /// The second opinion on `node`, with its kubelet's Lease when there is one.
     pub fn opinion(&self, node: &str, now: Nanos, leases: &[(String, KubeletSays)]) -> PeerOpinion {
-        crate::fencing::opinion::second_opinion(&self.testimony(node, now), leases)
+        maintd_core::fencing::opinion::second_opinion(&self.testimony(node, now), leases)
     }
 
     /// A node's last reported watchdog, from its own last view: `None` if it never had one or

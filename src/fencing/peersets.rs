@@ -8,9 +8,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tracing::warn;
 
-use crate::fencing::watchers::{assignment, watched};
 use crate::report::heartbeat::{MAX_PEERS, MAX_SAFE_INTEGER, PeerAddress, PeerSet};
 use crate::report::keyring::Keyring;
+use maintd_core::fencing::watchers::{assignment, watched};
 
 /// A set's epoch: a hash of its content, so every leader derives the same number and a
 /// collector holding it needs no push. Never 0 (a collector's empty set).

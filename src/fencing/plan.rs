@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::fencing::machine::{MethodRecord, PlanRecord, StageRecord, Step};
+use maintd_core::fencing::machine::{MethodRecord, PlanRecord, StageRecord, Step};
 
 // The policy and the executor are recorded with each flow's plan, so they are the machine's.
-pub use crate::fencing::machine::{ExecPolicy, Executor};
+pub use maintd_core::fencing::machine::{ExecPolicy, Executor};
 
 /// One resolved method: the agent and every parameter it gets on stdin (secrets included).
 #[derive(Clone, PartialEq)]
@@ -65,7 +65,7 @@ pub struct FencePlan {
 impl FencePlan {
     /// What the fence state machine needs of the plan: each stage's retry limits. Read off the
     /// record, so a flow resumed from its record decides exactly as the one that started it.
-    pub fn summary(&self) -> crate::fencing::machine::PlanSummary {
+    pub fn summary(&self) -> maintd_core::fencing::machine::PlanSummary {
         self.record().summary()
     }
 
@@ -223,7 +223,7 @@ impl FencePlan {
 /// the node's plan in force (`current`). A flow recorded before plans were, or whose secret is
 /// gone from the configuration, goes on with `current`, and the latter says so.
 pub fn resumed(
-    f: &crate::fencing::machine::Flow,
+    f: &maintd_core::fencing::machine::Flow,
     current: Option<&FencePlan>,
 ) -> Option<FencePlan> {
     let Some(record) = &f.plan else {

@@ -23,7 +23,7 @@ use crate::cluster::{Cluster, EventReason};
 use crate::metrics::Metrics;
 use crate::sync::LockExt;
 use crate::ticker::Ticker;
-use crate::verdict::Nanos;
+use maintd_core::verdict::Nanos;
 
 /// What the readiness checker needs of the configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -121,7 +121,7 @@ async fn check_power(
             runner.call_at(&site, m, "status", timeout).await;
         let ok = status_ok(code);
         if !ok {
-            let ended = super::machine::ended(code, &output);
+            let ended = maintd_core::fencing::machine::ended(code, &output);
             failures.push(format!(
                 "{}: {} status failed ({ended}): {}",
                 m.name,

@@ -7,8 +7,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::repair::RepairStatus;
 use crate::store::Store;
+use maintd_core::repair::RepairStatus;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RepairStatusLabel {

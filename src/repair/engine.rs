@@ -8,9 +8,9 @@ use tokio::sync::Notify;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::cluster::{Cluster, EventReason};
-use crate::repair::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
 use crate::store::Store;
-use crate::verdict::Outcome;
+use maintd_core::repair::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
+use maintd_core::verdict::Outcome;
 
 use super::live::LiveRepairs;
 use super::poller::Poller;
@@ -316,7 +316,7 @@ impl<C: Cluster> Engine<C> {
                         EventReason::EventNoted,
                         &format!(
                             "{} {}: {}",
-                            crate::tags::reference(&e.id),
+                            maintd_core::tags::reference(&e.id),
                             e.action,
                             e.canonical
                         ),
@@ -358,7 +358,7 @@ impl<C: Cluster> Engine<C> {
                 self.store.apply(action, now)?;
                 self.store.mark_tagged(event, now)?;
                 info!(event = %event, node = %node, status = status.as_str(), tag = %tag, "event finalized");
-                let failed = *status == crate::repair::RepairStatus::Failed;
+                let failed = *status == maintd_core::repair::RepairStatus::Failed;
                 self.cluster
                     .record(
                         node,
@@ -367,7 +367,7 @@ impl<C: Cluster> Engine<C> {
                         } else {
                             EventReason::RepairReady
                         },
-                        &format!("{}: tag {tag}", crate::tags::reference(event)),
+                        &format!("{}: tag {tag}", maintd_core::tags::reference(event)),
                         failed,
                     )
                     .await;

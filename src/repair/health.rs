@@ -3,7 +3,7 @@
 //! that it could not match (a lost or emptied database beside earlier jobs and tags).
 
 use crate::sync::LockExt;
-use crate::verdict::Nanos;
+use maintd_core::verdict::Nanos;
 
 /// Whether the engine is still deciding: a daemon whose every tick fails (an unreadable
 /// database, an unreachable backend) must not look healthy.

@@ -11,9 +11,9 @@ use crate::http::error_message;
 use crate::link::{Answer, CollectorLink, LinkError};
 use crate::members::Members;
 use crate::node::NodeConfig;
-use crate::repair::{Event, Job};
 use crate::report::live::{LiveRepairRecord, RepairRequest, RepairState};
-use crate::verdict::Outcome;
+use maintd_core::repair::{Event, Job};
+use maintd_core::verdict::Outcome;
 
 const POLL: Duration = Duration::from_millis(250);
 /// Extra time beyond the collector's own repair timeout before the daemon gives up.
@@ -93,7 +93,7 @@ impl LiveRepairs {
             job: key.clone(),
             event: job.event.to_string(),
             command,
-            input: crate::verdict::ExactJson::assume_canonical(event.canonical.clone()),
+            input: maintd_core::verdict::ExactJson::assume_canonical(event.canonical.clone()),
         };
         let body = serde_json::to_vec(&req).expect("request serializes");
         let deadline = Instant::now() + self.timeout;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 
 use crate::store::NodeUpdate;
-use crate::verdict::Nanos;
+use maintd_core::verdict::Nanos;
 
 /// How long an unchanged row may go unwritten.
 pub const REFRESH_NS: Nanos = 600_000_000_000;

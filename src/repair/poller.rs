@@ -11,10 +11,10 @@ use tracing::{debug, info, warn};
 
 use crate::link::{Answer, CollectorLink, LinkError, UdpPoll, UdpPolled};
 use crate::node::NodeConfig;
-use crate::repair::{Observation, Observations};
 use crate::report::keyring::Keyring;
 use crate::report::{Envelope, ReportError, VerifyRules};
 use crate::store::{NodeUpdate, Store, StoreError};
+use maintd_core::repair::{Observation, Observations};
 
 use crate::members::Members;
 use crate::metrics::{Metrics, RejectLabel};
@@ -215,7 +215,7 @@ impl Poller {
                     u.diagnosed_ns = Some(r.envelope.diagnosed_at);
                     u.diagnose_error = r.envelope.diagnose_error.clone();
                     u.boot = r.envelope.boot;
-                    let ok = r.verdict.status == crate::verdict::Status::Ok;
+                    let ok = r.verdict.status == maintd_core::verdict::Status::Ok;
                     self.health.reported(
                         &name,
                         ok && u.diagnose_error.is_none(),
@@ -349,7 +349,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::report::Key;
-    use crate::verdict::Verdict;
+    use maintd_core::verdict::Verdict;
 
     /// A collector behind an on-path attacker: it signs a report answering the nonce in the
     /// poll's path, with the next sequence, unless the attacker plays back a captured body.

@@ -2,15 +2,14 @@
 //! the backend when a round of events starts (it joins that round) or while the engine is idle,
 //! never on the nodes the events hold; the next round waits for it as for the round's jobs.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::cluster::{Cluster, Upkeep, UpkeepPlan};
-use crate::repair::{Action, RepairStatus, State};
+use crate::cluster::{Cluster, Upkeep};
+pub use maintd_core::repair::upkeep::{UpkeepPlan, plan};
 
 /// How many upkeep tasks run now.
 #[derive(Default)]
@@ -60,39 +59,4 @@ impl Upkeeps {
             );
         }
     }
-}
-
-/// What the backend is told when it may plan upkeep: `None` while a round or upkeep runs. The
-/// nodes of events that still hold them (noted, pending, or completed and not acknowledged)
-/// are busy; those of failed events get no balancing.
-pub fn plan(state: &State, actions: &[Action], running: bool) -> Option<UpkeepPlan> {
-    if running || state.round_running.is_some() {
-        return None;
-    }
-    let mut busy = BTreeSet::new();
-    let mut failed = BTreeSet::new();
-    for e in &state.events {
-        match e.status {
-            RepairStatus::Failed => {
-                failed.insert(e.node.clone());
-            }
-            RepairStatus::Canceled => {}
-            _ if e.acknowledged => {}
-            _ => {
-                busy.insert(e.node.clone());
-            }
-        }
-    }
-    let mut round = false;
-    for a in actions {
-        if let Action::StartRound { jobs, .. } = a {
-            round = true;
-            busy.extend(jobs.iter().map(|j| j.node.clone()));
-        }
-    }
-    Some(UpkeepPlan {
-        busy,
-        failed,
-        round,
-    })
 }

@@ -35,5 +35,5 @@ pub struct RepairRequest {
     pub event: String,
     pub command: String,
     /// The event's whole diagnose JSON, given to the command on stdin.
-    pub input: crate::verdict::ExactJson,
+    pub input: maintd_core::verdict::ExactJson,
 }

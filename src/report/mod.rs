@@ -22,7 +22,7 @@ use std::cmp::Ordering;
 
 use serde::{Deserialize, Serialize};
 
-use crate::verdict::{
+use maintd_core::verdict::{
     ExactError, ExactJson, Spans, Verdict, VerdictError, canonical_parts, canonical_spans,
     canonicalize,
 };

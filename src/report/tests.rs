@@ -1,6 +1,6 @@
 //! Unit and property tests of the wire protocol: reports, keys and signed requests.
 use super::*;
-use crate::verdict::Status;
+use maintd_core::verdict::Status;
 use std::os::unix::fs::PermissionsExt;
 
 fn key() -> Key {
@@ -212,7 +212,7 @@ mod properties {
     use super::*;
     use proptest::prelude::*;
 
-    use crate::verdict::strategies::json;
+    use maintd_core::testing::json;
 
     #[test]
     fn the_reported_seventeen_digit_ratio_verifies() {

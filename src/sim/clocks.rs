@@ -8,7 +8,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
-use crate::fencing::machine::Step;
+use maintd_core::fencing::machine::Step;
 
 const S: Nanos = 1_000_000_000;
 const MIN: Duration = Duration::from_secs(60);

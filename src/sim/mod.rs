@@ -31,7 +31,6 @@ use crate::daemon::assembly::{Deps, FencingSettings, Running, Settings, assemble
 use crate::fencing::agent::{AgentRunner, EXIT_OFF, EXIT_OK};
 use crate::fencing::config::{ExecPolicy, FencePlan, FencingConfig, Method, Stage};
 use crate::fencing::executor::FencerSettings;
-use crate::fencing::machine::Flow;
 use crate::fencing::peering::PeeringSettings;
 use crate::fencing::readiness::{Board, CheckSettings};
 use crate::leader::Leadership;
@@ -42,13 +41,14 @@ use crate::node::NodeConfig;
 use crate::parts::Shared;
 use crate::repair::engine::EngineSettings;
 use crate::repair::poller::{PollSettings, REPORT_PATH};
-use crate::repair::{Event, Job, JobKind, Policy};
 use crate::report::heartbeat::{PeerSet, PeerState, PeerView, SignedView};
 use crate::report::live::{LiveRepairRecord, RepairRequest, RepairState};
 use crate::report::{Envelope, Key, VerifyRules};
 use crate::store::Store;
 use crate::sync::LockExt;
-use crate::verdict::{Nanos, Outcome, Verdict};
+use maintd_core::fencing::machine::Flow;
+use maintd_core::repair::{Event, Job, JobKind, Policy};
+use maintd_core::verdict::{Nanos, Outcome, Verdict};
 
 /// Where simulated time starts: a fixed Unix time, so runs are reproducible.
 pub const T0: Nanos = 1_800_000_000_000_000_000;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::fencing::machine::{FenceStatus, Step};
+use maintd_core::fencing::machine::{FenceStatus, Step};
 
 const MIN: Duration = Duration::from_secs(60);
 

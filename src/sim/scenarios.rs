@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use super::*;
-use crate::fencing::machine::{FenceStatus, Step, fence_failed_tag};
 use crate::fencing::readiness::FencingState;
-use crate::repair::{JobStatus, RepairStatus, ready_tag};
-use crate::verdict::Status;
+use maintd_core::fencing::machine::{FenceStatus, Step, fence_failed_tag};
+use maintd_core::repair::{JobStatus, RepairStatus, ready_tag};
+use maintd_core::verdict::Status;
 
 const EVAC: &str = r#"{"status":"evacuate","details":{"a":1,"b":2}}"#;
 const MIN: Duration = Duration::from_secs(60);

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::fencing::machine::{FenceStatus, Step};
+use maintd_core::fencing::machine::{FenceStatus, Step};
 
 const S: Nanos = 1_000_000_000;
 const MIN: Duration = Duration::from_secs(60);

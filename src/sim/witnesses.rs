@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::fencing::opinion::PeerWitness;
+use maintd_core::fencing::opinion::PeerWitness;
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -201,7 +201,9 @@ async fn a_node_with_an_open_flow_is_never_called_partitioned() {
     let open = sim
         .flows()
         .into_iter()
-        .filter(|f| f.node == "node2" && f.status != crate::fencing::machine::FenceStatus::Final)
+        .filter(|f| {
+            f.node == "node2" && f.status != maintd_core::fencing::machine::FenceStatus::Final
+        })
         .count();
     assert_eq!(open, 1, "{:?}", sim.flows());
     let w = peering.witnesses("node2", sim.clock.now());

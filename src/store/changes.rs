@@ -8,8 +8,8 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use super::{FenceCancel, FlowOutcome, FlowStore, Requests, Result};
-use crate::fencing::machine::{Call, Flow};
-use crate::verdict::{Nanos, Outcome};
+use maintd_core::fencing::machine::{Call, Flow};
+use maintd_core::verdict::{Nanos, Outcome};
 
 /// Which part of the state moved: watchers of events need not wake for a poll cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

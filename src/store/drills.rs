@@ -1,7 +1,7 @@
 //! Fencing drills as they are kept: one JSON document per drill, numbered by its row.
 
 use super::*;
-use crate::fencing::drill::Drill;
+use maintd_core::fencing::drill::Drill;
 
 impl Store {
     /// Records a new drill; returns it with its number.

@@ -25,7 +25,7 @@ fn event_from_row(r: &Row) -> Result<Event> {
     Ok(Event {
         id: parse_uuid(&id)?,
         node: r.get(1)?,
-        original: crate::verdict::ExactJson::parse(canonical.as_bytes())
+        original: maintd_core::verdict::ExactJson::parse(canonical.as_bytes())
             .map_err(|e| corrupt(format!("event {id}: {e}")))?
             .value(),
         canonical,

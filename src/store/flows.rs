@@ -160,7 +160,7 @@ pub(crate) fn record_call_start(f: &mut Flow, call: Call) {
 
 /// An operator's cancel of `f` at `now`, and what it came to: the same in every flow store.
 pub(crate) fn apply_cancel(f: &mut Flow, now: Nanos) -> FenceCancel {
-    use crate::fencing::machine::CancelRefused;
+    use maintd_core::fencing::machine::CancelRefused;
     match f.cancel(now) {
         Ok(()) => FenceCancel::Canceled(Box::new(f.clone())),
         Err(CancelRefused::Final) => FenceCancel::Final,

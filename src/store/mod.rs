@@ -12,14 +12,14 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::fencing::machine::{Call, FenceRequest, Flow};
-use crate::repair::{
+use crate::sync::LockExt;
+use maintd_core::fencing::machine::{Call, FenceRequest, Flow};
+use maintd_core::repair::{
     Action, Event, Job, JobKind, JobSpec, JobStatus, Policy, RepairStatus, State, reason_trail,
 };
-use crate::sync::LockExt;
-use crate::verdict::Nanos;
-use crate::verdict::Outcome;
-use crate::verdict::Status;
+use maintd_core::verdict::Nanos;
+use maintd_core::verdict::Outcome;
+use maintd_core::verdict::Status;
 
 mod audit;
 pub mod changes;

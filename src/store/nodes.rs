@@ -29,7 +29,7 @@ pub struct NodeRow {
     #[serde(rename = "last-seq")]
     pub last_seq: Option<u64>,
     #[serde(rename = "last-report")]
-    pub last_report: Option<crate::verdict::ExactJson>,
+    pub last_report: Option<maintd_core::verdict::ExactJson>,
     #[serde(rename = "diagnosed-at")]
     pub diagnosed_ns: Option<i64>,
     #[serde(rename = "diagnose-error")]
@@ -52,16 +52,16 @@ impl NodeRow {
         if self.diagnose_error.is_some() {
             return None;
         }
-        let verdict = crate::verdict::Verdict::from_exact(self.last_report.clone()?).ok()?;
-        (verdict.status == crate::verdict::Status::Ok)
+        let verdict = maintd_core::verdict::Verdict::from_exact(self.last_report.clone()?).ok()?;
+        (verdict.status == maintd_core::verdict::Status::Ok)
             .then_some(self.diagnosed_ns)
             .flatten()
     }
 
     /// The boot of its last verified report, with no healthy report counted yet: a restart
     /// of the daemon starts the count of a returning node again.
-    pub fn boot(&self) -> Option<crate::fencing::machine::BootSeen> {
-        Some(crate::fencing::machine::BootSeen {
+    pub fn boot(&self) -> Option<maintd_core::fencing::machine::BootSeen> {
+        Some(maintd_core::fencing::machine::BootSeen {
             id: self.boot_id?,
             booted_at: self.booted_ns?,
             reported_at: self.diagnosed_ns.unwrap_or(i64::MIN),
@@ -139,7 +139,7 @@ impl Store {
                 last_error: r.get(4)?,
                 last_seq: seq.and_then(|s| u64::try_from(s).ok()),
                 // Written by the poller as the exact canonical form of a verified report.
-                last_report: report.map(crate::verdict::ExactJson::assume_canonical),
+                last_report: report.map(maintd_core::verdict::ExactJson::assume_canonical),
                 diagnosed_ns: r.get(7)?,
                 diagnose_error: r.get(8)?,
                 rejected: rejected as u64,

@@ -1,8 +1,8 @@
 //! The store's conformance suite: what every table group promises, through the public API.
 
 use super::*;
-use crate::repair::{Observation, Observations, decide};
-use crate::verdict::Verdict;
+use maintd_core::repair::{Observation, Observations, decide};
+use maintd_core::verdict::Verdict;
 
 fn obs(node: &str, json: &str) -> Observations {
     let mut o = Observations::new();

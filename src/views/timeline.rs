@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::fencing::machine::{Flow, Step};
-use crate::verdict::Nanos;
+use maintd_core::fencing::machine::{Flow, Step};
+use maintd_core::verdict::Nanos;
 
 /// What a timeline entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,7 +107,7 @@ pub fn of(f: &Flow) -> Vec<Entry> {
         ));
     }
     for c in &f.calls {
-        let code = crate::fencing::machine::ended(c.code, &c.output);
+        let code = maintd_core::fencing::machine::ended(c.code, &c.output);
         let host = c
             .host
             .as_deref()
@@ -181,13 +181,13 @@ pub fn with_commands(f: &Flow, commands: &[crate::store::Command]) -> Vec<Entry>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fencing::machine::{Call, Witnesses};
+    use maintd_core::fencing::machine::{Call, Witnesses};
 
     #[test]
     fn every_witness_decision_and_call_is_on_the_timeline_in_order() {
         let w = Witnesses {
             collector: true,
-            peers: vec![crate::fencing::opinion::PeerWitness {
+            peers: vec![maintd_core::fencing::opinion::PeerWitness {
                 watcher: "n2".into(),
                 view_at: 15,
                 last_heard: Some(5),

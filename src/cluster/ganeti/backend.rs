@@ -14,8 +14,8 @@ use super::rapi::{Rapi, RapiError, RapiNode, RapiSettings};
 use super::upkeep::UpkeepSettings;
 use crate::cluster::{Cluster, ClusterError, Upkeep, UpkeepPlan};
 use crate::node::NodeConfig;
-use crate::repair::{Job, JobKind};
-use crate::verdict::Outcome;
+use maintd_core::repair::{Job, JobKind};
+use maintd_core::verdict::Outcome;
 
 /// The `[ganeti]` section.
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -14,7 +14,7 @@ use super::autorepair::{self, Instance, RepairType};
 use super::backend::Ganeti;
 use super::hbal::{Move, first_jobset, parse_move};
 use crate::cluster::{ClusterError, Upkeep, UpkeepPlan};
-use crate::verdict::Outcome;
+use maintd_core::verdict::Outcome;
 
 /// What of harep's and hbal's work maintd does (both off by default).
 #[derive(Debug, Clone, PartialEq)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::cache;
-use crate::repair::conditions::{Rule, RuleError};
+use maintd_core::repair::conditions::{Rule, RuleError};
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
@@ -237,7 +237,7 @@ impl KubeConfig {
             return Err(KubeConfigError::MaxRemedies);
         }
         for (name, r) in &self.remedies {
-            if !crate::verdict::valid_remedy_name(name) {
+            if !maintd_core::verdict::valid_remedy_name(name) {
                 return Err(KubeConfigError::RemedyName(name.clone()));
             }
             r.check(name, &format!("[kubernetes.remedies.{name}]"))?;

@@ -11,7 +11,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use super::KubeCluster;
 use super::api_code;
 use crate::cluster::ClusterError;
-use crate::verdict::{FailureKind, Outcome};
+use maintd_core::verdict::{FailureKind, Outcome};
 
 pub(super) const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 

@@ -22,10 +22,10 @@ use super::nodefence::{
 use super::{KubeCluster, api_code};
 
 mod operators;
-use crate::fencing::machine::{Call, FenceStatus, Flow};
 use crate::store::{FenceCancel, FlowOutcome, FlowStore, Requests, StoreError};
 use crate::sync::LockExt;
-use crate::verdict::{Nanos, Outcome};
+use maintd_core::fencing::machine::{Call, FenceStatus, Flow};
+use maintd_core::verdict::{Nanos, Outcome};
 pub use operators::conformance;
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -42,7 +42,10 @@ impl KubeCluster {
                 };
                 let node = l.metadata.name.clone().unwrap_or_default();
                 out.insert(
-                    (node, crate::fencing::opinion::KUBELET_WITNESS.to_string()),
+                    (
+                        node,
+                        maintd_core::fencing::opinion::KUBELET_WITNESS.to_string(),
+                    ),
                     w,
                 );
             }
@@ -69,7 +72,7 @@ impl KubeCluster {
                 let Some(w) = witness(&l, |n, m| cache.arrived(n, m)) else {
                     continue;
                 };
-                let id = crate::fencing::opinion::lease_witness(&cfg.namespace, name);
+                let id = maintd_core::fencing::opinion::lease_witness(&cfg.namespace, name);
                 out.insert((node.to_string(), id), w);
             }
         }

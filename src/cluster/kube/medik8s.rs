@@ -20,9 +20,9 @@ use tokio::time::Instant;
 use super::cache::{self, Watched};
 use super::{api_code, chrono_now};
 use crate::cluster::Purpose;
-use crate::repair::{Job, JobKind};
 use crate::sync::LockExt;
-use crate::verdict::{FailureKind, Outcome};
+use maintd_core::repair::{Job, JobKind};
+use maintd_core::verdict::{FailureKind, Outcome};
 
 /// Where the medik8s operators keep their per-node Leases.
 pub const LEASE_NAMESPACE: &str = "medik8s-leases";

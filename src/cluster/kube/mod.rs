@@ -50,10 +50,10 @@ use super::{Cluster, ClusterError, EventReason, KubeletLease, NodeFacts, Purpose
 /// Where every kubelet keeps its heartbeat Lease, named after its node.
 const KUBELET_LEASE_NAMESPACE: &str = "kube-node-lease";
 use crate::node::NodeConfig;
-use crate::repair::conditions::NodeCondition;
-use crate::repair::{Job, capacity};
-use crate::verdict::{FailureKind, Outcome};
 use cache::Watched;
+use maintd_core::repair::conditions::NodeCondition;
+use maintd_core::repair::{Job, capacity};
+use maintd_core::verdict::{FailureKind, Outcome};
 
 fn api_code(e: &kube::Error) -> Option<u16> {
     match e {
@@ -376,7 +376,7 @@ impl Cluster for KubeCluster {
         self.record(
             node,
             EventReason::FenceRelease,
-            &format!("{}: {}", crate::tags::reference(flow), o.detail),
+            &format!("{}: {}", maintd_core::tags::reference(flow), o.detail),
             !o.ok,
         )
         .await;
@@ -401,7 +401,7 @@ impl Cluster for KubeCluster {
         self.record(
             node,
             EventReason::FenceRecovered,
-            &format!("{}: {}", crate::tags::reference(flow), o.detail),
+            &format!("{}: {}", maintd_core::tags::reference(flow), o.detail),
             !o.ok,
         )
         .await;

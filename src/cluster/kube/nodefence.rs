@@ -10,9 +10,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::fencing::machine::{Call, FenceStatus, Flow, Step, Transition, Witnesses};
-use crate::fencing::selffence::SelfFenceTimes;
-use crate::verdict::{Nanos, Outcome};
+use maintd_core::fencing::machine::{Call, FenceStatus, Flow, Step, Transition, Witnesses};
+use maintd_core::fencing::selffence::SelfFenceTimes;
+use maintd_core::verdict::{Nanos, Outcome};
 
 /// The API group of maintd's own resources: never `*.k8s.io`, which needs API review.
 pub const GROUP: &str = "maintd.io";
@@ -91,7 +91,7 @@ pub struct NodeFenceStatus {
     /// The proven moment on the boot clock of the master that proved it (another boot proves
     /// the reset again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub safe_boot: Option<crate::verdict::BootInstant>,
+    pub safe_boot: Option<maintd_core::verdict::BootInstant>,
     /// How long after it went silent a self-fencing node has surely reset, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub safe_time_ms: Option<u64>,
@@ -125,7 +125,7 @@ pub struct NodeFenceStatus {
     pub acknowledged: Option<String>,
     /// The plan the flow started with and runs by to its end, secret parameters named only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub plan: Option<crate::fencing::machine::PlanRecord>,
+    pub plan: Option<maintd_core::fencing::machine::PlanRecord>,
     /// The isolation step took the node off its network or storage.
     #[serde(default)]
     pub isolated: bool,
@@ -480,7 +480,7 @@ pub fn labels(f: &Flow) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fencing::machine::Witnesses;
+    use maintd_core::fencing::machine::Witnesses;
 
     /// A refused request ends at its refusal (then pruned like a final flow); a waiting one
     /// has not ended.

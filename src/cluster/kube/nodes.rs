@@ -25,7 +25,7 @@ pub(super) const CONFLICT_RETRIES: usize = 5;
 
 /// Maps a maintd tag to a node label key, and back.
 pub fn tag_to_label(tag: &str) -> Option<String> {
-    let (kind, id) = crate::tags::split(tag)?;
+    let (kind, id) = maintd_core::tags::split(tag)?;
     let ok = |s: &str| {
         !s.is_empty()
             && s.len() <= 63
@@ -38,7 +38,7 @@ pub fn tag_to_label(tag: &str) -> Option<String> {
 pub fn label_to_tag(key: &str) -> Option<String> {
     let (prefix, id) = key.split_once('/')?;
     let kind = prefix.strip_suffix(LABEL_SUFFIX)?;
-    Some(crate::tags::join(kind, id))
+    Some(maintd_core::tags::join(kind, id))
 }
 
 /// The taint effects maintd sets: `NoSchedule` on a node it takes out of service (nothing new

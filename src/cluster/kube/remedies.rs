@@ -12,8 +12,8 @@ use serde::Deserialize;
 
 use super::KubeCluster;
 use crate::cluster::pods::{Placement, PodRun};
-use crate::repair::{Job, JobKind};
-use crate::verdict::{FailureKind, Outcome};
+use maintd_core::repair::{Job, JobKind};
+use maintd_core::verdict::{FailureKind, Outcome};
 
 /// The ConfigMap that defines remedy `<name>` when the TOML does not.
 pub const CONFIGMAP_PREFIX: &str = "remedy-";
@@ -256,7 +256,11 @@ impl KubeCluster {
 
     /// Runs a remedy job: its Job's verdict is the job's outcome.
     pub(super) async fn run_remedy(&self, job: &Job, event: &str) -> Outcome {
-        let Some(remedy) = job.command.as_deref().and_then(crate::verdict::remedy_of) else {
+        let Some(remedy) = job
+            .command
+            .as_deref()
+            .and_then(maintd_core::verdict::remedy_of)
+        else {
             return Outcome::failed("a remedy job without a remedy name");
         };
         let cfg = match self.remedy_config(remedy).await {
@@ -356,9 +360,9 @@ mod tests {
             event,
             node: "node-1".into(),
             round: 1,
-            kind: crate::repair::JobKind::Remedy,
+            kind: maintd_core::repair::JobKind::Remedy,
             command: Some("remedy:fix".into()),
-            status: crate::repair::JobStatus::Running,
+            status: maintd_core::repair::JobStatus::Running,
             reason: "maintd:event:x".into(),
             detail: None,
             created: 0,

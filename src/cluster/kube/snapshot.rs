@@ -8,7 +8,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::drain::{evictable, pod_name};
-use crate::repair::capacity;
+use maintd_core::repair::capacity;
 
 /// CPU in millicores or memory in bytes from a Kubernetes quantity ("500m", "2", "1Gi", "1e9").
 pub fn quantity(q: &str, milli: bool) -> Option<i64> {

@@ -8,11 +8,11 @@ use tracing::{info, warn};
 
 use super::Fencer;
 use crate::cluster::Cluster;
-use crate::fencing::drill::{Drill, DrillStatus, stages};
-use crate::fencing::machine::{FenceRequest, FenceStatus, Flow};
-use crate::repair::{Job, JobKind, JobStatus};
 use crate::sync::LockExt;
-use crate::verdict::Nanos;
+use maintd_core::fencing::drill::{Drill, DrillStatus, stages};
+use maintd_core::fencing::machine::{FenceRequest, FenceStatus, Flow};
+use maintd_core::repair::{Job, JobKind, JobStatus};
+use maintd_core::verdict::Nanos;
 
 /// The backend job a drill runs at one of its steps: numbered below zero, apart from the
 /// engine's jobs, and per drill.
@@ -195,7 +195,7 @@ impl<C: Cluster> Fencer<C> {
         &self,
         drills: &[Drill],
         flows: &[Flow],
-        policy: crate::fencing::machine::FencePolicy,
+        policy: maintd_core::fencing::machine::FencePolicy,
         now: Nanos,
     ) {
         let every = super::ns(self.settings.drill_every);

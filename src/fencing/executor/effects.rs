@@ -14,11 +14,11 @@ use uuid::Uuid;
 use super::Fencer;
 use crate::cluster::{Cluster, EventReason};
 use crate::fencing::agent::{CallJournal, CallSite, run_stage_recorded};
-use crate::fencing::machine::{Call, FenceAction, FenceStatus, Flow, StepWork};
 use crate::metrics::StepLabel;
 use crate::store::FlowOutcome;
 use crate::sync::LockExt;
-use crate::verdict::{Nanos, Outcome};
+use maintd_core::fencing::machine::{Call, FenceAction, FenceStatus, Flow, StepWork};
+use maintd_core::verdict::{Nanos, Outcome};
 
 /// Effects in progress and what was already observed of each flow.
 #[derive(Default)]
@@ -132,7 +132,7 @@ impl<C: Cluster> Fencer<C> {
                 self.shared.metrics.fences_started.inc();
                 match flows.insert(&f).await {
                     Ok(()) => {
-                        let msg = format!("{} started: {why}", crate::tags::reference(&f.id));
+                        let msg = format!("{} started: {why}", maintd_core::tags::reference(&f.id));
                         self.shared
                             .cluster
                             .record(&f.node, EventReason::Fence, &msg, true)
@@ -252,7 +252,7 @@ impl<C: Cluster> Fencer<C> {
                     let warning = t.status == FenceStatus::Error;
                     let msg = format!(
                         "{} {} {}: {}",
-                        crate::tags::reference(&f.id),
+                        maintd_core::tags::reference(&f.id),
                         t.step.as_str(),
                         t.status.as_str(),
                         t.note
@@ -281,7 +281,7 @@ impl<C: Cluster> Fencer<C> {
         &self,
         flow: Uuid,
         node: &str,
-        step: crate::fencing::machine::Step,
+        step: maintd_core::fencing::machine::Step,
         work: StepWork,
     ) -> (Outcome, Vec<Call>) {
         let cluster = &self.shared.cluster;

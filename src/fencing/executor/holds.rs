@@ -11,8 +11,8 @@ use crate::sync::LockExt;
 
 use super::Fencer;
 use crate::cluster::{Cluster, Purpose};
-use crate::fencing::machine::{FenceAction, FenceStatus, Flow};
-use crate::verdict::Nanos;
+use maintd_core::fencing::machine::{FenceAction, FenceStatus, Flow};
+use maintd_core::verdict::Nanos;
 
 impl<C: Cluster> Fencer<C> {
     /// Asks for the fence Secrets while this replica leads (a standby reads none), and says

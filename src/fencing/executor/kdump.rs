@@ -17,7 +17,7 @@ use super::Fencer;
 use crate::cluster::Cluster;
 use crate::metrics::KdumpLabel;
 use crate::sync::LockExt;
-use crate::verdict::Nanos;
+use maintd_core::verdict::Nanos;
 
 const MAGIC: u32 = 0x1B30_2A40;
 const VERSION: u32 = 1;

@@ -16,16 +16,16 @@ use crate::cluster::Cluster;
 use crate::fencing::agent::AgentRunner;
 use crate::fencing::book::PlanBook;
 use crate::fencing::config::{FencePlan, FencingConfig};
-use crate::fencing::machine::{
-    FenceAction, FencePolicy, FenceState, FenceStatus, Liveness, PlanSummary, Step, decide_fencing,
-    merge_liveness, resume,
-};
 use crate::fencing::peering::Peering;
 use crate::link::CollectorLink;
 use crate::parts::Shared;
 use crate::sync::LockExt;
 use crate::ticker::Ticker;
-use crate::verdict::Nanos;
+use maintd_core::fencing::machine::{
+    FenceAction, FencePolicy, FenceState, FenceStatus, Liveness, PlanSummary, Step, decide_fencing,
+    merge_liveness, resume,
+};
+use maintd_core::verdict::Nanos;
 
 mod drills;
 mod effects;
@@ -168,7 +168,7 @@ impl<C: Cluster> Fencer<C> {
     }
 
     /// Records `f`'s node's current plan with the flow that starts now, and pins it.
-    pub(super) fn pin(&self, f: &mut crate::fencing::machine::Flow) {
+    pub(super) fn pin(&self, f: &mut maintd_core::fencing::machine::Flow) {
         if let Some(p) = self.settings.book.current().get(&f.node) {
             f.plan = Some(p.record());
             self.pinned.lock_unpoisoned().insert(f.id, p.clone());
@@ -178,7 +178,10 @@ impl<C: Cluster> Fencer<C> {
     /// The machine's view of the plans: the current ones, and each open flow's pinned plan for
     /// its node (pinning flows this process resumes to the plan they recorded, and unpinning
     /// ended ones).
-    fn summaries(&self, flows: &[crate::fencing::machine::Flow]) -> BTreeMap<String, PlanSummary> {
+    fn summaries(
+        &self,
+        flows: &[maintd_core::fencing::machine::Flow],
+    ) -> BTreeMap<String, PlanSummary> {
         let current = {
             let mut cached = self.summaries.lock_unpoisoned();
             let v = self.settings.book.version();
@@ -416,7 +419,7 @@ impl<C: Cluster> Fencer<C> {
 
     /// Operators' requests from the flow store (leader only): cancels are carried out at once
     /// with the API's rules; fences to start go to the machine with the rest.
-    async fn requests(&self, now: Nanos) -> Vec<crate::fencing::machine::FenceRequest> {
+    async fn requests(&self, now: Nanos) -> Vec<maintd_core::fencing::machine::FenceRequest> {
         if !self.shared.leadership.is_leader() {
             return Vec::new();
         }

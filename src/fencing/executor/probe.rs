@@ -14,11 +14,11 @@ use tracing::{debug, warn};
 use super::Fencer;
 use crate::cluster::Cluster;
 use crate::fencing::peering::VIEW_BODY_CAP;
-use crate::fencing::rtt::RttEstimate;
 use crate::metrics::{NodeLabel, ReasonLabel};
 use crate::node::NodeConfig;
 use crate::sync::LockExt;
-use crate::verdict::Nanos;
+use maintd_core::fencing::rtt::RttEstimate;
+use maintd_core::verdict::Nanos;
 
 /// What the probe saw of one collector.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -9,12 +9,12 @@ use tracing::{info, warn};
 
 use super::{Fencer, ns};
 use crate::cluster::{Cluster, EventReason};
-use crate::fencing::machine::{Liveness, SelfFenceFacts};
-use crate::fencing::opinion::{KubeletSays, PeerOpinion};
-use crate::fencing::selffence::SelfFenceTimes;
 use crate::metrics::NodeLabel;
 use crate::sync::LockExt;
-use crate::verdict::Nanos;
+use maintd_core::fencing::machine::{Liveness, SelfFenceFacts};
+use maintd_core::fencing::opinion::{KubeletSays, PeerOpinion};
+use maintd_core::fencing::selffence::SelfFenceTimes;
+use maintd_core::verdict::Nanos;
 
 /// When (by this fencer's clock) each witnessing Lease's current renewal arrived, by node and
 /// witness name: read from the Lease watches at each decision.
@@ -52,11 +52,11 @@ impl<C: Cluster> Fencer<C> {
     /// the master received from it and its watchers (its own clock only).
     pub(super) fn self_fence_facts(
         &self,
-        flows: &[crate::fencing::machine::Flow],
+        flows: &[maintd_core::fencing::machine::Flow],
     ) -> BTreeMap<String, SelfFenceFacts> {
         flows
             .iter()
-            .filter(|f| f.step == crate::fencing::machine::Step::SelfFence && !f.fenced)
+            .filter(|f| f.step == maintd_core::fencing::machine::Step::SelfFence && !f.fenced)
             .map(|f| {
                 let facts = SelfFenceFacts {
                     times: self.peering.watchdog(&f.node).as_ref().map(reported_times),
@@ -135,8 +135,8 @@ impl<C: Cluster> Fencer<C> {
     /// counts as after the power-on only when it surely was).
     pub(super) fn return_facts(
         &self,
-        flows: &[crate::fencing::machine::Flow],
-    ) -> BTreeMap<String, crate::fencing::machine::ReturnFacts> {
+        flows: &[maintd_core::fencing::machine::Flow],
+    ) -> BTreeMap<String, maintd_core::fencing::machine::ReturnFacts> {
         let Some(watch) = self.shared.watch.as_ref() else {
             return BTreeMap::new();
         };
@@ -152,7 +152,7 @@ impl<C: Cluster> Fencer<C> {
                     .take_while(|((node, _), _)| *node == f.node)
                     .filter_map(|((_, w), r)| Some((w.clone(), r.at?.saturating_sub(lag))))
                     .collect();
-                let facts = crate::fencing::machine::ReturnFacts {
+                let facts = maintd_core::fencing::machine::ReturnFacts {
                     ready: Some(ready.get(&f.node).copied().unwrap_or(false)),
                     renewed,
                 };

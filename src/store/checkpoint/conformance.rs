@@ -39,7 +39,7 @@ pub(crate) fn suite(leader: &dyn Checkpoint, standby: &dyn Checkpoint) {
 
 #[test]
 fn the_sqlite_store_passes_the_suite() {
-    use crate::fencing::machine::{Flow, Step, Witnesses};
+    use maintd_core::fencing::machine::{Flow, Step, Witnesses};
     let leader = crate::store::Store::open_in_memory().unwrap();
     let w = Witnesses {
         collector: true,
@@ -65,8 +65,8 @@ fn the_sqlite_store_passes_the_suite() {
 /// flow, and an import leaves the successor's own flow table alone.
 #[test]
 fn the_flowless_checkpoint_passes_the_suite_and_leaves_flows_alone() {
-    use crate::fencing::machine::{Flow, Step, Witnesses};
     use crate::store::checkpoint::WithoutFlows;
+    use maintd_core::fencing::machine::{Flow, Step, Witnesses};
     use std::sync::Arc;
     let f = Flow::new(
         "node1",

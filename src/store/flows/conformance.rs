@@ -6,11 +6,11 @@
 use uuid::Uuid;
 
 use super::{FenceCancel, FlowOutcome, FlowStore};
-use crate::fencing::machine::{
+use maintd_core::fencing::machine::{
     Call, ExecPolicy, Executor, FenceStatus, Flow, MethodRecord, PlanRecord, StageRecord, Step,
     Witnesses,
 };
-use crate::verdict::{Nanos, Outcome};
+use maintd_core::verdict::{Nanos, Outcome};
 
 const S: Nanos = 1_000_000_000;
 
@@ -116,7 +116,7 @@ pub async fn suite(store: &dyn FlowStore) {
         at,
         code: None,
         ok: false,
-        output: crate::fencing::machine::PENDING.into(),
+        output: maintd_core::fencing::machine::PENDING.into(),
         host: None,
         pending: true,
         ..call()

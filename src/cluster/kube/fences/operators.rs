@@ -7,8 +7,8 @@ use super::{NodeFences, Result};
 use crate::cluster::kube::nodefence::{
     CANCEL_ANNOTATION, flow_id, flow_of, has_condition, set_condition, time,
 };
-use crate::fencing::machine::{FenceRequest, FenceStatus};
 use crate::store::Requests;
+use maintd_core::fencing::machine::{FenceRequest, FenceStatus};
 
 impl NodeFences {
     /// NodeFences operators created (fences to start, oldest first), deleted or annotated

@@ -3,8 +3,8 @@
 //! `Nanos`. The pure decisions work on these; how they travel (envelopes, signatures) is `report`'s business.
 
 mod exact;
-#[cfg(test)]
-pub(crate) mod strategies;
+#[cfg(any(test, feature = "testing"))]
+pub mod strategies;
 
 pub use exact::{ExactError, ExactJson, Spans, canonical_parts, canonical_spans, canonicalize};
 

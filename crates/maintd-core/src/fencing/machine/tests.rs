@@ -112,7 +112,7 @@ fn state() -> FenceState {
         returns: BTreeMap::new(),
         maintenance: BTreeMap::new(),
         boot: crate::verdict::BootInstant {
-            boot: crate::clock::TEST_BOOT,
+            boot: crate::testing::TEST_BOOT,
             ns: T0,
         },
     }
@@ -1133,7 +1133,7 @@ mod self_fencing {
         let f = saved(&tick(&mut s, &f, T0 + 11 * S));
         let until = f.safe_until.expect("the proven moment");
         let at = f.safe_boot.expect("kept on the boot clock");
-        assert_eq!((at.boot, at.ns), (crate::clock::TEST_BOOT, until));
+        assert_eq!((at.boot, at.ns), (crate::testing::TEST_BOOT, until));
         // The same boot, read by a process whose steady timeline is 30 s off the last one's
         // (its offset lost): the boot clock decides, and the moment shown follows it.
         s.self_fence.clear();
