@@ -23,7 +23,7 @@ pub use udp::{UdpCounts, UdpPoll, UdpPolled, udp_patience};
 /// A collector's answer: the HTTP status and the body, read up to the caller's cap.
 #[derive(Debug, Clone)]
 pub struct Answer {
-    pub status: reqwest::StatusCode,
+    pub status: http::StatusCode,
     pub body: Vec<u8>,
 }
 
@@ -50,7 +50,7 @@ pub trait CollectorLink: Send + Sync + 'static {
     async fn signed(
         &self,
         node: &NodeConfig,
-        method: reqwest::Method,
+        method: http::Method,
         path: &str,
         body: Option<Vec<u8>>,
         cap: usize,
@@ -118,7 +118,7 @@ impl CollectorLink for HttpLink {
     async fn signed(
         &self,
         node: &NodeConfig,
-        method: reqwest::Method,
+        method: http::Method,
         path: &str,
         body: Option<Vec<u8>>,
         cap: usize,
@@ -126,7 +126,7 @@ impl CollectorLink for HttpLink {
         let body = Bytes::from(body.unwrap_or_default());
         // Only a GET is tried again, as `get` is: it changes nothing if the first one got
         // through. Each try is signed afresh (a collector accepts a signature once).
-        let again = method == reqwest::Method::GET;
+        let again = method == http::Method::GET;
         let key = self
             .keys
             .signer(&node.name)

@@ -1,30 +1,29 @@
-//! systemd's service notification protocol, spoken by hand (a datagram to `$NOTIFY_SOCKET`):
-//! `READY=1` once the process serves, `WATCHDOG=1` while its main loop turns, `STOPPING=1` on
-//! shutdown. Without `$NOTIFY_SOCKET` (not run by systemd, or not `Type=notify`) it is silent.
+//! systemd's service notifications, through the `sd-notify` crate: `READY=1` once the process
+//! serves, `WATCHDOG=1` while its main loop turns, `STOPPING=1` on shutdown. Without
+//! `$NOTIFY_SOCKET` (not run by systemd, or not `Type=notify`) it is silent.
 
-use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
 
-/// Where systemd listens, and how often it wants to hear that the service is alive.
+use sd_notify::NotifyState;
+
+/// How a notification leaves: to `$NOTIFY_SOCKET` in production, to a recorder in tests.
+type Sender = Box<dyn Fn(&[NotifyState]) -> std::io::Result<()> + std::marker::Send + Sync>;
+
+/// That systemd listens, and how often it wants to hear that the service is alive.
 pub struct Notifier {
-    socket: UnixDatagram,
-    to: SocketAddr,
+    send: Sender,
     watchdog: Option<Duration>,
 }
 
-/// Why the notification socket named by the environment cannot be used.
+/// Why the notification settings the environment names cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum NotifyError {
-    #[error("NOTIFY_SOCKET={0:?} is neither an absolute path nor an abstract name (@…)")]
+    #[error(
+        "NOTIFY_SOCKET={0:?} is not an absolute path (an abstract socket name, @…, is not supported)"
+    )]
     Address(String),
     #[error("WATCHDOG_USEC={0:?} is not a positive number of microseconds")]
     Watchdog(String),
-    #[error("the notification socket {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 impl Notifier {
@@ -35,42 +34,26 @@ impl Notifier {
             return Ok(None);
         };
         let path = path.to_string_lossy().into_owned();
-        let watchdog = match std::env::var("WATCHDOG_USEC") {
-            Ok(v) => {
-                let ours = std::env::var("WATCHDOG_PID")
-                    .map_or(true, |p| p.trim() == std::process::id().to_string());
-                let usec: u64 = v
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|u| *u > 0)
-                    .ok_or_else(|| NotifyError::Watchdog(v.clone()))?;
-                ours.then(|| Duration::from_micros(usec))
+        if !path.starts_with('/') {
+            return Err(NotifyError::Address(path));
+        }
+        let watchdog = match (
+            sd_notify::watchdog_enabled(),
+            std::env::var("WATCHDOG_USEC"),
+        ) {
+            (Some(w), _) if !w.is_zero() => Some(w),
+            // Set for this process, yet no usable number: say so rather than run unwatched.
+            (Some(_), Ok(v)) => return Err(NotifyError::Watchdog(v)),
+            (None, Ok(v)) if for_us() && v.trim().parse::<u64>().is_err() => {
+                return Err(NotifyError::Watchdog(v));
             }
-            Err(_) => None,
+            _ => None,
         };
-        Notifier::new(&path, watchdog).map(Some)
+        Ok(Some(Notifier::with(Box::new(sd_notify::notify), watchdog)))
     }
 
-    pub fn new(path: &str, watchdog: Option<Duration>) -> Result<Notifier, NotifyError> {
-        let io = |source| NotifyError::Io {
-            path: path.to_string(),
-            source,
-        };
-        let to = if let Some(name) = path.strip_prefix('@') {
-            use std::os::linux::net::SocketAddrExt;
-            SocketAddr::from_abstract_name(name.as_bytes()).map_err(io)?
-        } else if path.starts_with('/') {
-            SocketAddr::from_pathname(path).map_err(io)?
-        } else {
-            return Err(NotifyError::Address(path.to_string()));
-        };
-        let socket = UnixDatagram::unbound().map_err(io)?;
-        Ok(Notifier {
-            socket,
-            to,
-            watchdog,
-        })
+    fn with(send: Sender, watchdog: Option<Duration>) -> Notifier {
+        Notifier { send, watchdog }
     }
 
     /// How often to ping: half the watchdog's timeout, as systemd recommends. None without a
@@ -79,27 +62,33 @@ impl Notifier {
         self.watchdog.map(|w| w / 2)
     }
 
-    fn send(&self, msg: &str) {
+    fn send(&self, states: &[NotifyState]) {
         // A lost notification is systemd's to notice (it restarts a silent service); the
         // service itself carries on.
-        if let Err(e) = self.socket.send_to_addr(msg.as_bytes(), &self.to) {
+        if let Err(e) = (self.send)(states) {
             tracing::warn!(error = %e, "cannot notify systemd");
         }
     }
 
     /// The service is up; `status` is what `systemctl status` shows.
     pub fn ready(&self, status: &str) {
-        self.send(&format!("READY=1\nSTATUS={}", one_line(status)));
+        let status = one_line(status);
+        self.send(&[NotifyState::Ready, NotifyState::Status(&status)]);
     }
 
     /// The main loop turned since the last ping.
     pub fn alive(&self) {
-        self.send("WATCHDOG=1");
+        self.send(&[NotifyState::Watchdog]);
     }
 
     pub fn stopping(&self) {
-        self.send("STOPPING=1");
+        self.send(&[NotifyState::Stopping]);
     }
+}
+
+/// `WATCHDOG_PID` is unset or names this process.
+fn for_us() -> bool {
+    std::env::var("WATCHDOG_PID").map_or(true, |p| p.trim() == std::process::id().to_string())
 }
 
 /// The notifier the environment names, told that the service is ready (`status` is what
@@ -164,67 +153,52 @@ fn one_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
 
-    fn listen() -> (tempfile::TempDir, String, UnixDatagram) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("notify");
-        let sock = UnixDatagram::bind(&path).unwrap();
-        sock.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        (dir, path.to_str().unwrap().to_string(), sock)
-    }
-
-    fn recv(sock: &UnixDatagram) -> String {
-        let mut buf = [0u8; 512];
-        let n = sock.recv(&mut buf).unwrap();
-        String::from_utf8(buf[..n].to_vec()).unwrap()
+    /// A notifier whose notifications are kept as systemd would read them, one string each.
+    fn recorded(watchdog: Option<Duration>) -> (Notifier, Arc<Mutex<Vec<String>>>) {
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        let send: Sender = Box::new(move |states| {
+            let msg: Vec<String> = states.iter().map(|s| s.to_string()).collect();
+            h.lock().unwrap().push(msg.join("\n"));
+            Ok(())
+        });
+        (Notifier::with(send, watchdog), heard)
     }
 
     #[test]
-    fn ready_watchdog_and_stopping_arrive_as_systemd_reads_them() {
-        let (_dir, path, sock) = listen();
-        let n = Notifier::new(&path, Some(Duration::from_secs(30))).unwrap();
+    fn ready_watchdog_and_stopping_say_what_systemd_reads() {
+        let (n, heard) = recorded(Some(Duration::from_secs(30)));
         assert_eq!(n.ping_every(), Some(Duration::from_secs(15)));
+        // A status is one line: a newline would start another assignment.
         n.ready("polling 3 nodes\nSTOPPING=1");
-        assert_eq!(recv(&sock), "READY=1\nSTATUS=polling 3 nodes STOPPING=1");
         n.alive();
-        assert_eq!(recv(&sock), "WATCHDOG=1");
         n.stopping();
-        assert_eq!(recv(&sock), "STOPPING=1");
-    }
-
-    #[test]
-    fn an_abstract_socket_is_reached_by_its_name() {
-        use std::os::linux::net::SocketAddrExt;
-        let name = format!("maintd-test-{}", std::process::id());
-        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-        let sock = UnixDatagram::bind_addr(&addr).unwrap();
-        sock.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        Notifier::new(&format!("@{name}"), None).unwrap().alive();
-        assert_eq!(recv(&sock), "WATCHDOG=1");
+        assert_eq!(
+            *heard.lock().unwrap(),
+            [
+                "READY=1\nSTATUS=polling 3 nodes STOPPING=1",
+                "WATCHDOG=1",
+                "STOPPING=1"
+            ]
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_watchdog_is_fed_only_while_the_loop_turns() {
-        let (_dir, path, sock) = listen();
-        sock.set_nonblocking(true).unwrap();
-        let n = std::sync::Arc::new(Notifier::new(&path, Some(Duration::from_secs(2))).unwrap());
-        let turns = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (n, heard) = recorded(Some(Duration::from_secs(2)));
+        let turns = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let t = turns.clone();
         feed_watchdog(
-            n,
+            Arc::new(n),
             move || t.load(std::sync::atomic::Ordering::Relaxed),
             Duration::ZERO,
         );
-        let fed = |sock: &UnixDatagram| {
-            let mut buf = [0u8; 64];
-            let mut n = 0;
-            while let Ok(len) = sock.recv(&mut buf) {
-                assert_eq!(&buf[..len], b"WATCHDOG=1");
-                n += 1;
-            }
-            n
+        let fed = || {
+            let mut h = heard.lock().unwrap();
+            assert!(h.iter().all(|m| m == "WATCHDOG=1"), "{h:?}");
+            std::mem::take(&mut *h).len()
         };
         // The feeder takes its first count before the loop turns.
         tokio::task::yield_now().await;
@@ -232,21 +206,11 @@ mod tests {
             turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tokio::time::sleep(Duration::from_millis(1001)).await;
         }
-        assert_eq!(fed(&sock), 3, "one feed per half timeout while it turns");
+        assert_eq!(fed(), 3, "one feed per half timeout while it turns");
         tokio::time::sleep(Duration::from_secs(10)).await;
-        assert_eq!(
-            fed(&sock),
-            0,
-            "a loop that stopped turning is not vouched for"
-        );
+        assert_eq!(fed(), 0, "a loop that stopped turning is not vouched for");
         turns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(1001)).await;
-        assert_eq!(fed(&sock), 1, "and is again once it turns");
-    }
-
-    #[test]
-    fn a_relative_address_is_refused_by_name() {
-        let e = Notifier::new("notify.sock", None).err().unwrap();
-        assert!(e.to_string().contains("notify.sock"), "{e}");
+        assert_eq!(fed(), 1, "and is again once it turns");
     }
 }

@@ -56,12 +56,13 @@ fn the_units_pass_systemd_analyze_verify() {
     }
 }
 
-/// The next notification within `patience`.
+/// The next notification within `patience`, without the newline that may end its last line.
 fn next(sock: &UnixDatagram, patience: Duration) -> Option<String> {
     sock.set_read_timeout(Some(patience)).unwrap();
     let mut buf = [0u8; 1024];
     let n = sock.recv(&mut buf).ok()?;
-    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    let m = String::from_utf8_lossy(&buf[..n]);
+    Some(m.strip_suffix('\n').unwrap_or(&m).to_string())
 }
 
 #[tokio::test]

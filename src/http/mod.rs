@@ -204,7 +204,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Error message of a daemon or collector JSON error body, or the raw text.
-pub fn error_message(status: reqwest::StatusCode, body: &[u8]) -> String {
+pub fn error_message(status: http::StatusCode, body: &[u8]) -> String {
     match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(v) if v.get("message").is_some() => format!(
             "{} ({}): {}",

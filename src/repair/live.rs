@@ -49,7 +49,7 @@ impl LiveRepairs {
     async fn call(
         &self,
         node: &NodeConfig,
-        method: reqwest::Method,
+        method: http::Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Progress {
@@ -63,7 +63,7 @@ impl LiveRepairs {
             }
             Err(e) => return Progress::Retry(e.to_string()),
         };
-        if status == reqwest::StatusCode::NOT_FOUND {
+        if status == http::StatusCode::NOT_FOUND {
             return Progress::Missing;
         }
         if status.is_client_error() {
@@ -101,15 +101,10 @@ impl LiveRepairs {
         let mut last_err = String::new();
         while Instant::now() < deadline {
             let step = if accepted {
-                self.call(
-                    node,
-                    reqwest::Method::GET,
-                    &format!("/1/repair/{key}"),
-                    None,
-                )
-                .await
+                self.call(node, http::Method::GET, &format!("/1/repair/{key}"), None)
+                    .await
             } else {
-                self.call(node, reqwest::Method::POST, "/1/repair", Some(body.clone()))
+                self.call(node, http::Method::POST, "/1/repair", Some(body.clone()))
                     .await
             };
             match step {

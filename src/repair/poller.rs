@@ -165,7 +165,7 @@ impl Poller {
                 for (i, p) in asked.into_iter().enumerate() {
                     match p {
                         UdpPolled::Report { nonce, body } => {
-                            let status = reqwest::StatusCode::OK;
+                            let status = http::StatusCode::OK;
                             let answer = Ok(Answer { status, body });
                             polled[i] = Some(self.judge(&targets[i], answer, nonce));
                         }
@@ -379,14 +379,14 @@ mod tests {
             };
             self.captured.lock_unpoisoned().push(body.clone());
             Ok(Answer {
-                status: reqwest::StatusCode::OK,
+                status: http::StatusCode::OK,
                 body,
             })
         }
         async fn signed(
             &self,
             _: &NodeConfig,
-            _: reqwest::Method,
+            _: http::Method,
             _: &str,
             _: Option<Vec<u8>>,
             _: usize,

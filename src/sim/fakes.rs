@@ -231,7 +231,7 @@ fn answer(status: u16, body: Vec<u8>, cap: usize) -> Result<Answer, LinkError> {
         return Err(LinkError::TooLarge { cap });
     }
     Ok(Answer {
-        status: reqwest::StatusCode::from_u16(status).expect("a valid status"),
+        status: http::StatusCode::from_u16(status).expect("a valid status"),
         body,
     })
 }
@@ -270,13 +270,13 @@ impl CollectorLink for SimCollectors {
     async fn signed(
         &self,
         node: &NodeConfig,
-        method: reqwest::Method,
+        method: http::Method,
         path: &str,
         body: Option<Vec<u8>>,
         cap: usize,
     ) -> Result<Answer, LinkError> {
         self.up(&node.name)?;
-        if method == reqwest::Method::GET
+        if method == http::Method::GET
             && let Some(query) = path.strip_prefix("/1/peers?")
         {
             if let Some(rtt) = self.round_trip() {
@@ -295,7 +295,7 @@ impl CollectorLink for SimCollectors {
             let body = serde_json::to_vec(&self.view(&node.name, probe)).expect("serializes");
             return answer(200, body, cap);
         }
-        if method == reqwest::Method::PUT && path == "/1/peers" {
+        if method == http::Method::PUT && path == "/1/peers" {
             let set: PeerSet = serde_json::from_slice(&body.unwrap_or_default())
                 .map_err(|e| LinkError::Broken(e.to_string()))?;
             if let Err(e) = set.check(&node.name) {
@@ -304,7 +304,7 @@ impl CollectorLink for SimCollectors {
             self.with(&node.name, |n| n.peers = set);
             return answer(200, b"{}".to_vec(), cap);
         }
-        let record = if method == reqwest::Method::POST && path == "/1/repair" {
+        let record = if method == http::Method::POST && path == "/1/repair" {
             let req: RepairRequest = serde_json::from_slice(&body.unwrap_or_default())
                 .map_err(|e| LinkError::Broken(e.to_string()))?;
             let r = self.with(&node.name, |n| {

@@ -217,7 +217,7 @@ impl<C: Cluster> Fencer<C> {
         let (sent_at, wall_sent) = (clock.now(), clock.wall());
         let call = self
             .link
-            .signed(&node, reqwest::Method::GET, &path, None, VIEW_BODY_CAP);
+            .signed(&node, http::Method::GET, &path, None, VIEW_BODY_CAP);
         let answer = match tokio::time::timeout(patience, call).await {
             Ok(Ok(a)) if a.status.is_success() => a,
             _ => {
@@ -296,7 +296,7 @@ impl<C: Cluster> Fencer<C> {
         let body = serde_json::to_vec(&set).unwrap_or_default();
         let r = self
             .link
-            .signed(node, reqwest::Method::PUT, "/1/peers", Some(body), 4096)
+            .signed(node, http::Method::PUT, "/1/peers", Some(body), 4096)
             .await;
         match r {
             Ok(a) if a.status.is_success() => {
