@@ -1,14 +1,14 @@
-//! maintd: cluster maintenance and node-repair daemon. docs/ARCHITECTURE.md has the module map,
+//! maintd: cluster maintenance and node-repair daemon, the shell around the pure core
+//! (`maintd_core`: the vocabulary and every decision). docs/ARCHITECTURE.md has the module map,
 //! the path of data and where each side effect lives.
 //!
-//! Two rooms hold the two things maintd does, each with its pure decisions beside their executor:
-//! - `repair`: collector reports become repair events and rounds of jobs (`model`, `decide`,
-//!   `capacity` and `conditions` are pure; `poller`, `engine` and `live` act).
-//! - `fencing`: a silent node is fenced in stages (`machine` is pure; `executor`, `agent`,
-//!   `config` and `redact` act or configure).
+//! Two rooms hold the executors of the two things maintd does:
+//! - `repair`: collector reports become repair events and rounds of jobs (`poller`, `engine`
+//!   and `live` act on what `maintd_core::repair` decides).
+//! - `fencing`: a silent node is fenced in stages (`executor`, `agent`, `config` and `redact`
+//!   act on or configure what `maintd_core::fencing::machine` decides).
 //!
 //! What they share:
-//! - `verdict`: the shared vocabulary (`Status`, `Verdict`, `Outcome`, `Nanos`), pure.
 //! - `report`: the wire protocol: the signed report envelope, keys, request signatures, peer
 //!   heartbeats and the live-repair request and record.
 //! - `clock`: the clock seam of the shells (pure code is handed `now`); `ticker`: the periodic loop.
@@ -30,8 +30,8 @@
 //! - `collector`: the node agent (`maintd collector`).
 //! - `daemon`: the master process: lock, the one assembly of its parts (shared with the
 //!   simulated-time harness), the HTTP API, shutdown.
-//! - `cli`: argument parsing, the operator commands, and `maintd bench poll|plan` (`cli::bench`).
-//! - `tags`: maintd's tag names and `maintd:<id>` references, built in one place, pure.
+//! - `cli`: argument parsing, the operator commands, and, with the `bench` feature only,
+//!   `maintd bench` (`cli::bench`).
 //! - `sync`: lock access that survives a poisoned lock.
 //! - `link`: how the daemon reaches a collector (`CollectorLink`; HTTP in production).
 //! - `views`: the JSON shapes the API serves and the CLI reads.

@@ -91,16 +91,11 @@ fn for_us() -> bool {
     std::env::var("WATCHDOG_PID").map_or(true, |p| p.trim() == std::process::id().to_string())
 }
 
-/// The notifier the environment names, told that the service is ready (`status` is what
-/// `systemctl status` shows). An environment that names an unusable socket is logged, not
-/// fatal: systemd notices a service that never reports ready.
-pub fn announce_ready(status: &str) -> Option<std::sync::Arc<Notifier>> {
+/// The notifier the environment names, if any. An environment that names an unusable socket
+/// is logged, not fatal: systemd notices a service that never reports ready.
+pub fn from_env() -> Option<std::sync::Arc<Notifier>> {
     match Notifier::from_env() {
-        Ok(Some(n)) => {
-            n.ready(status);
-            Some(std::sync::Arc::new(n))
-        }
-        Ok(None) => None,
+        Ok(n) => n.map(std::sync::Arc::new),
         Err(e) => {
             tracing::error!(error = %e, "cannot tell systemd that the service is ready");
             None
@@ -108,13 +103,22 @@ pub fn announce_ready(status: &str) -> Option<std::sync::Arc<Notifier>> {
     }
 }
 
-/// Feeds the watchdog (when systemd asked for one) every half timeout, but only when
-/// `turns` moved since the last feed: a main loop that hangs stops the feeding, and systemd
-/// restarts the service. `cycle` is the longest a turn is expected to take.
-pub fn feed_watchdog(
+/// The notifier the environment names, told that the service is ready (`status` is what
+/// `systemctl status` shows).
+pub fn announce_ready(status: &str) -> Option<std::sync::Arc<Notifier>> {
+    let n = from_env()?;
+    n.ready(status);
+    Some(n)
+}
+
+/// Feeds the watchdog (when systemd asked for one) every half timeout until `stop`, but only
+/// when `turns` moved since the last feed: a main loop that hangs stops the feeding, and
+/// systemd restarts the service. `cycle` is the longest a turn is expected to take.
+pub async fn feed_watchdog(
     n: std::sync::Arc<Notifier>,
     turns: impl Fn() -> u64 + Send + 'static,
     cycle: Duration,
+    stop: impl std::future::Future<Output = ()>,
 ) {
     let Some(every) = n.ping_every() else {
         return;
@@ -126,7 +130,7 @@ pub fn feed_watchdog(
             "the service manager's watchdog is shorter than twice a turn of the main loop: a slow turn gets the service restarted; raise WatchdogSec",
         );
     }
-    tokio::spawn(async move {
+    let feed = async move {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         let mut last = turns();
         loop {
@@ -142,7 +146,11 @@ pub fn feed_watchdog(
                 );
             }
         }
-    });
+    };
+    tokio::select! {
+        _ = stop => {}
+        _ = feed => {}
+    }
 }
 
 /// A status is one line of the protocol: a newline would start another assignment.
@@ -190,11 +198,12 @@ mod tests {
         let (n, heard) = recorded(Some(Duration::from_secs(2)));
         let turns = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let t = turns.clone();
-        feed_watchdog(
+        tokio::spawn(feed_watchdog(
             Arc::new(n),
             move || t.load(std::sync::atomic::Ordering::Relaxed),
             Duration::ZERO,
-        );
+            std::future::pending(),
+        ));
         let fed = || {
             let mut h = heard.lock().unwrap();
             assert!(h.iter().all(|m| m == "WATCHDOG=1"), "{h:?}");

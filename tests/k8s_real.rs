@@ -246,6 +246,7 @@ fn clear_nodefences(cp: &ControlPlane) {
 }
 
 /// A client authenticated as maintd's ServiceAccount, as deploy/ installs it.
+#[cfg(feature = "testing")]
 async fn maintd_client(cp: &ControlPlane) -> kube::Client {
     let path = cp.service_account_kubeconfig("maintd", "maintd");
     let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
@@ -258,8 +259,23 @@ async fn maintd_client(cp: &ControlPlane) -> kube::Client {
 /// The suite every flow store passes (inserts, optimistic saves, outcomes, cancels, listings,
 /// pruning), run against NodeFence objects on the real apiserver with deploy/'s RBAC.
 async fn nodefences_pass_the_flow_store_suite_under_the_deploy_rbac(cp: &ControlPlane) {
-    maintd::cluster::kube::nodefence_conformance(maintd_client(cp).await).await;
-    clear_nodefences(cp);
+    #[cfg(feature = "testing")]
+    {
+        maintd::cluster::kube::nodefence_conformance(maintd_client(cp).await).await;
+        clear_nodefences(cp);
+    }
+    // The suite is test code, built only with the `testing` feature (scripts/test enables it).
+    #[cfg(not(feature = "testing"))]
+    {
+        let _ = cp;
+        assert!(
+            std::env::var_os("MAINTD_REQUIRE_K8S").is_none(),
+            "MAINTD_REQUIRE_K8S is set, but the flow-store suite needs --features testing"
+        );
+        eprintln!(
+            "notice: built without the `testing` feature: the flow-store suite against NodeFences is skipped"
+        );
+    }
 }
 
 /// `kubectl get nodefences` output for one node: (step, status), from the printer columns.

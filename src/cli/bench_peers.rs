@@ -185,7 +185,7 @@ pub async fn peers(nodes: usize, live: usize, secs: u64) -> Result<(), BenchErro
     let t = Instant::now();
     let verified = sample
         .iter()
-        .filter(|(n, b)| verifier.accept(n, b, PROBE, (now, now), now).is_ok())
+        .filter(|(n, b)| verifier.accept(n, b, PROBE, now..now, now).is_ok())
         .count();
     let best = t.elapsed().as_secs_f64();
     // Of which the node keys: each node's looked up (derived once, then cached).

@@ -3,11 +3,17 @@
 
 #[macro_use]
 mod out;
+#[cfg(feature = "bench")]
 mod bench;
+#[cfg(feature = "bench")]
 mod bench_api;
+#[cfg(feature = "bench")]
 mod bench_floor;
+#[cfg(feature = "bench")]
 mod bench_peers;
+#[cfg(feature = "bench")]
 mod bench_store;
+#[cfg(feature = "bench")]
 mod benches;
 mod client;
 mod fences;
@@ -170,7 +176,8 @@ pub enum Command {
     Completions { shell: clap_complete::Shell },
     /// Write the man pages (maintd.1 and one per subcommand) into a directory.
     Manpages { dir: PathBuf },
-    /// Benchmarks.
+    /// Benchmarks (built with `--features bench`; the shipped binary has none).
+    #[cfg(feature = "bench")]
     Bench {
         #[command(subcommand)]
         cmd: benches::BenchCmd,
@@ -245,6 +252,7 @@ pub enum CliError {
     #[error(transparent)]
     Collector(#[from] crate::collector::CollectorError),
     #[error(transparent)]
+    #[cfg(feature = "bench")]
     Bench(#[from] bench::BenchError),
     #[error(transparent)]
     NodeKey(#[from] keys::NodeKeyCliError),
@@ -458,6 +466,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
                 return Ok(2);
             }
         }
+        #[cfg(feature = "bench")]
         Command::Bench { cmd } => benches::run(cmd).await?,
         Command::RunJob { dir } => {
             crate::exec::jobs::run_job_main(dir)

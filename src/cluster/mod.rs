@@ -6,6 +6,7 @@
 pub mod ganeti;
 mod inventory;
 pub mod kube;
+pub mod maps;
 pub mod pods;
 
 pub use inventory::{HooksConfig, Inventory, InventorySettings};

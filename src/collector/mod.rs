@@ -369,26 +369,14 @@ async fn repair_status(
         .ok_or_else(|| ApiError::not_found(format!("no repair {job:?} on this collector")))
 }
 
-/// Runs the collector until `shutdown` resolves.
-pub async fn run(
-    cfg: Config,
+/// Arms the watchdog when configured and feeds it from the heartbeats; returns `shutdown`
+/// extended by the feeder's stop and, when armed, a short wait so the master reads "disarmed"
+/// before the collector goes silent, and never counts on a reset that will not come.
+fn watchdog_until(
+    collector: &Arc<Collector>,
+    ccfg: &crate::config::CollectorConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), CollectorError> {
-    let node = cfg.node_name();
-    let cred = Credential::load(&cfg.collector_key_files(), &node)?;
-    tracing::info!(node = %node, signs_with = %cred.now().describe(), "collector keys loaded");
-    let ccfg = cfg.collector.clone();
-    let listener = crate::http::bind(ccfg.listen)
-        .await
-        .map_err(CollectorError::Listen)?;
-    let source = reload::KeySource {
-        config: cfg.source.clone(),
-        cluster_key_file: cfg.cluster.key_file.clone(),
-        node: node.clone(),
-    };
-    reload::on_sighup(source, cred.clone()).map_err(CollectorError::Listen)?;
-    let collector = Collector::new(node.clone(), cred, ccfg.clone())?;
-    // Armed before anything listens: a device that cannot be armed stops the start-up.
+) -> Result<impl Future<Output = ()> + Send + 'static, CollectorError> {
     let device = if ccfg.watchdog.enabled {
         Some(watchdog::Device::arm(&ccfg.watchdog)?)
     } else {
@@ -409,58 +397,78 @@ pub async fn run(
             .instrument(info_span!("watchdog")),
         )
     });
-    let armed = feeder.is_some();
-    let shutdown = async move {
+    Ok(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
         if let Some(f) = feeder {
             // A feeder that stopped feeding never returns: the node is being reset anyway.
             let _ = tokio::time::timeout(Duration::from_secs(2), f).await;
-        }
-        if armed {
-            // Served a little longer, so the master reads "disarmed" before the collector goes
-            // silent, and never counts on a reset that will not come.
             tokio::time::sleep(DISARMED_NOTICE).await;
         }
-    };
-    // Heartbeats and UDP polls share one socket on the collector's own address.
-    let heartbeat_socket = tokio::net::UdpSocket::bind(ccfg.listen)
+    })
+}
+
+/// Peer heartbeats, and the answers to the daemon's UDP polls, on one socket on the
+/// collector's own address.
+async fn heartbeats(
+    collector: &Arc<Collector>,
+    ccfg: &crate::config::CollectorConfig,
+) -> Result<tokio::task::JoinHandle<()>, CollectorError> {
+    let socket = tokio::net::UdpSocket::bind(ccfg.listen)
         .await
         .map_err(|e| {
             warn!(listen = %ccfg.listen, error = %e, "cannot bind the heartbeat socket");
             CollectorError::Listen(e)
         })?;
-    let heartbeats = tokio::spawn(
-        collector
-            .peers
-            .clone()
-            .run(
-                heartbeat_socket,
-                ccfg.poll_udp
-                    .then(|| Arc::new(poll::PollAnswers::new(collector.clone()))),
-            )
-            .instrument(info_span!("heartbeats")),
-    );
+    let polls = ccfg
+        .poll_udp
+        .then(|| Arc::new(poll::PollAnswers::new(collector.clone())));
+    let run = collector.peers.clone().run(socket, polls);
+    Ok(tokio::spawn(run.instrument(info_span!("heartbeats"))))
+}
+
+/// Runs the diagnose every interval and keeps its latest verdict.
+async fn diagnose_loop(c: Arc<Collector>) {
+    let mut tick = tokio::time::interval(c.cfg.diagnose_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let d = diagnose(&c.cfg).await;
+        if let Some(e) = &d.error {
+            warn!(error = %e, "diagnose error; reporting Ok");
+        }
+        c.set_diagnosis(d);
+    }
+}
+
+/// Runs the collector until `shutdown` resolves.
+pub async fn run(
+    cfg: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CollectorError> {
+    let node = cfg.node_name();
+    let cred = Credential::load(&cfg.collector_key_files(), &node)?;
+    tracing::info!(node = %node, signs_with = %cred.now().describe(), "collector keys loaded");
+    let ccfg = cfg.collector.clone();
+    let listener = crate::http::bind(ccfg.listen)
+        .await
+        .map_err(CollectorError::Listen)?;
+    let source = reload::KeySource {
+        config: cfg.source.clone(),
+        cluster_key_file: cfg.cluster.key_file.clone(),
+        node: node.clone(),
+    };
+    reload::on_sighup(source, cred.clone()).map_err(CollectorError::Listen)?;
+    let collector = Collector::new(node.clone(), cred, ccfg.clone())?;
+    // Armed before anything listens: a device that cannot be armed stops the start-up.
+    let shutdown = watchdog_until(&collector, &ccfg, shutdown)?;
+    let heartbeats = heartbeats(&collector, &ccfg).await?;
     info!(node = %node, listen = %ccfg.listen, diagnose = %ccfg.diagnose, state_dir = %ccfg.state_dir.display(), "collector started");
     let systemd =
         crate::sdnotify::announce_ready(&format!("node {node}, listening on {}", ccfg.listen));
 
-    let c = collector.clone();
-    let diag_loop = tokio::spawn(
-        async move {
-            let mut tick = tokio::time::interval(c.cfg.diagnose_interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let d = diagnose(&c.cfg).await;
-                if let Some(e) = &d.error {
-                    warn!(error = %e, "diagnose error; reporting Ok");
-                }
-                c.set_diagnosis(d);
-            }
-        }
-        .instrument(info_span!("diagnose")),
-    );
+    let diag_loop =
+        tokio::spawn(diagnose_loop(collector.clone()).instrument(info_span!("diagnose")));
     let result = crate::http::listener::serve(
         listener,
         collector.router(),

@@ -14,7 +14,9 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span};
 
 use crate::cluster::Cluster;
+use crate::cluster::maps::MapSource;
 use crate::fencing::agent::AgentRunner;
+use crate::fencing::book::PlanBook;
 use crate::fencing::executor::{Fencer, FencerSettings};
 use crate::fencing::peering::{Peering, PeeringSettings};
 use crate::fencing::readiness::{CheckSettings, Readiness, WatchdogViews};
@@ -24,6 +26,7 @@ use crate::repair::engine::{Engine, EngineSettings};
 use crate::repair::live::LiveRepairs;
 use crate::repair::poller::{PollSettings, Poller};
 use crate::report::keyring::Keyring;
+use crate::sdnotify::Notifier;
 use crate::store::StoreError;
 
 /// Every part's settings, resolved from the configuration (or set by a scenario).
@@ -79,6 +82,10 @@ pub struct Deps<C> {
     pub agents: Arc<dyn AgentRunner>,
     /// Each node's keys.
     pub keys: Arc<Keyring>,
+    /// Where fence ConfigMaps are read, when plans come from them.
+    pub maps: Option<Arc<dyn MapSource>>,
+    /// The service manager to feed while the engine's loop turns.
+    pub systemd: Option<Arc<Notifier>>,
 }
 
 /// The assembled parts, not yet running.
@@ -89,6 +96,10 @@ pub struct Assembly<C: Cluster> {
     /// The fencer's peer sets and views, which the API and readiness read.
     pub peering: Option<Arc<Peering>>,
     pub shared: Shared<C>,
+    /// The fence ConfigMaps the plans in force follow.
+    maps: Option<(Arc<dyn MapSource>, Arc<PlanBook>)>,
+    /// The service manager's watchdog, and the longest a turn of the engine's loop takes.
+    systemd: Option<(Arc<Notifier>, Duration)>,
 }
 
 pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembly<C>, StoreError> {
@@ -97,7 +108,10 @@ pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembl
         links,
         agents,
         keys,
+        maps,
+        systemd,
     } = deps;
+    let cycle = settings.engine.poll_interval + settings.poll.timeout;
     let poller = Poller::new(settings.poll, links.poll, keys.clone(), &shared)?.with_udp(links.udp);
     let repairs = LiveRepairs::new(
         links.repair,
@@ -106,6 +120,7 @@ pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembl
     );
     let engine = Arc::new(Engine::new(settings.engine, poller, repairs, &shared));
     let (mut fencer, mut readiness, mut peering) = (None, None, None);
+    let maps = maps.zip(settings.fencing.as_ref().map(|f| f.fencer.book.clone()));
     if let Some(f) = settings.fencing {
         let p = Arc::new(Peering::new(keys, f.peering));
         let views = Some(p.clone() as Arc<dyn WatchdogViews>);
@@ -122,6 +137,8 @@ pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembl
         readiness,
         peering,
         shared,
+        maps,
+        systemd: systemd.map(|n| (n, cycle)),
     })
 }
 
@@ -152,6 +169,22 @@ impl<C: Cluster> Assembly<C> {
             let (cluster, members) = (self.shared.cluster.clone(), self.shared.members.clone());
             let run = w.clone().run(cluster, members, stopped(rx.clone()));
             others.push(tokio::spawn(run.instrument(info_span!("nodes"))));
+        }
+        if let Some((maps, book)) = &self.maps {
+            let defaults = crate::fencing::configmaps::StageDefaults::default();
+            let run = crate::fencing::book::follow(
+                book.clone(),
+                maps.clone(),
+                defaults,
+                stopped(rx.clone()),
+            );
+            others.push(tokio::spawn(run.instrument(info_span!("fence-configmaps"))));
+        }
+        if let Some((n, cycle)) = &self.systemd {
+            let health = self.engine.health();
+            let turns = move || health.turns();
+            let run = crate::sdnotify::feed_watchdog(n.clone(), turns, *cycle, stopped(rx.clone()));
+            others.push(tokio::spawn(run.instrument(info_span!("watchdog"))));
         }
         if let (None, Some(every)) = (&self.shared.watch, self.shared.cluster.members_interval()) {
             let (cluster, members) = (self.shared.cluster.clone(), self.shared.members.clone());

@@ -218,7 +218,8 @@ pub async fn answer<F, Fut>(
     changes: &Changes,
     watches: Watches,
     conn: Option<&ConnActivity>,
-    (headers, q): (&HeaderMap, &ListQuery),
+    headers: &HeaderMap,
+    q: &ListQuery,
     build: F,
 ) -> Result<Response, ApiError>
 where
@@ -371,7 +372,7 @@ mod tests {
         });
         let start = tokio::time::Instant::now();
         let sem = tokio::sync::Semaphore::new(1);
-        let r = answer(&sem, &changes, Watches::Events, None, (&headers, &q), build)
+        let r = answer(&sem, &changes, Watches::Events, None, &headers, &q, build)
             .await
             .unwrap();
         noise.abort();

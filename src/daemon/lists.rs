@@ -176,7 +176,8 @@ pub(super) async fn status<C: Cluster>(
         s.store.changes(),
         Watches::Events,
         conn.as_deref(),
-        (&headers, &q),
+        &headers,
+        &q,
         || status_page(&s, &q),
     )
     .await
@@ -219,7 +220,8 @@ pub(super) async fn fences<C: Cluster>(
         s.store.changes(),
         Watches::Events,
         conn.as_deref(),
-        (&headers, &q),
+        &headers,
+        &q,
         || async {
             let flows = s
                 .flows
@@ -257,7 +259,8 @@ pub(super) async fn nodes<C: Cluster>(
         s.store.changes(),
         Watches::Nodes,
         conn.as_deref(),
-        (&headers, &q),
+        &headers,
+        &q,
         || nodes_page(&s, &q),
     )
     .await

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod assembly;
 mod audit;
+mod backends;
 pub mod fence_ack;
 mod fencing_api;
 mod found;
@@ -20,21 +21,16 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use tracing::info;
 
-use crate::cluster::kube::KubeCluster;
-use crate::cluster::{Cluster, ClusterError, Inventory};
+use crate::cluster::{Cluster, ClusterError};
 use crate::config::{Backend, Config};
 use crate::fencing::agent::Agents;
-use crate::fencing::book::PlanBook;
 use crate::fencing::redact::Redactor;
-use crate::leader::Leadership;
 use crate::link::Links;
 use crate::members::NodeHealth;
-use crate::node::NodeConfig;
 use crate::parts::Shared;
 use crate::report::keyring::Keyring;
 use crate::report::{Key, KeyError};
-use crate::store::checkpoint::WithoutFlows;
-use crate::store::{FlowStore, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -85,159 +81,43 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     // Every configuration error is reported before anything is opened: `[fencing]` is loaded
-    // here (its secrets read once), and checked against the membership once that is known.
+    // here (its secrets read once), and checked against the membership once that is known;
+    // the cluster key and the operators' keys are read too.
     let plans = cfg
         .fencing
         .load_plans()
         .map_err(crate::config::ConfigError::from)?;
-    // Read from files before anything is opened: the cluster key and the fence plans.
-    let key = reload::cluster_key(&cfg)?;
-    let loaded = (
-        Credentials {
-            keyring: Arc::new(Keyring::load(key.clone(), &cfg.daemon.node_keys)?),
-            key,
-            operators: Arc::new(crate::http::Operators::load(&cfg.daemon.operators)?),
-            tls: match (&cfg.daemon.tls_cert_file, &cfg.daemon.tls_key_file) {
-                (Some(c), Some(k)) => Some(crate::http::tls::ServerTls::load(c, k)?),
-                _ => None,
-            },
-        },
-        plans,
-    );
+    let creds = Credentials::load(&cfg)?;
     let lock = lock::acquire(&cfg.daemon.state_dir, &cfg.host)?;
     let store = Arc::new(Store::open(&cfg.db_path())?);
     continue_steady_clock(&store)?;
     match cfg.cluster.backend {
         Backend::Kubernetes => {
-            let k = Arc::new(KubeCluster::connect(cfg.kubernetes.clone()).await?);
-            // The managed nodes and their collectors come from the API (read at start-up; the
-            // node watch keeps them current).
-            let nodes: Vec<NodeConfig> = k
-                .nodes()
-                .await?
-                .into_iter()
-                .map(|(name, collector)| NodeConfig { name, collector })
-                .collect();
-            info!(nodes = nodes.len(), selector = %cfg.kubernetes.label_selector, "nodes discovered from the Kubernetes API");
-            let rules = cfg
-                .kubernetes
-                .conditions
-                .iter()
-                .map(|r| r.rule())
-                .collect::<Result<Vec<_>, _>>()?;
-            let watch = crate::members::NodeView::new(rules, cfg.kubernetes.node_interval);
-            let le = cfg.kubernetes.leader_election.clone();
-            // With NodeFences the flows are shared by the objects themselves: the checkpoint
-            // carries the rest of the decision state only.
-            let (flows, state): (Arc<dyn FlowStore>, Arc<dyn crate::store::Checkpoint>) =
-                if cfg.kubernetes.nodefences {
-                    let fences = k.node_fences();
-                    fences.check_installed().await?;
-                    (Arc::new(fences), Arc::new(WithoutFlows(store.clone())))
-                } else {
-                    (store.clone(), store.clone())
-                };
-            let leadership = if le.enabled {
-                Leadership::elected(k.clone(), le, state)
-            } else {
-                Leadership::single(le.identity(), state)
-            };
-            let parts = (nodes, leadership, Some(Arc::new(watch)), flows);
-            let (key, plans) = loaded;
-            let (book, _configs) = if cfg.kubernetes.fence_configmaps {
-                let book = Arc::new(PlanBook::with_configmaps(plans));
-                let defaults = crate::fencing::configmaps::StageDefaults::default();
-                let maps = k.watch_configmaps(crate::fencing::configmaps::is_fence_map);
-                let follow =
-                    tokio::spawn(crate::fencing::book::follow(book.clone(), maps, defaults));
-                (book, Some(AbortOnDrop(follow.abort_handle())))
-            } else {
-                (Arc::new(PlanBook::fixed(plans)), None)
-            };
-            run_with(&cfg, (key, book), store, k, parts, lock, shutdown).await
+            let ready = backends::kubernetes(&cfg, &store, plans).await?;
+            run_with(&cfg, creds, store, ready, lock, shutdown).await
         }
         Backend::Ganeti => {
-            let g = Arc::new(crate::cluster::ganeti::Ganeti::connect(&cfg.ganeti)?);
-            // Master only (the lock above only keeps two daemons on one host apart). This
-            // node's ssconf is read first: on a non-master the documented `rapi-url` (this
-            // host) has no RAPI to ask, and the answer there is "not master" (exit 11), not a
-            // refused connection. A node whose ssconf says it is master asks Ganeti's own vote.
-            let node = cfg.ganeti.this_node(&cfg.host);
-            let master = match g.ssconf_master() {
-                Some(m) if m != node => m,
-                _ => g.master().await?,
-            };
-            if node != master {
-                return Err(DaemonError::NotGanetiMaster { node, master });
-            }
-            let nodes = g.members().await?;
-            info!(nodes = nodes.len(), %master, "nodes read from the Ganeti RAPI");
-            let leadership = Leadership::single(node.clone(), store.clone());
-            let parts = (nodes, leadership, None, store.clone() as Arc<dyn FlowStore>);
-            let (key, plans) = loaded;
-            let book = Arc::new(PlanBook::fixed(plans));
+            let (ready, node) = backends::ganeti(&cfg, &store, plans).await?;
             // After a master failover this daemon stops acting (a graceful stop, fence steps
             // finished) and exits with 11; the new master's daemon takes over.
-            let lost = Arc::new(std::sync::Mutex::new(None::<String>));
-            let watch = master_watch(g.clone(), node.clone(), lost.clone());
+            let (lost, new_master) = tokio::sync::oneshot::channel();
+            let watch = backends::master_watch(ready.cluster.clone(), node.clone());
             let either = async move {
                 tokio::select! {
                     _ = shutdown => {}
-                    _ = watch => {}
+                    m = watch => { let _ = lost.send(m); }
                 }
             };
-            run_with(&cfg, (key, book), store, g, parts, lock, either).await?;
-            match lost.lock().ok().and_then(|mut l| l.take()) {
-                Some(master) => Err(DaemonError::NotGanetiMaster { node, master }),
-                None => Ok(()),
+            run_with(&cfg, creds, store, ready, lock, either).await?;
+            match new_master.await {
+                Ok(master) => Err(DaemonError::NotGanetiMaster { node, master }),
+                Err(_) => Ok(()),
             }
         }
         Backend::Inventory => {
-            let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
-            let leadership = Leadership::single(cfg.host.clone(), store.clone());
-            let parts = (
-                cfg.nodes.clone(),
-                leadership,
-                None,
-                store.clone() as Arc<dyn FlowStore>,
-            );
-            let (key, plans) = loaded;
-            let book = Arc::new(PlanBook::fixed(plans));
-            run_with(&cfg, (key, book), store, inv, parts, lock, shutdown).await
+            let ready = backends::inventory(&cfg, &store, plans)?;
+            run_with(&cfg, creds, store, ready, lock, shutdown).await
         }
-    }
-}
-
-/// Every few seconds asks Ganeti who the master is; returns (with the new master recorded in
-/// `lost`) once it is another node. A RAPI that does not answer is no proof of a failover.
-async fn master_watch(
-    g: Arc<crate::cluster::ganeti::Ganeti>,
-    node: String,
-    lost: Arc<std::sync::Mutex<Option<String>>>,
-) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-    loop {
-        tick.tick().await;
-        match g.current_master().await {
-            Ok(m) if m != node => {
-                tracing::error!(node = %node, master = %m, "Ganeti made another node master: stopping");
-                if let Ok(mut l) = lost.lock() {
-                    *l = Some(m);
-                }
-                return;
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot ask Ganeti who the master is"),
-        }
-    }
-}
-
-/// Stops a background task when the daemon's run ends.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -265,14 +145,6 @@ fn continue_steady_clock(store: &Store) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// The managed nodes, who leads, the node watch (Kubernetes), and where fence flows live.
-type Membership = (
-    Vec<NodeConfig>,
-    Leadership,
-    Option<Arc<crate::members::NodeView>>,
-    Arc<dyn FlowStore>,
-);
-
 /// The keys the daemon checks signatures with: the cluster key (reports, heartbeats, and
 /// operator commands until an operator is configured) and the operators'.
 pub struct Credentials {
@@ -284,21 +156,38 @@ pub struct Credentials {
     pub tls: Option<crate::http::tls::ServerTls>,
 }
 
+impl Credentials {
+    /// The keys and the API's certificate, read from their files.
+    fn load(cfg: &Config) -> Result<Credentials, DaemonError> {
+        let key = reload::cluster_key(cfg)?;
+        Ok(Credentials {
+            keyring: Arc::new(Keyring::load(key.clone(), &cfg.daemon.node_keys)?),
+            key,
+            operators: Arc::new(crate::http::Operators::load(&cfg.daemon.operators)?),
+            tls: match (&cfg.daemon.tls_cert_file, &cfg.daemon.tls_key_file) {
+                (Some(c), Some(k)) => Some(crate::http::tls::ServerTls::load(c, k)?),
+                _ => None,
+            },
+        })
+    }
+}
+
 /// Builds the parts with the production links and agents, serves the API, and stops it all
 /// together.
 async fn run_with<C: Cluster>(
     cfg: &Config,
-    (creds, book): (Credentials, Arc<PlanBook>),
+    creds: Credentials,
     store: Arc<Store>,
-    cluster: Arc<C>,
-    (nodes, leadership, watch, flows): Membership,
+    ready: backends::Ready<C>,
     _lock: lock::MasterLock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    let keyring = creds.keyring.clone();
-    let operators = creds.operators.clone();
-    let tls = creds.tls.clone();
-    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let names: Vec<String> = ready
+        .membership
+        .nodes
+        .iter()
+        .map(|n| n.name.clone())
+        .collect();
     cfg.fencing
         .check_members(&names)
         .map_err(crate::config::ConfigError::from)?;
@@ -306,77 +195,28 @@ async fn run_with<C: Cluster>(
         .await
         .map_err(DaemonError::Listen)?;
     let mut registry = Registry::default();
-    let redact = Redactor::new(book.secrets());
-    let jobs = cluster
-        .clone()
-        .pod_runner()
-        .map(|pods| crate::fencing::agentjob::AgentJobs {
-            pods,
-            image: cfg.fencing.agent_image.clone(),
-        });
-    let agents = Arc::new(Agents {
-        dir: cfg.fencing.agents_dir.clone(),
-        redact,
-        jobs,
-    });
-    let deps = assembly::Deps {
-        shared: Shared {
-            health: Arc::new(NodeHealth::from_store(&store)),
-            // Every flow write also moves the API's view of events (flows are events there).
-            flows: crate::store::changes::CountedFlows::wrap(flows, store.changes().clone()),
-            store,
-            cluster,
-            metrics: crate::metrics::Metrics::register(&mut registry),
-            leadership: Arc::new(leadership),
-            clock: Arc::new(crate::clock::SystemClock),
-            members: Arc::new(crate::members::Members::new(nodes)),
-            watch,
-        },
-        links: Links {
-            udp: udp_poll(cfg, &keyring, &mut registry)?,
-            ..Links::http(
-                &keyring,
-                cfg.daemon.poll_timeout,
-                cfg.fencing.liveness_timeout_max,
-                cfg.daemon.poll_connections,
-                cfg.daemon.poll_concurrency,
-            )
-        },
-        agents,
-        keys: keyring.clone(),
-    };
+    let book = ready.book.clone();
+    let systemd = crate::sdnotify::from_env();
+    let deps = production_deps(cfg, &creds, store, ready, systemd.clone(), &mut registry)?;
     let found = found::leftovers(cfg, &deps.shared).await;
     let parts = assembly::assemble(assembly::Settings::from_config(cfg, book), deps)?;
     parts.engine.health().set_found(found);
     let listener_metrics = crate::http::listener::ListenerMetrics::register(&mut registry);
-    let app = api::router(Arc::new(api::ApiState::new(
-        &parts,
-        creds,
-        cfg,
-        &mut registry,
-    )));
+    let (tls, keys) = (creds.tls.clone(), reload::Reloadable::of(cfg, &creds));
+    let api = api::ApiState::new(&parts, creds, cfg, &mut registry);
     info!(listen = %cfg.daemon.listen, nodes = names.len(), db = %cfg.db_path().display(), "daemon started");
     let mut running = parts.spawn();
-    let limits = cfg.daemon.limits;
-    let stopping = running.stopping();
-    let keys = reload::Reloadable {
-        source: cfg.source.clone(),
-        key_file: cfg.cluster.key_file.clone(),
-        keyring: keyring.clone(),
-        operators: operators.clone(),
-        tls: tls.clone(),
-    };
     reload::on_sighup(keys)?;
+    let app = api::router(Arc::new(api));
+    let (limits, stopping) = (cfg.daemon.limits, running.stopping());
     let mut server = serve_apart(listener, app, limits, listener_metrics, tls, stopping)?;
-    let systemd = crate::sdnotify::announce_ready(&format!(
+    let status = format!(
         "polling {} nodes, API on {}",
         names.len(),
         cfg.daemon.listen
-    ));
+    );
     if let Some(n) = &systemd {
-        let health = parts.engine.health();
-        let cycle = cfg.daemon.poll_interval + cfg.daemon.poll_timeout;
-        crate::sdnotify::feed_watchdog(n.clone(), move || health.turns(), cycle);
+        n.ready(&status);
     }
     // A critical task that ends on its own takes the daemon down rather than leave it half-alive.
     let early = tokio::select! {
@@ -390,6 +230,16 @@ async fn run_with<C: Cluster>(
     if let Some(n) = &systemd {
         n.stopping();
     }
+    stop(early, running, server).await
+}
+
+/// Stops the parts (at once when `early` says the daemon is failing anyway: a critical task
+/// ended), then waits for the API server.
+async fn stop(
+    early: Option<Result<(), DaemonError>>,
+    running: assembly::Running,
+    server: tokio::sync::oneshot::Receiver<std::io::Result<()>>,
+) -> Result<(), DaemonError> {
     if let Some(result) = early {
         running.abort();
         return result;
@@ -400,6 +250,67 @@ async fn run_with<C: Cluster>(
     let result = served(server.await);
     info!("daemon stopped");
     result
+}
+
+/// What the parts act through in production: the backend, the store, HTTP (and UDP) links to
+/// the collectors, the real fence agents (or Jobs), the fence ConfigMaps and systemd.
+fn production_deps<C: Cluster>(
+    cfg: &Config,
+    creds: &Credentials,
+    store: Arc<Store>,
+    ready: backends::Ready<C>,
+    systemd: Option<Arc<crate::sdnotify::Notifier>>,
+    registry: &mut Registry,
+) -> Result<assembly::Deps<C>, DaemonError> {
+    let backends::Ready {
+        cluster,
+        membership,
+        book,
+        maps,
+    } = ready;
+    let jobs = cluster
+        .clone()
+        .pod_runner()
+        .map(|pods| crate::fencing::agentjob::AgentJobs {
+            pods,
+            image: cfg.fencing.agent_image.clone(),
+        });
+    let agents = Arc::new(Agents {
+        dir: cfg.fencing.agents_dir.clone(),
+        redact: Redactor::new(book.secrets()),
+        jobs,
+    });
+    let keyring = &creds.keyring;
+    let links = Links {
+        udp: udp_poll(cfg, keyring, registry)?,
+        ..Links::http(
+            keyring,
+            cfg.daemon.poll_timeout,
+            cfg.fencing.liveness_timeout_max,
+            cfg.daemon.poll_connections,
+            cfg.daemon.poll_concurrency,
+        )
+    };
+    let shared = Shared {
+        health: Arc::new(NodeHealth::from_store(&store)),
+        // Every flow write also moves the API's view of events (flows are events there).
+        flows: crate::store::changes::CountedFlows::wrap(membership.flows, store.changes().clone()),
+        store,
+        cluster,
+        metrics: crate::metrics::Metrics::register(registry),
+        leadership: Arc::new(membership.leadership),
+        clock: Arc::new(crate::clock::SystemClock),
+        members: Arc::new(crate::members::Members::new(membership.nodes)),
+        watch: membership.watch,
+    };
+    Ok(assembly::Deps {
+        shared,
+        links,
+        agents,
+        keys: keyring.clone(),
+        maps,
+        systemd,
+    })
 }
 
 /// The poll over UDP, with its counts registered, when `daemon.poll-udp` is on.

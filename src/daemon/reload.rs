@@ -36,6 +36,17 @@ pub(super) struct Reloadable {
 }
 
 impl Reloadable {
+    /// What a SIGHUP reads again for the daemon `cfg` started, into the keys `creds` it holds.
+    pub fn of(cfg: &crate::config::Config, creds: &super::Credentials) -> Reloadable {
+        Reloadable {
+            source: cfg.source.clone(),
+            key_file: cfg.cluster.key_file.clone(),
+            keyring: creds.keyring.clone(),
+            operators: creds.operators.clone(),
+            tls: creds.tls.clone(),
+        }
+    }
+
     fn reload(&self) {
         match self.tls.as_ref().map(|t| t.reload()) {
             None => {}

@@ -135,13 +135,26 @@ pub async fn run_stage(
     step: Step,
     stage: Option<&Stage>,
 ) -> (Outcome, Vec<Call>) {
-    run_stage_recorded(runner, (clock, &NoJournal), site, step, stage).await
+    let env = CallEnv {
+        runner,
+        clock,
+        journal: &NoJournal,
+    };
+    run_stage_recorded(env, site, step, stage).await
 }
 
-/// `run_stage`, writing each state-changing call to `journal` before it is made.
+/// What a stage's calls run with: the agents, the clock that times them, and where a
+/// state-changing call is written before it is made.
+#[derive(Clone, Copy)]
+pub struct CallEnv<'a> {
+    pub runner: &'a dyn AgentRunner,
+    pub clock: &'a dyn Clock,
+    pub journal: &'a dyn CallJournal,
+}
+
+/// `run_stage`, writing each state-changing call to the journal before it is made.
 pub async fn run_stage_recorded(
-    runner: &dyn AgentRunner,
-    (clock, journal): (&dyn Clock, &dyn CallJournal),
+    env: CallEnv<'_>,
     site: &mut CallSite,
     step: Step,
     stage: Option<&Stage>,
@@ -158,16 +171,7 @@ pub async fn run_stage_recorded(
     let mut successes = Vec::new();
     let mut optional_failures = Vec::new();
     for m in &stage.methods {
-        let ok = run_method(
-            runner,
-            (clock, journal),
-            site,
-            step,
-            m,
-            stage.timeout,
-            &mut calls,
-        )
-        .await;
+        let ok = run_method(env, site, step, m, stage.timeout, &mut calls).await;
         match ok {
             Ok(()) => {
                 successes.push(m.name.clone());
@@ -329,14 +333,18 @@ impl MethodError {
 
 /// One method: the action, and for a power-off the `status` that proves it.
 async fn run_method(
-    runner: &dyn AgentRunner,
-    (clock, journal): (&dyn Clock, &dyn CallJournal),
+    env: CallEnv<'_>,
     site: &mut CallSite,
     step: Step,
     m: &Method,
     deadline: Duration,
     calls: &mut Vec<Call>,
 ) -> Result<(), MethodError> {
+    let CallEnv {
+        runner,
+        clock,
+        journal,
+    } = env;
     let here = StageCall {
         runner,
         clock,

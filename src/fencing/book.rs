@@ -167,14 +167,28 @@ impl PlanBook {
 const LOOK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 const SECRETS_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Follows the fence ConfigMaps into `book` until dropped: whenever a map changes the maps are
+pub use crate::cluster::maps::MapSource;
+
+/// Follows the fence ConfigMaps into `book` until `stop`: whenever a map changes the maps are
 /// parsed again, so a node becomes fenceable within seconds of its ConfigMap, without a
 /// restart. Only while this replica leads (`want_secrets`) are the Secrets they name read (at
 /// once on becoming leader, on every change, and every minute); a standby parses with empty
 /// placeholders, which checks the maps' form and reads no Secret.
 pub async fn follow(
     book: Arc<PlanBook>,
-    maps: crate::cluster::kube::ConfigMaps,
+    maps: Arc<dyn MapSource>,
+    defaults: crate::fencing::configmaps::StageDefaults,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::select! {
+        _ = stop => {}
+        _ = follow_maps(book, maps, defaults) => {}
+    }
+}
+
+async fn follow_maps(
+    book: Arc<PlanBook>,
+    maps: Arc<dyn MapSource>,
     defaults: crate::fencing::configmaps::StageDefaults,
 ) {
     use crate::fencing::configmaps::{parse, secret_refs};
@@ -191,7 +205,7 @@ pub async fn follow(
         match maps.snapshot().await {
             Err(e) => {
                 if !broken {
-                    tracing::warn!(namespace = %maps.namespace, error = %e, "cannot read the fence ConfigMaps; the plans in force stay");
+                    tracing::warn!(at = %maps.location(), error = %e, "cannot read the fence ConfigMaps; the plans in force stay");
                 }
                 broken = true;
             }
@@ -223,7 +237,7 @@ pub async fn follow(
             }
             let changed = book.set_dynamic_read(parse(data, &values, defaults), want);
             if !changed.is_empty() {
-                tracing::info!(namespace = %maps.namespace, nodes = ?changed, "fence configuration from ConfigMaps changed; it applies to the next flow of each node");
+                tracing::info!(at = %maps.location(), nodes = ?changed, "fence configuration from ConfigMaps changed; it applies to the next flow of each node");
             }
         }
         tokio::time::sleep(LOOK_EVERY).await;

@@ -224,8 +224,8 @@ impl Peering {
         Some(set)
     }
 
-    /// Verifies a collector's answer to the probe numbered `probe`, sent at `sent_at` and
-    /// answered at `received_at` (the steady timeline), and keeps it; returns the epoch of the
+    /// Verifies a collector's answer to the probe numbered `probe`, sent and answered over `trip`
+    /// (`sent_at..received_at` (the steady timeline), and keeps it; returns the epoch of the
     /// set the collector holds. The view is fresh because it answers this very probe: its own
     /// timestamp is never compared with this clock (a master whose wall clock is off by a
     /// minute still judges every node), only kept as the node's clock offset from `wall_mid`,
@@ -235,9 +235,10 @@ impl Peering {
         node: &str,
         body: &[u8],
         probe: u64,
-        (sent_at, received_at): (Nanos, Nanos),
+        trip: std::ops::Range<Nanos>,
         wall_mid: Nanos,
     ) -> Result<u64, ViewRejection> {
+        let (sent_at, received_at) = (trip.start, trip.end);
         let signed: SignedView =
             serde_json::from_slice(body).map_err(|e| ViewRejection::Shape(e.to_string()))?;
         let keys = self
@@ -387,6 +388,7 @@ impl Peering {
     }
 
     /// Every node's peer set, for `maintd bench peers`.
+    #[cfg(feature = "bench")]
     pub fn sets_for_bench(&self) -> BTreeMap<String, PeerSet> {
         self.sets.lock_unpoisoned().sets.clone()
     }
@@ -490,7 +492,7 @@ mod tests {
         // lost it 3 s before.
         let epoch = p.sets.lock_unpoisoned().sets["n1"].epoch;
         let own = view_of_set("n1", epoch, NOW, &[], &key());
-        p.accept("n1", &own, 1, (NOW, NOW + S / 10), NOW).unwrap();
+        p.accept("n1", &own, 1, NOW..NOW + S / 10, NOW).unwrap();
         assert_eq!(p.echo("n1"), 0, "not leading: no echo");
         assert!(p.reset_evidence("n1").is_none(), "not leading: no proof");
         p.set_leading(true, NOW);
@@ -499,7 +501,7 @@ mod tests {
             w,
             &view(w, NOW, &[("n1", true)], &key()),
             1,
-            (NOW, NOW + S),
+            NOW..NOW + S,
             NOW,
         )
         .unwrap();
@@ -518,7 +520,7 @@ mod tests {
             w,
             &view(w, at, &[("n1", false)], &key()),
             1,
-            (at, at + S / 2),
+            at..at + S / 2,
             at,
         )
         .unwrap();
@@ -533,7 +535,7 @@ mod tests {
         );
         // A node that reports another peer set than its watchers are taken from: not known.
         let stale = view_of_set("n1", epoch + 1, at, &[], &key());
-        p.accept("n1", &stale, 1, (at, at + S), at).unwrap();
+        p.accept("n1", &stale, 1, at..at + S, at).unwrap();
         assert!(p.reset_evidence("n1").is_none());
         p.set_leading(false, at);
         assert_eq!(p.echo("n1"), 0);
@@ -554,27 +556,27 @@ mod tests {
         let label = |r: Result<u64, ViewRejection>| r.unwrap_err().metric_label();
         let other = Key::from_bytes(vec![4; 32]);
         assert_eq!(
-            label(p.accept("n1", &view("n1", NOW, &[], &other), 1, (NOW, NOW), NOW)),
+            label(p.accept("n1", &view("n1", NOW, &[], &other), 1, NOW..NOW, NOW)),
             "signature"
         );
         assert_eq!(
-            label(p.accept("n1", &view("n2", NOW, &[], &key()), 1, (NOW, NOW), NOW)),
+            label(p.accept("n1", &view("n2", NOW, &[], &key()), 1, NOW..NOW, NOW)),
             "node"
         );
         assert_eq!(
-            label(p.accept("n1", b"{\"view\":1}", 1, (NOW, NOW), NOW)),
+            label(p.accept("n1", b"{\"view\":1}", 1, NOW..NOW, NOW)),
             "malformed"
         );
         // A view an hour away from the master's wall clock, answering the probe just sent: taken,
         // and its clock's offset kept (the middle of the round trip is the master's reading).
         let far = view("n1", NOW - 3600 * S, &[], &key());
-        assert_eq!(p.accept("n1", &far, 1, (NOW, NOW + S), NOW + S / 2), Ok(1));
+        assert_eq!(p.accept("n1", &far, 1, NOW..NOW + S, NOW + S / 2), Ok(1));
         assert_eq!(p.clock_offset("n1"), Some(-3600 * S - S / 2));
         // The same view again, as the answer to the next probe: delayed or replayed, however
         // near its timestamp is to the master's clock.
         let v = view("n1", NOW, &[], &key());
         assert_eq!(
-            label(p.accept("n1", &v, 2, (NOW + S, NOW + S), NOW + S)),
+            label(p.accept("n1", &v, 2, NOW + S..NOW + S, NOW + S)),
             "replayed"
         );
     }
@@ -592,22 +594,10 @@ mod tests {
                 .iter()
                 .all(|t| t.says == Says::Unheard)
         );
-        p.accept(
-            a,
-            &view(a, NOW, &[("n1", false)], &key()),
-            1,
-            (NOW, NOW),
-            NOW,
-        )
-        .unwrap();
-        p.accept(
-            b,
-            &view(b, NOW, &[("n1", true)], &key()),
-            1,
-            (NOW, NOW),
-            NOW,
-        )
-        .unwrap();
+        p.accept(a, &view(a, NOW, &[("n1", false)], &key()), 1, NOW..NOW, NOW)
+            .unwrap();
+        p.accept(b, &view(b, NOW, &[("n1", true)], &key()), 1, NOW..NOW, NOW)
+            .unwrap();
         let t = p.testimony("n1", NOW + S);
         assert!(matches!(
             t[0].says,
@@ -634,7 +624,7 @@ mod tests {
             a,
             &view(a, later, &[("n1", false)], &key()),
             1,
-            (later, later),
+            later..later,
             later,
         )
         .unwrap();

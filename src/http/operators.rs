@@ -81,6 +81,15 @@ impl Operators {
     }
 }
 
+/// What a request's signature covers, and the signature: the path, the time it was signed at,
+/// the body and the MAC.
+pub(super) struct SignedParts<'a> {
+    pub path: &'a str,
+    pub ts: i64,
+    pub body: &'a [u8],
+    pub sig: &'a crate::report::Mac32,
+}
+
 impl super::SignedAuth {
     /// The refusal of a request that says a node's key signed it: `forbidden`, under the node's
     /// key id, when the signature is that node's; `forged` otherwise.
@@ -89,8 +98,14 @@ impl super::SignedAuth {
         parts: &axum::http::request::Parts,
         ring: &crate::report::keyring::Keyring,
         node: &str,
-        (path, ts, body, sig): (&str, i64, &[u8], &crate::report::Mac32),
+        signed: SignedParts<'_>,
     ) -> super::ApiError {
+        let SignedParts {
+            path,
+            ts,
+            body,
+            sig,
+        } = signed;
         let method = parts.method.as_str();
         let id = format!("node:{node}");
         let genuine = ring.claimed_verifiers(node).is_ok_and(|keys| {

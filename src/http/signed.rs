@@ -153,7 +153,13 @@ impl SignedAuth {
         let node = header_once(&parts.headers, NODE_HEADER)
             .map_err(|m| self.refuse("malformed", parts, ApiError::unauthorized(m)))?;
         if let (Some(node), Some(ring)) = (node, &self.nodes) {
-            return Err(self.node_signed(parts, ring, node, (path, ts, body, sig)));
+            let signed = super::operators::SignedParts {
+                path,
+                ts,
+                body,
+                sig,
+            };
+            return Err(self.node_signed(parts, ring, node, signed));
         }
         let Some(name) = named else {
             if !self

@@ -231,6 +231,9 @@ impl World {
             links: Links::same(link),
             agents: agents.clone(),
             keys: crate::report::keyring::Keyring::arc(key),
+            // Plans are fixed here; no service manager watches the simulation.
+            maps: None,
+            systemd: None,
         };
         let parts = assemble(settings, deps).expect("the parts assemble");
         let running = parts.spawn();

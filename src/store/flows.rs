@@ -4,7 +4,9 @@
 use super::*;
 
 /// The suite every `FlowStore` passes; public so that the real-control-plane tests run it
-/// against NodeFences.
+/// against NodeFences. Test code only: built for this crate's tests and with the `testing`
+/// feature, never shipped.
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod conformance;
 

@@ -38,6 +38,7 @@ pub use audit::Command;
 pub use checkpoint::Checkpoint;
 pub use controls::Pause;
 pub use events::CancelOutcome;
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub(crate) use flows::conformance as flow_conformance;
 pub use flows::{FenceCancel, FlowOutcome, FlowStore, Requests};

@@ -109,13 +109,12 @@ const FINAL: [&str; 3] = ["success", "error", "canceled"];
 mod follow;
 
 pub struct Rapi {
-    tls: tokio_rustls::TlsConnector,
-    host: String,
-    port: u16,
-    server: rustls_pki_types::ServerName<'static>,
+    /// reqwest over the pinned TLS configuration, one connection per request (the RAPI is
+    /// asked rarely, and a kept connection would only go stale between two questions).
+    client: reqwest::Client,
     base: String,
     /// `Basic <user:password>`, the only place the password is kept.
-    auth: hyper::header::HeaderValue,
+    auth: reqwest::header::HeaderValue,
     user: String,
     retries: u32,
     /// Connect and handshake; a whole request gets at least the RAPI's own job wait more.
@@ -161,35 +160,42 @@ impl Rapi {
             })?
             .trim_end_matches(['\n', '\r'])
             .to_string();
-        let uri: hyper::Uri = s
-            .url
-            .parse()
+        let url = reqwest::Url::parse(&s.url)
             .map_err(|e| RapiError::Setup(format!("rapi-url {:?}: {e}", s.url)))?;
-        if uri.scheme_str() != Some("https") {
+        if url.scheme() != "https" {
             return Err(RapiError::Setup(format!(
                 "rapi-url {:?}: the RAPI speaks https only",
                 s.url
             )));
         }
-        let host = uri
-            .host()
-            .ok_or_else(|| RapiError::Setup(format!("rapi-url {:?}: no host", s.url)))?
-            .trim_matches(['[', ']'])
-            .to_string();
-        // The name is not checked (the certificate is pinned), but TLS needs one.
-        let server = rustls_pki_types::ServerName::try_from(host.clone())
-            .map_err(|e| RapiError::Setup(format!("rapi-url {:?}: {e}", s.url)))?;
+        if url.host_str().is_none() {
+            return Err(RapiError::Setup(format!("rapi-url {:?}: no host", s.url)));
+        }
         let token =
             base64::engine::general_purpose::STANDARD.encode(format!("{}:{password}", s.user));
-        let mut auth = hyper::header::HeaderValue::from_str(&format!("Basic {token}"))
+        let mut auth = reqwest::header::HeaderValue::from_str(&format!("Basic {token}"))
             .map_err(|_| RapiError::Setup("the RAPI user or password is not header text".into()))?;
         auth.set_sensitive(true);
+        // The certificate is pinned (its name is not checked); reqwest speaks HTTP over it.
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .connect_timeout(s.timeout)
+            .pool_max_idle_per_host(0)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| RapiError::Setup(format!("the RAPI client: {e}")))?;
+        let mut base = url.to_string();
+        if url.port().is_none() {
+            // Ganeti's RAPI port, when the URL names none (https's own would be 443).
+            base = format!(
+                "https://{}:5080{}",
+                url.host_str().unwrap_or_default(),
+                url.path()
+            );
+        }
         Ok(Rapi {
-            tls: tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls)),
-            port: uri.port_u16().unwrap_or(5080),
-            host,
-            server,
-            base: s.url.trim_end_matches('/').to_string(),
+            client,
+            base: base.trim_end_matches('/').to_string(),
             auth,
             user: s.user.clone(),
             retries: s.retries,
@@ -197,64 +203,46 @@ impl Rapi {
         })
     }
 
-    /// One request on a connection of its own (the RAPI is asked rarely).
+    /// One request: its status and its answer, at most `MAX_ANSWER` bytes.
     async fn once(
         &self,
         method: &'static str,
         path: &str,
         body: Option<&Value>,
     ) -> Result<(u16, Vec<u8>), Try> {
-        use http_body_util::BodyExt;
-        let connect = async {
-            let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
-                .await
-                .map_err(|e| Try::NotSent(format!("connect: {e}")))?;
-            let tls = self
-                .tls
-                .connect(self.server.clone(), tcp)
-                .await
-                .map_err(|e| Try::NotSent(format!("TLS: {}", tls_error(&e))))?;
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-                .await
-                .map_err(|e| Try::NotSent(format!("HTTP: {e}")))
-        };
-        let (mut send, conn) = tokio::time::timeout(self.timeout, connect)
-            .await
-            .map_err(|_| Try::NotSent(format!("no connection within {:?}", self.timeout)))??;
-        let driver = tokio::spawn(conn);
-        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header(hyper::header::HOST, &self.host)
-            .header(hyper::header::AUTHORIZATION, self.auth.clone())
-            .header(hyper::header::ACCEPT, "application/json");
-        if body.is_some() {
-            // Ganeti refuses a write without this type (415).
-            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
-        }
-        let req = req
-            .body(http_body_util::Full::new(hyper::body::Bytes::from(bytes)))
+        let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|e| Try::NotSent(e.to_string()))?;
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .header(reqwest::header::AUTHORIZATION, self.auth.clone())
+            .header(reqwest::header::ACCEPT, "application/json");
+        if let Some(b) = body {
+            // Ganeti refuses a write without this type (415).
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(b.to_string());
+        }
         let exchange = async {
-            let resp = send
-                .send_request(req)
-                .await
-                .map_err(|e| Try::Failed(e.to_string()))?;
+            let resp = req.send().await.map_err(|e| {
+                let detail = transport_error(&e);
+                if e.is_connect() {
+                    Try::NotSent(detail)
+                } else {
+                    Try::Failed(detail)
+                }
+            })?;
             let status = resp.status().as_u16();
-            let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER)
-                .collect()
+            let body = crate::http::read_capped(resp, MAX_ANSWER)
                 .await
                 .map_err(|e| Try::Failed(format!("reading the answer: {e}")))?;
-            Ok((status, body.to_bytes().to_vec()))
+            Ok((status, body))
         };
         // A job wait is held up to ten seconds by the RAPI itself.
         let deadline = self.timeout.max(Duration::from_secs(15));
-        let out = tokio::time::timeout(deadline, exchange)
+        tokio::time::timeout(deadline, exchange)
             .await
-            .unwrap_or_else(|_| Err(Try::Failed(format!("no answer within {deadline:?}"))));
-        driver.abort();
-        out
+            .unwrap_or_else(|_| Err(Try::Failed(format!("no answer within {deadline:?}"))))
     }
 
     async fn call(
@@ -380,19 +368,32 @@ impl Rapi {
     }
 }
 
-/// A failed handshake in words: a certificate other than the pinned one is told by the pin's
-/// own message (which names the file), not by rustls's debug form of it.
-fn tls_error(e: &std::io::Error) -> String {
-    let pinned = e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .and_then(|r| match r {
-            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(o)) => {
-                Some(o.0.to_string())
+/// A failed request in words: a certificate other than the pinned one is told by the pin's own
+/// message (which names the file), not by rustls's debug form of it; anything else by its
+/// causes, each said once.
+fn transport_error(e: &reqwest::Error) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        // An I/O error's `source` skips the error it carries (the connector nests two): those
+        // are looked into too.
+        let mut inner = c;
+        loop {
+            if let Some(rustls::Error::InvalidCertificate(rustls::CertificateError::Other(o))) =
+                inner.downcast_ref::<rustls::Error>()
+            {
+                return o.0.to_string();
             }
-            _ => None,
-        });
-    pinned.unwrap_or_else(|| e.to_string())
+            match inner
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                Some(carried) => inner = carried,
+                None => break,
+            }
+        }
+        cause = c.source();
+    }
+    crate::http::error_chain(e)
 }
 
 /// Whether any opcode of a job (as `/2/jobs?bulk=1` lists it) has a reason entry that `ok`.

@@ -24,15 +24,10 @@ pub struct ConfigMaps {
     pub namespace: String,
 }
 
-/// Each kept map's data by name, and each one's resourceVersion (a change shows there).
-pub type MapSnapshot = (
-    BTreeMap<String, BTreeMap<String, String>>,
-    Vec<(String, String)>,
-);
-
-impl ConfigMaps {
+#[async_trait::async_trait]
+impl crate::cluster::maps::MapSource for ConfigMaps {
     /// The kept maps, failing while the watch is broken (the plans in force then stay).
-    pub async fn snapshot(&self) -> Result<MapSnapshot, ClusterError> {
+    async fn snapshot(&self) -> Result<crate::cluster::maps::MapSnapshot, ClusterError> {
         let objs = self.cache.objects().await?;
         let kept = objs
             .iter()
@@ -52,7 +47,7 @@ impl ConfigMaps {
 
     /// One key of one Secret, as text (a trailing newline dropped); `None` when either is
     /// missing or cannot be read (said in the log, without the value).
-    pub async fn secret(&self, name: &str, key: &str) -> Option<String> {
+    async fn secret(&self, name: &str, key: &str) -> Option<String> {
         match self.secrets.get_opt(name).await {
             Ok(sec) => sec
                 .and_then(|s| s.data)
@@ -67,6 +62,10 @@ impl ConfigMaps {
                 None
             }
         }
+    }
+
+    fn location(&self) -> String {
+        format!("namespace {}", self.namespace)
     }
 }
 

@@ -26,6 +26,7 @@ use crate::store::{FenceCancel, FlowOutcome, FlowStore, Requests, StoreError};
 use crate::sync::LockExt;
 use maintd_core::fencing::machine::{Call, FenceStatus, Flow};
 use maintd_core::verdict::{Nanos, Outcome};
+#[cfg(any(test, feature = "testing"))]
 pub use operators::conformance;
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -26,8 +26,10 @@ mod tokens;
 pub use config::{
     ConditionRuleConfig, KubeConfig, KubeConfigError, LeaderElectionConfig, StorageLeaseConfig,
 };
-pub use fenceconfig::{ConfigMaps, MapSnapshot};
-pub use fences::{NodeFences, conformance as nodefence_conformance};
+pub use fenceconfig::ConfigMaps;
+pub use fences::NodeFences;
+#[cfg(any(test, feature = "testing"))]
+pub use fences::conformance as nodefence_conformance;
 pub use jobs::job_of;
 pub use nodes::{OFFLINE_TAINT, OUT_OF_SERVICE, TaintEffect, label_to_tag, tag_to_label};
 pub use remedies::{RemedyConfig, RemedyError, RemedyPlacement, remedy_run};

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::Fencer;
 use crate::cluster::{Cluster, EventReason};
-use crate::fencing::agent::{CallJournal, CallSite, run_stage_recorded};
+use crate::fencing::agent::{CallEnv, CallJournal, CallSite, run_stage_recorded};
 use crate::metrics::StepLabel;
 use crate::store::FlowOutcome;
 use crate::sync::LockExt;
@@ -308,14 +308,12 @@ impl<C: Cluster> Fencer<C> {
                     flows: self.shared.flows.clone(),
                     flow,
                 };
-                let (o, calls) = run_stage_recorded(
-                    self.runner.as_ref(),
-                    (clock, &journal),
-                    &mut site,
-                    step,
-                    stage,
-                )
-                .await;
+                let env = CallEnv {
+                    runner: self.runner.as_ref(),
+                    clock,
+                    journal: &journal,
+                };
+                let (o, calls) = run_stage_recorded(env, &mut site, step, stage).await;
                 for c in &calls {
                     info!(flow = %flow, node = %node, step = step.as_str(), agent = %c.agent, action = %c.action, code = ?c.code, elapsed_ms = c.elapsed_ms, "fence agent call");
                 }

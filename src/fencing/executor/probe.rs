@@ -242,7 +242,7 @@ impl<C: Cluster> Fencer<C> {
             &node.name,
             &answer.body,
             probe,
-            (sent_at, received_at),
+            sent_at..received_at,
             wall_mid,
         ) {
             Ok(epoch) => {

@@ -91,6 +91,7 @@ impl NodeFences {
 
 /// Runs the suite every flow store passes against the NodeFences of a cluster that has none
 /// yet (for the real-control-plane tests, under the deploy RBAC).
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub async fn conformance(client: kube::Client) {
     let store = NodeFences::new(client);

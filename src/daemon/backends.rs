@@ -1,0 +1,170 @@
+//! What each backend hands the daemon before its parts are assembled: the backend itself, the
+//! managed nodes, who leads, where fence flows live, the fence plans in force and where the
+//! ConfigMap ones come from. Kubernetes discovers nodes and may elect a leader; Ganeti acts
+//! only on its master and watches for a failover; the inventory reads the configuration.
+
+use std::sync::Arc;
+
+use tracing::info;
+
+use super::DaemonError;
+use crate::cluster::Inventory;
+use crate::cluster::ganeti::Ganeti;
+use crate::cluster::kube::KubeCluster;
+use crate::cluster::maps::MapSource;
+use crate::config::Config;
+use crate::fencing::book::{PlanBook, Plans};
+use crate::leader::Leadership;
+use crate::members::NodeView;
+use crate::node::NodeConfig;
+use crate::store::checkpoint::WithoutFlows;
+use crate::store::{FlowStore, Store};
+
+/// The managed nodes, who leads, the node watch (Kubernetes), and where fence flows live.
+pub struct Membership {
+    pub nodes: Vec<NodeConfig>,
+    pub leadership: Leadership,
+    pub watch: Option<Arc<NodeView>>,
+    pub flows: Arc<dyn FlowStore>,
+}
+
+/// A backend ready for the assembly.
+pub struct Ready<C> {
+    pub cluster: Arc<C>,
+    pub membership: Membership,
+    pub book: Arc<PlanBook>,
+    /// The fence ConfigMaps the book follows (Kubernetes, with `fence-configmaps`).
+    pub maps: Option<Arc<dyn MapSource>>,
+}
+
+/// The Kubernetes backend: nodes discovered from the API (the node watch keeps them current),
+/// leader election when enabled, flows in NodeFence objects when enabled.
+pub async fn kubernetes(
+    cfg: &Config,
+    store: &Arc<Store>,
+    plans: Plans,
+) -> Result<Ready<KubeCluster>, DaemonError> {
+    let k = Arc::new(KubeCluster::connect(cfg.kubernetes.clone()).await?);
+    let nodes: Vec<NodeConfig> = k
+        .nodes()
+        .await?
+        .into_iter()
+        .map(|(name, collector)| NodeConfig { name, collector })
+        .collect();
+    info!(nodes = nodes.len(), selector = %cfg.kubernetes.label_selector, "nodes discovered from the Kubernetes API");
+    let rules = cfg
+        .kubernetes
+        .conditions
+        .iter()
+        .map(|r| r.rule())
+        .collect::<Result<Vec<_>, _>>()?;
+    let watch = NodeView::new(rules, cfg.kubernetes.node_interval);
+    let le = cfg.kubernetes.leader_election.clone();
+    // With NodeFences the flows are shared by the objects themselves: the checkpoint carries
+    // the rest of the decision state only.
+    let (flows, state): (Arc<dyn FlowStore>, Arc<dyn crate::store::Checkpoint>) =
+        if cfg.kubernetes.nodefences {
+            let fences = k.node_fences();
+            fences.check_installed().await?;
+            (Arc::new(fences), Arc::new(WithoutFlows(store.clone())))
+        } else {
+            (store.clone(), store.clone())
+        };
+    let leadership = if le.enabled {
+        Leadership::elected(k.clone(), le, state)
+    } else {
+        Leadership::single(le.identity(), state)
+    };
+    let (book, maps) = if cfg.kubernetes.fence_configmaps {
+        let maps = k.watch_configmaps(crate::fencing::configmaps::is_fence_map);
+        let maps: Arc<dyn MapSource> = Arc::new(maps);
+        (Arc::new(PlanBook::with_configmaps(plans)), Some(maps))
+    } else {
+        (Arc::new(PlanBook::fixed(plans)), None)
+    };
+    let membership = Membership {
+        nodes,
+        leadership,
+        watch: Some(Arc::new(watch)),
+        flows,
+    };
+    Ok(Ready {
+        cluster: k,
+        membership,
+        book,
+        maps,
+    })
+}
+
+/// The Ganeti backend, on its master only. This node's ssconf is read first: on a non-master
+/// the documented `rapi-url` (this host) has no RAPI to ask, and the answer there is "not
+/// master" (exit 11), not a refused connection. A node whose ssconf says it is master asks
+/// Ganeti's own vote. Returns the backend and this node's name.
+pub async fn ganeti(
+    cfg: &Config,
+    store: &Arc<Store>,
+    plans: Plans,
+) -> Result<(Ready<Ganeti>, String), DaemonError> {
+    let g = Arc::new(Ganeti::connect(&cfg.ganeti)?);
+    let node = cfg.ganeti.this_node(&cfg.host);
+    let master = match g.ssconf_master() {
+        Some(m) if m != node => m,
+        _ => g.master().await?,
+    };
+    if node != master {
+        return Err(DaemonError::NotGanetiMaster { node, master });
+    }
+    let nodes = g.members().await?;
+    info!(nodes = nodes.len(), %master, "nodes read from the Ganeti RAPI");
+    let membership = Membership {
+        nodes,
+        leadership: Leadership::single(node.clone(), store.clone()),
+        watch: None,
+        flows: store.clone(),
+    };
+    let ready = Ready {
+        cluster: g,
+        membership,
+        book: Arc::new(PlanBook::fixed(plans)),
+        maps: None,
+    };
+    Ok((ready, node))
+}
+
+/// The local inventory: the configured nodes, one master, flows in SQLite.
+pub fn inventory(
+    cfg: &Config,
+    store: &Arc<Store>,
+    plans: Plans,
+) -> Result<Ready<Inventory>, DaemonError> {
+    let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
+    let membership = Membership {
+        nodes: cfg.nodes.clone(),
+        leadership: Leadership::single(cfg.host.clone(), store.clone()),
+        watch: None,
+        flows: store.clone(),
+    };
+    Ok(Ready {
+        cluster: inv,
+        membership,
+        book: Arc::new(PlanBook::fixed(plans)),
+        maps: None,
+    })
+}
+
+/// Every few seconds asks Ganeti who the master is; returns the new master once it is another
+/// node. A RAPI that does not answer is no proof of a failover.
+pub async fn master_watch(g: Arc<Ganeti>, node: String) -> String {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        match g.current_master().await {
+            Ok(m) if m != node => {
+                tracing::error!(node = %node, master = %m, "Ganeti made another node master: stopping");
+                return m;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot ask Ganeti who the master is"),
+        }
+    }
+}
