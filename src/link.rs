@@ -88,7 +88,8 @@ impl HttpLink {
         build: impl Fn(HeaderValue) -> Result<hyper::Request<Full<Bytes>>, GetError>,
         cap: usize,
     ) -> Result<Answer, LinkError> {
-        let address = || collector_address(&node.collector).map_err(|e| e.to_string());
+        let address =
+            || collector_address(&node.collector).map_err(|e| GetError::Address(e.to_string()));
         let mut attempt = 0;
         loop {
             let r = self

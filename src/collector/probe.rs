@@ -127,7 +127,7 @@ impl Collector {
         headers: &axum::http::HeaderMap,
         uri: &axum::http::Uri,
         now: i64,
-    ) -> Result<ProbeQuery, String> {
+    ) -> Result<ProbeQuery, ProbeRefused> {
         let h = |name| crate::http::header_once(headers, name);
         let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let req = crate::report::SignedRequest {
@@ -139,14 +139,25 @@ impl Collector {
             body: b"",
         };
         let window = self.cfg.request_window.as_secs();
-        let (_, sig) =
-            crate::report::check_signature_only(&self.cred, &req).map_err(|e| e.to_string())?;
+        let (_, sig) = crate::report::check_signature_only(&self.cred, &req)
+            .map_err(|e| ProbeRefused::Signature(e.to_string()))?;
         // Remembered from its arrival, on this clock: the same probe is taken once.
         self.replay
             .check_and_remember(&sig, now, now, window)
-            .map_err(|_| "replayed or too many probes".to_string())?;
+            .map_err(|_| ProbeRefused::Replayed)?;
         Ok(probe_query(uri.query().unwrap_or_default()))
     }
+}
+
+/// Why a master's signed probe is answered as an unsigned one.
+#[derive(Debug, thiserror::Error)]
+enum ProbeRefused {
+    #[error(transparent)]
+    Header(#[from] crate::http::HeaderError),
+    #[error("{0}")]
+    Signature(String),
+    #[error("replayed or too many probes")]
+    Replayed,
 }
 
 #[cfg(test)]

@@ -412,7 +412,7 @@ async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<views::Health>, ApiEr
             db: s.store.path().to_string(),
             found,
         })),
-        Err(why) if found.is_empty() => Err(ApiError::unavailable(why)),
+        Err(why) if found.is_empty() => Err(ApiError::unavailable(why.to_string())),
         Err(why) => Err(ApiError::unavailable(format!(
             "{why}; found at start-up: {}",
             found.join("; ")

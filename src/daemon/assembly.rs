@@ -242,17 +242,17 @@ impl Running {
 
     /// Stops every part and waits for them; `Err` names a part that panicked. Running fence
     /// steps reach a recorded state first.
-    pub async fn stop(self) -> Result<(), String> {
+    pub async fn stop(self) -> Result<(), tokio::task::JoinError> {
         let _ = self.stop.send(true);
         let mut panicked = None;
         for t in self.engine.into_iter().chain(self.others) {
             if let Err(e) = t.await {
-                panicked.get_or_insert(e.to_string());
+                panicked.get_or_insert(e);
             }
         }
         let _ = self.elect_stop.send(true);
         if let Err(e) = self.election.await {
-            panicked.get_or_insert(e.to_string());
+            panicked.get_or_insert(e);
         }
         panicked.map_or(Ok(()), Err)
     }

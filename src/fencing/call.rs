@@ -47,7 +47,16 @@ pub(super) fn stdin_params(method: &Method, action: &str) -> Vec<u8> {
 #[async_trait::async_trait]
 pub trait CallJournal: Send + Sync {
     /// Records `call` (pending); an error keeps the call from being made.
-    async fn begin(&self, call: &maintd_core::fencing::machine::Call) -> Result<(), String>;
+    async fn begin(&self, call: &maintd_core::fencing::machine::Call) -> Result<(), JournalError>;
+}
+
+/// A call that could not be written before it was made (so it was not made), and where.
+#[derive(Debug, thiserror::Error)]
+#[error("{at}: {source}")]
+pub struct JournalError {
+    pub at: String,
+    #[source]
+    pub source: crate::store::StoreError,
 }
 
 /// No record before a call: the agent module's own tests.
@@ -57,7 +66,7 @@ pub struct NoJournal;
 #[cfg(test)]
 #[async_trait::async_trait]
 impl CallJournal for NoJournal {
-    async fn begin(&self, _call: &maintd_core::fencing::machine::Call) -> Result<(), String> {
+    async fn begin(&self, _call: &maintd_core::fencing::machine::Call) -> Result<(), JournalError> {
         Ok(())
     }
 }

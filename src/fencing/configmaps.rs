@@ -249,7 +249,7 @@ impl Ctx<'_> {
                     Some(names) => self
                         .stage(cm, node, &names, ExecPolicy::All, k == "recovery")
                         .map(Some)
-                        .map_err(|p| p.unwrap_or_else(|m| problem(cm, key, format!("{k}: {m}")))),
+                        .map_err(|p| p.placed(|m| problem(cm, key, format!("{k}: {m}")))),
                 }
             };
             (
@@ -333,11 +333,10 @@ impl Ctx<'_> {
         methods.sort();
         let names: Vec<&str> = methods.iter().map(|(_, v)| v.as_str()).collect();
         self.stage(home, &node, &names, policy, recovery)
-            .map_err(|p| p.unwrap_or_else(|m| problem(&cm, &key, m)))
+            .map_err(|p| p.placed(|m| problem(&cm, &key, m)))
     }
 
-    /// A stage of the named methods. `Err(Err(m))`: a problem of the list itself, for the caller
-    /// to place; `Err(Ok(p))`: a problem inside a method's or template's map.
+    /// A stage of the named methods.
     fn stage(
         &self,
         home: &str,
@@ -345,9 +344,9 @@ impl Ctx<'_> {
         names: &[&str],
         policy: ExecPolicy,
         recovery: bool,
-    ) -> Result<Stage, Result<Problem, String>> {
+    ) -> Result<Stage, StageProblem> {
         if names.is_empty() {
-            return Err(Err("no methods".into()));
+            return Err(StageProblem::List("no methods".into()));
         }
         let mut methods = Vec::new();
         for (i, m) in names.iter().enumerate() {
@@ -356,11 +355,14 @@ impl Ctx<'_> {
             let src = self
                 .source(home, &[&specific, &shared], "method.properties")
                 .ok_or_else(|| {
-                    Err(format!(
+                    StageProblem::List(format!(
                         "method {m:?} has no key {shared} in {home}, and no ConfigMap {specific} (or {shared})"
                     ))
                 })?;
-            methods.push(self.method(home, src, i, recovery).map_err(Ok)?);
+            methods.push(
+                self.method(home, src, i, recovery)
+                    .map_err(StageProblem::Placed)?,
+            );
         }
         Ok(Stage {
             policy,
@@ -369,6 +371,22 @@ impl Ctx<'_> {
             retry_interval: self.defaults.retry_interval,
             methods,
         })
+    }
+}
+
+/// Why a stage cannot be built: a problem of its list of method names, for the caller to place
+/// (it knows the key the list is in), or one already placed inside a method's or template's map.
+enum StageProblem {
+    List(String),
+    Placed(Problem),
+}
+
+impl StageProblem {
+    fn placed(self, place: impl FnOnce(String) -> Problem) -> Problem {
+        match self {
+            StageProblem::List(m) => place(m),
+            StageProblem::Placed(p) => p,
+        }
     }
 }
 

@@ -103,7 +103,7 @@ impl KeptClient {
     pub async fn send(
         &self,
         name: &str,
-        address: impl Fn() -> Result<String, String>,
+        address: impl Fn() -> Result<String, GetError>,
         build: impl Fn(HeaderValue) -> Result<hyper::Request<Full<Bytes>>, GetError>,
         cap: usize,
         timeout: Duration,
@@ -183,9 +183,9 @@ impl KeptClient {
 
     async fn connect(
         &self,
-        address: &impl Fn() -> Result<String, String>,
+        address: &impl Fn() -> Result<String, GetError>,
     ) -> Result<Conn, GetError> {
-        let addr = address().map_err(GetError::Address)?;
+        let addr = address()?;
         let permit = self
             .open
             .clone()
@@ -294,7 +294,7 @@ mod tests {
         (addr, conns)
     }
 
-    fn at(addr: &str) -> impl Fn() -> Result<String, String> + '_ {
+    fn at(addr: &str) -> impl Fn() -> Result<String, GetError> + '_ {
         move || Ok(addr.to_string())
     }
 
@@ -302,7 +302,7 @@ mod tests {
         async fn get(
             &self,
             name: &str,
-            address: impl Fn() -> Result<String, String>,
+            address: impl Fn() -> Result<String, GetError>,
             path: &str,
             cap: usize,
         ) -> Result<(hyper::StatusCode, Vec<u8>), GetError> {
@@ -351,7 +351,11 @@ mod tests {
         let e = client
             .get(
                 "z",
-                || Err("collector address \"a b\" must be host or host:port".into()),
+                || {
+                    Err(GetError::Address(
+                        "collector address \"a b\" must be host or host:port".into(),
+                    ))
+                },
                 "/x",
                 4,
             )

@@ -16,7 +16,9 @@ pub mod tls;
 pub mod tokens;
 
 pub use operators::{Operators, OperatorsError};
-pub use signed::{RefusalLabel, Refused, ReplayCache, SignedAuth, header_once, require_signed};
+pub use signed::{
+    HeaderError, RefusalLabel, Refused, ReplayCache, SignedAuth, header_once, require_signed,
+};
 
 use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 

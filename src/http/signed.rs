@@ -144,14 +144,14 @@ impl SignedAuth {
     ) -> Result<Operator, ApiError> {
         let method = parts.method.as_str();
         let named = header_once(&parts.headers, OPERATOR_HEADER)
-            .map_err(|m| self.refuse("malformed", parts, ApiError::unauthorized(m)))?;
+            .map_err(|m| self.refuse("malformed", parts, ApiError::unauthorized(m.to_string())))?;
         let needs = if self.reads {
             Role::Read
         } else {
             Role::Operate
         };
         let node = header_once(&parts.headers, NODE_HEADER)
-            .map_err(|m| self.refuse("malformed", parts, ApiError::unauthorized(m)))?;
+            .map_err(|m| self.refuse("malformed", parts, ApiError::unauthorized(m.to_string())))?;
         if let (Some(node), Some(ring)) = (node, &self.nodes) {
             let signed = super::operators::SignedParts {
                 path,
@@ -246,7 +246,7 @@ pub async fn require_signed(
     }
     let h = |name| {
         header_once(&parts.headers, name)
-            .map_err(|m| auth.refuse("malformed", &parts, ApiError::unauthorized(m)))
+            .map_err(|m| auth.refuse("malformed", &parts, ApiError::unauthorized(m.to_string())))
     };
     let (ts, sig) = check_request_headers(
         h(TIMESTAMP_HEADER)?,
@@ -337,15 +337,27 @@ pub async fn require_signed(
 pub fn header_once<'a>(
     headers: &'a axum::http::HeaderMap,
     name: &str,
-) -> Result<Option<&'a str>, String> {
+) -> Result<Option<&'a str>, HeaderError> {
     let mut all = headers.get_all(name).iter();
     let first = all.next();
     if all.next().is_some() {
-        return Err(format!("{name} must be sent once"));
+        return Err(HeaderError::Twice(name.to_string()));
     }
     first
-        .map(|v| v.to_str().map_err(|_| format!("{name} must be ASCII text")))
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| HeaderError::NotText(name.to_string()))
+        })
         .transpose()
+}
+
+/// A header of a signed request's head that cannot be read, by name.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("{0} must be sent once")]
+    Twice(String),
+    #[error("{0} must be ASCII text")]
+    NotText(String),
 }
 
 /// Signatures of the signed requests accepted within the window: the same request is accepted

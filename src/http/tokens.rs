@@ -19,7 +19,16 @@ pub enum TokenVerdict {
     },
 }
 
-pub type Review = Pin<Box<dyn Future<Output = Result<TokenVerdict, String>> + Send>>;
+pub type Review = Pin<Box<dyn Future<Output = Result<TokenVerdict, ReviewError>> + Send>>;
+
+/// Whoever checks tokens could not answer (the request is then refused as unavailable).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{asked}: {detail}")]
+pub struct ReviewError {
+    /// What was asked: `TokenReview`, `SubjectAccessReview`.
+    pub asked: &'static str,
+    pub detail: String,
+}
 
 /// Checks bearer tokens: who holds `token`, and whether they may `verb` (`get` for reads,
 /// `operate` for commands).

@@ -81,13 +81,13 @@ impl Health {
 
     /// `Ok(age of the last decision)` while one completed within `stale_ns` (or the daemon is
     /// younger than that) and the database can be written, else why not.
-    pub fn check(&self, now: i64, stale_ns: i64) -> Result<Option<i64>, String> {
+    pub fn check(&self, now: i64, stale_ns: i64) -> Result<Option<i64>, Unhealthy> {
         use std::sync::atomic::Ordering::Relaxed;
         if let Some((since, why)) = self.write_error.lock_unpoisoned().clone() {
-            return Err(format!(
-                "the state database cannot be written (for {:.1} s): {why}",
-                now.saturating_sub(since).max(0) as f64 / 1e9
-            ));
+            return Err(Unhealthy::Unwritable {
+                for_s: now.saturating_sub(since).max(0) as f64 / 1e9,
+                why,
+            });
         }
         let last = self.last_ok_ns.load(Relaxed);
         let since = if last == 0 {
@@ -104,8 +104,20 @@ impl Health {
             .lock_unpoisoned()
             .clone()
             .unwrap_or_else(|| "the engine has not run".into());
-        Err(format!("no decision for {:.1} s: {why}", age as f64 / 1e9))
+        Err(Unhealthy::Stale {
+            for_s: age as f64 / 1e9,
+            why,
+        })
     }
+}
+
+/// Why the daemon is not healthy.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unhealthy {
+    #[error("the state database cannot be written (for {for_s:.1} s): {why}")]
+    Unwritable { for_s: f64, why: String },
+    #[error("no decision for {for_s:.1} s: {why}")]
+    Stale { for_s: f64, why: String },
 }
 
 #[cfg(test)]
@@ -121,7 +133,7 @@ mod tests {
         assert_eq!(h.check(2 * S, 10 * S), Ok(Some(S)));
         h.wrote(3 * S, &Err("disk I/O error"));
         h.wrote(5 * S, &Err("disk I/O error"));
-        let e = h.check(6 * S, 10 * S).unwrap_err();
+        let e = h.check(6 * S, 10 * S).unwrap_err().to_string();
         assert!(
             e.contains("cannot be written (for 3.0 s): disk I/O error"),
             "{e}"

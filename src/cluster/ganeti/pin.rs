@@ -188,16 +188,24 @@ impl ServerCertVerifier for Pinned {
     }
 }
 
+/// Why a certificate cannot be pinned.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error("the certificate's public key cannot be read")]
+    Key,
+    #[error(transparent)]
+    Tls(#[from] rustls::Error),
+}
+
 /// A TLS client configuration that trusts `cert` (DER, read from `path`) and nothing else.
 pub fn pinned(
     cert: CertificateDer<'static>,
     path: &std::path::Path,
-) -> Result<rustls::ClientConfig, String> {
-    let key = PublicKey::of(&cert).ok_or("the certificate's public key cannot be read")?;
+) -> Result<rustls::ClientConfig, PinError> {
+    let key = PublicKey::of(&cert).ok_or(PinError::Key)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(Pinned {
             cert,

@@ -152,7 +152,7 @@ impl Rapi {
             .next()
             .ok_or_else(|| cert_err("no PEM certificate in it".into()))?
             .map_err(|e| cert_err(e.to_string()))?;
-        let tls = super::pin::pinned(cert, &s.certificate).map_err(cert_err)?;
+        let tls = super::pin::pinned(cert, &s.certificate).map_err(|e| cert_err(e.to_string()))?;
         let password = crate::secret::read(&s.password_file)
             .map_err(|source| RapiError::Password {
                 path: s.password_file.clone(),

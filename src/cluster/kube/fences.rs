@@ -146,7 +146,7 @@ impl NodeFences {
         Ok(out)
     }
 
-    fn warn_unreadable(&self, o: &NodeFence, e: &str) {
+    fn warn_unreadable(&self, o: &NodeFence, e: &super::nodefence::UnreadableFlow) {
         let name = o.metadata.name.clone().unwrap_or_default();
         let mut warned = self.warned.lock_unpoisoned();
         if warned.get(&name) != Some(&rv(o)) {

@@ -211,12 +211,39 @@ pub fn time(t: Nanos) -> String {
         .unwrap_or_else(|_| t.to_string())
 }
 
-fn parse_time(field: &str, s: &Option<String>) -> Result<Option<Nanos>, String> {
+/// Why a NodeFence's status is not a flow maintd can read, naming the field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum UnreadableFlow {
+    #[error("status.{field} {value:?} is not an RFC 3339 time: {detail}")]
+    Time {
+        field: &'static str,
+        value: String,
+        detail: String,
+    },
+    #[error("status.{field} {value:?} is not a boot id: {detail}")]
+    Boot {
+        field: &'static str,
+        value: String,
+        detail: String,
+    },
+    #[error("status.{0} is missing")]
+    Missing(&'static str),
+    #[error("no flow id (label maintd.io/flow or uid)")]
+    NoId,
+    #[error("its resourceVersion is not a number")]
+    Version,
+}
+
+fn parse_time(field: &'static str, s: &Option<String>) -> Result<Option<Nanos>, UnreadableFlow> {
     s.as_deref()
         .map(|s| {
             s.parse::<k8s_openapi::jiff::Timestamp>()
                 .map(|t| t.as_nanosecond() as Nanos)
-                .map_err(|e| format!("status.{field} {s:?} is not an RFC 3339 time: {e}"))
+                .map_err(|e| UnreadableFlow::Time {
+                    field,
+                    value: s.to_string(),
+                    detail: e.to_string(),
+                })
         })
         .transpose()
 }
@@ -409,19 +436,19 @@ pub fn refused_at(s: Option<&NodeFenceStatus>) -> Option<Nanos> {
 
 /// The flow an object records, at `version` (its resourceVersion); `Ok(None)` for an
 /// operator's request not yet started; an error names the field that makes it unreadable.
-pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, String> {
+pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, UnreadableFlow> {
     let Some(s) = &nf.status else { return Ok(None) };
     let (Some(step), Some(status)) = (s.step, s.status) else {
         return Ok(None);
     };
-    let id = flow_id(nf).ok_or("no flow id (label maintd.io/flow or uid)")?;
-    let need = |field: &str, v: Option<Nanos>| v.ok_or(format!("status.{field} is missing"));
+    let id = flow_id(nf).ok_or(UnreadableFlow::NoId)?;
+    let need = |field: &'static str, v: Option<Nanos>| v.ok_or(UnreadableFlow::Missing(field));
     let version = nf
         .metadata
         .resource_version
         .as_deref()
         .and_then(|v| v.parse::<u64>().ok())
-        .ok_or("its resourceVersion is not a number")?;
+        .ok_or(UnreadableFlow::Version)?;
     Ok(Some(Flow {
         id,
         node: nf.spec.node.clone(),
@@ -466,9 +493,15 @@ pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, String> {
     }))
 }
 
-fn parse_boot(field: &str, v: &Option<String>) -> Result<Option<Uuid>, String> {
+fn parse_boot(field: &'static str, v: &Option<String>) -> Result<Option<Uuid>, UnreadableFlow> {
     v.as_deref()
-        .map(|s| Uuid::parse_str(s).map_err(|e| format!("status.{field} {s:?}: {e}")))
+        .map(|s| {
+            Uuid::parse_str(s).map_err(|e| UnreadableFlow::Boot {
+                field,
+                value: s.to_string(),
+                detail: e.to_string(),
+            })
+        })
         .transpose()
 }
 
@@ -577,7 +610,7 @@ mod tests {
         });
         nf.metadata.uid = Some(Uuid::from_u128(7).to_string());
         nf.metadata.resource_version = Some("3".into());
-        let e = flow_of(&nf).unwrap_err();
+        let e = flow_of(&nf).unwrap_err().to_string();
         assert!(
             e.contains("status.detected") && e.contains("yesterday"),
             "{e}"

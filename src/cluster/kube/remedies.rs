@@ -71,8 +71,28 @@ pub enum RemedyError {
     Invalid {
         name: String,
         place: String,
-        problem: String,
+        problem: RemedyProblem,
     },
+}
+
+/// What is wrong with a remedy's definition, or with the Job it makes.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RemedyProblem {
+    /// A key of its ConfigMap, or the ConfigMap itself.
+    #[error("{0}")]
+    Definition(String),
+    #[error("template is not a pod template: {0}")]
+    NotATemplate(String),
+    #[error("template has no spec")]
+    NoSpec,
+    #[error("template has no container")]
+    NoContainer,
+    #[error("template's restartPolicy is {0}; a remedy runs once (Never)")]
+    Restarts(String),
+    #[error("deadline must be greater than zero")]
+    NoDeadline,
+    #[error("the template cannot be written as JSON: {0}")]
+    Json(String),
 }
 
 impl KubeCluster {
@@ -107,7 +127,7 @@ impl RemedyConfig {
         let invalid = |problem: String| RemedyError::Invalid {
             name: name.into(),
             place: format!("ConfigMap {CONFIGMAP_PREFIX}{name}"),
-            problem,
+            problem: RemedyProblem::Definition(problem),
         };
         if let Some(k) = data
             .keys()
@@ -148,22 +168,20 @@ impl RemedyConfig {
 
     /// The pod template, checked: it parses, has a container, and restarts never (one attempt
     /// per Job; escalation is the condition rule's).
-    pub fn pod_template(&self) -> Result<PodTemplateSpec, String> {
+    pub fn pod_template(&self) -> Result<PodTemplateSpec, RemedyProblem> {
         let t: PodTemplateSpec = serde_yaml_ng::from_str(&self.template)
-            .map_err(|e| format!("template is not a pod template: {e}"))?;
-        let spec = t.spec.as_ref().ok_or("template has no spec")?;
+            .map_err(|e| RemedyProblem::NotATemplate(e.to_string()))?;
+        let spec = t.spec.as_ref().ok_or(RemedyProblem::NoSpec)?;
         if spec.containers.is_empty() {
-            return Err("template has no container".into());
+            return Err(RemedyProblem::NoContainer);
         }
         if let Some(p) = spec.restart_policy.as_deref()
             && p != "Never"
         {
-            return Err(format!(
-                "template's restartPolicy is {p}; a remedy runs once (Never)"
-            ));
+            return Err(RemedyProblem::Restarts(p.to_string()));
         }
         if self.deadline.is_zero() {
-            return Err("deadline must be greater than zero".into());
+            return Err(RemedyProblem::NoDeadline);
         }
         Ok(t)
     }
@@ -199,7 +217,7 @@ pub fn remedy_run(
     remedy: &str,
     cfg: &RemedyConfig,
     event: &str,
-) -> Result<PodRun, String> {
+) -> Result<PodRun, RemedyProblem> {
     let template = cfg.pod_template()?;
     let mut labels = BTreeMap::from([
         (EVENT_LABEL.to_string(), job.event.to_string()),
@@ -222,7 +240,7 @@ pub fn remedy_run(
     Ok(PodRun {
         name: job_name(&job.event),
         labels,
-        template: serde_json::to_value(template).map_err(|e| e.to_string())?,
+        template: serde_json::to_value(template).map_err(|e| RemedyProblem::Json(e.to_string()))?,
         env,
         placement: match cfg.placement {
             RemedyPlacement::Node => Placement::On(job.node.clone()),
@@ -249,7 +267,7 @@ impl KubeCluster {
             Err(e) => Err(RemedyError::Invalid {
                 name: name.into(),
                 place: format!("ConfigMap {cm_name}"),
-                problem: format!("cannot be read: {e}"),
+                problem: RemedyProblem::Definition(format!("cannot be read: {e}")),
             }),
         }
     }

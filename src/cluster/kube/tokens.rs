@@ -14,7 +14,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::{Api, PostParams};
 use sha2::{Digest, Sha256};
 
-use crate::http::tokens::{Review, TokenReviewer, TokenVerdict};
+use crate::http::tokens::{Review, ReviewError, TokenReviewer, TokenVerdict};
 use crate::sync::LockExt;
 
 /// How long an answer is kept: a revoked token or binding takes effect within this.
@@ -67,7 +67,13 @@ async fn ask(
     client: kube::Client,
     token: String,
     verb: &'static str,
-) -> Result<TokenVerdict, String> {
+) -> Result<TokenVerdict, ReviewError> {
+    let failed = |asked| {
+        move |e: kube::Error| ReviewError {
+            asked,
+            detail: e.to_string(),
+        }
+    };
     let review = TokenReview {
         spec: TokenReviewSpec {
             token: Some(token),
@@ -78,7 +84,7 @@ async fn ask(
     let reviewed = Api::<TokenReview>::all(client.clone())
         .create(&PostParams::default(), &review)
         .await
-        .map_err(|e| format!("TokenReview: {e}"))?;
+        .map_err(failed("TokenReview"))?;
     let Some(status) = reviewed.status.filter(|s| s.authenticated == Some(true)) else {
         return Ok(TokenVerdict::Unknown);
     };
@@ -107,7 +113,7 @@ async fn ask(
     let answered = Api::<SubjectAccessReview>::all(client)
         .create(&PostParams::default(), &access)
         .await
-        .map_err(|e| format!("SubjectAccessReview: {e}"))?;
+        .map_err(failed("SubjectAccessReview"))?;
     Ok(if answered.status.is_some_and(|s| s.allowed) {
         TokenVerdict::Allowed { user: name }
     } else {

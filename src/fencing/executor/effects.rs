@@ -68,11 +68,14 @@ struct FlowJournal {
 
 #[async_trait::async_trait]
 impl CallJournal for FlowJournal {
-    async fn begin(&self, call: &Call) -> Result<(), String> {
+    async fn begin(&self, call: &Call) -> Result<(), crate::fencing::call::JournalError> {
         self.flows
             .note_call(&self.flow, call.clone())
             .await
-            .map_err(|e| format!("{}: {e}", self.flows.location()))
+            .map_err(|source| crate::fencing::call::JournalError {
+                at: self.flows.location(),
+                source,
+            })
     }
 }
 
