@@ -820,7 +820,7 @@ async fn a_failed_sibling_and_a_rapi_outage_mid_job_are_followed_to_the_end() {
     let Some(g) = Ganeti::up() else { return };
     // Ganeti submits a node migrate's child jobs in the order of its configuration's instances,
     // which is by UUID: the failing one (a1) must come first for the test to tell anything.
-    g.instance_of("file", "a1", "node2");
+    // Both are made again by turns until they sort so (one alone may be drawn past any other).
     let rapi = Rapi::new(&g.settings()).unwrap();
     let uuid = |all: &serde_json::Value, name: &str| -> String {
         all.as_array()
@@ -832,14 +832,21 @@ async fn a_failed_sibling_and_a_rapi_outage_mid_job_are_followed_to_the_end() {
             .unwrap()
             .to_string()
     };
+    g.instance_of("file", "a1", "node2");
+    g.running_instance("b1", "node2");
     for attempt in 0.. {
-        g.running_instance("b1", "node2");
         let all = rapi.get("/2/instances?bulk=1").await.unwrap();
         if uuid(&all, "a1") < uuid(&all, "b1") {
             break;
         }
         assert!(attempt < 12, "b1's UUID never sorted after a1's");
-        g.gnt(&["gnt-instance", "remove", "-f", "b1"]);
+        if attempt % 2 == 0 {
+            g.gnt(&["gnt-instance", "remove", "-f", "b1"]);
+            g.running_instance("b1", "node2");
+        } else {
+            g.gnt(&["gnt-instance", "remove", "-f", "a1"]);
+            g.instance_of("file", "a1", "node2");
+        }
     }
     for node in ["node1", "node2"] {
         let dir = g.path(&format!(

@@ -1,5 +1,5 @@
 //! What every request's head must be before any route sees it: within the size cap, and its
-//! path and query UTF-8 text, also once percent-decoded.
+//! path and query UTF-8 text, also once percent-decoded; and a signed request's header read once.
 
 use axum::http::StatusCode;
 
@@ -53,6 +53,34 @@ pub fn check_head<B>(req: &axum::http::Request<B>) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// A header of a signed request's head: absent, or sent once as text. A second copy is
+/// refused, not ignored: of two values, which one a proxy or a server reads is not agreed.
+pub fn header_once<'a>(
+    headers: &'a axum::http::HeaderMap,
+    name: &str,
+) -> Result<Option<&'a str>, HeaderError> {
+    let mut all = headers.get_all(name).iter();
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(HeaderError::Twice(name.to_string()));
+    }
+    first
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| HeaderError::NotText(name.to_string()))
+        })
+        .transpose()
+}
+
+/// A header of a signed request's head that cannot be read, by name.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("{0} must be sent once")]
+    Twice(String),
+    #[error("{0} must be ASCII text")]
+    NotText(String),
 }
 
 #[cfg(test)]

@@ -15,10 +15,9 @@ mod signed;
 pub mod tls;
 pub mod tokens;
 
+pub use hygiene::{HeaderError, header_once};
 pub use operators::{Operators, OperatorsError};
-pub use signed::{
-    HeaderError, RefusalLabel, Refused, ReplayCache, SignedAuth, header_once, require_signed,
-};
+pub use signed::{RefusalLabel, Refused, ReplayCache, SignedAuth, require_signed};
 
 use crate::report::{Key, SIGNATURE_HEADER, TIMESTAMP_HEADER, now_ns};
 

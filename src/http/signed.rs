@@ -2,6 +2,7 @@
 //! (signature, target, window, replay) before a handler sees it, the replay cache that outlives
 //! a restart, and the count and log line of every refusal.
 
+use super::hygiene::header_once;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -330,34 +331,6 @@ pub async fn require_signed(
             axum::body::Body::from(bytes),
         ))
         .await)
-}
-
-/// A header of a signed request's head: absent, or sent once as text. A second copy is
-/// refused, not ignored: of two values, which one a proxy or a server reads is not agreed.
-pub fn header_once<'a>(
-    headers: &'a axum::http::HeaderMap,
-    name: &str,
-) -> Result<Option<&'a str>, HeaderError> {
-    let mut all = headers.get_all(name).iter();
-    let first = all.next();
-    if all.next().is_some() {
-        return Err(HeaderError::Twice(name.to_string()));
-    }
-    first
-        .map(|v| {
-            v.to_str()
-                .map_err(|_| HeaderError::NotText(name.to_string()))
-        })
-        .transpose()
-}
-
-/// A header of a signed request's head that cannot be read, by name.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum HeaderError {
-    #[error("{0} must be sent once")]
-    Twice(String),
-    #[error("{0} must be ASCII text")]
-    NotText(String),
 }
 
 /// Signatures of the signed requests accepted within the window: the same request is accepted
