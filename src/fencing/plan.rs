@@ -123,24 +123,39 @@ impl FencePlan {
     }
 
     /// The plan a flow recorded, its secret parameters valued from `current` (the node's plan
-    /// in force now): the same method of the same stage, else the same method in another.
+    /// in force now), from the closest method that has the parameter as a secret: the same
+    /// method of the same stage, the same method in another stage, then (a method renamed
+    /// since) a method of the same agent in the same stage, then in another. A wrong guess can
+    /// only fail the call (the device refuses it), never act on another device: the method's
+    /// own parameters, its address among them, stay the recorded ones.
     pub fn restore(
         record: &PlanRecord,
         current: Option<&FencePlan>,
     ) -> Result<FencePlan, Unrestorable> {
-        let value = |step: Step, method: &str, param: &str| {
+        fn secret_in<'a>(
+            s: &'a Stage,
+            like: &dyn Fn(&Method) -> bool,
+            param: &str,
+        ) -> Option<&'a String> {
+            s.methods
+                .iter()
+                .filter(|c| like(c))
+                .find_map(|c| c.params.get(param).filter(|v| c.secrets.contains(v)))
+        }
+        let value = |step: Step, m: &MethodRecord, param: &str| {
             let current = current?;
-            fn secret_in<'a>(s: &'a Stage, method: &str, param: &str) -> Option<&'a String> {
-                s.methods
-                    .iter()
-                    .filter(|m| m.name == method)
-                    .find_map(|m| m.params.get(param).filter(|v| m.secrets.contains(v)))
-            }
-            let of_stage = |s| secret_in(s, method, param);
-            current
-                .stage(step)
-                .and_then(of_stage)
-                .or_else(|| current.stages().find_map(|(_, s)| of_stage(s)))
+            let same = |c: &Method| c.name == m.name;
+            let agent = |c: &Method| c.agent == m.agent;
+            let here = current.stage(step);
+            let anywhere = |like: &dyn Fn(&Method) -> bool| {
+                current
+                    .stages()
+                    .find_map(|(_, s)| secret_in(s, like, param))
+            };
+            here.and_then(|s| secret_in(s, &same, param))
+                .or_else(|| anywhere(&same))
+                .or_else(|| here.and_then(|s| secret_in(s, &agent, param)))
+                .or_else(|| anywhere(&agent))
                 .cloned()
         };
         let mut plan = FencePlan {
@@ -157,7 +172,7 @@ impl FencePlan {
                 let mut params = m.params.clone();
                 let mut secrets = Vec::new();
                 for p in &m.secret_params {
-                    let v = value(s.step, &m.name, p).ok_or_else(|| Unrestorable {
+                    let v = value(s.step, m, p).ok_or_else(|| Unrestorable {
                         method: m.name.clone(),
                         param: p.clone(),
                     })?;
@@ -347,10 +362,26 @@ mod tests {
     }
 
     #[test]
+    fn a_renamed_method_of_the_same_agent_lends_its_secret() {
+        let r = plan("old-pw").record();
+        let mut now = plan("new-pw");
+        now.power_management.as_mut().unwrap().methods[0].name = "bmc#0".into();
+        now.power_on = None;
+        let p = FencePlan::restore(&r, Some(&now)).unwrap();
+        let off = &p.power_management.as_ref().unwrap().methods[0];
+        assert_eq!(off.name, "ipmi#0", "the recorded method");
+        assert_eq!(
+            off.params["password"], "new-pw",
+            "the renamed one's password"
+        );
+    }
+
+    #[test]
     fn a_secret_gone_from_the_configuration_cannot_be_restored() {
         let r = plan("pw").record();
         let mut now = plan("pw");
         now.power_management.as_mut().unwrap().methods[0].name = "redfish#0".into();
+        now.power_management.as_mut().unwrap().methods[0].agent = "fence_redfish".into();
         now.power_on = None;
         assert_eq!(
             FencePlan::restore(&r, Some(&now)).unwrap_err().to_string(),

@@ -469,6 +469,8 @@ pub struct SimAgents {
     pub(super) collectors: Arc<SimCollectors>,
     /// Every call, in order, as `<action> <node>`.
     pub calls: Mutex<Vec<String>>,
+    /// The `password` each call was given, in order (absent: none).
+    pub passwords: Mutex<Vec<Option<String>>>,
     /// Calls of an action that fail (exit 1) before it works again.
     pub(super) failures: Mutex<BTreeMap<String, u32>>,
     /// Every call hangs until the stage's deadline kills it (a dead BMC).
@@ -501,6 +503,9 @@ impl AgentRunner for SimAgents {
         self.calls
             .lock_unpoisoned()
             .push(format!("{action} {node}"));
+        self.passwords
+            .lock_unpoisoned()
+            .push(method.params.get("password").cloned());
         if self.hang.load(Ordering::SeqCst) {
             tokio::time::sleep(deadline).await;
             return (None, "killed at the deadline".into());
@@ -544,5 +549,62 @@ impl AgentRunner for SimAgents {
             "status" => (Some(EXIT_OFF), "Status: OFF".into()),
             _ => (Some(1), format!("unknown action {action}")),
         }
+    }
+}
+
+/// Fence ConfigMaps and the Secrets they name, as a scenario writes them; each map's version
+/// moves with every write to it.
+#[derive(Default)]
+pub struct SimMaps {
+    maps: Mutex<BTreeMap<String, (BTreeMap<String, String>, u64)>>,
+    secrets: Mutex<BTreeMap<(String, String), String>>,
+}
+
+impl SimMaps {
+    /// Writes `key` of the map `name` (created when missing); an empty value removes the key.
+    pub fn put(&self, name: &str, key: &str, value: &str) {
+        let mut maps = self.maps.lock_unpoisoned();
+        let (data, version) = maps.entry(name.to_string()).or_default();
+        if value.is_empty() {
+            data.remove(key);
+        } else {
+            data.insert(key.to_string(), value.to_string());
+        }
+        *version += 1;
+    }
+
+    pub fn set_secret(&self, name: &str, key: &str, value: &str) {
+        self.secrets
+            .lock_unpoisoned()
+            .insert((name.to_string(), key.to_string()), value.to_string());
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::cluster::maps::MapSource for SimMaps {
+    async fn snapshot(
+        &self,
+    ) -> Result<crate::cluster::maps::MapSnapshot, crate::cluster::ClusterError> {
+        let maps = self.maps.lock_unpoisoned();
+        let data = maps
+            .iter()
+            .map(|(n, (d, _))| (n.clone(), d.clone()))
+            .collect();
+        let versions = maps
+            .iter()
+            .map(|(n, (_, v))| (n.clone(), v.to_string()))
+            .collect();
+        Ok((data, versions))
+    }
+
+    async fn secret(&self, name: &str, key: &str) -> Option<String> {
+        self.secrets
+            .lock_unpoisoned()
+            .get(&(name.to_string(), key.to_string()))
+            .cloned()
+    }
+
+    fn location(&self) -> String {
+        "the simulation's ConfigMaps".into()
     }
 }

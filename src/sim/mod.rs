@@ -15,7 +15,7 @@ mod selffence;
 mod witnesses;
 
 use fakes::SimNode;
-pub use fakes::{SimAgents, SimCluster, SimCollectors};
+pub use fakes::{SimAgents, SimCluster, SimCollectors, SimMaps};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
@@ -78,6 +78,8 @@ pub struct SimOptions {
     pub power_on: bool,
     /// Changes every node's plan as the configuration would (a restart takes it up).
     pub edit_plans: Option<fn(&mut FencePlan)>,
+    /// Plans come from these fence ConfigMaps (followed as they change) instead of the file.
+    pub configmaps: Option<Arc<SimMaps>>,
 }
 
 impl Default for SimOptions {
@@ -92,6 +94,7 @@ impl Default for SimOptions {
             no_power: Vec::new(),
             power_on: false,
             edit_plans: None,
+            configmaps: None,
         }
     }
 }
@@ -187,11 +190,12 @@ impl World {
                     (n.clone(), plan)
                 })
                 .collect();
+            let book = match &o.configmaps {
+                Some(_) => crate::fencing::book::PlanBook::with_configmaps(BTreeMap::new()),
+                None => crate::fencing::book::PlanBook::fixed(plans),
+            };
             FencingSettings {
-                fencer: FencerSettings::new(
-                    f,
-                    Arc::new(crate::fencing::book::PlanBook::fixed(plans)),
-                ),
+                fencer: FencerSettings::new(f, Arc::new(book)),
                 checks: CheckSettings::new(f),
                 peering: PeeringSettings {
                     watchers: f.watchers,
@@ -231,8 +235,11 @@ impl World {
             links: Links::same(link),
             agents: agents.clone(),
             keys: crate::report::keyring::Keyring::arc(key),
-            // Plans are fixed here; no service manager watches the simulation.
-            maps: None,
+            maps: o
+                .configmaps
+                .clone()
+                .map(|m| m as Arc<dyn crate::cluster::maps::MapSource>),
+            // No service manager watches the simulation.
             systemd: None,
         };
         let parts = assemble(settings, deps).expect("the parts assemble");
@@ -300,6 +307,7 @@ impl Sim {
         let agents = Arc::new(SimAgents {
             collectors: collectors.clone(),
             calls: Mutex::new(Vec::new()),
+            passwords: Mutex::new(Vec::new()),
             failures: Mutex::new(BTreeMap::new()),
             hang: AtomicBool::new(false),
             lies: AtomicBool::new(false),
