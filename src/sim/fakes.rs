@@ -552,11 +552,14 @@ impl AgentRunner for SimAgents {
     }
 }
 
+/// One map's data, and its version.
+type Versioned = (BTreeMap<String, String>, u64);
+
 /// Fence ConfigMaps and the Secrets they name, as a scenario writes them; each map's version
 /// moves with every write to it.
 #[derive(Default)]
 pub struct SimMaps {
-    maps: Mutex<BTreeMap<String, (BTreeMap<String, String>, u64)>>,
+    maps: Mutex<BTreeMap<String, Versioned>>,
     secrets: Mutex<BTreeMap<(String, String), String>>,
 }
 
