@@ -37,17 +37,20 @@ impl Notifier {
         if !path.starts_with('/') {
             return Err(NotifyError::Address(path));
         }
-        let watchdog = match (
-            sd_notify::watchdog_enabled(),
-            std::env::var("WATCHDOG_USEC"),
-        ) {
-            (Some(w), _) if !w.is_zero() => Some(w),
-            // Set for this process, yet no usable number: say so rather than run unwatched.
-            (Some(_), Ok(v)) => return Err(NotifyError::Watchdog(v)),
-            (None, Ok(v)) if for_us() && v.trim().parse::<u64>().is_err() => {
-                return Err(NotifyError::Watchdog(v));
+        // Read here rather than by the crate, which takes neither surrounding blanks nor
+        // tells a malformed value from an absent one: a watchdog asked for and not understood
+        // is said, not run without.
+        let watchdog = match std::env::var("WATCHDOG_USEC") {
+            Ok(v) => {
+                let usec = v
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|u| *u > 0)
+                    .ok_or_else(|| NotifyError::Watchdog(v.clone()))?;
+                for_us().then(|| Duration::from_micros(usec))
             }
-            _ => None,
+            Err(_) => None,
         };
         Ok(Some(Notifier::with(Box::new(sd_notify::notify), watchdog)))
     }

@@ -221,9 +221,7 @@ pub async fn run_stage_recorded(
 
 /// One agent call in a stage, as the place's runner makes it.
 struct StageCall<'a> {
-    runner: &'a dyn AgentRunner,
-    clock: &'a dyn Clock,
-    journal: &'a dyn CallJournal,
+    env: CallEnv<'a>,
     site: &'a mut CallSite,
     step: Step,
 }
@@ -236,9 +234,11 @@ async fn call(
     calls: &mut Vec<Call>,
 ) -> Option<i32> {
     let StageCall {
-        runner,
-        clock,
-        journal,
+        env: CallEnv {
+            runner,
+            clock,
+            journal,
+        },
         site,
         step,
     } = c;
@@ -340,15 +340,8 @@ async fn run_method(
     deadline: Duration,
     calls: &mut Vec<Call>,
 ) -> Result<(), MethodError> {
-    let CallEnv {
-        runner,
-        clock,
-        journal,
-    } = env;
     let here = StageCall {
-        runner,
-        clock,
-        journal,
+        env,
         site: &mut *site,
         step,
     };
@@ -365,13 +358,7 @@ async fn run_method(
         return Ok(());
     }
     // The action's own success is not proof: only a status answering OFF (or ON) is.
-    let here = StageCall {
-        runner,
-        clock,
-        journal,
-        site,
-        step,
-    };
+    let here = StageCall { env, site, step };
     let on = step == Step::PowerOn;
     match (call(here, m, "status", deadline, calls).await, on) {
         (Some(EXIT_OFF), false) | (Some(EXIT_OK), true) => Ok(()),

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use maintd_core::fencing::machine::{MethodRecord, PlanRecord, StageRecord, Step};
+use maintd_core::fencing::machine::{
+    MethodRecord, PlanRecord, PlanSummary, StageLimits, StageRecord, Step,
+};
 
 // The policy and the executor are recorded with each flow's plan, so they are the machine's.
 pub use maintd_core::fencing::machine::{ExecPolicy, Executor};
@@ -63,10 +65,15 @@ pub struct FencePlan {
 }
 
 impl FencePlan {
-    /// What the fence state machine needs of the plan: each stage's retry limits. Read off the
-    /// record, so a flow resumed from its record decides exactly as the one that started it.
-    pub fn summary(&self) -> maintd_core::fencing::machine::PlanSummary {
-        self.record().summary()
+    /// What the fence state machine needs of the plan: each stage's retry limits, rounded as
+    /// the record keeps them, so a flow resumed from its record decides exactly as the one
+    /// that started it.
+    pub fn summary(&self) -> PlanSummary {
+        let limits = |step| {
+            self.stage(step)
+                .map(|s| StageLimits::recorded(s.retries, s.retry_interval.as_millis() as u64))
+        };
+        PlanSummary::of(limits, self.self_fence, self.kdump)
     }
 
     fn stages(&self) -> impl Iterator<Item = (Step, &Stage)> {
@@ -83,23 +90,17 @@ impl FencePlan {
     /// The plan as a flow records it: every secret parameter named, none valued.
     pub fn record(&self) -> PlanRecord {
         let method = |m: &Method| {
-            let secret = |v: &String| m.secrets.contains(v);
+            let (secret, plain): (Vec<_>, Vec<_>) =
+                m.params.iter().partition(|(_, v)| m.secrets.contains(v));
             MethodRecord {
                 name: m.name.clone(),
                 agent: m.agent.clone(),
                 action: m.action.clone(),
-                params: m
-                    .params
-                    .iter()
-                    .filter(|(_, v)| !secret(v))
+                params: plain
+                    .into_iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
-                secret_params: m
-                    .params
-                    .iter()
-                    .filter(|(_, v)| secret(v))
-                    .map(|(k, _)| k.clone())
-                    .collect(),
+                secret_params: secret.into_iter().map(|(k, _)| k.clone()).collect(),
                 required: m.required,
                 executor: m.executor,
                 power_on: m.power_on,
@@ -211,16 +212,9 @@ impl FencePlan {
 
     /// Every secret value of every method of the plan.
     pub fn secrets(&self) -> impl Iterator<Item = &String> {
-        [
-            self.isolation.as_ref(),
-            self.power_management.as_ref(),
-            self.power_on.as_ref(),
-            self.recovery.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .flat_map(|s| &s.methods)
-        .flat_map(|m| &m.secrets)
+        self.stages()
+            .flat_map(|(_, s)| &s.methods)
+            .flat_map(|m| &m.secrets)
     }
 
     pub fn stage(&self, step: Step) -> Option<&Stage> {

@@ -83,12 +83,31 @@ impl PlanRecord {
 
     /// What the state machine needs of the plan: each stage's retry limits.
     pub fn summary(&self) -> PlanSummary {
-        let limits = |step| {
-            self.stage(step).map(|s| StageLimits {
-                retries: s.retries,
-                retry_interval: (s.retry_interval_ms as Nanos).saturating_mul(1_000_000),
-            })
-        };
+        PlanSummary::of(
+            |step| {
+                self.stage(step)
+                    .map(|s| StageLimits::recorded(s.retries, s.retry_interval_ms))
+            },
+            self.self_fence,
+            self.kdump,
+        )
+    }
+}
+
+impl StageLimits {
+    /// A stage's limits as a record keeps them (the interval in whole milliseconds), so a plan
+    /// in force and the record of it summarize alike.
+    pub fn recorded(retries: u32, retry_interval_ms: u64) -> StageLimits {
+        StageLimits {
+            retries,
+            retry_interval: (retry_interval_ms as Nanos).saturating_mul(1_000_000),
+        }
+    }
+}
+
+impl PlanSummary {
+    /// The summary of a plan whose stage for each step has `limits` (none: no such stage).
+    pub fn of(limits: impl Fn(Step) -> Option<StageLimits>, self_fence: bool, kdump: bool) -> Self {
         PlanSummary {
             isolation: limits(Step::Isolation),
             power_management: limits(Step::PowerManagement),
@@ -97,8 +116,8 @@ impl PlanRecord {
                 retries: 0,
                 retry_interval: 0,
             }),
-            self_fence: self.self_fence,
-            kdump: self.kdump,
+            self_fence,
+            kdump,
         }
     }
 }
