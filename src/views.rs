@@ -124,7 +124,7 @@ impl Event {
     /// pending.
     pub fn of_flow(f: &Flow) -> Event {
         let repair_status = match f.status {
-            _ if f.canceled && !f.fenced => RepairStatus::Canceled,
+            _ if f.canceled && !f.fenced() => RepairStatus::Canceled,
             FenceStatus::Error if f.tagged => RepairStatus::Failed,
             FenceStatus::Final => RepairStatus::Completed,
             FenceStatus::New if f.history.len() <= 1 => RepairStatus::Noted,
@@ -150,8 +150,8 @@ impl Event {
             fence: Some(FenceProgress {
                 step: f.step,
                 status: f.status,
-                fenced: f.fenced,
-                released: f.released,
+                fenced: f.fenced(),
+                released: f.released(),
                 retries: f.retries,
                 restarts: f.restarts,
             }),
@@ -182,7 +182,7 @@ impl Fence {
             0
         };
         let to_wall = |t: Nanos| t.saturating_add(wall_step);
-        if !flow.fenced {
+        if !flow.fenced() {
             flow.safe_until = flow.safe_until.map(to_wall);
         }
         if flow.status != maintd_core::fencing::machine::FenceStatus::Final {
@@ -541,7 +541,7 @@ mod tests {
         );
         assert_eq!((v.flow.created, v.flow.detected), (11 * S, 10 * S));
         // Once the node is counted reset, its moment is a record.
-        f.fenced = true;
+        f.fenced_at = Some(40 * S);
         assert_eq!(Fence::of(&f, -30 * S).flow.safe_until, Some(40 * S));
     }
 }

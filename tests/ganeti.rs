@@ -576,7 +576,7 @@ async fn a_dead_node_is_fenced_and_its_instances_fail_over_only_after_the_verifi
         let b = maintd::cluster::ganeti::Ganeti::connect(&cfg).unwrap();
         let flow = uuid::Uuid::parse_str(f["id"].as_str().unwrap()).unwrap();
         let again = b.release("node2", &flow, 1).await;
-        assert!(again.ok, "{again:?}");
+        assert!(again.ok(), "{again:?}");
         assert!(g.instances().contains("inst1 node1 running"));
         let failovers = jobs_of(&g, "OP_INSTANCE_FAILOVER").await;
         assert_eq!(failovers, 1, "no second failover");

@@ -84,7 +84,7 @@ async fn a_drain_waits_out_a_blocking_pdb_and_spares_daemonset_and_mirror_pods()
     }
     w.lock().unwrap().set_pdb_allowed("db-pdb", 1);
     let o = drain.await.unwrap();
-    assert!(o.ok, "{o:?}");
+    assert!(o.ok(), "{o:?}");
     let w = w.lock().unwrap();
     let mut left = w.pods_on("n1");
     left.sort();
@@ -96,7 +96,7 @@ async fn a_drain_waits_out_a_blocking_pdb_and_spares_daemonset_and_mirror_pods()
         "{:?}",
         w.delete_requests
     );
-    assert!(o.detail.ends_with("(2 pods)"), "{o:?}");
+    assert!(o.detail().ends_with("(2 pods)"), "{o:?}");
     let ev = w.events.last().unwrap();
     assert_eq!(ev["involvedObject"]["kind"], "Node");
     assert_eq!(ev["involvedObject"]["name"], "n1");
@@ -113,9 +113,9 @@ async fn a_drain_waits_out_a_blocking_pdb_and_spares_daemonset_and_mirror_pods()
 async fn a_drain_deadline_fails_the_job_naming_the_blocking_pods() {
     let (k, w) = world(1_000, 0).await;
     let o = k.run_job(&job("n1", JobKind::Evacuate), "{}").await;
-    assert!(!o.ok);
+    assert!(!o.ok());
     assert!(
-        o.detail.contains("deadline") && o.detail.contains("db/db-0"),
+        o.detail().contains("deadline") && o.detail().contains("db/db-0"),
         "{o:?}"
     );
     assert_eq!(w.lock().unwrap().events.last().unwrap()["type"], "Warning");
@@ -125,7 +125,7 @@ async fn a_drain_deadline_fails_the_job_naming_the_blocking_pods() {
 async fn failover_deletes_pods_without_waiting_for_pdbs() {
     let (k, w) = world(30_000, 0).await;
     let o = k.run_job(&job("n1", JobKind::EvacuateFailover), "{}").await;
-    assert!(o.ok, "{o:?}");
+    assert!(o.ok(), "{o:?}");
     assert_eq!(w.lock().unwrap().evictions_refused, 0);
     assert!(
         !w.lock()
@@ -140,7 +140,7 @@ async fn offline_and_online_cordon_and_taint_and_survive_a_stale_resource_versio
     let (k, w) = world(30_000, 0).await;
     w.lock().unwrap().nodes.get_mut("n1").unwrap()["spec"]["taints"] =
         json!([{"key": "other", "effect": "NoSchedule"}]);
-    assert!(k.run_job(&job("n1", JobKind::Offline), "{}").await.ok);
+    assert!(k.run_job(&job("n1", JobKind::Offline), "{}").await.ok());
     assert_eq!(
         k.offline_nodes()
             .await
@@ -157,7 +157,7 @@ async fn offline_and_online_cordon_and_taint_and_survive_a_stale_resource_versio
         );
         assert_eq!(w.nodes["n1"]["spec"]["unschedulable"], true);
     }
-    assert!(k.run_job(&job("n1", JobKind::Online), "{}").await.ok);
+    assert!(k.run_job(&job("n1", JobKind::Online), "{}").await.ok());
     let w2 = w.lock().unwrap();
     assert_eq!(
         w2.taints("n1"),
@@ -192,7 +192,7 @@ async fn release_taints_out_of_service_and_force_deletes_pods_and_reclaim_clears
     // versioned taint patch gets 409, re-reads and lands.
     w.lock().unwrap().races = 2;
     let o = k.release("n1", &flow, 0).await;
-    assert!(o.ok, "{o:?}");
+    assert!(o.ok(), "{o:?}");
     {
         let w = w.lock().unwrap();
         assert_eq!(
@@ -224,7 +224,7 @@ async fn release_taints_out_of_service_and_force_deletes_pods_and_reclaim_clears
         );
         assert_eq!(w.events.last().unwrap()["reason"], "MaintdFenceRelease");
     }
-    assert!(k.reclaim("n1", &flow).await.ok);
+    assert!(k.reclaim("n1", &flow).await.ok());
     assert!(w.lock().unwrap().taints("n1").is_empty());
 }
 
@@ -896,8 +896,8 @@ async fn a_drain_never_evicts_a_terminating_pod_again_and_counts_each_pod_once()
     assert!(!drain.is_finished());
     w.lock().unwrap().finish_terminating();
     let o = drain.await.unwrap();
-    assert!(o.ok, "{o:?}");
-    assert!(o.detail.contains("(2 pods)"), "{o:?}");
+    assert!(o.ok(), "{o:?}");
+    assert!(o.detail().contains("(2 pods)"), "{o:?}");
     let w = w.lock().unwrap();
     for pod in ["db/db-0", "web/web-1"] {
         let n = w.delete_requests.iter().filter(|(p, _)| p == pod).count();

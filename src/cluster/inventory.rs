@@ -197,7 +197,7 @@ impl Cluster for Inventory {
             .runner
             .run_or_adopt(&job.key(), &spec, Some(&legacy))
             .await;
-        if outcome.ok {
+        if outcome.ok() {
             let flag = match job.kind {
                 JobKind::Offline => Some(true),
                 JobKind::Online => Some(false),
@@ -250,7 +250,7 @@ impl Cluster for Inventory {
 impl Inventory {
     /// A fenced node is offline in the inventory until its recovery clears the release.
     fn set_offline_after(&self, o: Outcome, node: &str, offline: bool) -> Outcome {
-        if !o.ok {
+        if !o.ok() {
             return o;
         }
         match self.store.inventory_set_offline(node, offline, steady_ns()) {

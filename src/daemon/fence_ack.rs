@@ -108,7 +108,7 @@ fn answer<C: Cluster>(
         .map_err(|e| ApiError::internal(format!("{}: {e}", s.store.path())))?
         .into_iter()
         .any(|r| r.name == f.node && r.reachable);
-    let left = if !f.released || f.reclaimed {
+    let left = if !f.released() || f.reclaimed {
         "nothing: nothing of the node's was released, and the flow ends".to_string()
     } else if f.returned_at.is_some() {
         "nothing: the node is back in service".to_string()

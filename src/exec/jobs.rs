@@ -303,12 +303,12 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let ok = r#"{"job":"e1-1-5","ok":true,"detail":"done"}"#;
         let dir = job_dir(root.path(), "e1-1-5", &[], Some(ok));
-        assert!(read_result(&dir, "e1-1-5").unwrap().ok);
+        assert!(read_result(&dir, "e1-1-5").unwrap().ok());
         let o = read_result(&dir, "e2-1-9").unwrap();
-        assert!(!o.ok && o.detail.contains("names job e1-1-5"), "{o:?}");
+        assert!(!o.ok() && o.detail().contains("names job e1-1-5"), "{o:?}");
         // A result of an earlier version names no job: its directory's name is the binding.
         let dir = job_dir(root.path(), "7", &[], Some(r#"{"ok":true,"detail":"old"}"#));
-        assert_eq!(read_result(&dir, "").unwrap().detail, "old");
+        assert_eq!(read_result(&dir, "").unwrap().detail(), "old");
         assert!(read_result(&root.path().join("job-none"), "x").is_none());
     }
 

@@ -467,7 +467,7 @@ mod tests {
             Some(&s),
         )
         .await;
-        assert!(o.ok, "{o:?}");
+        assert!(o.ok(), "{o:?}");
         assert_eq!(calls.len(), 2);
         let (o, _) = run_stage(
             &fake(&[("off", Some(0)), ("status", Some(0))]),
@@ -477,7 +477,7 @@ mod tests {
             Some(&s),
         )
         .await;
-        assert!(!o.ok && o.detail.contains("still reports ON"), "{o:?}");
+        assert!(!o.ok() && o.detail().contains("still reports ON"), "{o:?}");
         assert_eq!(o.failure(), Some(FailureKind::StillOn));
         let (o, _) = run_stage(
             &fake(&[("off", None)]),
@@ -487,7 +487,7 @@ mod tests {
             Some(&s),
         )
         .await;
-        assert!(!o.ok && o.detail.contains("killed"), "{o:?}");
+        assert!(!o.ok() && o.detail().contains("killed"), "{o:?}");
         assert_eq!(o.failure(), Some(FailureKind::Agent));
     }
 
@@ -503,7 +503,7 @@ mod tests {
             Some(&s),
         )
         .await;
-        assert!(!o.ok);
+        assert!(!o.ok());
         assert_eq!(f.seen.lock().unwrap().len(), 1);
         let s = stage(ExecPolicy::Any, 3, "on");
         let f = fake(&[("on", Some(1)), ("on", Some(0)), ("on", Some(0))]);
@@ -515,7 +515,7 @@ mod tests {
             Some(&s),
         )
         .await;
-        assert!(o.ok);
+        assert!(o.ok());
         assert_eq!(f.seen.lock().unwrap().len(), 2);
         let (o, calls) = run_stage(
             &f,
@@ -525,7 +525,7 @@ mod tests {
             None,
         )
         .await;
-        assert!(o.ok && calls.is_empty());
+        assert!(o.ok() && calls.is_empty());
     }
 
     #[test]

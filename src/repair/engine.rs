@@ -420,17 +420,17 @@ impl<C: Cluster> Engine<C> {
         tokio::spawn(
             async move {
                 let outcome = self.run_job(&job).await;
-                info!(ok = outcome.ok, detail = %outcome.detail, "job finished");
+                info!(ok = outcome.ok(), detail = %outcome.detail(), "job finished");
                 self.metrics
                     .jobs_finished
                     .get_or_create(&JobLabel {
                         kind: job.kind.as_str(),
-                        outcome: if outcome.ok { "succeeded" } else { "failed" },
+                        outcome: if outcome.ok() { "succeeded" } else { "failed" },
                     })
                     .inc();
                 if let Err(e) = self
                     .store
-                    .finish_job(job.id, outcome.ok, &outcome.detail, self.clock.now())
+                    .finish_job(job.id, outcome.ok(), outcome.detail(), self.clock.now())
                 {
                     error!(error = %e, db = %self.store.path(), "cannot record the job's end; it resumes on restart");
                 }

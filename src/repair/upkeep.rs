@@ -40,12 +40,12 @@ impl Upkeeps {
                 async move {
                     info!(nodes = ?task.nodes, "upkeep started");
                     let o = cluster.run_upkeep(&task).await;
-                    if o.ok {
-                        info!(detail = %o.detail, "upkeep done");
+                    if o.ok() {
+                        info!(detail = %o.detail(), "upkeep done");
                     } else {
-                        warn!(detail = %o.detail, "upkeep failed");
+                        warn!(detail = %o.detail(), "upkeep failed");
                     }
-                    let outcome = if o.ok { "succeeded" } else { "failed" };
+                    let outcome = if o.ok() { "succeeded" } else { "failed" };
                     let label = crate::metrics::JobLabel {
                         kind: "upkeep",
                         outcome,

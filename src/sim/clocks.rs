@@ -33,7 +33,7 @@ fn options(power: bool) -> SimOptions {
 async fn released(sim: &Sim, within: Duration) -> (Flow, Nanos) {
     let f = sim
         .until("the release", within, |s| {
-            s.flows().into_iter().find(|f| f.released)
+            s.flows().into_iter().find(|f| f.released())
         })
         .await;
     // The steady timeline and the true clock differ only by what restarts re-anchored.
@@ -115,7 +115,7 @@ async fn a_restart_on_the_same_boot_after_a_step_resumes_a_proven_wait_at_its_tr
         .await;
     let proven_at = f.safe_until.expect("the proven moment");
     assert!(f.safe_boot.is_some(), "kept on the boot clock");
-    assert!(!f.released);
+    assert!(!f.released());
     // The wall clock jumps 30 s ahead, and the daemon restarts: its steady timeline now reads
     // 30 s later than the last one's, which would release 30 s early on the recorded moment.
     sim.clock.step_wall(30 * S);
@@ -212,7 +212,7 @@ async fn a_dead_node_is_fenced_on_time_while_the_masters_wall_clock_is_a_minute_
         let died = sim.clock.true_now();
         sim.collectors.silence("node2");
         let (f, at) = released(&sim, MIN).await;
-        assert!(f.fenced, "{:?}", f.history);
+        assert!(f.fenced(), "{:?}", f.history);
         assert!(
             at - died <= 15 * S,
             "step {by} s: released {:.1} s after the death",

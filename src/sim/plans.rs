@@ -62,11 +62,11 @@ async fn a_flow_finishes_on_the_plan_it_started_with_across_a_restart_and_the_ne
         .until("node2 fenced", 3 * MIN, |s| {
             s.flows()
                 .into_iter()
-                .find(|f| f.node == "node2" && (f.fenced || f.status == FenceStatus::Error))
+                .find(|f| f.node == "node2" && (f.fenced() || f.status == FenceStatus::Error))
         })
         .await;
     assert!(
-        f.fenced && f.restarts == 0,
+        f.fenced() && f.restarts == 0,
         "the third attempt, which the old plan allows, fenced it: {:?}",
         f.history
     );
@@ -155,10 +155,10 @@ async fn a_configmap_changed_mid_flow_and_a_rotated_secret_reach_only_what_they_
         .until("node2 fenced", 2 * MIN, |s| {
             s.flows()
                 .into_iter()
-                .find(|f| f.node == "node2" && (f.fenced || f.status == FenceStatus::Error))
+                .find(|f| f.node == "node2" && (f.fenced() || f.status == FenceStatus::Error))
         })
         .await;
-    assert!(f.fenced, "{:?}", f.history);
+    assert!(f.fenced(), "{:?}", f.history);
     let calls = power_calls(&f);
     assert!(
         calls.iter().all(|m| m.starts_with("sw#")),

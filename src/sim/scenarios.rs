@@ -181,7 +181,7 @@ async fn a_storm_starts_no_fence_at_all() {
     sim.collectors.answer_again("node2");
     let f = sim
         .until("node1 to be powered off", MIN, |s| {
-            s.flows().into_iter().find(|f| f.fenced)
+            s.flows().into_iter().find(|f| f.fenced())
         })
         .await;
     assert_eq!(f.node, "node1");
@@ -205,7 +205,7 @@ async fn a_two_node_cluster_fences_only_with_the_master_as_tie_breaker() {
         sim.run_for(MIN).await;
         sim.collectors.silence("node2");
         sim.run_for(2 * MIN).await;
-        let released = sim.flows().iter().any(|f| f.released);
+        let released = sim.flows().iter().any(|f| f.released());
         assert_eq!(released, fenced, "storm-percent {storm_percent}");
         assert_eq!(sim.collectors.powered("node2"), !fenced);
         let storm = sim.metrics.fencing_storm_seconds.get();
@@ -245,7 +245,7 @@ async fn a_silent_node_is_fenced_after_the_grace_released_once_and_recovered_onc
     sim.collectors.silence("node3");
     let f = sim
         .until("the release", 2 * MIN, |s| {
-            s.flows().into_iter().find(|f| f.released)
+            s.flows().into_iter().find(|f| f.released())
         })
         .await;
     let waited = f.created - f.detected;
@@ -359,7 +359,7 @@ async fn fences_start_one_at_a_time_and_min_interval_apart() {
     let flows = sim
         .until("three releases", 10 * MIN, |s| {
             let f = s.flows();
-            (f.iter().filter(|f| f.released).count() == 3).then_some(f)
+            (f.iter().filter(|f| f.released()).count() == 3).then_some(f)
         })
         .await;
     let mut starts: Vec<Nanos> = flows.iter().map(|f| f.created).collect();

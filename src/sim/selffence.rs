@@ -44,7 +44,7 @@ async fn a_dead_self_fencing_node_is_marked_and_released_only_after_its_safe_tim
     sim.collectors.silence("node2");
     let f = sim
         .until("the release", 2 * MIN, |s| {
-            s.flows().into_iter().find(|f| f.released)
+            s.flows().into_iter().find(|f| f.released())
         })
         .await;
     assert_eq!(jobs_of(&sim, "node2"), ["mark node2"]);
@@ -93,7 +93,10 @@ async fn a_node_that_never_reported_an_armed_watchdog_is_never_released() {
     sim.run_for(10 * MIN).await;
     let flows = sim.flows();
     assert!(!flows.is_empty());
-    assert!(flows.iter().all(|f| !f.released && !f.fenced), "{flows:?}");
+    assert!(
+        flows.iter().all(|f| !f.released() && !f.fenced()),
+        "{flows:?}"
+    );
     let f = &flows[0];
     assert!(
         f.history
@@ -118,7 +121,7 @@ async fn a_failed_power_off_falls_back_to_self_fencing_and_without_it_releases_n
     sim.collectors.silence("node2");
     let f = sim
         .until("the release", 3 * MIN, |s| {
-            s.flows().into_iter().find(|f| f.released)
+            s.flows().into_iter().find(|f| f.released())
         })
         .await;
     assert!(
@@ -147,7 +150,7 @@ async fn a_failed_power_off_falls_back_to_self_fencing_and_without_it_releases_n
         .filter(|f| f.node == "node3")
         .collect();
     assert!(!flows.is_empty());
-    assert!(flows.iter().all(|f| !f.released), "{flows:?}");
+    assert!(flows.iter().all(|f| !f.released()), "{flows:?}");
     assert_eq!(sim.cluster.releases(), 1);
     sim.stop().await;
 }
@@ -173,7 +176,7 @@ async fn a_self_fencing_node_that_answers_before_its_safe_time_is_unmarked_and_n
                 .find(|f| f.status == FenceStatus::Final)
         })
         .await;
-    assert!(!f.released && !f.fenced);
+    assert!(!f.released() && !f.fenced());
     assert_eq!(jobs_of(&sim, "node2"), ["mark node2", "unmark node2"]);
     sim.run_for(Duration::from_secs(3)).await;
     assert!(
@@ -265,7 +268,11 @@ async fn a_canceled_self_fence_ends_while_its_node_stays_dead() {
                 .find(|f| f.status == FenceStatus::Final)
         })
         .await;
-    assert!(f.canceled && !f.released && !f.fenced, "{:?}", f.history);
+    assert!(
+        f.canceled && !f.released() && !f.fenced(),
+        "{:?}",
+        f.history
+    );
     assert_eq!(jobs_of(&sim, "node2"), ["mark node2", "unmark node2"]);
     sim.stop().await;
 }

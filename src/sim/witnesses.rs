@@ -55,7 +55,7 @@ async fn a_node_cut_from_the_master_but_heard_by_its_peers_is_partitioned_and_ne
     sim.collectors.silence("node2");
     let f = sim
         .until("the release", MIN, |s| {
-            s.flows().into_iter().find(|f| f.released)
+            s.flows().into_iter().find(|f| f.released())
         })
         .await;
     let watchers: Vec<&str> = f
@@ -167,7 +167,7 @@ async fn a_dead_node_or_a_flickering_cut_is_never_called_partitioned() {
     );
     sim.collectors.silence("node2");
     sim.until("the release", MIN, |s| {
-        s.flows().into_iter().find(|f| f.released)
+        s.flows().into_iter().find(|f| f.released())
     })
     .await;
     sim.run_for(Duration::from_secs(30)).await;

@@ -3,10 +3,12 @@
 //! `Nanos`. The pure decisions work on these; how they travel (envelopes, signatures) is `report`'s business.
 
 mod exact;
+mod outcome;
 #[cfg(any(test, feature = "testing"))]
 pub mod strategies;
 
 pub use exact::{ExactError, ExactJson, Spans, canonical_parts, canonical_spans, canonicalize};
+pub use outcome::{FailureKind, Outcome};
 
 use std::fmt;
 
@@ -243,82 +245,6 @@ pub struct BootInstant {
     pub boot: uuid::Uuid,
     /// ns since that boot.
     pub ns: Nanos,
-}
-
-/// How an effect (a job, a fence step attempt, a release) ended, as its executor recorded it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct Outcome {
-    pub ok: bool,
-    pub detail: String,
-    /// Why it failed, kept as a kind (the detail is for people); absent when it succeeded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<FailureKind>,
-}
-
-/// Why an effect failed: a stable label for metrics and for decisions that must tell the
-/// failures apart (a device that still reports power is not a device that did not answer).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    strum::IntoStaticStr,
-    schemars::JsonSchema,
-)]
-#[serde(rename_all = "kebab-case")]
-#[strum(serialize_all = "kebab-case")]
-pub enum FailureKind {
-    /// A fence agent's action failed or timed out.
-    Agent,
-    /// The device accepted off but its status still reports power.
-    StillOn,
-    /// No status confirmed the power-off.
-    Unconfirmed,
-    /// The cluster backend (the API server, a hook) refused or failed.
-    Backend,
-    /// Anything else (a missing event, a collector that refused a live repair).
-    Other,
-}
-
-impl FailureKind {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
-impl Outcome {
-    pub fn of(ok: bool, detail: impl Into<String>) -> Outcome {
-        Outcome {
-            ok,
-            detail: detail.into(),
-            kind: (!ok).then_some(FailureKind::Other),
-        }
-    }
-
-    pub fn done(detail: impl Into<String>) -> Outcome {
-        Outcome::of(true, detail)
-    }
-
-    pub fn failed(detail: impl Into<String>) -> Outcome {
-        Outcome::of(false, detail)
-    }
-
-    pub fn failed_as(kind: FailureKind, detail: impl Into<String>) -> Outcome {
-        Outcome {
-            ok: false,
-            detail: detail.into(),
-            kind: Some(kind),
-        }
-    }
-
-    /// The failure's kind (`None` when it succeeded; `other` for one recorded without a kind).
-    pub fn failure(&self) -> Option<FailureKind> {
-        (!self.ok).then(|| self.kind.unwrap_or(FailureKind::Other))
-    }
 }
 
 #[cfg(test)]

@@ -309,8 +309,8 @@ impl Cluster for KubeCluster {
         self.record(
             &job.node,
             EventReason::Job(job.kind),
-            &format!("{} ({}): {}", job.reason, job.kind.as_str(), o.detail),
-            !o.ok,
+            &format!("{} ({}): {}", job.reason, job.kind.as_str(), o.detail()),
+            !o.ok(),
         )
         .await;
         o
@@ -378,8 +378,8 @@ impl Cluster for KubeCluster {
         self.record(
             node,
             EventReason::FenceRelease,
-            &format!("{}: {}", maintd_core::tags::reference(flow), o.detail),
-            !o.ok,
+            &format!("{}: {}", maintd_core::tags::reference(flow), o.detail()),
+            !o.ok(),
         )
         .await;
         o
@@ -403,8 +403,8 @@ impl Cluster for KubeCluster {
         self.record(
             node,
             EventReason::FenceRecovered,
-            &format!("{}: {}", maintd_core::tags::reference(flow), o.detail),
-            !o.ok,
+            &format!("{}: {}", maintd_core::tags::reference(flow), o.detail()),
+            !o.ok(),
         )
         .await;
         o

@@ -238,7 +238,7 @@ pub fn name_for(f: &Flow) -> String {
 pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
     let now = time(f.updated);
     let mut conditions = old.map(|o| o.conditions.clone()).unwrap_or_default();
-    let (off_reason, off_msg) = if f.fenced {
+    let (off_reason, off_msg) = if f.fenced() {
         if f.step == Step::SelfFence || f.safe_proven {
             ("ResetProven", "the node's watchdog reset is proven")
         } else {
@@ -258,12 +258,12 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
     set_condition(
         &mut conditions,
         "PoweredOff",
-        f.fenced,
+        f.fenced(),
         off_reason,
         off_msg,
         &now,
     );
-    let (rel_reason, rel_msg) = if f.released {
+    let (rel_reason, rel_msg) = if f.released() {
         (
             "Released",
             "workloads released after the verified power-off",
@@ -277,7 +277,7 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
     set_condition(
         &mut conditions,
         "Released",
-        f.released,
+        f.released(),
         rel_reason,
         rel_msg,
         &now,
@@ -321,7 +321,7 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
             .map(|t| t.note.chars().take(1024).collect()),
         jobs: f.calls.clone(),
         witnesses: Some(f.witnesses.clone()),
-        fenced: f.fenced,
+        fenced: f.fenced(),
         fenced_at: f.fenced_at.map(time),
         safe_until: f.safe_until.map(time),
         safe_proven: f.safe_proven,
@@ -336,9 +336,9 @@ pub fn status_of(f: &Flow, old: Option<&NodeFenceStatus>) -> NodeFenceStatus {
         alarm: f.alarm.clone(),
         acknowledged: f.acknowledged.clone(),
         plan: f.plan.clone(),
-        isolated: f.isolated,
+        isolated: f.isolated(),
         isolated_at: f.isolated_at.map(time),
-        released: f.released,
+        released: f.released(),
         released_at: f.released_at.map(time),
         reclaimed: f.reclaimed,
         canceled: f.canceled,
@@ -466,7 +466,6 @@ mod tests {
         };
         let t0 = 1_780_000_000_123_456_789;
         let mut f = Flow::new("web-3", t0 - 5, t0, Step::PowerManagement, w, "silent");
-        f.fenced = true;
         f.fenced_at = Some(t0 + 7);
         f.result = Some(Outcome::done("off"));
         let nf = NodeFence {

@@ -144,8 +144,8 @@ impl<C: Cluster> Fencer<C> {
             let mut failed = None;
             for (kind, k) in steps {
                 let o = cluster.run_job(&job(&d, *kind, *k, now), &event).await;
-                if !o.ok {
-                    failed = Some(format!("{} failed: {}", kind.as_str(), o.detail));
+                if !o.ok() {
+                    failed = Some(format!("{} failed: {}", kind.as_str(), o.detail()));
                     break;
                 }
             }

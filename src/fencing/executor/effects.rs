@@ -172,7 +172,7 @@ impl<C: Cluster> Fencer<C> {
                 };
                 self.spawn(flow, FlowOutcome::Step, wanted, async move {
                     let (o, calls) = me.run_step(flow, &node, step, work).await;
-                    if !o.ok {
+                    if !o.ok() {
                         me.shared.metrics.fence_failed(step.as_str(), &o);
                     }
                     (o, calls)
@@ -184,7 +184,7 @@ impl<C: Cluster> Fencer<C> {
                 attempt,
             } => {
                 let me = self.clone();
-                let wanted = |f: &Flow| !f.released && f.release_result.is_none();
+                let wanted = |f: &Flow| !f.released() && f.release_result.is_none();
                 self.spawn(flow, FlowOutcome::Release, wanted, async move {
                     (
                         me.shared.cluster.release(&node, &flow, attempt).await,
@@ -198,18 +198,18 @@ impl<C: Cluster> Fencer<C> {
                 self.spawn(flow, FlowOutcome::Reclaim, wanted, async move {
                     let cluster = &me.shared.cluster;
                     let mut o = cluster.reclaim(&node, &flow).await;
-                    if o.ok && unmark {
+                    if o.ok() && unmark {
                         let u = cluster.mark_unschedulable(&node, &flow, false).await;
-                        o = if u.ok {
-                            Outcome::done(format!("{}; {}", o.detail, u.detail))
+                        o = if u.ok() {
+                            Outcome::done(format!("{}; {}", o.detail(), u.detail()))
                         } else {
                             u
                         };
                     }
-                    if o.ok {
+                    if o.ok() {
                         me.shared.metrics.fence_returns.inc();
                         if let Some(cleared) = me.clear_remedies_of_the_wait(&node, &flow).await {
-                            o = Outcome::done(format!("{}; {cleared}", o.detail));
+                            o = Outcome::done(format!("{}; {cleared}", o.detail()));
                         }
                     }
                     (o, vec![])
@@ -293,13 +293,13 @@ impl<C: Cluster> Fencer<C> {
             StepWork::Agents { mark, unmark } => {
                 if mark {
                     let o = cluster.mark_unschedulable(node, &flow, true).await;
-                    if !o.ok {
+                    if !o.ok() {
                         return (o, vec![]);
                     }
                 }
                 if unmark {
                     let o = cluster.mark_unschedulable(node, &flow, false).await;
-                    if !o.ok {
+                    if !o.ok() {
                         return (o, vec![]);
                     }
                 }
@@ -414,9 +414,9 @@ impl<C: Cluster> Fencer<C> {
                     }
                 }
                 let (outcome, calls) = fut.await;
-                info!(ok = outcome.ok, detail = %outcome.detail, "fence effect finished");
+                info!(ok = outcome.ok(), detail = %outcome.detail(), "fence effect finished");
                 // A step counts its failure under the step's own name (in `execute`).
-                if !outcome.ok && kind != FlowOutcome::Step {
+                if !outcome.ok() && kind != FlowOutcome::Step {
                     me.shared.metrics.fence_failed(what, &outcome);
                 }
                 if let Err(e) = me.shared.flows.set_outcome(&flow, kind, outcome, calls).await {

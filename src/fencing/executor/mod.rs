@@ -315,7 +315,7 @@ impl<C: Cluster> Fencer<C> {
         self.probes.set_marked(
             flows
                 .iter()
-                .filter(|f| f.step == Step::SelfFence && !f.fenced)
+                .filter(|f| f.step == Step::SelfFence && !f.fenced())
                 .filter(|f| {
                     matches!(
                         f.status,

@@ -56,7 +56,7 @@ impl<C: Cluster> Fencer<C> {
     ) -> BTreeMap<String, SelfFenceFacts> {
         flows
             .iter()
-            .filter(|f| f.step == maintd_core::fencing::machine::Step::SelfFence && !f.fenced)
+            .filter(|f| f.step == maintd_core::fencing::machine::Step::SelfFence && !f.fenced())
             .map(|f| {
                 let facts = SelfFenceFacts {
                     times: self.peering.watchdog(&f.node).as_ref().map(reported_times),
@@ -145,7 +145,7 @@ impl<C: Cluster> Fencer<C> {
         let renewals = self.witnesses.0.lock_unpoisoned();
         flows
             .iter()
-            .filter(|f| f.fenced || f.kdump_at.is_some())
+            .filter(|f| f.fenced() || f.kdump_at.is_some())
             .map(|f| {
                 let renewed = renewals
                     .range((f.node.clone(), String::new())..)

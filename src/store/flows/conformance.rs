@@ -171,7 +171,7 @@ pub async fn suite(store: &dyn FlowStore) {
         FenceCancel::AlreadyCanceled
     );
     let mut fenced = store.get(&c.id).await.unwrap().unwrap();
-    fenced.fenced = true;
+    fenced.fenced_at = Some(t0 + 4 * S);
     assert!(store.save(&fenced).await.unwrap());
     assert_eq!(
         store.cancel(&c.id, t0 + 5 * S).await.unwrap(),

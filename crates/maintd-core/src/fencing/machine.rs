@@ -366,7 +366,7 @@ impl FenceAction {
             // reclaim clears it); a flow that stood down clears it with its recovery.
             Step::Recovery => StepWork::Agents {
                 mark: false,
-                unmark: f.marked && !f.released,
+                unmark: f.marked && !f.released(),
             },
             // Unschedulable from before the power-off until the proven return (marking again
             // on a retry changes nothing).
@@ -434,7 +434,7 @@ pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
         .filter(|(n, _)| {
             !s.flows
                 .iter()
-                .any(|f| &f.node == *n && f.fenced && f.status != FenceStatus::Final)
+                .any(|f| &f.node == *n && f.fenced() && f.status != FenceStatus::Final)
         })
         .map(|(_, l)| l)
         .collect();
@@ -480,7 +480,9 @@ mod reset;
 mod start;
 mod transitions;
 pub use back::observe_report;
-pub use flow::{Call, CancelRefused, Flow, KILLED, PENDING, Transition, Witnesses, ended};
+pub use flow::{
+    Call, CancelRefused, Flow, KILLED, PENDING, Transition, Witnesses, ended, established,
+};
 pub use record::{ExecPolicy, Executor, MethodRecord, PlanRecord, StageRecord};
 use start::{Gates, requested_flows, start_flows};
 use transitions::advance;

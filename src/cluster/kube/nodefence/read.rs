@@ -3,7 +3,7 @@
 use uuid::Uuid;
 
 use super::{NodeFence, flow_id};
-use maintd_core::fencing::machine::Flow;
+use maintd_core::fencing::machine::{Flow, established};
 use maintd_core::verdict::Nanos;
 
 /// Why a NodeFence's status is not a flow maintd can read, naming the field.
@@ -72,18 +72,15 @@ pub fn flow_of(nf: &NodeFence) -> Result<Option<Flow>, UnreadableFlow> {
         release_result: s.release_result.clone(),
         reclaim_result: s.reclaim_result.clone(),
         next_attempt: need("nextAttempt", parse_time("nextAttempt", &s.next_attempt)?)?,
-        isolated: s.isolated,
-        fenced: s.fenced,
-        released: s.released,
         reclaimed: s.reclaimed,
         canceled: s.canceled,
         tagged: s.tagged,
         detected: need("detected", parse_time("detected", &s.detected)?)?,
         created: need("created", parse_time("created", &s.created)?)?,
         updated: need("updated", parse_time("updated", &s.updated)?)?,
-        isolated_at: parse_time("isolatedAt", &s.isolated_at)?,
-        fenced_at: parse_time("fencedAt", &s.fenced_at)?,
-        released_at: parse_time("releasedAt", &s.released_at)?,
+        isolated_at: established(s.isolated, parse_time("isolatedAt", &s.isolated_at)?),
+        fenced_at: established(s.fenced, parse_time("fencedAt", &s.fenced_at)?),
+        released_at: established(s.released, parse_time("releasedAt", &s.released_at)?),
         history: s.history.clone(),
         calls: s.jobs.clone(),
         marked: s.marked,

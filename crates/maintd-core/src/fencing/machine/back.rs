@@ -68,13 +68,13 @@ pub(super) enum Gate {
 /// its return. Flows that never fenced pass at once: the node never went down.
 pub(super) fn gate(c: &Ctx, out: &mut Vec<FenceAction>) -> Gate {
     let Ctx { s, f, l, now, .. } = *c;
-    if f.canceled && !f.fenced {
+    if f.canceled && !f.fenced() {
         // Never powered off, and the operator stood it down: what this flow did is undone now,
         // whether or not the node ever comes back (a dead one would hold it for good).
         return Gate::Pass("canceled by an operator before any power-off".into());
     }
     let proven = f.fenced_at.or(f.kdump_at);
-    let Some(down_at) = proven.filter(|_| f.fenced || f.kdump_at.is_some()) else {
+    let Some(down_at) = proven.filter(|_| f.fenced() || f.kdump_at.is_some()) else {
         return Gate::Pass("the node was never powered off".into());
     };
     let secs = |t: Nanos| t as f64 / 1e9;

@@ -3,6 +3,9 @@
 
 use super::*;
 
+mod facts;
+pub use facts::established;
+
 const FLOW_NAMESPACE: Uuid = Uuid::from_u128(0x6d61_696e_7464_4665_6e63_6500_0000_0001);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -81,10 +84,6 @@ pub struct Flow {
     pub release_result: Option<Outcome>,
     pub reclaim_result: Option<Outcome>,
     pub next_attempt: Nanos,
-    pub isolated: bool,
-    /// Power-off verified: the only proof that allows a release.
-    pub fenced: bool,
-    pub released: bool,
     pub reclaimed: bool,
     pub canceled: bool,
     /// The fencefailed tag is on the node.
@@ -93,8 +92,15 @@ pub struct Flow {
     pub detected: Nanos,
     pub created: Nanos,
     pub updated: Nanos,
+    /// When the node was isolated, if it was.
+    #[serde(flatten, with = "facts::isolated")]
     pub isolated_at: Option<Nanos>,
+    /// When its power-off was verified (status answered OFF), or a self-fencing node's reset
+    /// proven and its moment passed: the only proof that allows a release.
+    #[serde(flatten, with = "facts::fenced")]
     pub fenced_at: Option<Nanos>,
+    /// When its workloads were released.
+    #[serde(flatten, with = "facts::released")]
     pub released_at: Option<Nanos>,
     pub history: Vec<Transition>,
     pub calls: Vec<Call>,
@@ -203,6 +209,21 @@ impl Witnesses {
 }
 
 impl Flow {
+    /// The node is isolated from its storage and network.
+    pub fn isolated(&self) -> bool {
+        self.isolated_at.is_some()
+    }
+
+    /// The node is proven off (or reset): its workloads may be released.
+    pub fn fenced(&self) -> bool {
+        self.fenced_at.is_some()
+    }
+
+    /// Its workloads are released.
+    pub fn released(&self) -> bool {
+        self.released_at.is_some()
+    }
+
     /// Whether the node's answer stands the flow down before the power-off: not for an
     /// operator's fence, which asked for a node that may well answer.
     pub(super) fn yields_to_answer(&self) -> bool {
@@ -230,8 +251,6 @@ impl Flow {
             release_result: None,
             reclaim_result: None,
             next_attempt: now,
-            isolated: false,
-            fenced: false,
             marked: false,
             safe_time_ms: None,
             safe_until: None,
@@ -239,7 +258,6 @@ impl Flow {
             safe_boot: None,
             self_fence_times: None,
             kdump_at: None,
-            released: false,
             reclaimed: false,
             canceled: false,
             tagged: false,
@@ -300,7 +318,7 @@ impl Flow {
         if self.status == FenceStatus::Final {
             return Err(CancelRefused::Final);
         }
-        if self.fenced {
+        if self.fenced() {
             return Err(CancelRefused::PoweredOff);
         }
         if self.step == Step::PowerManagement && self.status == FenceStatus::Running {
@@ -322,7 +340,7 @@ impl Flow {
 
     /// Still heading for a power-off (counts against the in-flight cap).
     pub fn in_flight(&self, max_restarts: u32) -> bool {
-        !self.fenced
+        !self.fenced()
             && match self.status {
                 FenceStatus::Final => false,
                 FenceStatus::Error => self.restarts < max_restarts && !self.canceled,

@@ -38,7 +38,7 @@ pub(super) fn window_open(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
 /// `pending`). Returns whether it decided the flow's record for this tick.
 pub(super) fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
     let Ctx { s, f, now, .. } = *c;
-    if f.fenced || f.canceled || matches!(f.status, FenceStatus::Final | FenceStatus::Error) {
+    if f.fenced() || f.canceled || matches!(f.status, FenceStatus::Final | FenceStatus::Error) {
         return false;
     }
     let mut n = f.clone();
@@ -54,7 +54,7 @@ pub(super) fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
         out.push(FenceAction::Save(n));
         return true;
     }
-    if f.released {
+    if f.released() {
         return false;
     }
     match &f.release_result {
@@ -69,17 +69,16 @@ pub(super) fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
         Some(r) => {
             n.release_result = None;
             n.updated = now;
-            let note = if r.ok {
-                n.released = true;
+            let note = if r.ok() {
                 n.released_at = Some(now);
                 format!(
                     "workloads released after the kdump notification: {}",
-                    r.detail
+                    r.detail()
                 )
             } else {
                 format!(
                     "release after the kdump notification failed ({}); retried",
-                    r.detail
+                    r.detail()
                 )
             };
             n.note(now, note);

@@ -52,7 +52,6 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                     _ => until,
                 };
                 if left <= 0 {
-                    n.fenced = true;
                     n.fenced_at = Some(now);
                     n.safe_until = Some(shown);
                     n.go(

@@ -210,7 +210,7 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     );
     // Isolation succeeds; the node is still silent: power management.
     f = saved(&tick(&mut s, &with_result(&f, true), T0 + 6 * S));
-    assert!(f.isolated && f.status == FenceStatus::Done);
+    assert!(f.isolated() && f.status == FenceStatus::Done);
     f = saved(&tick(&mut s, &f, T0 + 6 * S));
     assert_eq!(
         (f.step, f.status),
@@ -231,7 +231,7 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     f = saved(&a);
     // Verified off: fenced, then released exactly through a Release action.
     f = saved(&tick(&mut s, &with_result(&f, true), T0 + 7 * S));
-    assert!(f.fenced && f.fenced_at == Some(T0 + 7 * S) && f.marked);
+    assert!(f.fenced() && f.fenced_at == Some(T0 + 7 * S) && f.marked);
     let a = tick(&mut s, &f, T0 + 7 * S);
     assert_eq!(
         a,
@@ -243,7 +243,7 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     );
     f.release_result = Some(Outcome::done("hook ok"));
     f = saved(&tick(&mut s, &f, T0 + 8 * S));
-    assert!(f.released);
+    assert!(f.released());
     f = saved(&tick(&mut s, &f, T0 + 8 * S));
     assert_eq!((f.step, f.status), (Step::Recovery, FenceStatus::New));
     // Left off (no power-on in this plan): recovery waits for a report from a new boot.
@@ -291,7 +291,7 @@ fn a_node_back_during_isolation_goes_to_recovery_without_power_off() {
     let f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 7 * S));
     let f = saved(&tick(&mut s, &f, T0 + 7 * S));
     assert_eq!(f.status, FenceStatus::Final);
-    assert!(!f.fenced && !f.released);
+    assert!(!f.fenced() && !f.released());
     assert!(!f.history.iter().any(|t| t.step == Step::PowerManagement));
 }
 
@@ -418,7 +418,7 @@ fn pause_in_flight_cap_min_interval_and_cooldown_gate_starts() {
     assert!(started(&decide_fencing(&s, T0 + 61 * S)).is_empty());
     // Once n2 is fenced it no longer counts; the min interval still applies.
     let mut fenced = f.clone();
-    fenced.fenced = true;
+    fenced.fenced_at = Some(T0);
     s.flows = vec![fenced];
     s.policy.min_interval = 10 * S;
     assert!(started(&decide_fencing(&s, T0 + 65 * S)).is_empty());
@@ -448,7 +448,7 @@ fn cancel_before_power_off_undoes_isolation_and_after_it_is_ignored() {
     let mut g = f.clone();
     g.step = Step::PowerManagement;
     g.status = FenceStatus::Done;
-    g.fenced = true;
+    g.fenced_at = Some(T0 + 7 * S);
     let a = tick(&mut s, &g, T0 + 7 * S);
     assert!(matches!(a[0], FenceAction::Release { .. }));
 }
@@ -466,7 +466,7 @@ fn a_stand_down_after_a_failed_isolation_attempt_still_undoes_the_isolation() {
         // Failed; one retry is left, so the step waits for its next attempt.
         let mut f = saved(&tick(&mut s, &with_result(&f, false), T0 + 6 * S));
         assert_eq!((f.step, f.status), (Step::Isolation, FenceStatus::New));
-        assert!(!f.isolated);
+        assert!(!f.isolated());
         if canceled {
             f.cancel(T0 + 7 * S).unwrap();
         } else {
@@ -516,7 +516,7 @@ fn a_failed_release_is_an_error_and_the_restart_releases_under_a_new_attempt_key
     f.release_result = Some(Outcome::failed("hook exit 1"));
     f = saved(&tick(&mut s, &f, T0 + 7 * S));
     assert_eq!(f.status, FenceStatus::Error);
-    assert!(!f.released);
+    assert!(!f.released());
     f = saved(&tick(&mut s, &f, T0 + 7 * S));
     assert_eq!((f.restarts, f.status), (1, FenceStatus::New));
     f = saved(&tick(&mut s, &f, T0 + 8 * S));
@@ -536,7 +536,7 @@ fn fenced_flow(s: &mut FenceState) -> Flow {
     let a = decide_fencing(s, T0 + 6 * S);
     let mut f = saved(&a);
     f = saved(&tick(s, &with_result(&f, true), T0 + 7 * S));
-    assert!(f.fenced);
+    assert!(f.fenced());
     f.release_result = Some(Outcome::done("ok"));
     f = saved(&tick(s, &f, T0 + 8 * S));
     f = saved(&tick(s, &f, T0 + 8 * S));
@@ -701,7 +701,7 @@ fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() 
 fn an_acknowledged_alarm_returns_the_node_once_it_answers_and_reports_healthy() {
     let mut s = state();
     let mut f = saved(&old_boot_after_the_off(&mut s));
-    assert!(f.released && f.alarm.is_some());
+    assert!(f.released() && f.alarm.is_some());
     f.tagged = true;
     f.acknowledged = Some("alice (device rewired)".into());
     // Silent meanwhile: the flow waits, and says so once.
@@ -766,7 +766,7 @@ fn power_on_follows_the_release_then_recovery_runs_and_the_return_waits_for_proo
     let mut f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 7 * S));
     f.release_result = Some(Outcome::done("ok"));
     f = saved(&tick(&mut s, &f, T0 + 8 * S));
-    assert!(f.released);
+    assert!(f.released());
     f = saved(&tick(&mut s, &f, T0 + 8 * S));
     assert_eq!((f.step, f.status), (Step::PowerOn, FenceStatus::New));
     // The power-on runs while the node is still silent.
@@ -817,16 +817,15 @@ fn a_failed_power_on_is_retried_then_reported_and_never_undoes_the_release() {
     assert!(f.history.last().unwrap().note.contains("stay released"));
     let a = tick(&mut s, &f, T0 + 12 * S);
     assert!(matches!(a[..], [FenceAction::TagFailed { .. }]), "{a:?}");
-    assert!(f.released && !f.reclaimed);
+    assert!(f.released() && !f.reclaimed);
 }
 
 #[test]
 fn a_node_not_back_by_the_deadline_after_its_power_on_fails_its_flow() {
     let mut s = powering_on();
     let mut f = Flow::new("n2", T0, T0, Step::Recovery, Witnesses::default(), "x");
-    f.fenced = true;
     f.fenced_at = Some(T0 + S);
-    f.released = true;
+    f.released_at = Some(T0 + S);
     f.powered_on_at = Some(T0 + 2 * S);
     f.boot_before = Some(B1);
     f.status = FenceStatus::Done;
@@ -1057,7 +1056,7 @@ mod self_fencing {
         let t = times(10);
         let mut s = state(Some(t), Some(evidence(T0 + 6 * S)));
         let f = marked(&mut s, T0 + 6 * S);
-        assert!(f.marked && !f.fenced);
+        assert!(f.marked && !f.fenced());
         // Quiet from T0 + 5 s (the master's echo of a view taken before T0 + 1 s counts 4 s).
         let reset_by = T0 + 5 * S + t.after_quiet(s.policy.self_fence_margin);
         let f = saved(&tick(&mut s, &f, T0 + 7 * S));
@@ -1069,11 +1068,11 @@ mod self_fencing {
         assert!(tick(&mut s, &f, reset_by + 60 * S).is_empty());
         set_evidence(&mut s, Some(evidence(T0 + 11 * S)));
         let f = saved(&tick(&mut s, &f, T0 + 11 * S));
-        assert!(f.safe_proven && !f.fenced);
+        assert!(f.safe_proven && !f.fenced());
         assert_eq!(f.safe_until, Some(reset_by));
         assert!(tick(&mut s, &f, reset_by - 1).is_empty());
         let f = saved(&tick(&mut s, &f, reset_by));
-        assert!(f.fenced);
+        assert!(f.fenced());
         let a = tick(&mut s, &f, reset_by);
         assert!(
             a.iter()
@@ -1121,7 +1120,7 @@ mod self_fencing {
         assert!(tick(&mut s, &f, T0 + 12 * S).is_empty(), "nothing changes");
         assert!(tick(&mut s, &f, until - 1).is_empty(), "not earlier");
         let done = saved(&tick(&mut s, &f, until));
-        assert!(done.fenced && done.status != FenceStatus::Error);
+        assert!(done.fenced() && done.status != FenceStatus::Error);
         assert_eq!(done.fenced_at, Some(until), "not later");
     }
 
@@ -1144,10 +1143,10 @@ mod self_fencing {
         let a = decide_fencing(&s, T0 + 100 * S);
         let moved = saved(&a);
         assert_eq!(moved.safe_until, Some(T0 + 102 * S), "{a:?}");
-        assert!(!moved.fenced);
+        assert!(!moved.fenced());
         s.flows = vec![moved];
         s.boot.ns = until;
-        assert!(saved(&decide_fencing(&s, T0 + 102 * S)).fenced);
+        assert!(saved(&decide_fencing(&s, T0 + 102 * S)).fenced());
         // Another boot: its clock says nothing about this one's; the reset is proven again,
         // never counted on the recorded moment.
         s.boot = crate::verdict::BootInstant {
@@ -1156,7 +1155,7 @@ mod self_fencing {
         };
         s.flows = vec![f.clone()];
         let again = saved(&decide_fencing(&s, until + 60 * S));
-        assert!(!again.safe_proven && !again.fenced && again.safe_boot.is_none());
+        assert!(!again.safe_proven && !again.fenced() && again.safe_boot.is_none());
         assert!(
             again
                 .history
@@ -1215,7 +1214,7 @@ mod self_fencing {
         s.self_fence.clear();
         let refused = saved(&tick(&mut s, &bare, T0 + 90 * S));
         assert_eq!(refused.status, FenceStatus::Error);
-        assert!(!refused.fenced);
+        assert!(!refused.fenced());
     }
 
     proptest! {
@@ -1245,7 +1244,7 @@ mod self_fencing {
                 if let Some(FenceAction::Save(n)) = a.iter().rev().find(|x| matches!(x, FenceAction::Save(_))) {
                     f = n.clone();
                 }
-                if f.fenced {
+                if f.fenced() {
                     prop_assert!(armed);
                     let proof = reset_proof(&e, &t, s.policy.self_fence_margin, now);
                     prop_assert!(
@@ -1307,10 +1306,10 @@ mod requests {
         f = saved(&tick(&mut s, &f, T0 + 3 * S));
         assert_eq!(f.status, FenceStatus::Running);
         let off = saved(&tick(&mut s, &with_result(&f, true), T0 + 4 * S));
-        assert!(off.fenced);
+        assert!(off.fenced());
         // Released, then recovery waits for a healthy report diagnosed after the power-off.
         let mut r = off.clone();
-        r.released = true;
+        r.released_at = Some(T0 + 5 * S);
         r = saved(&tick(&mut s, &r, T0 + 5 * S));
         assert_eq!((r.step, r.status), (Step::Recovery, FenceStatus::New));
         let mut l = up();
@@ -1459,7 +1458,7 @@ mod kdump {
         assert!(runs(&a).is_empty(), "power-off held during the dump: {a:?}");
         f.release_result = Some(Outcome::done("released"));
         f = saved(&tick(&mut s, &f, T0 + 8 * S));
-        assert!(f.released && !f.fenced);
+        assert!(f.released() && !f.fenced());
         assert!(
             runs(&tick(&mut s, &f, T0 + 35 * S)).is_empty(),
             "30 s dump timeout"
@@ -1469,7 +1468,7 @@ mod kdump {
         f = saved(&a);
         // Verified off: nothing to release again; recovery.
         f = saved(&tick(&mut s, &with_result(&f, true), T0 + 38 * S));
-        assert!(f.fenced);
+        assert!(f.fenced());
         let a = tick(&mut s, &f, T0 + 38 * S);
         assert_eq!(releases(&a), 0);
         assert_eq!(saved(&a).step, Step::Recovery);
@@ -1513,7 +1512,7 @@ mod kdump {
         assert_eq!(releases(&a), 1);
         f.release_result = Some(Outcome::done("released"));
         f = saved(&tick(&mut s, &f, T0 + 20 * S));
-        assert!(f.released && !f.fenced);
+        assert!(f.released() && !f.fenced());
         for t in [21, 30, 44] {
             assert!(runs(&tick(&mut s, &f, T0 + t * S)).is_empty(), "at {t} s");
         }
@@ -1551,7 +1550,7 @@ mod kdump {
         f = saved(&tick(&mut s, &f, T0 + 6 * S));
         f.release_result = Some(Outcome::done("released"));
         f = saved(&tick(&mut s, &f, T0 + 7 * S));
-        assert!(f.released);
+        assert!(f.released());
         (s, f)
     }
 
@@ -1700,7 +1699,7 @@ fn a_canceled_flow_ends_while_its_node_stays_dead() {
             t += 1;
         }
         assert_eq!(f.status, FenceStatus::Final, "{node}: {:#?}", f.history);
-        assert!(f.canceled && !f.fenced && !f.released);
+        assert!(f.canceled && !f.fenced() && !f.released());
     }
 }
 

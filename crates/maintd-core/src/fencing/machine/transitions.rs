@@ -5,7 +5,7 @@ use super::{
     FenceAction, FenceState, FenceStatus, Flow, Liveness, PlanSummary, StageLimits, Step,
     fence_failed_tag,
 };
-use crate::verdict::Nanos;
+use crate::verdict::{Nanos, Outcome};
 
 /// Where a flow stands, which decides the transition it takes next. Derived from the stored
 /// `(step, status)`, so flows already in a database or a checkpoint keep their meaning.
@@ -41,7 +41,7 @@ impl Flow {
             (FenceStatus::Running, step) => Phase::Attempting(step),
             (FenceStatus::Done, Step::Isolation) => Phase::Isolated,
             (FenceStatus::Done, Step::PowerManagement) => Phase::PoweredOff,
-            (FenceStatus::Done, Step::SelfFence) if self.fenced => Phase::PoweredOff,
+            (FenceStatus::Done, Step::SelfFence) if self.fenced() => Phase::PoweredOff,
             (FenceStatus::Done, Step::SelfFence) => Phase::AwaitingReset,
             (FenceStatus::Done, Step::PowerOn) => Phase::PoweredOn,
             (FenceStatus::Done, Step::Recovery) => Phase::Recovered,
@@ -124,14 +124,14 @@ fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
         s, f, plan, now, ..
     } = *c;
     let p = &s.policy;
-    if f.canceled && is_power_step(f.step) && !f.fenced && !f.tagged {
+    if f.canceled && is_power_step(f.step) && !f.fenced() && !f.tagged {
         // The operator stood the flow down: undo what it may have done, no tag to acknowledge.
         // (A flow already tagged keeps its tag for the operator to remove, as before.)
         stand_down(c, out);
         return;
     }
     if let Some(by) = &f.acknowledged {
-        if f.released && !f.reclaimed {
+        if f.released() && !f.reclaimed {
             super::back::acknowledged(c, by, out);
         } else {
             let mut n = f.clone();
@@ -146,7 +146,7 @@ fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
         return;
     }
     let mut n = f.clone();
-    if f.restarts < p.max_restarts && !f.canceled && !f.released && f.alarm.is_none() {
+    if f.restarts < p.max_restarts && !f.canceled && !f.released() && f.alarm.is_none() {
         n.restarts += 1;
         n.retries = 0;
         n.result = None;
@@ -170,7 +170,7 @@ fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
         .get(&f.node)
         .is_some_and(|t| t.contains(&fence_failed_tag(&f.id)))
     {
-        if f.released && !f.reclaimed {
+        if f.released() && !f.reclaimed {
             // The same acknowledgement as `maintd fences ack`: the node returns to service
             // once it answers healthy, rather than staying released with nothing to say why.
             n.acknowledged = Some("the removal of its fencefailed tag".into());
@@ -195,14 +195,12 @@ fn attempted(c: &Ctx, out: &mut Vec<FenceAction>) {
         return;
     };
     n.result = None;
-    if r.ok {
+    if r.ok() {
         match f.step {
             Step::Isolation => {
-                n.isolated = true;
                 n.isolated_at = Some(now);
             }
             Step::PowerManagement => {
-                n.fenced = true;
                 n.fenced_at = Some(now);
                 n.marked = true;
                 n.boot_before = f.boot_before.or(c.l.boot.map(|b| b.id));
@@ -212,13 +210,13 @@ fn attempted(c: &Ctx, out: &mut Vec<FenceAction>) {
             Step::Recovery => {}
         }
         n.retries = 0;
-        n.go(now, f.step, FenceStatus::Done, r.detail.clone());
+        n.go(now, f.step, FenceStatus::Done, r.detail());
     } else if f.retries < plan.limits(f.step).retries {
         n.retries += 1;
         n.next_attempt = now + plan.limits(f.step).retry_interval;
         let note = format!(
             "attempt failed ({}); retry {} of {}",
-            r.detail,
+            r.detail(),
             n.retries,
             plan.limits(f.step).retries
         );
@@ -230,18 +228,18 @@ fn attempted(c: &Ctx, out: &mut Vec<FenceAction>) {
         let note = format!(
             "power-management failed after {} attempts ({}); falling back to self-fencing",
             f.retries + 1,
-            r.detail
+            r.detail()
         );
         n.go(now, Step::SelfFence, FenceStatus::New, note);
     } else if f.step == Step::PowerOn {
         let note = format!(
             "power-on failed after {} attempts: {}; the workloads stay released and the node stays out of service",
             f.retries + 1,
-            r.detail
+            r.detail()
         );
         n.go(now, f.step, FenceStatus::Error, note);
     } else {
-        let note = format!("failed after {} attempts: {}", f.retries + 1, r.detail);
+        let note = format!("failed after {} attempts: {}", f.retries + 1, r.detail());
         n.go(now, f.step, FenceStatus::Error, note);
     }
     out.push(FenceAction::Save(n));
@@ -265,7 +263,7 @@ fn stand_down(c: &Ctx, out: &mut Vec<FenceAction>) {
     // A power-off attempt marked the node: its recovery clears the mark. An isolation attempt
     // that failed may have isolated the node all the same: recovery undoes it too.
     let marked = f.marked || f.step_reached(Step::PowerManagement);
-    if f.isolated || f.released || marked || f.step_attempted(Step::Isolation) {
+    if f.isolated() || f.released() || marked || f.step_attempted(Step::Isolation) {
         n.marked = marked;
         n.result = None;
         n.retries = 0;
@@ -295,7 +293,7 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
     } = *c;
     let mut n = f.clone();
     let power_step = is_power_step(f.step);
-    if power_step && !f.fenced && ((l.answered && f.yields_to_answer()) || f.canceled) {
+    if power_step && !f.fenced() && ((l.answered && f.yields_to_answer()) || f.canceled) {
         stand_down(c, out);
         return;
     }
@@ -359,7 +357,7 @@ fn isolated(c: &Ctx, out: &mut Vec<FenceAction>) {
 fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
     let Ctx { f, plan, now, .. } = *c;
     let mut n = f.clone();
-    match (&f.release_result, f.released) {
+    match (&f.release_result, f.released()) {
         (_, true) if plan.power_on.is_some() && f.step != Step::SelfFence => {
             n.next_attempt = now;
             n.go(
@@ -384,25 +382,24 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
             node: f.node.clone(),
             attempt: f.restarts,
         }),
-        (Some(r), false) if r.ok => {
-            n.released = true;
+        (Some(Outcome::Done { detail }), false) => {
             n.released_at = Some(now);
             n.release_result = None;
             n.go(
                 now,
                 f.step,
                 FenceStatus::Done,
-                format!("workloads released: {}", r.detail),
+                format!("workloads released: {detail}"),
             );
             out.push(FenceAction::Save(n));
         }
-        (Some(r), false) => {
+        (Some(Outcome::Failed { detail, .. }), false) => {
             n.release_result = None;
             n.go(
                 now,
                 f.step,
                 FenceStatus::Error,
-                format!("release failed: {}", r.detail),
+                format!("release failed: {detail}"),
             );
             out.push(FenceAction::Save(n));
         }
@@ -414,7 +411,7 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
 fn recovered(c: &Ctx, out: &mut Vec<FenceAction>) {
     let Ctx { f, now, .. } = *c;
     let mut n = f.clone();
-    match (&f.reclaim_result, f.released && !f.reclaimed) {
+    match (&f.reclaim_result, f.released() && !f.reclaimed) {
         (_, false) => {
             n.go(now, Step::Recovery, FenceStatus::Final, "recovered");
             out.push(FenceAction::Save(n));
@@ -443,24 +440,24 @@ fn recovered(c: &Ctx, out: &mut Vec<FenceAction>) {
             node: f.node.clone(),
             unmark: f.marked,
         }),
-        (Some(r), true) if r.ok => {
+        (Some(Outcome::Done { detail }), true) => {
             n.reclaimed = true;
             n.reclaim_result = None;
             n.go(
                 now,
                 Step::Recovery,
                 FenceStatus::Final,
-                format!("returned to service: {}", r.detail),
+                format!("returned to service: {detail}"),
             );
             out.push(FenceAction::Save(n));
         }
-        (Some(r), true) => {
+        (Some(Outcome::Failed { detail, .. }), true) => {
             n.reclaim_result = None;
             n.go(
                 now,
                 Step::Recovery,
                 FenceStatus::Error,
-                format!("clearing the release failed: {}", r.detail),
+                format!("clearing the release failed: {detail}"),
             );
             out.push(FenceAction::Save(n));
         }

@@ -73,7 +73,7 @@ fn maintenance_and_fenced_nodes_do_not_count_toward_a_storm() {
         Witnesses::default(),
         "x",
     );
-    fenced.fenced = true;
+    fenced.fenced_at = Some(T0 - 90 * S);
     fenced.status = FenceStatus::Done;
     s.flows = vec![fenced];
     s.liveness.insert("n1".into(), down(T0));
