@@ -3,7 +3,7 @@
 //! attacked collector under `prlimit --nofile=1024:1024 --as=768MiB`. Also says whether the
 //! healthy node was fenced (it must never be). Run: `cargo bench --bench attack`.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! fence_ipmilan off + status against ipmi_sim, then the release hook. Prints every run, p50, p99
 //! and each stage's share. Run: `cargo bench --bench fence` (MAINTD_BENCH_RUNS, default 20).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::Duration;

@@ -13,7 +13,7 @@
 //! answered, as a powered-off machine or a hung process gives no answer) instead of killed
 //! (a refused connection).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! Run: `cargo bench --bench k8s_requests` (MAINTD_BENCH_NODES, default 1000;
 //! MAINTD_BENCH_IDLE_S, default 120; MAINTD_BENCH_WAIT_S, default 60).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

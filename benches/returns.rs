@@ -5,7 +5,7 @@
 //! p50 and each stage's share; then the duration of fencing drills on the same node.
 //! Run: `cargo bench --bench returns` (MAINTD_BENCH_RUNS, default 5; MAINTD_BENCH_DRILLS, 3).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::Duration;

@@ -8,7 +8,7 @@
 //! every run that the release came after the reset. Run: `cargo bench --bench selffence`
 //! (MAINTD_BENCH_RUNS, default 20).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The JSON the daemon's API serves and the CLI reads, as types both sides share: a field renamed
 //! on one side is renamed on the other, and no reader indexes a `Value` by a misspelt name.
-//! `api-spec/openapi.yaml` describes the same shapes; `tests/api_spec.rs` checks them against it.
+//! `api-spec/openapi.yaml` describes the same shapes; `tests/it/api_spec.rs` checks them against it.
 
 use std::collections::{BTreeMap, BTreeSet};
 

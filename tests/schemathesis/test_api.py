@@ -1,4 +1,4 @@
-"""Schemathesis against a running daemon and collector (started by tests/api_spec.rs): every
+"""Schemathesis against a running daemon and collector (started by tests/it/api_spec.rs): every
 operation of api-spec/openapi.yaml, generated cases, every check, with auth configured.
 
 The auth provider marks a request as one to sign; the session signs it as it is sent, so the
