@@ -15,6 +15,7 @@ use crate::cluster::kube::LeaderElectionConfig;
 use crate::cluster::{Coordination, LeaseRecord};
 use crate::store::Checkpoint;
 use crate::sync::LockExt;
+use maintd_core::lease::{LeaseStep, lease_step};
 
 /// Exit code of a replica that lost the lease: its supervisor restarts it as a standby.
 pub const EXIT_LOST_LEADERSHIP: i32 = 12;
@@ -23,39 +24,6 @@ pub const EXIT_LOST_LEADERSHIP: i32 = 12;
 pub enum LeaderError {
     #[error("lost the leader lease ({0}); stopping so that only one replica acts")]
     Lost(String),
-}
-
-/// What a replica does with the Lease it just read. Pure: expiry is judged by how long the
-/// record has stood still on this replica's own clock, never by comparing clocks.
-#[derive(Debug, PartialEq)]
-pub enum LeaseStep {
-    /// Nobody holds it, or the holder stopped renewing: take it.
-    Acquire {
-        transitions: i32,
-    },
-    Renew,
-    Follow {
-        holder: String,
-    },
-}
-
-pub fn lease_step(
-    lease: Option<&LeaseRecord>,
-    me: &str,
-    unchanged_for: Duration,
-    lease_duration: Duration,
-) -> LeaseStep {
-    let Some(l) = lease else {
-        return LeaseStep::Acquire { transitions: 0 };
-    };
-    match &l.holder {
-        Some(h) if h == me => LeaseStep::Renew,
-        Some(h) if unchanged_for < lease_duration => LeaseStep::Follow { holder: h.clone() },
-        // Released, or its holder stopped renewing.
-        _ => LeaseStep::Acquire {
-            transitions: l.transitions + 1,
-        },
-    }
 }
 
 /// Why the shared checkpoint of the decision state could not be written or read.
@@ -345,7 +313,12 @@ impl Leadership {
                 seen = marker;
                 seen_at = Instant::now();
             }
-            match lease_step(lease.as_ref(), &me, seen_at.elapsed(), lease_duration) {
+            match lease_step(
+                lease.as_ref().map(LeaseRecord::view),
+                &me,
+                seen_at.elapsed(),
+                lease_duration,
+            ) {
                 LeaseStep::Renew => {
                     let mut l = lease.clone().unwrap_or_default();
                     l.duration_s = lease_duration.as_secs().max(1) as i32;
@@ -459,44 +432,6 @@ impl Leadership {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lease(holder: Option<&str>) -> LeaseRecord {
-        LeaseRecord {
-            holder: holder.map(str::to_string),
-            renew_marker: Some("t".into()),
-            duration_s: 15,
-            transitions: 3,
-            version: Some("7".into()),
-            acquired: None,
-        }
-    }
-
-    #[test]
-    fn a_lease_is_taken_when_free_or_stale_and_followed_while_renewed() {
-        let d = Duration::from_secs(15);
-        let s = Duration::from_secs;
-        assert_eq!(
-            lease_step(None, "a", s(0), d),
-            LeaseStep::Acquire { transitions: 0 }
-        );
-        assert_eq!(
-            lease_step(Some(&lease(Some("a"))), "a", s(99), d),
-            LeaseStep::Renew
-        );
-        assert_eq!(
-            lease_step(Some(&lease(Some("b"))), "a", s(14), d),
-            LeaseStep::Follow { holder: "b".into() }
-        );
-        assert_eq!(
-            lease_step(Some(&lease(Some("b"))), "a", s(15), d),
-            LeaseStep::Acquire { transitions: 4 }
-        );
-        // Released on shutdown: taken at once.
-        assert_eq!(
-            lease_step(Some(&lease(None)), "a", s(0), d),
-            LeaseStep::Acquire { transitions: 4 }
-        );
-    }
 
     #[test]
     fn a_checkpoint_over_its_limit_is_refused_with_a_clear_error() {

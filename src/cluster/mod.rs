@@ -98,6 +98,16 @@ pub struct LeaseRecord {
     pub acquired: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>,
 }
 
+impl LeaseRecord {
+    /// What the lease step reads of it.
+    pub fn view(&self) -> maintd_core::lease::LeaseView<'_> {
+        maintd_core::lease::LeaseView {
+            holder: self.holder.as_deref(),
+            transitions: self.transitions,
+        }
+    }
+}
+
 /// Why maintd records an Event on a node: the `reason` operators filter on
 /// (`kubectl get events --field-selector reason=MaintdFence`), one stable name each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

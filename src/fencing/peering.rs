@@ -92,7 +92,7 @@ pub struct Peering {
     /// probe.
     pushed: Mutex<BTreeMap<String, (u64, Nanos)>>,
     /// Nodes the master has lost while a watcher hears them (kept by the fencer).
-    pub(crate) partitioned: Mutex<BTreeSet<String>>,
+    pub(crate) partitioned: Mutex<maintd_core::fencing::partitions::Partitions>,
     /// watcher -> node -> what the watcher's views said of the node.
     evidence: Mutex<BTreeMap<String, BTreeMap<String, WatcherEvidence>>>,
     /// Since when this process leads (`None`: it does not), and the last probe number.
@@ -404,7 +404,7 @@ impl Peering {
                 Says::Unheard => w.unheard.push(t.watcher),
             }
         }
-        w.partitioned = self.partitioned.lock_unpoisoned().contains(node);
+        w.partitioned = self.partitioned.lock_unpoisoned().called().contains(node);
         w.watchdog = self.reported_watchdog(node).flatten();
         w
     }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use super::{FenceCancel, FlowOutcome, FlowStore, Requests, Result};
+use super::{FenceCancel, FlowStore, Requests, Result};
+use maintd_core::fencing::machine::FlowOutcome;
 use maintd_core::fencing::machine::{Call, Flow};
 use maintd_core::verdict::{Nanos, Outcome};
 

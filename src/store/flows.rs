@@ -2,6 +2,7 @@
 //! its SQLite implementation (each flow as JSON with an optimistic version).
 
 use super::*;
+use maintd_core::fencing::machine::FlowOutcome;
 
 /// The suite every `FlowStore` passes; public so that the real-control-plane tests run it
 /// against NodeFences. Test code only: built for this crate's tests and with the `testing`
@@ -98,7 +99,7 @@ impl FlowStore for Store {
     }
     async fn note_call(&self, id: &Uuid, call: Call) -> Result<()> {
         self.update_flow(id, |f| {
-            record_call_start(f, call);
+            f.record_call(call);
             true
         })?;
         Ok(())
@@ -140,26 +141,6 @@ pub enum FenceCancel {
     AlreadyCanceled,
 }
 
-/// What an effect saw, in its own field of `f`, its agent calls appended: the same in every
-/// flow store.
-pub(crate) fn record_outcome(f: &mut Flow, which: FlowOutcome, outcome: Outcome, calls: Vec<Call>) {
-    match which {
-        FlowOutcome::Step => f.result = Some(outcome),
-        FlowOutcome::Release => f.release_result = Some(outcome),
-        FlowOutcome::Reclaim => f.reclaim_result = Some(outcome),
-    }
-    // A call recorded before it was made gives way to its answer; a pending call of an earlier
-    // daemon (stopped mid-call) stays, as the record that it was made.
-    f.calls
-        .retain(|c| !(c.pending && calls.iter().any(|d| d.same(c))));
-    f.calls.extend(calls);
-}
-
-/// A state-changing agent call about to be made, recorded first: the same in every store.
-pub(crate) fn record_call_start(f: &mut Flow, call: Call) {
-    f.calls.push(call);
-}
-
 /// An operator's cancel of `f` at `now`, and what it came to: the same in every flow store.
 pub(crate) fn apply_cancel(f: &mut Flow, now: Nanos) -> FenceCancel {
     use maintd_core::fencing::machine::CancelRefused;
@@ -187,22 +168,6 @@ impl FenceCancel {
             }
             FenceCancel::AlreadyCanceled => "already canceled",
         }
-    }
-}
-
-/// Which executor-written outcome of a flow to set; also the key of an effect in progress (one
-/// of each kind per flow at a time).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
-#[strum(serialize_all = "kebab-case")]
-pub enum FlowOutcome {
-    Step,
-    Release,
-    Reclaim,
-}
-
-impl FlowOutcome {
-    pub fn as_str(self) -> &'static str {
-        self.into()
     }
 }
 
@@ -275,7 +240,7 @@ impl Store {
         calls: Vec<Call>,
     ) -> Result<()> {
         self.update_flow(id, |f| {
-            record_outcome(f, which, outcome, calls);
+            f.record_outcome(which, outcome, calls);
             true
         })?;
         Ok(())

@@ -38,11 +38,11 @@ pub use audit::Command;
 pub use checkpoint::Checkpoint;
 pub use controls::Pause;
 pub use events::CancelOutcome;
+pub(crate) use flows::apply_cancel;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub(crate) use flows::conformance as flow_conformance;
-pub use flows::{FenceCancel, FlowOutcome, FlowStore, Requests};
-pub(crate) use flows::{apply_cancel, record_call_start, record_outcome};
+pub use flows::{FenceCancel, FlowStore, Requests};
 pub use maintenance::Maintenance;
 pub use nodes::{NodeRow, NodeUpdate};
 

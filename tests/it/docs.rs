@@ -185,3 +185,38 @@ fn the_operations_cli_list_names_every_command() {
         "operations.md's CLI list lacks {missing:?}"
     );
 }
+
+#[test]
+fn every_test_module_is_listed_where_a_newcomer_looks() {
+    let main = std::fs::read_to_string(root().join("tests/it/main.rs")).unwrap();
+    let arch = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).unwrap();
+    let (doc, code): (Vec<&str>, Vec<&str>) = main.lines().partition(|l| l.starts_with("//!"));
+    let doc = doc.join("\n");
+    let modules: Vec<&str> = code
+        .iter()
+        .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+        .filter(|m| *m != "common")
+        .collect();
+    assert!(modules.len() > 20, "{modules:?}");
+    for m in &modules {
+        let named = format!("`{m}`");
+        assert!(
+            doc.contains(&named),
+            "tests/it/main.rs's list lacks {named}"
+        );
+        assert!(
+            arch.contains(&named),
+            "docs/ARCHITECTURE.md lacks the test module {named}"
+        );
+    }
+    // And every file of tests/it/ is a module of the binary (a file nobody declares never runs).
+    for e in std::fs::read_dir(root().join("tests/it")).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        if let Some(m) = name.strip_suffix(".rs").filter(|m| *m != "main") {
+            assert!(
+                modules.contains(&m),
+                "tests/it/{name} is not declared in main.rs"
+            );
+        }
+    }
+}

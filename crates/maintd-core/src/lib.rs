@@ -3,6 +3,7 @@
 //! value, and decisions go out as values: nothing here reads a clock, a file or a socket, and
 //! the crate's dependencies do no I/O, so Cargo keeps it so.
 
+pub mod lease;
 pub mod tags;
 pub mod verdict;
 
@@ -24,12 +25,13 @@ pub mod repair {
 }
 
 /// Fencing: the staged fence state machine (`machine`), who watches whom and what they say
-/// (`watchers`, `opinion`), self-fencing's rules and the proof of a reset (`selffence`), drills
+/// (`watchers`, `opinion`), when a node counts as partitioned from the master (`partitions`), self-fencing's rules and the proof of a reset (`selffence`), drills
 /// (`drill`) and the probe's patience (`rtt`).
 pub mod fencing {
     pub mod drill;
     pub mod machine;
     pub mod opinion;
+    pub mod partitions;
     pub mod rtt;
     pub mod selffence;
     pub mod watchers;

@@ -22,8 +22,9 @@ use super::nodefence::{
 use super::{KubeCluster, api_code};
 
 mod operators;
-use crate::store::{FenceCancel, FlowOutcome, FlowStore, Requests, StoreError};
+use crate::store::{FenceCancel, FlowStore, Requests, StoreError};
 use crate::sync::LockExt;
+use maintd_core::fencing::machine::FlowOutcome;
 use maintd_core::fencing::machine::{Call, FenceStatus, Flow};
 use maintd_core::verdict::{Nanos, Outcome};
 #[cfg(any(test, feature = "testing"))]
@@ -336,7 +337,7 @@ impl FlowStore for NodeFences {
         calls: Vec<Call>,
     ) -> Result<()> {
         self.update(id, |f| {
-            crate::store::record_outcome(f, which, outcome.clone(), calls.clone());
+            f.record_outcome(which, outcome.clone(), calls.clone());
             true
         })
         .await
@@ -344,7 +345,7 @@ impl FlowStore for NodeFences {
 
     async fn note_call(&self, id: &Uuid, call: Call) -> Result<()> {
         self.update(id, |f| {
-            crate::store::record_call_start(f, call.clone());
+            f.record_call(call.clone());
             true
         })
         .await

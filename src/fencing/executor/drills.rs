@@ -9,28 +9,9 @@ use tracing::{info, warn};
 use super::Fencer;
 use crate::cluster::Cluster;
 use crate::sync::LockExt;
-use maintd_core::fencing::drill::{Drill, DrillStatus, stages};
-use maintd_core::fencing::machine::{FenceRequest, FenceStatus, Flow};
-use maintd_core::repair::{Job, JobKind, JobStatus};
+use maintd_core::fencing::drill::{self, Drill, DrillStatus};
+use maintd_core::fencing::machine::{FenceRequest, Flow};
 use maintd_core::verdict::Nanos;
-
-/// The backend job a drill runs at one of its steps: numbered below zero, apart from the
-/// engine's jobs, and per drill.
-fn job(d: &Drill, kind: JobKind, k: i64, now: Nanos) -> Job {
-    Job {
-        id: -(d.seq * 4 + k),
-        event: d.id,
-        node: d.node.clone(),
-        round: 0,
-        kind,
-        command: None,
-        status: JobStatus::Running,
-        reason: format!("fencing drill {}", d.id),
-        detail: None,
-        created: now,
-        finished: None,
-    }
-}
 
 impl<C: Cluster> Fencer<C> {
     /// Why `node` cannot be drilled by its configuration, if it cannot: no fence plan, only a
@@ -72,11 +53,8 @@ impl<C: Cluster> Fencer<C> {
         let Some(mut d) = drills.into_iter().find(|d| d.flow == *request) else {
             return;
         };
-        d.detail = Some(why.to_string());
-        d.updated = now;
-        if refused {
-            d.status = DrillStatus::Failed;
-            d.finished = Some(now);
+        d.held(why, refused, now);
+        if d.status.is_final() {
             warn!(drill = %d.id, node = %d.node, why, "fencing drill failed: its fence was refused");
             self.drill_metrics(&d);
         }
@@ -95,28 +73,18 @@ impl<C: Cluster> Fencer<C> {
     ) {
         for mut d in drills.iter().filter(|d| !d.status.is_final()).cloned() {
             match d.status {
-                DrillStatus::Evacuating => self.drill_job(d, now, true),
-                DrillStatus::Restoring => self.drill_job(d, now, false),
+                DrillStatus::Evacuating | DrillStatus::Restoring => self.drill_jobs(d, now),
                 DrillStatus::Fencing => {
                     let Some(f) = flows.iter().find(|f| f.id == d.flow) else {
                         continue;
                     };
-                    match (f.status, f.returned_at) {
-                        (FenceStatus::Final, Some(_)) => {
-                            d.stages = stages(&d, f);
-                            d.status = DrillStatus::Restoring;
-                            d.detail = Some("back in service on a new boot".into());
-                        }
-                        (FenceStatus::Final | FenceStatus::Error, _) => {
-                            d.status = DrillStatus::Failed;
-                            d.finished = Some(now);
-                            d.detail = f.history.last().map(|t| t.note.clone());
-                            warn!(drill = %d.id, node = %d.node, detail = d.detail.as_deref().unwrap_or(""), "fencing drill failed");
-                            self.drill_metrics(&d);
-                        }
-                        _ => continue,
+                    if !d.follow(f, now) {
+                        continue;
                     }
-                    d.updated = now;
+                    if d.status == DrillStatus::Failed {
+                        warn!(drill = %d.id, node = %d.node, detail = d.detail.as_deref().unwrap_or(""), "fencing drill failed");
+                        self.drill_metrics(&d);
+                    }
                     if let Err(e) = self.shared.store.save_drill(&d) {
                         warn!(error = %e, "cannot record a fencing drill");
                     }
@@ -127,7 +95,7 @@ impl<C: Cluster> Fencer<C> {
     }
 
     /// Runs the drill's drain (offline) or its undoing (online) once, as a tracked task.
-    fn drill_job(self: &Arc<Self>, d: Drill, now: Nanos, drain: bool) {
+    fn drill_jobs(self: &Arc<Self>, d: Drill, now: Nanos) {
         if !self.drill_busy.lock_unpoisoned().insert(d.id) {
             return;
         }
@@ -136,46 +104,21 @@ impl<C: Cluster> Fencer<C> {
             let cluster = &me.shared.cluster;
             let event = serde_json::json!({"status": "evacuate", "details": {"drill": d.id.to_string()}})
                 .to_string();
-            let steps: &[(JobKind, i64)] = if drain {
-                &[(JobKind::Evacuate, 1), (JobKind::Offline, 2)]
-            } else {
-                &[(JobKind::Online, 3)]
-            };
             let mut failed = None;
-            for (kind, k) in steps {
-                let o = cluster.run_job(&job(&d, *kind, *k, now), &event).await;
+            for job in d.jobs(now) {
+                let o = cluster.run_job(&job, &event).await;
                 if !o.ok() {
-                    failed = Some(format!("{} failed: {}", kind.as_str(), o.detail()));
+                    failed = Some(format!("{} failed: {}", job.kind.as_str(), o.detail()));
                     break;
                 }
             }
-            let now = me.shared.clock.now();
             let mut d = d;
-            d.updated = now;
-            match (failed, drain) {
-                (None, true) => {
-                    d.status = DrillStatus::Fencing;
-                    d.evacuated_at = Some(now);
-                    d.detail = None;
-                    info!(drill = %d.id, node = %d.node, "fencing drill: node drained; its fence flow starts at the gates");
-                }
-                (None, false) => {
-                    d.status = DrillStatus::Passed;
-                    d.finished = Some(now);
-                    info!(drill = %d.id, node = %d.node, stages = ?d.stages, "fencing drill passed");
-                }
-                (Some(why), true) => {
-                    d.status = DrillStatus::Refused;
-                    d.finished = Some(now);
-                    d.detail = Some(format!("the drain cannot move what the node runs, so nothing was fenced: {why}"));
-                    warn!(drill = %d.id, node = %d.node, why, "fencing drill refused");
-                }
-                (Some(why), false) => {
-                    d.status = DrillStatus::Failed;
-                    d.finished = Some(now);
-                    d.detail = Some(format!("the fence passed but undoing the drain failed: {why}"));
-                    warn!(drill = %d.id, node = %d.node, why, "fencing drill failed");
-                }
+            d.jobs_ended(failed, me.shared.clock.now());
+            match d.status {
+                DrillStatus::Fencing => info!(drill = %d.id, node = %d.node, "fencing drill: node drained; its fence flow starts at the gates"),
+                DrillStatus::Passed => info!(drill = %d.id, node = %d.node, stages = ?d.stages, "fencing drill passed"),
+                DrillStatus::Refused => warn!(drill = %d.id, node = %d.node, detail = d.detail.as_deref().unwrap_or(""), "fencing drill refused"),
+                _ => warn!(drill = %d.id, node = %d.node, detail = d.detail.as_deref().unwrap_or(""), "fencing drill failed"),
             }
             if d.status.is_final() {
                 me.drill_metrics(&d);
@@ -199,39 +142,22 @@ impl<C: Cluster> Fencer<C> {
         now: Nanos,
     ) {
         let every = super::ns(self.settings.drill_every);
-        if every == 0 || policy.paused || flows.iter().any(|f| f.status != FenceStatus::Final) {
-            return;
-        }
-        if drills.iter().any(|d| !d.status.is_final())
-            || drills
-                .iter()
-                .map(|d| d.requested)
-                .max()
-                .is_some_and(|t| now.saturating_sub(t) < every)
-        {
+        if !drill::scheduled_due(drills, flows, policy.paused, every, now) {
             return;
         }
         let (liveness, _) = self.liveness(now);
         if liveness.values().any(|l| !l.reachable) {
             return;
         }
-        let last_of = |node: &str| {
-            drills
-                .iter()
-                .filter(|d| d.node == node)
-                .map(|d| d.requested)
-                .max()
-                .unwrap_or(Nanos::MIN)
-        };
         let members = self.shared.members.get();
-        let Some(node) = members
+        let drillable = members
             .iter()
-            .filter(|m| self.drill_refusal(&m.name).is_none())
-            .min_by_key(|m| (last_of(&m.name), m.name.clone()))
-        else {
+            .map(|m| m.name.as_str())
+            .filter(|n| self.drill_refusal(n).is_none());
+        let Some(node) = drill::next_node(drills, drillable) else {
             return;
         };
-        let d = Drill::new(&node.name, now, uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let d = Drill::new(node, now, uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
         match self.shared.store.insert_drill(&d) {
             Ok(d) => info!(drill = %d.id, node = %d.node, "scheduled fencing drill started"),
             Err(e) => warn!(error = %e, "cannot record a scheduled fencing drill"),

@@ -15,8 +15,8 @@ use super::Fencer;
 use crate::cluster::{Cluster, EventReason};
 use crate::fencing::agent::{CallEnv, CallJournal, CallSite, run_stage_recorded};
 use crate::metrics::StepLabel;
-use crate::store::FlowOutcome;
 use crate::sync::LockExt;
+use maintd_core::fencing::machine::FlowOutcome;
 use maintd_core::fencing::machine::{Call, FenceAction, FenceStatus, Flow, StepWork};
 use maintd_core::verdict::{Nanos, Outcome};
 

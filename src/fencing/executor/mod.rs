@@ -118,8 +118,6 @@ pub struct Fencer<C: Cluster> {
     pruned: Mutex<Option<Nanos>>,
     /// Whether the wait for the fence Secrets was said (once per wait).
     secrets_wait_said: Mutex<bool>,
-    /// Nodes called partitioned that no longer are, since when (the hysteresis of the end).
-    partition_clear: Mutex<BTreeMap<String, Nanos>>,
     /// kdump notifications heard, and the listener once a plan needs it.
     kdump: kdump::Kdump,
 }
@@ -149,7 +147,6 @@ impl<C: Cluster> Fencer<C> {
             drill_busy: Mutex::new(Default::default()),
             pruned: Mutex::new(None),
             secrets_wait_said: Mutex::new(false),
-            partition_clear: Mutex::new(BTreeMap::new()),
             kdump: kdump::Kdump::default(),
         }
     }

@@ -13,6 +13,7 @@ use crate::metrics::NodeLabel;
 use crate::sync::LockExt;
 use maintd_core::fencing::machine::{Liveness, SelfFenceFacts};
 use maintd_core::fencing::opinion::{KubeletSays, PeerOpinion};
+use maintd_core::fencing::partitions::PartitionChange;
 use maintd_core::fencing::selffence::SelfFenceTimes;
 use maintd_core::verdict::Nanos;
 
@@ -162,12 +163,8 @@ impl<C: Cluster> Fencer<C> {
     }
 
     /// Says so, once, when the master loses a node that its watchers still hear, and when that
-    /// ends: in the log, as a metric and as an Event on the node. With hysteresis: a node is
-    /// called partitioned only once it has been silent to the master for the fence grace (the
-    /// watchers' judgement is in by then: a dead node's watchers lose it too), and no longer
-    /// only after it has not been for as long, so a witness that flickers (a kubelet Lease
-    /// renewed a little late) says nothing. A node with a flow under way (`fencing`) is never
-    /// called partitioned: it is being fenced, or is off already.
+    /// ends: in the log, as a metric and as an Event on the node. When is the core's
+    /// `Partitions` rule (with hysteresis both ways).
     pub(super) async fn report_partitions(
         &self,
         opinions: &BTreeMap<String, PeerOpinion>,
@@ -175,49 +172,15 @@ impl<C: Cluster> Fencer<C> {
         fencing: &std::collections::BTreeSet<String>,
         now: Nanos,
     ) {
-        let hold = self.settings.policy.grace;
-        let candidates: BTreeMap<&String, &Vec<String>> = opinions
-            .iter()
-            .filter(|(n, _)| !fencing.contains(*n))
-            .filter_map(|(n, o)| match o {
-                PeerOpinion::Partitioned { hearers } => Some((n, hearers)),
-                _ => None,
-            })
-            .filter(|(n, _)| {
-                liveness
-                    .get(*n)
-                    .and_then(|l| l.unreachable_since)
-                    .is_some_and(|t| now.saturating_sub(t) >= hold)
-            })
-            .collect();
-        let (began, ended) = {
-            let mut clear = self.partition_clear.lock_unpoisoned();
-            let mut was = self.peering.partitioned.lock_unpoisoned();
-            let began: Vec<(String, String)> = candidates
-                .iter()
-                .filter(|(n, _)| !was.contains(n.as_str()))
-                .map(|(n, h)| ((*n).clone(), h.join(", ")))
-                .collect();
-            for n in candidates.keys() {
-                clear.remove(*n);
-            }
-            // Ended: at once when its watchers lost it too (their judgement: gone) or a flow
-            // took it on; else once it has been clear for the hold.
-            let mut ended = Vec::new();
-            for n in was.iter().filter(|n| !candidates.contains_key(n)) {
-                let since = *clear.entry(n.clone()).or_insert(now);
-                let lost = matches!(opinions.get(n), Some(PeerOpinion::Lost { .. }));
-                if lost || fencing.contains(n) || now.saturating_sub(since) >= hold {
-                    ended.push(n.clone());
-                }
-            }
-            for n in &ended {
-                was.remove(n);
-                clear.remove(n);
-            }
-            was.extend(began.iter().map(|(n, _)| n.clone()));
-            (began, ended)
-        };
+        let since = |n: &str| liveness.get(n).and_then(|l| l.unreachable_since);
+        let PartitionChange { began, ended } = self.peering.partitioned.lock_unpoisoned().step(
+            opinions,
+            since,
+            fencing,
+            self.settings.policy.grace,
+            now,
+        );
+        let began = began.into_iter().map(|(n, h)| (n, h.join(", ")));
         for (node, hearers) in began {
             warn!(node = %node, hearers = %hearers, "node partitioned from the master: its watchers still hear it, so nothing is fenced");
             self.shared

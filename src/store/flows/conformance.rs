@@ -5,7 +5,8 @@
 
 use uuid::Uuid;
 
-use super::{FenceCancel, FlowOutcome, FlowStore};
+use super::{FenceCancel, FlowStore};
+use maintd_core::fencing::machine::FlowOutcome;
 use maintd_core::fencing::machine::{
     Call, ExecPolicy, Executor, FenceStatus, Flow, MethodRecord, PlanRecord, StageRecord, Step,
     Witnesses,

@@ -481,7 +481,8 @@ mod start;
 mod transitions;
 pub use back::observe_report;
 pub use flow::{
-    Call, CancelRefused, Flow, KILLED, PENDING, Transition, Witnesses, ended, established,
+    Call, CancelRefused, Flow, FlowOutcome, KILLED, PENDING, Transition, Witnesses, ended,
+    established,
 };
 pub use record::{ExecPolicy, Executor, MethodRecord, PlanRecord, StageRecord};
 use start::{Gates, requested_flows, start_flows};

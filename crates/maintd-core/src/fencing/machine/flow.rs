@@ -163,6 +163,22 @@ pub struct Flow {
     pub version: u64,
 }
 
+/// Which executor-written outcome of a flow to set; also the key of an effect in progress (one
+/// of each kind per flow at a time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
+pub enum FlowOutcome {
+    Step,
+    Release,
+    Reclaim,
+}
+
+impl FlowOutcome {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 /// Why an operator's cancel of a flow is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelRefused {
@@ -209,6 +225,25 @@ impl Witnesses {
 }
 
 impl Flow {
+    /// What an effect saw, in its own field, its agent calls appended: the same in every flow
+    /// store. A call recorded before it was made gives way to its answer; a pending call of an
+    /// earlier daemon (stopped mid-call) stays, as the record that it was made.
+    pub fn record_outcome(&mut self, which: FlowOutcome, outcome: Outcome, calls: Vec<Call>) {
+        match which {
+            FlowOutcome::Step => self.result = Some(outcome),
+            FlowOutcome::Release => self.release_result = Some(outcome),
+            FlowOutcome::Reclaim => self.reclaim_result = Some(outcome),
+        }
+        self.calls
+            .retain(|c| !(c.pending && calls.iter().any(|d| d.same(c))));
+        self.calls.extend(calls);
+    }
+
+    /// A state-changing agent call about to be made, recorded first.
+    pub fn record_call(&mut self, call: Call) {
+        self.calls.push(call);
+    }
+
     /// The node is isolated from its storage and network.
     pub fn isolated(&self) -> bool {
         self.isolated_at.is_some()
