@@ -5,16 +5,19 @@
 use std::sync::Arc;
 
 use crate::clock::Clock;
+use crate::cluster::{Backend, Unattached};
 use crate::leader::Leadership;
 use crate::members::{Members, NodeHealth, NodeView};
 use crate::metrics::Metrics;
 use crate::store::{FlowStore, Store};
 
-pub struct Shared<C> {
+#[derive(Clone)]
+pub struct Shared {
     pub store: Arc<Store>,
     /// Where fence flows are read and written (the SQLite store by default).
     pub flows: Arc<dyn FlowStore>,
-    pub cluster: Arc<C>,
+    /// The backend's capabilities.
+    pub cluster: Backend,
     pub metrics: Metrics,
     pub leadership: Arc<Leadership>,
     /// Read once per decision; simulated in the harness.
@@ -27,32 +30,15 @@ pub struct Shared<C> {
     pub health: Arc<NodeHealth>,
 }
 
-// Derived `Clone` would require `C: Clone`; only the `Arc` is cloned.
-impl<C> Clone for Shared<C> {
-    fn clone(&self) -> Self {
-        Shared {
-            store: self.store.clone(),
-            flows: self.flows.clone(),
-            cluster: self.cluster.clone(),
-            metrics: self.metrics.clone(),
-            leadership: self.leadership.clone(),
-            clock: self.clock.clone(),
-            members: self.members.clone(),
-            watch: self.watch.clone(),
-            health: self.health.clone(),
-        }
-    }
-}
-
-impl Shared<()> {
+impl Shared {
     /// The dependencies of a part run on its own (the benchmarks): no backend, one replica that
     /// leads, the system clock, nothing known of the nodes' health.
-    pub fn standalone(store: Arc<Store>, members: Arc<Members>, metrics: Metrics) -> Shared<()> {
+    pub fn standalone(store: Arc<Store>, members: Arc<Members>, metrics: Metrics) -> Shared {
         Shared {
             flows: store.clone(),
             leadership: Arc::new(Leadership::single("bench".into(), store.clone())),
             store,
-            cluster: Arc::new(()),
+            cluster: Backend::basic(Arc::new(Unattached)),
             metrics,
             clock: Arc::new(crate::clock::SystemClock),
             members,

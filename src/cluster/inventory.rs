@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{Cluster, ClusterError};
+use super::{ClusterError, FenceRelease, TagsAndJobs};
 use crate::clock::steady_ns;
 use crate::exec;
 use crate::exec::hooks::HookCall;
@@ -147,7 +147,7 @@ impl Inventory {
 }
 
 #[async_trait::async_trait]
-impl Cluster for Inventory {
+impl TagsAndJobs for Inventory {
     async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError> {
         Ok(self.store.inventory_tags()?)
     }
@@ -217,7 +217,10 @@ impl Cluster for Inventory {
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
         Ok(self.store.inventory_offline()?)
     }
+}
 
+#[async_trait::async_trait]
+impl FenceRelease for Inventory {
     async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome {
         let key = format!("fence-{flow}-release-{attempt}");
         let o = self

@@ -3,23 +3,24 @@
 //! (nodes from the config file, tags and offline flags in SQLite, actions as whitelisted hooks);
 //! `kube` the Kubernetes implementation of the same traits.
 
+mod caps;
 pub mod ganeti;
 mod inventory;
 pub mod kube;
 pub mod maps;
 pub mod pods;
 
+pub use caps::{
+    Backend, Capacity, Claims, Events, FenceRelease, NodeSource, NodeWitness, TagsAndJobs,
+    Unattached, UpkeepRunner,
+};
 pub use inventory::{HooksConfig, Inventory, InventorySettings};
 pub use pods::{PodOutcome, PodRun, PodRunner};
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use uuid::Uuid;
-
 use crate::exec::ExecError;
 use crate::store::StoreError;
-use maintd_core::repair::Job;
-use maintd_core::verdict::Outcome;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -193,98 +194,6 @@ pub trait Coordination: Send + Sync + 'static {
         version: Option<&str>,
         data: &str,
     ) -> Result<Option<String>, ClusterError>;
-}
-
-/// What the daemon needs from a cluster. Every job method must be idempotent: after a daemon
-/// restart the same job is run again and must not repeat work that already happened.
-#[async_trait::async_trait]
-pub trait Cluster: Send + Sync + 'static {
-    /// Tags of every node.
-    async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError>;
-    async fn add_tag(&self, node: &str, tag: &str) -> Result<(), ClusterError>;
-    /// Returns whether the tag was there.
-    async fn remove_tag(&self, node: &str, tag: &str) -> Result<bool, ClusterError>;
-    /// Runs an evacuate, evacuate-failover, offline or online job for an event, given as its
-    /// JSON text (as `/1/status` shows it, the diagnose's numbers exact).
-    async fn run_job(&self, job: &Job, event_json: &str) -> Outcome;
-    async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError>;
-    /// Releases a fenced node's workloads; called only after a verified power-off. Runs at most
-    /// once per (flow, attempt), even across daemon restarts.
-    async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome;
-    /// Clears a release once the node has recovered.
-    async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome;
-    /// Marks a self-fencing node unschedulable (`on`), so that after its reset it takes no
-    /// work, or clears that once it is back. Idempotent.
-    async fn mark_unschedulable(&self, node: &str, flow: &Uuid, on: bool) -> Outcome;
-    /// Records a human-readable event on the node (Kubernetes Events); a no-op by default.
-    async fn record(&self, _node: &str, _reason: EventReason, _message: &str, _warning: bool) {}
-    /// Records a Warning on a configuration object (a fence ConfigMap); a no-op by default.
-    async fn record_config(&self, _configmap: &str, _reason: EventReason, _message: &str) {}
-    /// Current membership and node conditions, for backends that have them.
-    async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
-        Ok(None)
-    }
-    /// The Leases that witness nodes' lives, read now from the watches (Kubernetes); `None`
-    /// for backends without them. Cheap: the fencer asks at every decision.
-    fn witness_leases(&self) -> Option<WitnessLeases> {
-        None
-    }
-    /// Nodes someone else is working on, with why (Kubernetes: a NodeMaintenance object, or
-    /// another holder of the node's medik8s Lease): held as if in maintenance. Cheap: read
-    /// from watches at every decision.
-    fn held_elsewhere(&self) -> BTreeMap<String, String> {
-        BTreeMap::new()
-    }
-    /// Holds the per-node claims of `purpose` for exactly `nodes` (Kubernetes: the medik8s
-    /// Lease), renewing those due and giving back the rest; returns the nodes it could not
-    /// claim, with why. Nothing is done on such a node this time.
-    async fn hold_nodes(
-        &self,
-        _purpose: Purpose,
-        _nodes: &BTreeSet<String>,
-    ) -> BTreeMap<String, String> {
-        BTreeMap::new()
-    }
-    /// Who checks operators' bearer tokens, when this cluster takes them.
-    fn token_reviewer(
-        self: std::sync::Arc<Self>,
-    ) -> Option<std::sync::Arc<dyn crate::http::tokens::TokenReviewer>> {
-        None
-    }
-    /// What runs pods to their end (remedy Jobs, fence agents as Jobs), for backends that can.
-    fn pod_runner(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn PodRunner>> {
-        None
-    }
-    /// Capacity facts for admitting drains, for backends that know the workloads.
-    async fn capacity(
-        &self,
-    ) -> Result<Option<maintd_core::repair::capacity::Snapshot>, ClusterError> {
-        Ok(None)
-    }
-    /// The managed nodes as the backend lists them now, for backends whose membership can
-    /// change while the daemon runs without a watch of their own (Ganeti).
-    async fn members(&self) -> Result<Option<Vec<crate::node::NodeConfig>>, ClusterError> {
-        Ok(None)
-    }
-    /// How often `members` is worth asking; `None` when it never changes.
-    fn members_interval(&self) -> Option<std::time::Duration> {
-        None
-    }
-    /// Whether this backend does any upkeep (so the engine need not prepare a plan).
-    fn upkeep_enabled(&self) -> bool {
-        false
-    }
-    /// The cluster's own upkeep for a round besides the events' jobs (Ganeti: instance repairs
-    /// and balancing moves), none touching a node in `busy` (being evacuated or repaired) and
-    /// no balancing move touching a node in `failed` (a failed event). `round` says a round of
-    /// events starts with it; otherwise the backend may decline to look (its own interval).
-    async fn plan_upkeep(&self, _plan: &UpkeepPlan) -> Result<Vec<Upkeep>, ClusterError> {
-        Ok(Vec::new())
-    }
-    /// Runs one planned upkeep task to its end. Idempotent across restarts, like jobs.
-    async fn run_upkeep(&self, u: &Upkeep) -> Outcome {
-        Outcome::failed(format!("{}: this backend has no upkeep", u.what))
-    }
 }
 
 /// Why maintd claims a node (the claim is given back once no purpose needs it).

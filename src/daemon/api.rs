@@ -1,6 +1,7 @@
 //! The HTTP API on port 1816: status, nodes, tags and metrics for everyone; cancel and tag
 //! removal only for requests signed with the cluster key.
 
+use crate::cluster::Backend;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
@@ -14,16 +15,16 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::cluster::{Cluster, ClusterError};
+use crate::cluster::ClusterError;
 use crate::http::{ApiError, ReplayCache, SignedAuth, require_signed};
 use crate::report::{DAEMON_TARGET, Key, now_ns};
 use crate::store::{CancelOutcome, FenceCancel, Store};
 use crate::views;
 
-pub struct ApiState<C: Cluster> {
+pub struct ApiState {
     pub store: Arc<Store>,
     pub flows: Arc<dyn crate::store::FlowStore>,
-    pub cluster: Arc<C>,
+    pub cluster: Backend,
     pub leadership: Arc<crate::leader::Leadership>,
     pub key: Key,
     /// Each node's keys: a request signed with one is named and refused.
@@ -45,7 +46,7 @@ pub struct ApiState<C: Cluster> {
     /// The fencer's peer views, when fencing is configured.
     pub peering: Option<Arc<crate::fencing::peering::Peering>>,
     /// The fencer, when fencing is configured (drills ask it whether a node can be drilled).
-    pub fencer: Option<Arc<crate::fencing::executor::Fencer<C>>>,
+    pub fencer: Option<Arc<crate::fencing::executor::Fencer>>,
     /// Signed requests accepted within their window, kept across restarts.
     pub replay: Arc<ReplayCache>,
     pub refused: crate::http::Refused,
@@ -56,15 +57,15 @@ pub struct ApiState<C: Cluster> {
     pub builders: tokio::sync::Semaphore,
 }
 
-impl<C: Cluster> ApiState<C> {
+impl ApiState {
     /// The API over the assembled parts. It serves `registry`, to which it first adds the
     /// gauges read at each scrape (the state's, the process's).
     pub fn new(
-        parts: &super::assembly::Assembly<C>,
+        parts: &super::assembly::Assembly,
         creds: super::Credentials,
         cfg: &crate::config::Config,
         registry: &mut Registry,
-    ) -> ApiState<C> {
+    ) -> ApiState {
         let shared = &parts.shared;
         registry.register_collector(Box::new(crate::metrics::StateGauges {
             store: shared.store.clone(),
@@ -92,7 +93,7 @@ impl<C: Cluster> ApiState<C> {
             key: creds.key,
             keyring: creds.keyring,
             operators: creds.operators,
-            tokens: shared.cluster.clone().token_reviewer(),
+            tokens: shared.cluster.tokens.clone(),
             settings: ApiSettings {
                 request_window: cfg.daemon.request_window,
                 body_timeout: cfg.daemon.limits.body_timeout,
@@ -134,7 +135,7 @@ pub struct ApiSettings {
     pub anonymous_read: bool,
 }
 
-pub(super) type S<C> = State<Arc<ApiState<C>>>;
+pub(super) type S = State<Arc<ApiState>>;
 
 pub(super) fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(e.to_string())
@@ -145,11 +146,11 @@ pub(super) fn db_error(store: &Store, e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!("{}: {e}", store.path()))
 }
 
-pub(super) fn flows_error<C: Cluster>(s: &ApiState<C>, e: impl std::fmt::Display) -> ApiError {
+pub(super) fn flows_error(s: &ApiState, e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!("{}: {e}", s.flows.location()))
 }
 
-pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
+pub fn router(state: Arc<ApiState>) -> Router {
     // Every signed route of the daemon takes no body.
     let auth = SignedAuth {
         keys: Arc::new(state.key.clone()),
@@ -169,51 +170,45 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
         ..auth.clone()
     };
     let signed = Router::new()
-        .route("/1/events/{id}/cancel", post(cancel::<C>))
-        .route("/1/nodes/{node}/tags/{tag}", delete(remove_tag::<C>))
-        .route("/1/nodes/{node}/reset-seq", post(reset_seq::<C>))
-        .route("/1/fencing/pause", post(super::fencing_api::pause::<C>))
-        .route("/1/fences/{id}/ack", post(super::fence_ack::ack::<C>))
-        .route("/1/fencing/resume", post(super::fencing_api::resume::<C>))
-        .route(
-            "/1/nodes/{node}/drill",
-            post(super::fencing_api::drill::<C>),
-        )
+        .route("/1/events/{id}/cancel", post(cancel))
+        .route("/1/nodes/{node}/tags/{tag}", delete(remove_tag))
+        .route("/1/nodes/{node}/reset-seq", post(reset_seq))
+        .route("/1/fencing/pause", post(super::fencing_api::pause))
+        .route("/1/fences/{id}/ack", post(super::fence_ack::ack))
+        .route("/1/fencing/resume", post(super::fencing_api::resume))
+        .route("/1/nodes/{node}/drill", post(super::fencing_api::drill))
         .route(
             "/1/nodes/{node}/maintenance",
-            post(super::maintenance::start::<C>).delete(super::maintenance::stop::<C>),
+            post(super::maintenance::start).delete(super::maintenance::stop),
         )
         // Inside the signature check: only a signed, accepted command is recorded, with its
         // signer.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
-            super::audit::audited::<C>,
+            super::audit::audited,
         ))
         .route_layer(middleware::from_fn_with_state(auth, require_signed));
     let mut reads = Router::new()
-        .route("/1/status", get(super::lists::status::<C>))
-        .route("/1/status/{id}", get(one_status::<C>))
-        .route("/1/nodes", get(super::lists::nodes::<C>))
-        .route("/1/tags", get(tags::<C>))
-        .route("/1/fences", get(super::lists::fences::<C>))
-        .route("/1/fences/readiness", get(readiness::<C>))
-        .route("/1/fences/summary", get(fencing_summary::<C>))
-        .route("/1/fences/{id}", get(super::fencing_api::one::<C>))
-        .route("/1/drills", get(super::fencing_api::drills::<C>))
-        .route("/1/audit", get(super::audit::list::<C>))
-        .route("/1/maintenance", get(super::maintenance::list::<C>))
-        .route(
-            "/1/fences/{id}/timeline",
-            get(super::fencing_api::timeline::<C>),
-        )
-        .route("/1/leader", get(leader::<C>));
+        .route("/1/status", get(super::lists::status))
+        .route("/1/status/{id}", get(one_status))
+        .route("/1/nodes", get(super::lists::nodes))
+        .route("/1/tags", get(tags))
+        .route("/1/fences", get(super::lists::fences))
+        .route("/1/fences/readiness", get(readiness))
+        .route("/1/fences/summary", get(fencing_summary))
+        .route("/1/fences/{id}", get(super::fencing_api::one))
+        .route("/1/drills", get(super::fencing_api::drills))
+        .route("/1/audit", get(super::audit::list))
+        .route("/1/maintenance", get(super::maintenance::list))
+        .route("/1/fences/{id}/timeline", get(super::fencing_api::timeline))
+        .route("/1/leader", get(leader));
     if !state.settings.anonymous_read {
         reads = reads.route_layer(middleware::from_fn_with_state(readers, require_signed));
     }
     Router::new()
         .route("/", get(super::ui::root))
-        .route("/1/health", get(health::<C>))
-        .route("/metrics", get(metrics::<C>))
+        .route("/1/health", get(health))
+        .route("/metrics", get(metrics))
         .merge(reads)
         .merge(signed)
         .merge(super::ui::routes())
@@ -226,7 +221,7 @@ pub fn router<C: Cluster>(state: Arc<ApiState<C>>) -> Router {
 }
 
 /// Operator changes go to the replica that acts; a standby's state is a copy it overwrites.
-pub(super) fn require_leader<C: Cluster>(s: &ApiState<C>) -> Result<(), ApiError> {
+pub(super) fn require_leader(s: &ApiState) -> Result<(), ApiError> {
     if s.leadership.is_leader() {
         return Ok(());
     }
@@ -237,7 +232,7 @@ pub(super) fn require_leader<C: Cluster>(s: &ApiState<C>) -> Result<(), ApiError
     )))
 }
 
-async fn leader<C: Cluster>(State(s): S<C>) -> Json<views::Leader> {
+async fn leader(State(s): S) -> Json<views::Leader> {
     let l = &s.leadership;
     Json(views::Leader {
         identity: l.identity().to_string(),
@@ -253,23 +248,18 @@ fn parse_id(id: &str) -> Result<Uuid, ApiError> {
         .map_err(|_| ApiError::bad_request(format!("{id:?} is not an event id (a uuid)")))
 }
 
-async fn fencing_summary<C: Cluster>(
-    State(s): S<C>,
-) -> Result<Json<views::FencingSummary>, ApiError> {
+async fn fencing_summary(State(s): S) -> Result<Json<views::FencingSummary>, ApiError> {
     let checks = s.readiness.as_ref().map(|b| b.all()).unwrap_or_default();
     let mut summary = views::FencingSummary::of(&checks);
     summary.paused = super::fencing_api::current(&s)?;
     Ok(Json(summary))
 }
 
-async fn readiness<C: Cluster>(State(s): S<C>) -> Json<views::Readiness> {
+async fn readiness(State(s): S) -> Json<views::Readiness> {
     Json(s.readiness.as_ref().map(|b| b.all()).unwrap_or_default())
 }
 
-async fn one_status<C: Cluster>(
-    State(s): S<C>,
-    Path(id): Path<String>,
-) -> Result<Json<views::Event>, ApiError> {
+async fn one_status(State(s): S, Path(id): Path<String>) -> Result<Json<views::Event>, ApiError> {
     let id = parse_id(&id)?;
     let commands = || {
         s.store
@@ -294,10 +284,7 @@ async fn one_status<C: Cluster>(
     }
 }
 
-async fn cancel<C: Cluster>(
-    State(s): S<C>,
-    Path(id): Path<String>,
-) -> Result<Json<views::Event>, ApiError> {
+async fn cancel(State(s): S, Path(id): Path<String>) -> Result<Json<views::Event>, ApiError> {
     let id = parse_id(&id)?;
     require_leader(&s)?;
     match s
@@ -353,11 +340,8 @@ struct TagQuery {
     node: Option<String>,
 }
 
-async fn tags<C: Cluster>(
-    State(s): S<C>,
-    Query(q): Query<TagQuery>,
-) -> Result<Json<views::Tags>, ApiError> {
-    let mut all = s.cluster.tags().await.map_err(internal)?;
+async fn tags(State(s): S, Query(q): Query<TagQuery>) -> Result<Json<views::Tags>, ApiError> {
+    let mut all = s.cluster.jobs.tags().await.map_err(internal)?;
     for n in s.members.get().iter() {
         all.entry(n.name.clone()).or_default();
     }
@@ -370,12 +354,12 @@ async fn tags<C: Cluster>(
     Ok(Json(all))
 }
 
-async fn remove_tag<C: Cluster>(
-    State(s): S<C>,
+async fn remove_tag(
+    State(s): S,
     Path((node, tag)): Path<(String, String)>,
 ) -> Result<Json<views::TagRemoved>, ApiError> {
     require_leader(&s)?;
-    match s.cluster.remove_tag(&node, &tag).await {
+    match s.cluster.jobs.remove_tag(&node, &tag).await {
         Ok(true) => {
             tracing::info!(node = %node, tag = %tag, "tag removed by operator");
             s.wake.notify_one();
@@ -394,7 +378,7 @@ async fn remove_tag<C: Cluster>(
 /// 200 while the engine decides and the database can be written, 503 naming the cause when
 /// not: for a liveness probe and for alerting. What the daemon found at start-up and could not
 /// match (earlier jobs or tags beside a lost database) is listed either way.
-async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<views::Health>, ApiError> {
+async fn health(State(s): S) -> Result<Json<views::Health>, ApiError> {
     let stale_ns = i64::try_from(s.settings.stall_after.as_nanos()).unwrap_or(i64::MAX);
     let now = crate::clock::steady_ns();
     if s.health.probe_due(now) {
@@ -420,8 +404,8 @@ async fn health<C: Cluster>(State(s): S<C>) -> Result<Json<views::Health>, ApiEr
     }
 }
 
-async fn reset_seq<C: Cluster>(
-    State(s): S<C>,
+async fn reset_seq(
+    State(s): S,
     Path(node): Path<String>,
 ) -> Result<Json<views::SeqReset>, ApiError> {
     require_leader(&s)?;
@@ -441,8 +425,8 @@ async fn reset_seq<C: Cluster>(
 
 /// OpenMetrics for a scraper that asks for it (Prometheus does), else the classic text format,
 /// which `promtool check metrics` and older tools read.
-async fn metrics<C: Cluster>(
-    State(s): S<C>,
+async fn metrics(
+    State(s): S,
     headers: axum::http::HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
     let mut text = String::new();

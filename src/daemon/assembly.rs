@@ -13,7 +13,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span};
 
-use crate::cluster::Cluster;
 use crate::cluster::maps::MapSource;
 use crate::fencing::agent::AgentRunner;
 use crate::fencing::book::PlanBook;
@@ -76,8 +75,8 @@ pub struct FencingSettings {
 
 /// What the parts act through: the shared dependencies, the links to the collectors, the fence
 /// agents and the cluster key.
-pub struct Deps<C> {
-    pub shared: Shared<C>,
+pub struct Deps {
+    pub shared: Shared,
     pub links: Links,
     pub agents: Arc<dyn AgentRunner>,
     /// Each node's keys.
@@ -89,20 +88,20 @@ pub struct Deps<C> {
 }
 
 /// The assembled parts, not yet running.
-pub struct Assembly<C: Cluster> {
-    pub engine: Arc<Engine<C>>,
-    pub fencer: Option<Arc<Fencer<C>>>,
-    pub readiness: Option<Arc<Readiness<C>>>,
+pub struct Assembly {
+    pub engine: Arc<Engine>,
+    pub fencer: Option<Arc<Fencer>>,
+    pub readiness: Option<Arc<Readiness>>,
     /// The fencer's peer sets and views, which the API and readiness read.
     pub peering: Option<Arc<Peering>>,
-    pub shared: Shared<C>,
+    pub shared: Shared,
     /// The fence ConfigMaps the plans in force follow.
     maps: Option<(Arc<dyn MapSource>, Arc<PlanBook>)>,
     /// The service manager's watchdog, and the longest a turn of the engine's loop takes.
     systemd: Option<(Arc<Notifier>, Duration)>,
 }
 
-pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembly<C>, StoreError> {
+pub fn assemble(settings: Settings, deps: Deps) -> Result<Assembly, StoreError> {
     let Deps {
         shared,
         links,
@@ -142,7 +141,7 @@ pub fn assemble<C: Cluster>(settings: Settings, deps: Deps<C>) -> Result<Assembl
     })
 }
 
-impl<C: Cluster> Assembly<C> {
+impl Assembly {
     /// Starts every part on the current runtime.
     pub fn spawn(&self) -> Running {
         let (stop, rx) = watch::channel(false);
@@ -165,9 +164,9 @@ impl<C: Cluster> Assembly<C> {
             let run = r.clone().run(stopped(rx.clone()));
             others.push(tokio::spawn(run.instrument(info_span!("readiness"))));
         }
-        if let Some(w) = &self.shared.watch {
-            let (cluster, members) = (self.shared.cluster.clone(), self.shared.members.clone());
-            let run = w.clone().run(cluster, members, stopped(rx.clone()));
+        if let (Some(w), Some(witness)) = (&self.shared.watch, &self.shared.cluster.witness) {
+            let members = self.shared.members.clone();
+            let run = w.clone().run(witness.clone(), members, stopped(rx.clone()));
             others.push(tokio::spawn(run.instrument(info_span!("nodes"))));
         }
         if let Some((maps, book)) = &self.maps {
@@ -186,9 +185,9 @@ impl<C: Cluster> Assembly<C> {
             let run = crate::sdnotify::feed_watchdog(n.clone(), turns, *cycle, stopped(rx.clone()));
             others.push(tokio::spawn(run.instrument(info_span!("watchdog"))));
         }
-        if let (None, Some(every)) = (&self.shared.watch, self.shared.cluster.members_interval()) {
-            let (cluster, members) = (self.shared.cluster.clone(), self.shared.members.clone());
-            let run = crate::members::refresh(cluster, members, every, stopped(rx.clone()));
+        if let (None, Some(source)) = (&self.shared.watch, &self.shared.cluster.nodes) {
+            let members = self.shared.members.clone();
+            let run = crate::members::refresh(source.clone(), members, stopped(rx.clone()));
             others.push(tokio::spawn(run.instrument(info_span!("nodes"))));
         }
         let (elect_stop, elect_rx) = watch::channel(false);

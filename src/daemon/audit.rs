@@ -7,13 +7,12 @@ use axum::middleware;
 use serde::Deserialize;
 
 use super::api::{S, db_error};
-use crate::cluster::Cluster;
 use crate::http::ApiError;
 
 /// Records an accepted operator command in the audit trail before it runs, and its answer
 /// after; logs both with the operator's name. A command that cannot be recorded is not run.
-pub(super) async fn audited<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn audited(
+    State(s): S,
     req: axum::extract::Request,
     next: middleware::Next,
 ) -> Result<axum::response::Response, ApiError> {
@@ -48,8 +47,8 @@ pub(super) struct AuditQuery {
 }
 
 /// `GET /1/audit?limit=N`: the newest operator commands first (100 by default, at most 1000).
-pub(super) async fn list<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn list(
+    State(s): S,
     Query(q): Query<AuditQuery>,
 ) -> Result<Json<Vec<crate::store::Command>>, ApiError> {
     let limit = q.limit.unwrap_or(100);

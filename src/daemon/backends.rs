@@ -3,6 +3,7 @@
 //! ConfigMap ones come from. Kubernetes discovers nodes and may elect a leader; Ganeti acts
 //! only on its master and watches for a failover; the inventory reads the configuration.
 
+use crate::cluster::Backend;
 use std::sync::Arc;
 
 use tracing::info;
@@ -29,8 +30,8 @@ pub struct Membership {
 }
 
 /// A backend ready for the assembly.
-pub struct Ready<C> {
-    pub cluster: Arc<C>,
+pub struct Ready {
+    pub cluster: Backend,
     pub membership: Membership,
     pub book: Arc<PlanBook>,
     /// The fence ConfigMaps the book follows (Kubernetes, with `fence-configmaps`).
@@ -43,7 +44,7 @@ pub async fn kubernetes(
     cfg: &Config,
     store: &Arc<Store>,
     plans: Plans,
-) -> Result<Ready<KubeCluster>, DaemonError> {
+) -> Result<Ready, DaemonError> {
     let k = Arc::new(KubeCluster::connect(cfg.kubernetes.clone()).await?);
     let nodes: Vec<NodeConfig> = k
         .nodes()
@@ -89,7 +90,7 @@ pub async fn kubernetes(
         flows,
     };
     Ok(Ready {
-        cluster: k,
+        cluster: k.backend(),
         membership,
         book,
         maps,
@@ -104,7 +105,7 @@ pub async fn ganeti(
     cfg: &Config,
     store: &Arc<Store>,
     plans: Plans,
-) -> Result<(Ready<Ganeti>, String), DaemonError> {
+) -> Result<(Ready, MasterWatch), DaemonError> {
     let g = Arc::new(Ganeti::connect(&cfg.ganeti)?);
     let node = cfg.ganeti.this_node(&cfg.host);
     let master = match g.ssconf_master() {
@@ -123,20 +124,16 @@ pub async fn ganeti(
         flows: store.clone(),
     };
     let ready = Ready {
-        cluster: g,
+        cluster: g.clone().backend(),
         membership,
         book: Arc::new(PlanBook::fixed(plans)),
         maps: None,
     };
-    Ok((ready, node))
+    Ok((ready, MasterWatch { g, node }))
 }
 
 /// The local inventory: the configured nodes, one master, flows in SQLite.
-pub fn inventory(
-    cfg: &Config,
-    store: &Arc<Store>,
-    plans: Plans,
-) -> Result<Ready<Inventory>, DaemonError> {
+pub fn inventory(cfg: &Config, store: &Arc<Store>, plans: Plans) -> Result<Ready, DaemonError> {
     let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
     let membership = Membership {
         nodes: cfg.nodes.clone(),
@@ -145,26 +142,35 @@ pub fn inventory(
         flows: store.clone(),
     };
     Ok(Ready {
-        cluster: inv,
+        cluster: Backend::basic(inv),
         membership,
         book: Arc::new(PlanBook::fixed(plans)),
         maps: None,
     })
 }
 
-/// Every few seconds asks Ganeti who the master is; returns the new master once it is another
-/// node. A RAPI that does not answer is no proof of a failover.
-pub async fn master_watch(g: Arc<Ganeti>, node: String) -> String {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-    loop {
-        tick.tick().await;
-        match g.current_master().await {
-            Ok(m) if m != node => {
-                tracing::error!(node = %node, master = %m, "Ganeti made another node master: stopping");
-                return m;
+/// Who Ganeti says the master is, asked by this node, its master.
+pub struct MasterWatch {
+    g: Arc<Ganeti>,
+    pub node: String,
+}
+
+impl MasterWatch {
+    /// Every few seconds asks Ganeti who the master is; returns the new master once it is
+    /// another node. A RAPI that does not answer is no proof of a failover.
+    pub async fn lost(&self) -> String {
+        let (g, node) = (&self.g, &self.node);
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            match g.current_master().await {
+                Ok(m) if m != *node => {
+                    tracing::error!(node = %node, master = %m, "Ganeti made another node master: stopping");
+                    return m;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot ask Ganeti who the master is"),
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot ask Ganeti who the master is"),
         }
     }
 }

@@ -11,11 +11,10 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::api::{ApiState, require_leader};
-use crate::cluster::Cluster;
 use crate::http::ApiError;
 use maintd_core::fencing::machine::{FenceStatus, Transition, fence_failed_tag};
 
-type S<C> = State<Arc<ApiState<C>>>;
+type S = State<Arc<ApiState>>;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,8 +40,8 @@ const SAVE_TRIES: usize = 5;
 /// `POST /1/fences/{id}/ack?reason=…`: records the acknowledgement on the flow (and removes
 /// its `fencefailed` tag, the other way to acknowledge it). Only a flow in error can be
 /// acknowledged; a second acknowledgement answers as the first did.
-pub(super) async fn ack<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn ack(
+    State(s): S,
     axum::Extension(op): axum::Extension<crate::report::operator::Operator>,
     Path(id): Path<String>,
     Query(q): Query<AckQuery>,
@@ -84,6 +83,7 @@ pub(super) async fn ack<C: Cluster>(
         if f.tagged
             && let Err(e) = s
                 .cluster
+                .jobs
                 .remove_tag(&f.node, &fence_failed_tag(&f.id))
                 .await
         {
@@ -97,8 +97,8 @@ pub(super) async fn ack<C: Cluster>(
     )))
 }
 
-fn answer<C: Cluster>(
-    s: &ApiState<C>,
+fn answer(
+    s: &ApiState,
     f: &maintd_core::fencing::machine::Flow,
     by: String,
 ) -> Result<Acknowledged, ApiError> {

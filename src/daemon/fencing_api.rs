@@ -9,18 +9,17 @@ use uuid::Uuid;
 
 use super::api::{ApiState, require_leader};
 use crate::clock::steady_ns;
-use crate::cluster::Cluster;
 use crate::http::ApiError;
 use crate::views;
 
-type S<C> = State<Arc<ApiState<C>>>;
+type S = State<Arc<ApiState>>;
 
 fn flow_id(id: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(id).map_err(|_| ApiError::bad_request(format!("{id:?} is not a flow id")))
 }
 
-pub(super) async fn flow<C: Cluster>(
-    s: &ApiState<C>,
+pub(super) async fn flow(
+    s: &ApiState,
     id: &str,
 ) -> Result<maintd_core::fencing::machine::Flow, ApiError> {
     let id = flow_id(id)?;
@@ -31,8 +30,8 @@ pub(super) async fn flow<C: Cluster>(
         .ok_or_else(|| ApiError::not_found(format!("no fence flow {id}")))
 }
 
-pub(super) async fn one<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn one(
+    State(s): S,
     Path(id): Path<String>,
 ) -> Result<Json<views::Fence>, ApiError> {
     Ok(Json(views::Fence::of(
@@ -41,8 +40,8 @@ pub(super) async fn one<C: Cluster>(
     )))
 }
 
-pub(super) async fn timeline<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn timeline(
+    State(s): S,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<views::timeline::Entry>>, ApiError> {
     let f = flow(&s, &id).await?;
@@ -60,9 +59,7 @@ pub(super) struct PauseQuery {
 }
 
 /// The pause as the API shows it: an operator's, else the configuration's.
-pub(super) fn current<C: Cluster>(
-    s: &ApiState<C>,
-) -> Result<Option<crate::store::Pause>, ApiError> {
+pub(super) fn current(s: &ApiState) -> Result<Option<crate::store::Pause>, ApiError> {
     let runtime = s
         .store
         .fencing_pause()
@@ -77,7 +74,7 @@ pub(super) fn current<C: Cluster>(
 }
 
 /// Records the change where a successor reads it, and says what holds now.
-async fn changed<C: Cluster>(s: &ApiState<C>) -> Result<Json<views::FencingPause>, ApiError> {
+async fn changed(s: &ApiState) -> Result<Json<views::FencingPause>, ApiError> {
     if let Err(e) = s.leadership.checkpoint().await {
         tracing::warn!(error = %e, "the pause is recorded here but not yet in the shared checkpoint; retried on the next change");
     }
@@ -104,8 +101,8 @@ pub(super) fn operator_reason(sent: Option<String>, default: &str) -> Result<Str
 
 /// `POST /1/fencing/pause?reason=…`: no new flow starts and no isolation or power step runs
 /// until resumed; running steps finish. Kept across restarts and failovers.
-pub(super) async fn pause<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn pause(
+    State(s): S,
     axum::Extension(op): axum::Extension<crate::report::operator::Operator>,
     Query(q): Query<PauseQuery>,
 ) -> Result<Json<views::FencingPause>, ApiError> {
@@ -120,9 +117,7 @@ pub(super) async fn pause<C: Cluster>(
 }
 
 /// `POST /1/fencing/resume`.
-pub(super) async fn resume<C: Cluster>(
-    State(s): S<C>,
-) -> Result<Json<views::FencingPause>, ApiError> {
+pub(super) async fn resume(State(s): S) -> Result<Json<views::FencingPause>, ApiError> {
     require_leader(&s)?;
     let was = s
         .store
@@ -135,8 +130,8 @@ pub(super) async fn resume<C: Cluster>(
 /// `POST /1/nodes/{node}/drill`: drain the node, fence it through its real flow, return it by
 /// its new boot, and record each stage's time. Refused, with the reason, while fencing is paused
 /// or cannot act on it, while any flow or drill runs, or for a node it cannot bring back.
-pub(super) async fn drill<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn drill(
+    State(s): S,
     Path(node): Path<String>,
 ) -> Result<
     (
@@ -207,8 +202,8 @@ pub(super) async fn drill<C: Cluster>(
 }
 
 /// `GET /1/drills`: the 100 newest drills, each with its status and measured stages.
-pub(super) async fn drills<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn drills(
+    State(s): S,
 ) -> Result<Json<Vec<maintd_core::fencing::drill::Drill>>, ApiError> {
     s.store
         .drills(100)

@@ -5,12 +5,11 @@
 
 use tracing::warn;
 
-use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::parts::Shared;
 
 /// What there is of earlier state that the database does not know, when it holds nothing.
-pub(super) async fn leftovers<C: Cluster>(cfg: &Config, shared: &Shared<C>) -> Vec<String> {
+pub(super) async fn leftovers(cfg: &Config, shared: &Shared) -> Vec<String> {
     let store = &shared.store;
     match store.is_empty() {
         Ok(true) => {}
@@ -39,7 +38,7 @@ pub(super) async fn leftovers<C: Cluster>(cfg: &Config, shared: &Shared<C>) -> V
     // A replica that is elected takes the state from the leader's checkpoint: its tags are the
     // leader's to match.
     if !shared.leadership.elected_mode() {
-        match shared.cluster.tags().await {
+        match shared.cluster.jobs.tags().await {
             Ok(tags) => {
                 let mine: Vec<String> = tags
                     .iter()

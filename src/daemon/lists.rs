@@ -11,7 +11,6 @@ use axum::response::Response;
 
 use super::api::{ApiState, S, db_error, flows_error, internal};
 use super::listing::{self, Item, ListQuery, Page, Watches, one_of};
-use crate::cluster::Cluster;
 use crate::http::ApiError;
 use crate::http::listener::ConnActivity;
 use crate::node::collector_address;
@@ -106,7 +105,7 @@ impl StatusCache {
     /// The fence flows to show, built. Every write of this daemon's flows is counted as an event
     /// change, so they are kept until the count moves; flows other replicas write (cluster
     /// objects) are read afresh each time.
-    async fn flows<C: Cluster>(&self, s: &ApiState<C>) -> Result<Arc<[Built]>, ApiError> {
+    async fn flows(&self, s: &ApiState) -> Result<Arc<[Built]>, ApiError> {
         let shared = s.flows.shared();
         let generation = s.store.changes().now().events;
         if !shared
@@ -162,8 +161,8 @@ impl StatusCache {
     }
 }
 
-pub(super) async fn status<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn status(
+    State(s): S,
     conn: Option<Extension<ConnActivity>>,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
@@ -183,7 +182,7 @@ pub(super) async fn status<C: Cluster>(
     .await
 }
 
-async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, ApiError> {
+async fn status_page(s: &ApiState, q: &ListQuery) -> Result<Page, ApiError> {
     let built = s.status_cache.get(&s.store, q.node.as_deref())?;
     let mut items: Vec<Item> = built
         .of(q.node.as_deref())
@@ -207,8 +206,8 @@ async fn status_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page,
     listing::page(items, q)
 }
 
-pub(super) async fn fences<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn fences(
+    State(s): S,
     conn: Option<Extension<ConnActivity>>,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
@@ -246,8 +245,8 @@ pub(super) async fn fences<C: Cluster>(
     .await
 }
 
-pub(super) async fn nodes<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn nodes(
+    State(s): S,
     conn: Option<Extension<ConnActivity>>,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
@@ -266,12 +265,12 @@ pub(super) async fn nodes<C: Cluster>(
     .await
 }
 
-async fn nodes_page<C: Cluster>(s: &ApiState<C>, q: &ListQuery) -> Result<Page, ApiError> {
+async fn nodes_page(s: &ApiState, q: &ListQuery) -> Result<Page, ApiError> {
     let rows = s.store.nodes().map_err(|e| db_error(&s.store, e))?;
     let rows: HashMap<&str, &crate::store::NodeRow> =
         rows.iter().map(|r| (r.name.as_str(), r)).collect();
-    let offline = s.cluster.offline_nodes().await.map_err(internal)?;
-    let mut tags = s.cluster.tags().await.map_err(internal)?;
+    let offline = s.cluster.jobs.offline_nodes().await.map_err(internal)?;
+    let mut tags = s.cluster.jobs.tags().await.map_err(internal)?;
     let heard = s.heard.all();
     let now = crate::clock::steady_ns();
     let maintenance = super::maintenance::operators(s)?;

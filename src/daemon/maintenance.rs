@@ -9,12 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use super::api::{ApiState, require_leader};
 use crate::clock::steady_ns;
-use crate::cluster::Cluster;
 use crate::http::ApiError;
 use crate::store::Maintenance;
 use maintd_core::verdict::Nanos;
 
-type S<C> = State<Arc<ApiState<C>>>;
+type S = State<Arc<ApiState>>;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,11 +42,11 @@ pub struct InMaintenance {
     pub until: Option<Nanos>,
 }
 
-fn db<C: Cluster>(s: &ApiState<C>, e: impl std::fmt::Display) -> ApiError {
+fn db(s: &ApiState, e: impl std::fmt::Display) -> ApiError {
     ApiError::internal(format!("{}: {e}", s.store.path()))
 }
 
-fn member<C: Cluster>(s: &ApiState<C>, node: &str) -> Result<(), ApiError> {
+fn member(s: &ApiState, node: &str) -> Result<(), ApiError> {
     if s.members.get().iter().any(|n| n.name == node) {
         Ok(())
     } else {
@@ -56,7 +55,7 @@ fn member<C: Cluster>(s: &ApiState<C>, node: &str) -> Result<(), ApiError> {
 }
 
 /// Records the change where a successor reads it.
-async fn checkpoint<C: Cluster>(s: &ApiState<C>) {
+async fn checkpoint(s: &ApiState) {
     if let Err(e) = s.leadership.checkpoint().await {
         tracing::warn!(error = %e, "the maintenance is recorded here but not yet in the shared checkpoint; retried on the next change");
     }
@@ -64,8 +63,8 @@ async fn checkpoint<C: Cluster>(s: &ApiState<C>) {
 
 /// `POST /1/nodes/{node}/maintenance?reason=…&until=…`: the node is never fenced, powered on or
 /// off, and is out of the storm count until the maintenance ends (`DELETE`, or `until`).
-pub(super) async fn start<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn start(
+    State(s): S,
     axum::Extension(op): axum::Extension<crate::report::operator::Operator>,
     Path(node): Path<String>,
     Query(q): Query<StartQuery>,
@@ -106,8 +105,8 @@ pub(super) async fn start<C: Cluster>(
 
 /// `DELETE /1/nodes/{node}/maintenance`: normal handling resumes (a node that is still silent
 /// is then fenced in the normal way, after the grace).
-pub(super) async fn stop<C: Cluster>(
-    State(s): S<C>,
+pub(super) async fn stop(
+    State(s): S,
     Path(node): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     require_leader(&s)?;
@@ -135,8 +134,8 @@ fn operator_view(m: Maintenance) -> InMaintenance {
 }
 
 /// Each node an operator put in maintenance, with why, as `/1/nodes` shows it.
-pub(super) fn operators<C: Cluster>(
-    s: &ApiState<C>,
+pub(super) fn operators(
+    s: &ApiState,
 ) -> Result<std::collections::BTreeMap<String, String>, ApiError> {
     let operators = s.store.maintenance(steady_ns()).map_err(|e| db(s, e))?;
     // An operator's own maintenance is the one shown when both hold a node.
@@ -152,7 +151,7 @@ pub(super) fn operators<C: Cluster>(
 }
 
 /// `GET /1/maintenance`: every node in maintenance, by name.
-pub(super) async fn list<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<InMaintenance>>, ApiError> {
+pub(super) async fn list(State(s): S) -> Result<Json<Vec<InMaintenance>>, ApiError> {
     let mut out: Vec<InMaintenance> = s
         .store
         .maintenance(steady_ns())
@@ -162,6 +161,7 @@ pub(super) async fn list<C: Cluster>(State(s): S<C>) -> Result<Json<Vec<InMainte
         .collect();
     let tags = s
         .cluster
+        .jobs
         .tags()
         .await
         .map_err(|e| ApiError::unavailable(format!("cannot read tags: {e}")))?;

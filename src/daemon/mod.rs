@@ -21,7 +21,7 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use tracing::info;
 
-use crate::cluster::{Cluster, ClusterError};
+use crate::cluster::ClusterError;
 use crate::config::{Backend, Config};
 use crate::fencing::agent::Agents;
 use crate::fencing::redact::Redactor;
@@ -97,15 +97,15 @@ pub async fn run(
             run_with(&cfg, creds, store, ready, lock, shutdown).await
         }
         Backend::Ganeti => {
-            let (ready, node) = backends::ganeti(&cfg, &store, plans).await?;
+            let (ready, master) = backends::ganeti(&cfg, &store, plans).await?;
+            let node = master.node.clone();
             // After a master failover this daemon stops acting (a graceful stop, fence steps
             // finished) and exits with 11; the new master's daemon takes over.
             let (lost, new_master) = tokio::sync::oneshot::channel();
-            let watch = backends::master_watch(ready.cluster.clone(), node.clone());
             let either = async move {
                 tokio::select! {
                     _ = shutdown => {}
-                    m = watch => { let _ = lost.send(m); }
+                    m = master.lost() => { let _ = lost.send(m); }
                 }
             };
             run_with(&cfg, creds, store, ready, lock, either).await?;
@@ -174,11 +174,11 @@ impl Credentials {
 
 /// Builds the parts with the production links and agents, serves the API, and stops it all
 /// together.
-async fn run_with<C: Cluster>(
+async fn run_with(
     cfg: &Config,
     creds: Credentials,
     store: Arc<Store>,
-    ready: backends::Ready<C>,
+    ready: backends::Ready,
     _lock: lock::MasterLock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
@@ -254,14 +254,14 @@ async fn stop(
 
 /// What the parts act through in production: the backend, the store, HTTP (and UDP) links to
 /// the collectors, the real fence agents (or Jobs), the fence ConfigMaps and systemd.
-fn production_deps<C: Cluster>(
+fn production_deps(
     cfg: &Config,
     creds: &Credentials,
     store: Arc<Store>,
-    ready: backends::Ready<C>,
+    ready: backends::Ready,
     systemd: Option<Arc<crate::sdnotify::Notifier>>,
     registry: &mut Registry,
-) -> Result<assembly::Deps<C>, DaemonError> {
+) -> Result<assembly::Deps, DaemonError> {
     let backends::Ready {
         cluster,
         membership,
@@ -269,8 +269,8 @@ fn production_deps<C: Cluster>(
         maps,
     } = ready;
     let jobs = cluster
+        .pods
         .clone()
-        .pod_runner()
         .map(|pods| crate::fencing::agentjob::AgentJobs {
             pods,
             image: cfg.fencing.agent_image.clone(),

@@ -8,6 +8,7 @@
 //! Readiness informs; it does not gate. A flow for an inactive node still tries its devices (an
 //! unreachable BMC may answer again), and a power-off still counts only once `status` says OFF.
 
+use crate::cluster::Backend;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,7 +20,7 @@ use tracing::{info, warn};
 use super::agent::{AgentRunner, EXIT_OFF, EXIT_OK};
 use super::config::FencePlan;
 use crate::clock::Clock;
-use crate::cluster::{Cluster, EventReason};
+use crate::cluster::EventReason;
 use crate::metrics::Metrics;
 use crate::sync::LockExt;
 use crate::ticker::Ticker;
@@ -214,11 +215,11 @@ struct Parts {
 mod rotation;
 use rotation::Rotation;
 
-pub struct Readiness<C: Cluster> {
+pub struct Readiness {
     board: Arc<Board>,
     book: Arc<crate::fencing::book::PlanBook>,
     runner: Arc<dyn AgentRunner>,
-    cluster: Arc<C>,
+    cluster: Backend,
     metrics: Metrics,
     leadership: Arc<crate::leader::Leadership>,
     settings: CheckSettings,
@@ -229,14 +230,14 @@ pub struct Readiness<C: Cluster> {
     parts: Mutex<BTreeMap<String, Parts>>,
 }
 
-impl<C: Cluster> Readiness<C> {
+impl Readiness {
     pub fn new(
         settings: CheckSettings,
         book: Arc<crate::fencing::book::PlanBook>,
         runner: Arc<dyn AgentRunner>,
         views: Option<Arc<dyn WatchdogViews>>,
-        shared: &crate::parts::Shared<C>,
-    ) -> Readiness<C> {
+        shared: &crate::parts::Shared,
+    ) -> Readiness {
         Readiness {
             board: Arc::new(Board::default()),
             book,

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::Members;
-use crate::cluster::{Cluster, NodeFacts};
+use crate::cluster::{NodeFacts, NodeWitness};
 use crate::node::NodeConfig;
 use crate::sync::LockExt;
 use maintd_core::repair::conditions::{Evaluation, Rule, evaluate};
@@ -82,23 +82,22 @@ impl NodeView {
     /// Reads the nodes every `interval` until `shutdown`, updating `members` on each change. The
     /// read costs no API request; it fails while the node watch is broken, and the conditions
     /// then age into unknown.
-    pub async fn run<C: Cluster>(
+    pub async fn run(
         self: Arc<Self>,
-        cluster: Arc<C>,
+        witness: Arc<dyn NodeWitness>,
         members: Arc<Members>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         let mut ticker = crate::ticker::Ticker::new(self.interval);
         tokio::pin!(shutdown);
         while ticker.next(shutdown.as_mut()).await.is_some() {
-            match cluster.node_facts().await {
-                Ok(Some(facts)) => {
+            match witness.node_facts().await {
+                Ok(facts) => {
                     if let Some(m) = self.update(facts) {
                         info!(nodes = m.len(), "managed nodes changed");
                         members.set(m);
                     }
                 }
-                Ok(None) => break,
                 Err(e) => warn!(error = %e, "cannot list nodes; conditions count as unknown"),
             }
         }

@@ -1,13 +1,14 @@
 //! The tick loop and the executor: poll, rebuild state from the store, `decide`, and carry out
 //! the actions. The only place where decisions turn into side effects.
 
+use crate::cluster::{Backend, UpkeepRunner};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::cluster::{Cluster, EventReason};
+use crate::cluster::EventReason;
 use crate::store::Store;
 use maintd_core::repair::{Action, Capacity, Job, JobKind, Observations, Policy, decide};
 use maintd_core::verdict::Outcome;
@@ -28,9 +29,9 @@ pub struct EngineSettings {
     pub max_remedies: usize,
 }
 
-pub struct Engine<C: Cluster> {
+pub struct Engine {
     store: Arc<Store>,
-    cluster: Arc<C>,
+    cluster: Backend,
     poller: Poller,
     repairs: LiveRepairs,
     settings: EngineSettings,
@@ -113,13 +114,13 @@ fn drains(actions: &[Action]) -> bool {
     })
 }
 
-impl<C: Cluster> Engine<C> {
+impl Engine {
     pub fn new(
         settings: EngineSettings,
         poller: Poller,
         repairs: LiveRepairs,
-        shared: &crate::parts::Shared<C>,
-    ) -> Engine<C> {
+        shared: &crate::parts::Shared,
+    ) -> Engine {
         Engine {
             store: shared.store.clone(),
             cluster: shared.cluster.clone(),
@@ -173,21 +174,24 @@ impl<C: Cluster> Engine<C> {
     }
 
     /// Asks the backend for the round's upkeep, away from nodes being fenced, and starts it.
-    async fn start_upkeep(self: &Arc<Self>, mut plan: crate::cluster::UpkeepPlan) {
+    async fn start_upkeep(
+        self: &Arc<Self>,
+        runner: &Arc<dyn UpkeepRunner>,
+        mut plan: crate::cluster::UpkeepPlan,
+    ) {
         // Every flow not ended (`active` keeps no ended one before `i64::MAX`).
         match self.flows.active(i64::MAX).await {
             Ok(flows) => plan.busy.extend(flows.into_iter().map(|f| f.node)),
             Err(e) => return warn!(error = %e, "cannot read the fence flows; no upkeep now"),
         }
-        match self.cluster.plan_upkeep(&plan).await {
+        match runner.plan_upkeep(&plan).await {
             Ok(tasks) if !tasks.is_empty() => {
                 info!(
                     tasks = tasks.len(),
                     round = plan.round,
                     "cluster upkeep started"
                 );
-                self.upkeep
-                    .spawn(&self.cluster, tasks, &self.wake, &self.metrics);
+                self.upkeep.spawn(runner, tasks, &self.wake, &self.metrics);
             }
             Ok(_) => {}
             Err(e) => warn!(error = %e, "cannot plan the cluster's upkeep; asked again next tick"),
@@ -230,7 +234,7 @@ impl<C: Cluster> Engine<C> {
     pub async fn tick(self: &Arc<Self>, obs: &mut Observations) {
         self.metrics.leader.set(self.leadership.is_leader() as i64);
         self.resume();
-        let tags = match self.cluster.tags().await {
+        let tags = match self.cluster.jobs.tags().await {
             Ok(t) => t,
             Err(e) => return self.skip(TickError::Tags(e)),
         };
@@ -264,7 +268,11 @@ impl<C: Cluster> Engine<C> {
         let mut actions = decide(&state, obs, now);
         if drains(&actions) {
             // Only a round that drains needs the (large) pod and PDB lists.
-            match self.cluster.capacity().await {
+            let snapshot = match &self.cluster.capacity {
+                Some(c) => c.capacity().await.map(Some),
+                None => Ok(None),
+            };
+            match snapshot {
                 Ok(Some(snapshot)) => {
                     state.capacity = Some(Capacity {
                         snapshot,
@@ -294,10 +302,10 @@ impl<C: Cluster> Engine<C> {
                 error!(error = %e, reason = e.metric_label(), ?action, "action failed");
             }
         }
-        if self.cluster.upkeep_enabled()
+        if let Some(runner) = &self.cluster.upkeep
             && let Some(plan) = super::upkeep::plan(&state, &actions, self.upkeep.running())
         {
-            self.start_upkeep(plan).await;
+            self.start_upkeep(runner, plan).await;
         }
         if let Err(e) = self.leadership.checkpoint().await {
             warn!(error = %e, "state checkpoint failed; retried next tick");
@@ -406,6 +414,7 @@ impl<C: Cluster> Engine<C> {
     /// Sets `tag` on `node` in the cluster (idempotent), without recording it.
     async fn set_tag(&self, node: &str, tag: &str) -> Result<(), ActionError> {
         self.cluster
+            .jobs
             .add_tag(node, tag)
             .await
             .map_err(|source| ActionError::Tag {
@@ -454,7 +463,7 @@ impl<C: Cluster> Engine<C> {
         };
         match job.kind {
             JobKind::LiveRepair => self.repairs.run(job, &event.0).await,
-            _ => self.cluster.run_job(job, &event.1).await,
+            _ => self.cluster.jobs.run_job(job, &event.1).await,
         }
     }
 }

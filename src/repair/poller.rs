@@ -110,11 +110,11 @@ fn rejection_label(e: &ReportError) -> &'static str {
 
 impl Poller {
     /// A poller that reaches the collectors through `link`, resuming from the stored sequences.
-    pub fn new<C>(
+    pub fn new(
         settings: PollSettings,
         link: Arc<dyn CollectorLink>,
         keys: Arc<Keyring>,
-        shared: &crate::parts::Shared<C>,
+        shared: &crate::parts::Shared,
     ) -> Result<Poller, StoreError> {
         let PollSettings {
             rules, concurrency, ..

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::Notify;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::cluster::{Cluster, Upkeep};
+use crate::cluster::{Upkeep, UpkeepRunner};
 pub use maintd_core::repair::upkeep::{UpkeepPlan, plan};
 
 /// How many upkeep tasks run now.
@@ -24,22 +24,22 @@ impl Upkeeps {
 
     /// Runs each task to its end; the last one to end wakes the engine for the next round.
     /// Each ends counted in `maintd_jobs_finished` under the kind `upkeep`.
-    pub fn spawn<C: Cluster>(
+    pub fn spawn(
         &self,
-        cluster: &Arc<C>,
+        runner: &Arc<dyn UpkeepRunner>,
         tasks: Vec<Upkeep>,
         wake: &Arc<Notify>,
         metrics: &crate::metrics::Metrics,
     ) {
         self.running.fetch_add(tasks.len(), Ordering::SeqCst);
         for task in tasks {
-            let (cluster, running, wake) = (cluster.clone(), self.running.clone(), wake.clone());
+            let (runner, running, wake) = (runner.clone(), self.running.clone(), wake.clone());
             let metrics = metrics.clone();
             let span = info_span!("upkeep", what = %task.what);
             tokio::spawn(
                 async move {
                     info!(nodes = ?task.nodes, "upkeep started");
-                    let o = cluster.run_upkeep(&task).await;
+                    let o = runner.run_upkeep(&task).await;
                     if o.ok() {
                         info!(detail = %o.detail(), "upkeep done");
                     } else {

@@ -390,7 +390,7 @@ impl SimCluster {
 }
 
 #[async_trait::async_trait]
-impl Cluster for SimCluster {
+impl TagsAndJobs for SimCluster {
     async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError> {
         Ok(self.tags.lock_unpoisoned().clone())
     }
@@ -431,16 +431,13 @@ impl Cluster for SimCluster {
         Outcome::done(format!("simulated {} done", job.kind.as_str()))
     }
 
-    async fn record(&self, node: &str, reason: EventReason, _message: &str, _warning: bool) {
-        self.events
-            .lock_unpoisoned()
-            .push(format!("{node} {reason}"));
-    }
-
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
         Ok(self.offline.lock_unpoisoned().clone())
     }
+}
 
+#[async_trait::async_trait]
+impl FenceRelease for SimCluster {
     async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome {
         self.releases
             .lock_unpoisoned()
@@ -460,6 +457,21 @@ impl Cluster for SimCluster {
             .lock_unpoisoned()
             .push(format!("{} {node}", if on { "mark" } else { "unmark" }));
         Outcome::done(format!("simulated {}", if on { "mark" } else { "unmark" }))
+    }
+}
+
+#[async_trait::async_trait]
+impl Events for SimCluster {
+    async fn record(&self, node: &str, reason: EventReason, _message: &str, _warning: bool) {
+        self.events
+            .lock_unpoisoned()
+            .push(format!("{node} {reason}"));
+    }
+
+    async fn record_config(&self, configmap: &str, reason: EventReason, _message: &str) {
+        self.events
+            .lock_unpoisoned()
+            .push(format!("configmap/{configmap} {reason}"));
     }
 }
 

@@ -26,7 +26,7 @@ use prometheus_client::registry::Registry;
 use uuid::Uuid;
 
 use crate::clock::{Clock, RuntimeClock};
-use crate::cluster::{Cluster, ClusterError, EventReason};
+use crate::cluster::{Backend, ClusterError, EventReason, Events, FenceRelease, TagsAndJobs};
 use crate::daemon::assembly::{Deps, FencingSettings, Running, Settings, assemble};
 use crate::fencing::agent::{AgentRunner, EXIT_OFF, EXIT_OK};
 use crate::fencing::config::{ExecPolicy, FencePlan, FencingConfig, Method, Stage};
@@ -157,7 +157,7 @@ struct World {
 
 impl World {
     /// One daemon process: its parts assembled from `o` and this world, and started.
-    fn daemon(&self, o: &SimOptions) -> (crate::daemon::assembly::Assembly<SimCluster>, Running) {
+    fn daemon(&self, o: &SimOptions) -> (crate::daemon::assembly::Assembly, Running) {
         let World {
             names,
             nodes,
@@ -225,7 +225,10 @@ impl World {
                 flows: store.clone(),
                 leadership: Arc::new(Leadership::single("sim".into(), store.clone())),
                 store: store.clone(),
-                cluster: cluster.clone(),
+                cluster: Backend {
+                    events: Some(cluster.clone()),
+                    ..Backend::basic(cluster.clone())
+                },
                 metrics: metrics.clone(),
                 clock: clock.clone(),
                 members: Arc::new(Members::new(nodes)),

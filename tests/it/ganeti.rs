@@ -565,7 +565,7 @@ async fn a_dead_node_is_fenced_and_its_instances_fail_over_only_after_the_verifi
     // The release runs at most once per flow and attempt, even when asked again (a restart
     // between its jobs): a second call changes nothing.
     {
-        use maintd::cluster::Cluster;
+        use maintd::cluster::FenceRelease;
         let st = g.settings();
         let cfg = maintd::cluster::ganeti::GanetiConfig {
             rapi_url: st.url,

@@ -8,8 +8,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::fake_kube;
-use maintd::cluster::Cluster;
 use maintd::cluster::kube::{KubeCluster, KubeConfig, OUT_OF_SERVICE};
+use maintd::cluster::{FenceRelease, TagsAndJobs};
 use maintd_core::repair::{Job, JobKind, JobStatus};
 use serde_json::json;
 use uuid::Uuid;

@@ -211,9 +211,14 @@ async fn an_operators_key_is_rolled_over_with_both_accepted_meanwhile() {
         pid,
         "never restarted"
     );
-    let (_, nodes) = send(&c, reqwest::Method::GET, "/1/nodes", Some(&new)).await;
+    // The nodes were polled all along (a loaded machine may not have reached them yet).
+    let nodes = wait_for("every node polled", || async {
+        let (_, nodes) = send(&c, reqwest::Method::GET, "/1/nodes", Some(&new)).await;
+        let all = nodes.as_array()?.iter().all(|n| n["reachable"] == true);
+        all.then_some(nodes)
+    })
+    .await;
     for n in nodes.as_array().unwrap() {
-        assert_eq!(n["reachable"], true, "{n}");
         assert_eq!(n["rejected-reports"].as_u64().unwrap_or(0), 0, "{n}");
     }
     // A key file listed under another operator's name is refused at start, naming both.

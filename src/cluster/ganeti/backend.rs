@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -12,7 +13,9 @@ use uuid::Uuid;
 
 use super::rapi::{Rapi, RapiError, RapiNode, RapiSettings};
 use super::upkeep::UpkeepSettings;
-use crate::cluster::{Cluster, ClusterError, Upkeep, UpkeepPlan};
+use crate::cluster::{
+    Backend, ClusterError, FenceRelease, NodeSource, TagsAndJobs, Upkeep, UpkeepPlan, UpkeepRunner,
+};
 use crate::node::NodeConfig;
 use maintd_core::repair::{Job, JobKind};
 use maintd_core::verdict::Outcome;
@@ -348,7 +351,7 @@ fn outcome(r: Result<String, ClusterError>) -> Outcome {
 }
 
 #[async_trait::async_trait]
-impl Cluster for Ganeti {
+impl TagsAndJobs for Ganeti {
     async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError> {
         Ok(self
             .rapi
@@ -398,26 +401,6 @@ impl Cluster for Ganeti {
         }
     }
 
-    async fn members(&self) -> Result<Option<Vec<NodeConfig>>, ClusterError> {
-        Ok(Some(Ganeti::members(self).await?))
-    }
-
-    fn members_interval(&self) -> Option<Duration> {
-        Some(self.members_interval)
-    }
-
-    fn upkeep_enabled(&self) -> bool {
-        self.upkeep.repairs || self.upkeep.balance
-    }
-
-    async fn plan_upkeep(&self, plan: &UpkeepPlan) -> Result<Vec<Upkeep>, ClusterError> {
-        self.plan(plan).await
-    }
-
-    async fn run_upkeep(&self, u: &Upkeep) -> Outcome {
-        self.run(u).await
-    }
-
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
         Ok(self
             .rapi
@@ -428,7 +411,10 @@ impl Cluster for Ganeti {
             .map(|n| n.name)
             .collect())
     }
+}
 
+#[async_trait::async_trait]
+impl FenceRelease for Ganeti {
     /// The node is proven off: marked offline, then each of its instances failed over to a
     /// healthy node ignoring the dead node's disks.
     async fn release(&self, node: &str, flow: &Uuid, attempt: u32) -> Outcome {
@@ -473,5 +459,41 @@ impl Cluster for Ganeti {
                 .await?)
         };
         outcome(r.await)
+    }
+}
+
+#[async_trait::async_trait]
+impl NodeSource for Ganeti {
+    async fn members(&self) -> Result<Vec<NodeConfig>, ClusterError> {
+        Ganeti::members(self).await
+    }
+
+    fn interval(&self) -> Duration {
+        self.members_interval
+    }
+}
+
+impl Ganeti {
+    /// Every capability this backend has: its nodes listed from the cluster, and upkeep when
+    /// repairs or balancing are on.
+    pub fn backend(self: Arc<Self>) -> Backend {
+        let upkeep = (self.upkeep.repairs || self.upkeep.balance)
+            .then(|| self.clone() as Arc<dyn UpkeepRunner>);
+        Backend {
+            nodes: Some(self.clone()),
+            upkeep,
+            ..Backend::basic(self)
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl UpkeepRunner for Ganeti {
+    async fn plan_upkeep(&self, plan: &UpkeepPlan) -> Result<Vec<Upkeep>, ClusterError> {
+        self.plan(plan).await
+    }
+
+    async fn run_upkeep(&self, u: &Upkeep) -> Outcome {
+        self.run(u).await
     }
 }

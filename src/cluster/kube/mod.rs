@@ -8,6 +8,7 @@
 //! `snapshot` the pure translation to the capacity snapshot `repair::capacity` decides on.
 
 pub mod cache;
+mod caps;
 mod config;
 mod drain;
 mod election;
@@ -47,7 +48,10 @@ use kube::runtime::watcher;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Cluster, ClusterError, EventReason, KubeletLease, NodeFacts, Purpose};
+use super::{
+    Backend, Capacity, Claims, ClusterError, EventReason, Events, FenceRelease, KubeletLease,
+    NodeFacts, NodeWitness, Purpose, TagsAndJobs,
+};
 
 /// Where every kubelet keeps its heartbeat Lease, named after its node.
 const KUBELET_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -260,7 +264,7 @@ fn outcome(what: String, r: Result<(), ClusterError>) -> Outcome {
 }
 
 #[async_trait::async_trait]
-impl Cluster for KubeCluster {
+impl TagsAndJobs for KubeCluster {
     async fn tags(&self) -> Result<BTreeMap<String, BTreeSet<String>>, ClusterError> {
         let mut out = BTreeMap::new();
         for n in self.managed_nodes().await? {
@@ -316,28 +320,6 @@ impl Cluster for KubeCluster {
         o
     }
 
-    fn held_elsewhere(&self) -> BTreeMap<String, String> {
-        self.medik8s.held_elsewhere()
-    }
-
-    async fn hold_nodes(
-        &self,
-        purpose: Purpose,
-        nodes: &BTreeSet<String>,
-    ) -> BTreeMap<String, String> {
-        self.hold_medik8s(purpose, nodes).await
-    }
-
-    fn pod_runner(self: Arc<Self>) -> Option<Arc<dyn crate::cluster::PodRunner>> {
-        Some(self)
-    }
-
-    fn token_reviewer(self: Arc<Self>) -> Option<Arc<dyn crate::http::tokens::TokenReviewer>> {
-        self.cfg
-            .operator_tokens
-            .then(|| Arc::new(tokens::KubeTokens::new(self.client.clone())) as _)
-    }
-
     async fn offline_nodes(&self) -> Result<BTreeSet<String>, ClusterError> {
         Ok(self
             .managed_nodes()
@@ -352,7 +334,10 @@ impl Cluster for KubeCluster {
             .filter_map(|n| n.metadata.name.clone())
             .collect())
     }
+}
 
+#[async_trait::async_trait]
+impl FenceRelease for KubeCluster {
     async fn release(&self, node: &str, flow: &Uuid, _attempt: u32) -> Outcome {
         // Only called after a verified power-off: the taint alone leaves StatefulSet pods to the
         // pod GC (19 s on a real 1.36 controller-manager), so the pods are force-deleted too.
@@ -385,16 +370,6 @@ impl Cluster for KubeCluster {
         o
     }
 
-    /// Cordon plus maintd's NoSchedule taint, as for an offline job.
-    async fn mark_unschedulable(&self, node: &str, _flow: &Uuid, on: bool) -> Outcome {
-        let what = if on {
-            format!("{node} cordoned and tainted {OFFLINE_TAINT} (self-fencing)")
-        } else {
-            format!("{node} uncordoned, {OFFLINE_TAINT} removed")
-        };
-        outcome(what, self.offline(node, on).await)
-    }
-
     async fn reclaim(&self, node: &str, flow: &Uuid) -> Outcome {
         let r = self
             .set_taint(node, OUT_OF_SERVICE, None, TaintEffect::NoExecute, false)
@@ -410,53 +385,19 @@ impl Cluster for KubeCluster {
         o
     }
 
-    async fn node_facts(&self) -> Result<Option<NodeFacts>, ClusterError> {
-        // Conditions can start a fence: never from a cache whose watch is broken.
-        let nodes = self.managed_nodes().await?;
-        let mut facts = NodeFacts::default();
-        for n in &nodes {
-            let Some(m) = self.member(n) else { continue };
-            let conditions = n
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .into_iter()
-                .flatten()
-                // A status other than True, False or Unknown matches no rule.
-                .filter_map(|c| {
-                    Some(NodeCondition {
-                        kind: c.type_.clone(),
-                        status: c.status.parse().ok()?,
-                        since: c
-                            .last_transition_time
-                            .as_ref()
-                            .map(|t| t.0.as_nanosecond() as i64)
-                            .unwrap_or(0),
-                    })
-                })
-                .collect();
-            facts.conditions.insert(m.name.clone(), conditions);
-            facts.members.push(m);
-        }
-        Ok(Some(facts))
+    /// Cordon plus maintd's NoSchedule taint, as for an offline job.
+    async fn mark_unschedulable(&self, node: &str, _flow: &Uuid, on: bool) -> Outcome {
+        let what = if on {
+            format!("{node} cordoned and tainted {OFFLINE_TAINT} (self-fencing)")
+        } else {
+            format!("{node} uncordoned, {OFFLINE_TAINT} removed")
+        };
+        outcome(what, self.offline(node, on).await)
     }
+}
 
-    fn witness_leases(&self) -> Option<crate::cluster::WitnessLeases> {
-        Some(self.leases_now())
-    }
-
-    async fn capacity(&self) -> Result<Option<capacity::Snapshot>, ClusterError> {
-        // Every node counts as room for the pods, managed or not.
-        let nodes = self.all_nodes().await?;
-        let pods = self.pods.objects().await?;
-        let pdbs = self.pdbs.objects().await?;
-        Ok(Some(snapshot(&nodes, &pods, &pdbs)))
-    }
-
-    async fn record_config(&self, configmap: &str, reason: EventReason, message: &str) {
-        self.record_on_configmap(configmap, reason, message).await;
-    }
-
+#[async_trait::async_trait]
+impl Events for KubeCluster {
     async fn record(&self, node: &str, reason: EventReason, message: &str, warning: bool) {
         // `kubectl describe node` lists only Events whose object reference carries the Node's
         // uid.
@@ -480,6 +421,10 @@ impl Cluster for KubeCluster {
             ..Default::default()
         };
         self.events.publish(&object, reason, message, warning).await;
+    }
+
+    async fn record_config(&self, configmap: &str, reason: EventReason, message: &str) {
+        self.record_on_configmap(configmap, reason, message).await;
     }
 }
 

@@ -7,13 +7,12 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::Fencer;
-use crate::cluster::Cluster;
 use crate::sync::LockExt;
 use maintd_core::fencing::drill::{self, Drill, DrillStatus};
 use maintd_core::fencing::machine::{FenceRequest, Flow};
 use maintd_core::verdict::Nanos;
 
-impl<C: Cluster> Fencer<C> {
+impl Fencer {
     /// Why `node` cannot be drilled by its configuration, if it cannot: no fence plan, only a
     /// watchdog (which no one can trigger on a live node), or a power-off that leaves it off.
     pub fn drill_refusal(&self, node: &str) -> Option<String> {
@@ -106,7 +105,7 @@ impl<C: Cluster> Fencer<C> {
                 .to_string();
             let mut failed = None;
             for job in d.jobs(now) {
-                let o = cluster.run_job(&job, &event).await;
+                let o = cluster.jobs.run_job(&job, &event).await;
                 if !o.ok() {
                     failed = Some(format!("{} failed: {}", job.kind.as_str(), o.detail()));
                     break;

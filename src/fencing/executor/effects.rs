@@ -12,7 +12,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use uuid::Uuid;
 
 use super::Fencer;
-use crate::cluster::{Cluster, EventReason};
+use crate::cluster::EventReason;
 use crate::fencing::agent::{CallEnv, CallJournal, CallSite, run_stage_recorded};
 use crate::metrics::StepLabel;
 use crate::sync::LockExt;
@@ -79,7 +79,7 @@ impl CallJournal for FlowJournal {
     }
 }
 
-impl<C: Cluster> Fencer<C> {
+impl Fencer {
     /// Removes the tags of remedies that ran on `node` while its flow held it out of service:
     /// run against a node that was down, their verdicts say nothing about the node that
     /// returned, and a `repairfailed` tag left behind would hold its next events. Says what it
@@ -101,7 +101,7 @@ impl<C: Cluster> Fencer<C> {
             if e.remedy().is_none() || !e.tagged || e.acknowledged || e.created < since {
                 continue;
             }
-            match self.shared.cluster.remove_tag(node, &e.tag).await {
+            match self.shared.cluster.jobs.remove_tag(node, &e.tag).await {
                 Ok(true) => cleared.push(e.tag.clone()),
                 Ok(false) => {}
                 Err(err) => {
@@ -187,7 +187,11 @@ impl<C: Cluster> Fencer<C> {
                 let wanted = |f: &Flow| !f.released() && f.release_result.is_none();
                 self.spawn(flow, FlowOutcome::Release, wanted, async move {
                     (
-                        me.shared.cluster.release(&node, &flow, attempt).await,
+                        me.shared
+                            .cluster
+                            .fences
+                            .release(&node, &flow, attempt)
+                            .await,
                         vec![],
                     )
                 });
@@ -197,9 +201,9 @@ impl<C: Cluster> Fencer<C> {
                 let wanted = |f: &Flow| !f.reclaimed && f.reclaim_result.is_none();
                 self.spawn(flow, FlowOutcome::Reclaim, wanted, async move {
                     let cluster = &me.shared.cluster;
-                    let mut o = cluster.reclaim(&node, &flow).await;
+                    let mut o = cluster.fences.reclaim(&node, &flow).await;
                     if o.ok() && unmark {
-                        let u = cluster.mark_unschedulable(&node, &flow, false).await;
+                        let u = cluster.fences.mark_unschedulable(&node, &flow, false).await;
                         o = if u.ok() {
                             Outcome::done(format!("{}; {}", o.detail(), u.detail()))
                         } else {
@@ -229,7 +233,7 @@ impl<C: Cluster> Fencer<C> {
             }
             FenceAction::TagFailed { flow, node, tag } => {
                 warn!(flow = %flow, node = %node, tag = %tag, "fence flow failed for good; nothing released");
-                match self.shared.cluster.add_tag(&node, &tag).await {
+                match self.shared.cluster.jobs.add_tag(&node, &tag).await {
                     Ok(()) => {
                         if let Err(e) = flows.mark_tagged(&flow).await {
                             error!(error = %e, at = %flows.location(), "cannot record the fencefailed tag");
@@ -289,16 +293,19 @@ impl<C: Cluster> Fencer<C> {
     ) -> (Outcome, Vec<Call>) {
         let cluster = &self.shared.cluster;
         match work {
-            StepWork::Mark => (cluster.mark_unschedulable(node, &flow, true).await, vec![]),
+            StepWork::Mark => (
+                cluster.fences.mark_unschedulable(node, &flow, true).await,
+                vec![],
+            ),
             StepWork::Agents { mark, unmark } => {
                 if mark {
-                    let o = cluster.mark_unschedulable(node, &flow, true).await;
+                    let o = cluster.fences.mark_unschedulable(node, &flow, true).await;
                     if !o.ok() {
                         return (o, vec![]);
                     }
                 }
                 if unmark {
-                    let o = cluster.mark_unschedulable(node, &flow, false).await;
+                    let o = cluster.fences.mark_unschedulable(node, &flow, false).await;
                     if !o.ok() {
                         return (o, vec![]);
                     }

@@ -10,11 +10,11 @@ use tracing::{error, info, warn};
 use crate::sync::LockExt;
 
 use super::Fencer;
-use crate::cluster::{Cluster, Purpose};
+use crate::cluster::Purpose;
 use maintd_core::fencing::machine::{FenceAction, FenceStatus, Flow};
 use maintd_core::verdict::Nanos;
 
-impl<C: Cluster> Fencer<C> {
+impl Fencer {
     /// Asks for the fence Secrets while this replica leads (a standby reads none), and says
     /// whether a leader must wait for them: a plan from the ConfigMaps without its Secret
     /// values must never run an agent, resume a flow or start one.
@@ -76,7 +76,10 @@ impl<C: Cluster> Fencer<C> {
             FenceAction::Start(f) => Some(f.node.clone()),
             _ => None,
         }));
-        let refused = self.shared.cluster.hold_nodes(Purpose::Fence, &want).await;
+        let Some(claims) = &self.shared.cluster.claims else {
+            return actions;
+        };
+        let refused = claims.hold_nodes(Purpose::Fence, &want).await;
         if refused.is_empty() {
             return actions;
         }

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 use super::Fencer;
-use crate::cluster::Cluster;
 use crate::metrics::KdumpLabel;
 use crate::sync::LockExt;
 use maintd_core::verdict::Nanos;
@@ -60,7 +59,7 @@ impl Kdump {
     }
 }
 
-impl<C: Cluster> Fencer<C> {
+impl Fencer {
     /// Starts the listener once any plan in force enables kdump.
     pub(super) async fn listen_for_kdump(self: &Arc<Self>) {
         let k = &self.kdump;

@@ -12,7 +12,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tracing::{error, info, warn};
 
-use crate::cluster::Cluster;
 use crate::fencing::agent::AgentRunner;
 use crate::fencing::book::PlanBook;
 use crate::fencing::config::{FencePlan, FencingConfig};
@@ -91,14 +90,14 @@ impl FencerSettings {
     }
 }
 
-pub struct Fencer<C: Cluster> {
+pub struct Fencer {
     settings: FencerSettings,
     /// Each plan in force as the machine needs it, with the book's version it was derived at.
     summaries: Mutex<(u64, Arc<BTreeMap<String, PlanSummary>>)>,
     /// Each open flow's plan, as it was when the flow started: a changed configuration takes
     /// effect for the next flow, never mid-flow.
     pinned: Mutex<BTreeMap<uuid::Uuid, FencePlan>>,
-    shared: Shared<C>,
+    shared: Shared,
     runner: Arc<dyn AgentRunner>,
     link: Arc<dyn CollectorLink>,
     /// Peer sets and views: the second opinion.
@@ -122,14 +121,14 @@ pub struct Fencer<C: Cluster> {
     kdump: kdump::Kdump,
 }
 
-impl<C: Cluster> Fencer<C> {
+impl Fencer {
     pub fn new(
         settings: FencerSettings,
-        shared: &Shared<C>,
+        shared: &Shared,
         runner: Arc<dyn AgentRunner>,
         link: Arc<dyn CollectorLink>,
         peering: Arc<Peering>,
-    ) -> Fencer<C> {
+    ) -> Fencer {
         Fencer {
             summaries: Mutex::new((u64::MAX, Arc::default())),
             pinned: Mutex::new(BTreeMap::new()),
@@ -276,7 +275,7 @@ impl<C: Cluster> Fencer<C> {
             }
         };
         self.shared.metrics.count_flows(&flows);
-        let tags = match self.shared.cluster.tags().await {
+        let tags = match self.shared.cluster.jobs.tags().await {
             Ok(t) => t,
             Err(e) => {
                 warn!(error = %e, "cannot read tags; skipping this fence decision");

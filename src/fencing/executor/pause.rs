@@ -5,11 +5,11 @@
 use tracing::{info, warn};
 
 use super::Fencer;
-use crate::cluster::{Cluster, EventReason};
+use crate::cluster::EventReason;
 use crate::store::Pause;
 use crate::sync::LockExt;
 
-impl<C: Cluster> Fencer<C> {
+impl Fencer {
     /// The pause in force: the configuration's `paused`, or an operator's. A pause record that
     /// cannot be read holds fencing (a resume clears it).
     pub(super) async fn pause(&self) -> Option<Pause> {

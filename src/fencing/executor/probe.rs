@@ -12,7 +12,6 @@ use futures::StreamExt;
 use tracing::{debug, warn};
 
 use super::Fencer;
-use crate::cluster::Cluster;
 use crate::fencing::peering::VIEW_BODY_CAP;
 use crate::metrics::{NodeLabel, ReasonLabel};
 use crate::node::NodeConfig;
@@ -105,7 +104,7 @@ impl Probes {
     }
 }
 
-impl<C: Cluster> Fencer<C> {
+impl Fencer {
     /// Says so when a two-node cluster can never fence: one dead node is half of it, a storm
     /// at a threshold under 50 %.
     fn warn_two_nodes(&self, members: usize) {

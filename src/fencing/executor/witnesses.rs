@@ -8,7 +8,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::{Fencer, ns};
-use crate::cluster::{Cluster, EventReason};
+use crate::cluster::EventReason;
 use crate::metrics::NodeLabel;
 use crate::sync::LockExt;
 use maintd_core::fencing::machine::{Liveness, SelfFenceFacts};
@@ -48,7 +48,7 @@ fn reported_times(w: &crate::report::WatchdogReport) -> SelfFenceTimes {
     }
 }
 
-impl<C: Cluster> Fencer<C> {
+impl Fencer {
     /// For each self-fencing flow still waiting: the node's last reported watchdog, and what
     /// the master received from it and its watchers (its own clock only).
     pub(super) fn self_fence_facts(
@@ -73,7 +73,7 @@ impl<C: Cluster> Fencer<C> {
     /// its arrival a renewal may have happened (the watch's delivery), `None` on a backend
     /// without Leases.
     fn observe_renewals(&self, now: Nanos) -> Option<Nanos> {
-        let leases = self.shared.cluster.witness_leases()?;
+        let leases = self.shared.cluster.witness.as_ref()?.witness_leases();
         // The watch dates each renewal by its arrival; one first seen in a list has no date,
         // and proves nothing until the next one arrives.
         *self.witnesses.0.lock_unpoisoned() = leases
