@@ -17,7 +17,7 @@ use crate::fencing::agent::{CallEnv, CallJournal, CallSite, run_stage_recorded};
 use crate::metrics::StepLabel;
 use crate::sync::LockExt;
 use maintd_core::fencing::machine::FlowOutcome;
-use maintd_core::fencing::machine::{Call, FenceAction, FenceStatus, Flow, StepWork};
+use maintd_core::fencing::machine::{Call, Effect, FenceStatus, Flow, Record, StepWork};
 use maintd_core::verdict::{Nanos, Outcome};
 
 /// Effects in progress and what was already observed of each flow.
@@ -84,11 +84,7 @@ impl Fencer {
     /// run against a node that was down, their verdicts say nothing about the node that
     /// returned, and a `repairfailed` tag left behind would hold its next events. Says what it
     /// removed, if anything.
-    async fn clear_remedies_of_the_wait(&self, node: &str, flow: &uuid::Uuid) -> Option<String> {
-        let since = match self.shared.flows.get(flow).await {
-            Ok(Some(f)) => f.detected,
-            _ => return None,
-        };
+    async fn clear_remedies_of_the_wait(&self, node: &str, since: Nanos) -> Option<String> {
         let events = match self.shared.store.events_with_jobs(Some(node)) {
             Ok(e) => e,
             Err(e) => {
@@ -119,10 +115,11 @@ impl Fencer {
         ))
     }
 
-    pub(super) async fn execute(self: &Arc<Self>, a: FenceAction) {
+    /// Persists one record of a decision.
+    pub(super) async fn persist(self: &Arc<Self>, r: Record) {
         let flows = &self.shared.flows;
-        match a {
-            FenceAction::Start(mut f) => {
+        match r {
+            Record::Start(mut f) => {
                 // The first note says why the node is fenced: the rule, the witnesses or the
                 // operator's request.
                 let why = f
@@ -146,7 +143,7 @@ impl Fencer {
                     }
                 }
             }
-            FenceAction::Hold {
+            Record::Hold {
                 request,
                 why,
                 refused,
@@ -157,28 +154,45 @@ impl Fencer {
                     warn!(error = %e, at = %flows.location(), "cannot record why a fence request waits");
                 }
             }
-            FenceAction::Save(f) => {
+            Record::Save(f) => {
                 self.save(f).await;
             }
-            FenceAction::RunStep {
+            Record::Storm { .. } => {}
+        }
+    }
+
+    /// Carries out one effect of a decision (its records are persisted).
+    pub(super) async fn act(self: &Arc<Self>, e: Effect) {
+        let flows = &self.shared.flows;
+        match e {
+            Effect::RunStep {
                 flow,
                 node,
                 step,
                 work,
+                calls,
+                failed_on,
             } => {
                 let me = self.clone();
                 let wanted = move |f: &Flow| {
                     f.step == step && f.status == FenceStatus::Running && f.result.is_none()
                 };
                 self.spawn(flow, FlowOutcome::Step, wanted, async move {
-                    let (o, calls) = me.run_step(flow, &node, step, work).await;
+                    // Where the flow's next agent call stands, as the decision read it.
+                    let site = CallSite {
+                        node,
+                        flow: Some(flow),
+                        seq: calls,
+                        failed_on,
+                    };
+                    let (o, calls) = me.run_step(flow, site, step, work).await;
                     if !o.ok() {
                         me.shared.metrics.fence_failed(step.as_str(), &o);
                     }
                     (o, calls)
                 });
             }
-            FenceAction::Release {
+            Effect::Release {
                 flow,
                 node,
                 attempt,
@@ -196,7 +210,12 @@ impl Fencer {
                     )
                 });
             }
-            FenceAction::Reclaim { flow, node, unmark } => {
+            Effect::Reclaim {
+                flow,
+                node,
+                unmark,
+                since,
+            } => {
                 let me = self.clone();
                 let wanted = |f: &Flow| !f.reclaimed && f.reclaim_result.is_none();
                 self.spawn(flow, FlowOutcome::Reclaim, wanted, async move {
@@ -212,14 +231,14 @@ impl Fencer {
                     }
                     if o.ok() {
                         me.shared.metrics.fence_returns.inc();
-                        if let Some(cleared) = me.clear_remedies_of_the_wait(&node, &flow).await {
+                        if let Some(cleared) = me.clear_remedies_of_the_wait(&node, since).await {
                             o = Outcome::done(format!("{}; {cleared}", o.detail()));
                         }
                     }
                     (o, vec![])
                 });
             }
-            FenceAction::Alarm { flow, node, detail } => {
+            Effect::Alarm { flow, node, detail } => {
                 error!(flow = %flow, node = %node, detail = %detail, "fence alarm: the node runs the boot it had before its verified power-off");
                 self.shared
                     .metrics
@@ -231,7 +250,7 @@ impl Fencer {
                     .record(&node, EventReason::FenceAlarm, &detail, true)
                     .await;
             }
-            FenceAction::TagFailed { flow, node, tag } => {
+            Effect::TagFailed { flow, node, tag } => {
                 warn!(flow = %flow, node = %node, tag = %tag, "fence flow failed for good; nothing released");
                 match self.shared.cluster.jobs.add_tag(&node, &tag).await {
                     Ok(()) => {
@@ -242,7 +261,6 @@ impl Fencer {
                     Err(e) => error!(error = %e, "cannot tag the node"),
                 }
             }
-            FenceAction::Storm { .. } => {}
         }
     }
 
@@ -287,11 +305,13 @@ impl Fencer {
     async fn run_step(
         &self,
         flow: Uuid,
-        node: &str,
+        mut site: CallSite,
         step: maintd_core::fencing::machine::Step,
         work: StepWork,
     ) -> (Outcome, Vec<Call>) {
         let cluster = &self.shared.cluster;
+        let node = site.node.clone();
+        let node = node.as_str();
         match work {
             StepWork::Mark => (
                 cluster.fences.mark_unschedulable(node, &flow, true).await,
@@ -313,7 +333,6 @@ impl Fencer {
                 let plan = self.plan_of(&flow, node);
                 let stage = plan.as_ref().and_then(|p| p.stage(step));
                 let clock = self.shared.clock.as_ref();
-                let mut site = self.call_site(&flow, node).await;
                 let journal = FlowJournal {
                     flows: self.shared.flows.clone(),
                     flow,
@@ -329,25 +348,6 @@ impl Fencer {
                 }
                 (o, calls)
             }
-        }
-    }
-
-    /// Where the flow's next agent call stands: how many it made, and where the last one that
-    /// failed ran (a call run as a Job goes elsewhere next time).
-    async fn call_site(&self, flow: &Uuid, node: &str) -> CallSite {
-        let calls = match self.shared.flows.get(flow).await {
-            Ok(Some(f)) => f.calls,
-            _ => vec![],
-        };
-        CallSite {
-            node: node.into(),
-            flow: Some(*flow),
-            seq: calls.len(),
-            failed_on: calls
-                .iter()
-                .rev()
-                .find(|c| !c.ok && c.host.is_some())
-                .and_then(|c| c.host.clone()),
         }
     }
 

@@ -11,7 +11,7 @@ use crate::sync::LockExt;
 
 use super::Fencer;
 use crate::cluster::Purpose;
-use maintd_core::fencing::machine::{FenceAction, FenceStatus, Flow};
+use maintd_core::fencing::machine::{FenceStatus, Flow, Ready, Record};
 use maintd_core::verdict::Nanos;
 
 impl Fencer {
@@ -62,41 +62,27 @@ impl Fencer {
     /// Claims every node with an open flow or one about to start (and gives back the claims of
     /// flows that ended). Nothing decided for a node whose claim is refused is done this time:
     /// its next decision sees who holds it and holds the node as in maintenance.
-    pub(super) async fn claim_nodes(
-        &self,
-        flows: &[Flow],
-        actions: Vec<FenceAction>,
-    ) -> Vec<FenceAction> {
+    pub(super) async fn claim_nodes(&self, flows: &[Flow], mut ready: Ready) -> Ready {
         let mut want: BTreeSet<String> = flows
             .iter()
             .filter(|f| f.status != FenceStatus::Final)
             .map(|f| f.node.clone())
             .collect();
-        want.extend(actions.iter().filter_map(|a| match a {
-            FenceAction::Start(f) => Some(f.node.clone()),
+        want.extend(ready.records.iter().filter_map(|r| match r {
+            Record::Start(f) => Some(f.node.clone()),
             _ => None,
         }));
         let Some(claims) = &self.shared.cluster.claims else {
-            return actions;
+            return ready;
         };
         let refused = claims.hold_nodes(Purpose::Fence, &want).await;
         if refused.is_empty() {
-            return actions;
+            return ready;
         }
         for (node, why) in &refused {
             warn!(node = %node, why = %why, "the node cannot be claimed: nothing is done on it this time");
         }
-        let nodes: BTreeMap<uuid::Uuid, &str> =
-            flows.iter().map(|f| (f.id, f.node.as_str())).collect();
-        actions
-            .into_iter()
-            .filter(|a| {
-                let node = match a {
-                    FenceAction::Start(f) | FenceAction::Save(f) => Some(f.node.as_str()),
-                    other => other.flow().and_then(|id| nodes.get(&id).copied()),
-                };
-                node.is_none_or(|n| !refused.contains_key(n))
-            })
-            .collect()
+        ready.retain_nodes(|n| !refused.contains_key(n));
+        ready
     }
 }

@@ -21,8 +21,8 @@ use crate::parts::Shared;
 use crate::sync::LockExt;
 use crate::ticker::Ticker;
 use maintd_core::fencing::machine::{
-    FenceAction, FencePolicy, FenceState, FenceStatus, Liveness, PlanSummary, Step, decide_fencing,
-    merge_liveness, resume,
+    Effect, FencePolicy, FenceState, FenceStatus, Liveness, PlanSummary, Ready, Record, Step,
+    decide, merge_liveness, resume,
 };
 use maintd_core::verdict::Nanos;
 
@@ -338,41 +338,35 @@ impl Fencer {
             kdump: self.kdump.heard(),
             boot,
         };
-        let actions = decide_fencing(&state, now);
+        let ready = decide(&state, now);
         let metrics = &self.shared.metrics;
         if !self.shared.leadership.is_leader() {
-            let n = actions
+            let n = ready
+                .records
                 .iter()
-                .filter(|a| !matches!(a, FenceAction::Storm { .. }))
+                .filter(|r| !matches!(r, Record::Storm { .. }))
                 .count();
-            metrics.standby_dropped.inc_by(n as u64);
+            metrics
+                .standby_dropped
+                .inc_by((n + ready.effects.len()) as u64);
             return;
         }
-        let actions = self.claim_nodes(&state.flows, actions).await;
-        for a in resume(&state.flows) {
-            self.execute(a).await;
+        let Ready { records, effects } = self.claim_nodes(&state.flows, ready).await;
+        for e in resume(&state.flows) {
+            self.act(e).await;
         }
         // Records first, then one checkpoint, then effects: a successor knows of every effect.
-        let (records, effects): (Vec<_>, Vec<_>) = actions.into_iter().partition(|a| {
-            matches!(
-                a,
-                FenceAction::Start(_)
-                    | FenceAction::Save(_)
-                    | FenceAction::Storm { .. }
-                    | FenceAction::Hold { .. }
-            )
-        });
         let mut storm = None;
         let mut moved = false;
         // A flow whose record changed meanwhile (an operator's cancel) takes no effect decided
         // from the old one: a cancel answered 200 is never followed by the power-off.
         let mut stale = std::collections::BTreeSet::new();
-        for a in records {
-            moved |= matches!(a, FenceAction::Start(_));
-            match a {
-                FenceAction::Storm { unreachable, total } => storm = Some((unreachable, total)),
+        for r in records {
+            moved |= matches!(r, Record::Start(_));
+            match r {
+                Record::Storm { unreachable, total } => storm = Some((unreachable, total)),
                 // A save that failed moved nothing: deciding again at once would spin.
-                FenceAction::Save(f) => {
+                Record::Save(f) => {
                     let id = f.id;
                     if self.save(f).await {
                         moved = true;
@@ -380,12 +374,12 @@ impl Fencer {
                         stale.insert(id);
                     }
                 }
-                other => self.execute(other).await,
+                other => self.persist(other).await,
             }
         }
-        let effects: Vec<FenceAction> = effects
+        let effects: Vec<Effect> = effects
             .into_iter()
-            .filter(|a| a.flow().is_none_or(|id| !stale.contains(&id)))
+            .filter(|e| !stale.contains(&e.flow()))
             .collect();
         // Flows kept in shared objects (NodeFences) are already shared by their own write.
         if !effects.is_empty()
@@ -397,8 +391,8 @@ impl Fencer {
                 .abdicate(format!("fence effect not shared: {e}"));
             return;
         }
-        for a in effects {
-            self.execute(a).await;
+        for e in effects {
+            self.act(e).await;
         }
         self.count_storm(storm, now);
         self.prune(now).await;

@@ -284,119 +284,21 @@ pub struct FenceRequest {
     pub held: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum FenceAction {
-    /// Record a new flow (already at its first transition's status) and say why it started.
-    Start(Flow),
-    /// An operator's request does not start now: `why` names the gate; a `refused` request
-    /// never will (no fence configuration, a flow already on the node).
-    Hold {
-        request: Uuid,
-        why: String,
-        refused: bool,
-    },
-    /// Persist the flow as given (its history carries the new transition).
-    Save(Flow),
-    RunStep {
-        flow: Uuid,
-        node: String,
-        step: Step,
-        work: StepWork,
-    },
-    /// Release the node's workloads; `attempt` keys the job so it runs once per restart.
-    Release {
-        flow: Uuid,
-        node: String,
-        attempt: u32,
-    },
-    /// Return the node to service: clear the release and, when `unmark`, the mark.
-    Reclaim {
-        flow: Uuid,
-        node: String,
-        unmark: bool,
-    },
-    /// The node answered with the boot id it had before a verified power-off: the device lied
-    /// or switched another node. It stays out of service.
-    Alarm {
-        flow: Uuid,
-        node: String,
-        detail: String,
-    },
-    TagFailed {
-        flow: Uuid,
-        node: String,
-        tag: String,
-    },
-    Storm {
-        unreachable: usize,
-        total: usize,
-    },
-}
-
-/// What running a step does, decided here so that the executor only acts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepWork {
-    /// Self-fencing: mark the node unschedulable, so nothing new lands on it while its watchdog
-    /// resets it.
-    Mark,
-    /// Run the stage's fence agents; first mark the node unschedulable (`mark`, before a
-    /// power-off), or clear the mark (`unmark`, when a flow stood down before any release).
-    Agents { mark: bool, unmark: bool },
-}
-
-impl FenceAction {
-    /// The flow an effect acts for.
-    pub fn flow(&self) -> Option<Uuid> {
-        match self {
-            FenceAction::RunStep { flow, .. }
-            | FenceAction::Release { flow, .. }
-            | FenceAction::Reclaim { flow, .. }
-            | FenceAction::TagFailed { flow, .. }
-            | FenceAction::Alarm { flow, .. } => Some(*flow),
-            FenceAction::Save(f) | FenceAction::Start(f) => Some(f.id),
-            FenceAction::Hold { .. } | FenceAction::Storm { .. } => None,
-        }
-    }
-
-    /// Runs `f`'s current step.
-    pub fn run_step(f: &Flow) -> FenceAction {
-        let work = match f.step {
-            Step::SelfFence => StepWork::Mark,
-            // A released node's mark stays until its return to service is proven (the
-            // reclaim clears it); a flow that stood down clears it with its recovery.
-            Step::Recovery => StepWork::Agents {
-                mark: false,
-                unmark: f.marked && !f.released(),
-            },
-            // Unschedulable from before the power-off until the proven return (marking again
-            // on a retry changes nothing).
-            Step::PowerManagement => StepWork::Agents {
-                mark: true,
-                unmark: false,
-            },
-            _ => StepWork::Agents {
-                mark: false,
-                unmark: false,
-            },
-        };
-        FenceAction::RunStep {
-            flow: f.id,
-            node: f.node.clone(),
-            step: f.step,
-            work,
-        }
-    }
-}
-
 /// Steps recorded as running without an outcome lost their executor (a restart, or the previous
 /// leader died): run them again. Every step is idempotent (off when off is still off), and the
 /// executor never runs one step of a flow twice at once.
-pub fn resume(flows: &[Flow]) -> Vec<FenceAction> {
+pub fn resume(flows: &[Flow]) -> Vec<Effect> {
     flows
         .iter()
         .filter(|f| f.status == FenceStatus::Running && f.result.is_none())
-        .map(FenceAction::run_step)
+        .map(Effect::run_step)
         .collect()
+}
+
+/// Decides every fence action due now, split the way it is carried out: what to persist
+/// first, then what to do.
+pub fn decide(s: &FenceState, now: Nanos) -> Ready {
+    Ready::from(decide_fencing(s, now))
 }
 
 /// A node is silent if its collector does not answer the probe, or if a node-condition fence
@@ -422,7 +324,7 @@ pub fn merge_liveness(
     }
 }
 
-/// Decides every fence action due now.
+/// Decides every fence action due now, in the order decided (`decide` splits them).
 pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
     let mut out = Vec::new();
     // Nodes in maintenance, and nodes already fenced or waiting to return, are out of the
@@ -442,7 +344,7 @@ pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
     let unreachable = counted.iter().filter(|l| !l.reachable).count();
     let storm = total > 0 && unreachable * 100 > s.policy.storm_percent as usize * total;
     if storm {
-        out.push(FenceAction::Storm { unreachable, total });
+        out.push(FenceAction::Record(Record::Storm { unreachable, total }));
     }
     let hold_power = storm || s.policy.paused;
     for f in &s.flows {
@@ -472,6 +374,7 @@ pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
     out
 }
 
+mod actions;
 mod back;
 mod flow;
 mod kdump;
@@ -479,6 +382,7 @@ mod record;
 mod reset;
 mod start;
 mod transitions;
+pub use actions::{Effect, FenceAction, Ready, Record, StepWork};
 pub use back::observe_report;
 pub use flow::{
     Call, CancelRefused, Flow, FlowOutcome, KILLED, PENDING, Transition, Witnesses, ended,

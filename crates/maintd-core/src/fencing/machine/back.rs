@@ -4,7 +4,7 @@
 //! id after a verified power-off; the deadline after its power-on. Pure.
 
 use super::transitions::Ctx;
-use super::{BootSeen, FenceAction, FenceStatus, Step, Transition};
+use super::{BootSeen, Effect, FenceAction, FenceStatus, Record, Step, Transition};
 use crate::verdict::Nanos;
 
 /// Folds one verified report into what is known of the node's boot: a new boot id starts the
@@ -92,12 +92,12 @@ pub(super) fn gate(c: &Ctx, out: &mut Vec<FenceAction>) -> Gate {
         );
         n.alarm = Some(detail.clone());
         n.go(now, Step::Recovery, FenceStatus::Error, detail.clone());
-        out.push(FenceAction::Alarm {
+        out.push(FenceAction::Effect(Effect::Alarm {
             flow: f.id,
             node: f.node.clone(),
             detail,
-        });
-        out.push(FenceAction::Save(n));
+        }));
+        out.push(FenceAction::Record(Record::Save(n)));
         return Gate::Decided;
     }
     // The deadline runs from the power-on, or from the proven reset of a node that resets
@@ -119,7 +119,7 @@ pub(super) fn gate(c: &Ctx, out: &mut Vec<FenceAction>) -> Gate {
             missing(c, down_at).unwrap_or_else(|| "no proof yet".into()),
         );
         n.go(now, Step::Recovery, FenceStatus::Error, note);
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
         return Gate::Decided;
     }
     // The new boot is a milestone of its own in the record.
@@ -143,7 +143,7 @@ pub(super) fn gate(c: &Ctx, out: &mut Vec<FenceAction>) -> Gate {
                 ),
             ),
         });
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
         return Gate::Decided;
     }
     match missing(c, down_at) {
@@ -162,7 +162,7 @@ pub(super) fn gate(c: &Ctx, out: &mut Vec<FenceAction>) -> Gate {
                 status: f.status,
                 note,
             });
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
             Gate::Decided
         }
         Some(_) => Gate::Wait,
@@ -279,7 +279,7 @@ pub(super) fn acknowledged(c: &Ctx, by: &str, out: &mut Vec<FenceAction>) {
                 "acknowledged by {by}; the node answers and reports healthy: it returns to service"
             ),
         );
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
     } else if !f
         .history
         .last()
@@ -292,7 +292,7 @@ pub(super) fn acknowledged(c: &Ctx, by: &str, out: &mut Vec<FenceAction>) {
             status: f.status,
             note: format!("{ACK_WAIT} (acknowledged by {by})"),
         });
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
     }
 }
 

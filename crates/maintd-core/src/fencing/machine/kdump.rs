@@ -3,7 +3,7 @@
 //! in `transitions::pending`). Pure.
 
 use super::transitions::Ctx;
-use super::{FenceAction, FenceStatus, Step};
+use super::{Effect, FenceAction, FenceStatus, Record, Step};
 
 const WAITING: &str = "power-off waits for a kdump notification";
 
@@ -28,7 +28,7 @@ pub(super) fn window_open(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
                 s.policy.kdump_window as f64 / 1e9,
                 (until - now) as f64 / 1e9
             ));
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
     }
     true
 }
@@ -51,7 +51,7 @@ pub(super) fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
                 "kdump notification: the node runs its crash kernel; its workloads are released now, power-management waits {:.0} s for the dump",
                 s.policy.kdump_timeout as f64 / 1e9
             ));
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
         return true;
     }
     if f.released() {
@@ -59,11 +59,11 @@ pub(super) fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
     }
     match &f.release_result {
         None => {
-            out.push(FenceAction::Release {
+            out.push(FenceAction::Effect(Effect::Release {
                 flow: f.id,
                 node: f.node.clone(),
                 attempt: f.restarts,
-            });
+            }));
             false
         }
         Some(r) => {
@@ -82,7 +82,7 @@ pub(super) fn kdump(c: &Ctx, out: &mut Vec<FenceAction>) -> bool {
                 )
             };
             n.note(now, note);
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
             true
         }
     }

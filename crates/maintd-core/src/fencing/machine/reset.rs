@@ -2,7 +2,7 @@
 //! it reset only once the proof holds, from its signed report of an armed watchdog. Pure.
 
 use super::transitions::Ctx;
-use super::{FenceAction, FenceStatus, Step};
+use super::{FenceAction, FenceStatus, Record, Step};
 use crate::verdict::Nanos;
 
 /// A self-fencing node, marked: stand down if it answers; else count it reset only once its
@@ -30,7 +30,7 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
             FenceStatus::New,
             format!("{why}: nothing released; clearing the mark"),
         );
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
         return;
     }
     if hold_power {
@@ -60,18 +60,18 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                         FenceStatus::Done,
                         "reset proven: the node starved its watchdog and the watchdog's timeout has passed",
                     );
-                    out.push(FenceAction::Save(n));
+                    out.push(FenceAction::Record(Record::Save(n)));
                 } else if f.safe_until != Some(shown) {
                     n.safe_until = Some(shown);
                     n.updated = now;
-                    out.push(FenceAction::Save(n));
+                    out.push(FenceAction::Record(Record::Save(n)));
                 }
             }
             _ => {
                 n.safe_proven = false;
                 n.safe_boot = None;
                 n.note(now, "the reset was proven by another boot of the master (it rebooted, or another replica led): its clock says nothing about this one's, so the reset is proven again from this process's start");
-                out.push(FenceAction::Save(n));
+                out.push(FenceAction::Record(Record::Save(n)));
             }
         }
         return;
@@ -84,7 +84,7 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
             FenceStatus::Error,
             "no signed report of an armed watchdog from this node: it is never counted as reset, and nothing is released",
         );
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
         return;
     };
     let margin = s.policy.self_fence_margin;
@@ -95,7 +95,7 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
         // Not leading, or the node's watchers are not known: nothing can be proven yet.
         if f.self_fence_times != Some(times) {
             n.updated = now;
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
         return;
     };
@@ -120,7 +120,7 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                     secs(margin),
                     secs(reset_by.saturating_sub(now)),
                 ));
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
         crate::fencing::selffence::ResetProof::Pending {
             reset_by,
@@ -160,7 +160,7 @@ pub(super) fn awaiting_reset(c: &Ctx, out: &mut Vec<FenceAction>) {
                             secs(margin),
                         ));
                 }
-                out.push(FenceAction::Save(n));
+                out.push(FenceAction::Record(Record::Save(n)));
             }
         }
     }

@@ -2,7 +2,8 @@
 //! cooldown), operators' requests through them, and silent nodes' candidates after the grace.
 
 use super::{
-    FenceAction, FencePolicy, FenceState, FenceStatus, Flow, PeerOpinion, PeerWitness, Witnesses,
+    Effect, FenceAction, FencePolicy, FenceState, FenceStatus, Flow, PeerOpinion, PeerWitness,
+    Record, Witnesses,
 };
 use crate::verdict::Nanos;
 
@@ -38,9 +39,9 @@ impl Gates {
         let kdump = s.plans.get(&f.node).is_some_and(|p| p.kdump);
         if !(kdump && step == super::Step::PowerManagement) {
             f.go(now, step, FenceStatus::Running, "attempt 1");
-            out.push(FenceAction::run_step(&f));
+            out.push(FenceAction::Effect(Effect::run_step(&f)));
         }
-        out.push(FenceAction::Start(f));
+        out.push(FenceAction::Record(Record::Start(f)));
         self.in_flight += 1;
         self.last_start = Some(now);
     }
@@ -96,11 +97,11 @@ pub(super) fn requested_flows(
                 }),
         };
         if let Some(why) = refuse {
-            out.push(FenceAction::Hold {
+            out.push(FenceAction::Record(Record::Hold {
                 request: r.id,
                 why,
                 refused: true,
-            });
+            }));
             continue;
         }
         let wait = held
@@ -110,11 +111,11 @@ pub(super) fn requested_flows(
             .or_else(|| gates.closed(&s.policy, now));
         if let Some(why) = wait {
             if r.held.as_deref() != Some(why.as_str()) {
-                out.push(FenceAction::Hold {
+                out.push(FenceAction::Record(Record::Hold {
                     request: r.id,
                     why,
                     refused: false,
-                });
+                }));
             }
             continue;
         }
@@ -156,7 +157,7 @@ pub(super) fn start_flows(
         // A flow started for a request in this decision counts too.
         let started = out
             .iter()
-            .any(|a| matches!(a, FenceAction::Start(f) if &f.node == node));
+            .any(|a| matches!(a, FenceAction::Record(Record::Start(f)) if &f.node == node));
         if started || node_busy(s, node, now).is_some() || super::in_maintenance(s, node).is_some()
         {
             continue;

@@ -121,7 +121,7 @@ fn state() -> FenceState {
 fn started(a: &[FenceAction]) -> Vec<Flow> {
     a.iter()
         .filter_map(|x| match x {
-            FenceAction::Start(f) => Some(f.clone()),
+            FenceAction::Record(Record::Start(f)) => Some(f.clone()),
             _ => None,
         })
         .collect()
@@ -132,7 +132,9 @@ fn saved(a: &[FenceAction]) -> Flow {
     a.iter()
         .rev()
         .find_map(|x| match x {
-            FenceAction::Save(f) | FenceAction::Start(f) => Some(f.clone()),
+            FenceAction::Record(Record::Save(f)) | FenceAction::Record(Record::Start(f)) => {
+                Some(f.clone())
+            }
             _ => None,
         })
         .expect("a saved flow")
@@ -141,7 +143,7 @@ fn saved(a: &[FenceAction]) -> Flow {
 fn runs(a: &[FenceAction]) -> Vec<Step> {
     a.iter()
         .filter_map(|x| match x {
-            FenceAction::RunStep { step, .. } => Some(*step),
+            FenceAction::Effect(Effect::RunStep { step, .. }) => Some(*step),
             _ => None,
         })
         .collect()
@@ -221,10 +223,10 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     assert!(
         a.iter().any(|x| matches!(
             x,
-            FenceAction::RunStep {
+            FenceAction::Effect(Effect::RunStep {
                 work: StepWork::Agents { mark: true, .. },
                 ..
-            }
+            })
         )),
         "the node is marked unschedulable before the power-off: {a:?}"
     );
@@ -235,11 +237,11 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     let a = tick(&mut s, &f, T0 + 7 * S);
     assert_eq!(
         a,
-        vec![FenceAction::Release {
+        vec![FenceAction::Effect(Effect::Release {
             flow: f.id,
             node: "n1".into(),
             attempt: 0
-        }]
+        })]
     );
     f.release_result = Some(Outcome::done("hook ok"));
     f = saved(&tick(&mut s, &f, T0 + 8 * S));
@@ -260,11 +262,12 @@ fn the_full_flow_isolates_powers_off_releases_and_recovers() {
     f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 22 * S));
     let a = tick(&mut s, &f, T0 + 22 * S);
     assert!(
-        a.contains(&FenceAction::Reclaim {
+        a.contains(&FenceAction::Effect(Effect::Reclaim {
             flow: f.id,
             node: "n1".into(),
-            unmark: true
-        }),
+            unmark: true,
+            since: f.detected,
+        })),
         "{a:?}"
     );
     f = saved(&a);
@@ -310,10 +313,10 @@ fn a_node_back_before_isolation_ends_the_flow() {
     assert!(
         a.iter().any(|x| matches!(
             x,
-            FenceAction::RunStep {
+            FenceAction::Effect(Effect::RunStep {
                 work: StepWork::Agents { unmark: true, .. },
                 ..
-            }
+            })
         )),
         "{a:?}"
     );
@@ -363,11 +366,11 @@ fn failed_attempts_retry_then_error_then_restart_then_tag_and_release_nothing() 
     let a = tick(&mut s, &f, now);
     assert_eq!(
         a,
-        vec![FenceAction::TagFailed {
+        vec![FenceAction::Effect(Effect::TagFailed {
             flow: f.id,
             node: "n2".into(),
             tag: fence_failed_tag(&f.id)
-        }]
+        })]
     );
     f.tagged = true;
     s.tags
@@ -391,10 +394,10 @@ fn a_storm_starts_nothing_and_holds_power_steps() {
     let a = decide_fencing(&s, T0 + 60 * S);
     assert_eq!(
         a,
-        vec![FenceAction::Storm {
+        vec![FenceAction::Record(Record::Storm {
             unreachable: 4,
             total: 10
-        }]
+        })]
     );
     // Exactly at the threshold (3 of 10 = 30 %) is not a storm.
     s.liveness.insert("n4".into(), up());
@@ -450,7 +453,7 @@ fn cancel_before_power_off_undoes_isolation_and_after_it_is_ignored() {
     g.status = FenceStatus::Done;
     g.fenced_at = Some(T0 + 7 * S);
     let a = tick(&mut s, &g, T0 + 7 * S);
-    assert!(matches!(a[0], FenceAction::Release { .. }));
+    assert!(matches!(a[0], FenceAction::Effect(Effect::Release { .. })));
 }
 
 /// An isolation attempt that failed may have isolated the node all the same (the switch took
@@ -523,11 +526,11 @@ fn a_failed_release_is_an_error_and_the_restart_releases_under_a_new_attempt_key
     f = saved(&tick(&mut s, &with_result(&f, true), T0 + 9 * S));
     assert_eq!(
         tick(&mut s, &f, T0 + 9 * S),
-        vec![FenceAction::Release {
+        vec![FenceAction::Effect(Effect::Release {
             flow: f.id,
             node: "n2".into(),
             attempt: 1
-        }]
+        })]
     );
 }
 
@@ -682,7 +685,7 @@ fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() 
     let a = old_boot_after_the_off(&mut s);
     assert!(
         a.iter()
-            .any(|x| matches!(x, FenceAction::Alarm { node, .. } if node == "n2")),
+            .any(|x| matches!(x, FenceAction::Effect(Effect::Alarm { node, .. }) if node == "n2")),
         "{a:?}"
     );
     let f = saved(&a);
@@ -694,7 +697,10 @@ fn the_old_boot_after_a_verified_power_off_is_an_alarm_and_the_node_stays_out() 
     );
     // No restart (it would power off a node that ignores its device), no reclaim: tagged.
     let a = tick(&mut s, &f, T0 + 32 * S);
-    assert!(matches!(a[..], [FenceAction::TagFailed { .. }]), "{a:?}");
+    assert!(
+        matches!(a[..], [FenceAction::Effect(Effect::TagFailed { .. })]),
+        "{a:?}"
+    );
 }
 
 #[test]
@@ -726,7 +732,7 @@ fn an_acknowledged_alarm_returns_the_node_once_it_answers_and_reports_healthy() 
     assert!(r.returned_at.is_some());
     let a = tick(&mut s, &r, T0 + 52 * S);
     assert!(
-        matches!(&a[..], [FenceAction::Reclaim { unmark, .. }] if *unmark == r.marked),
+        matches!(&a[..], [FenceAction::Effect(Effect::Reclaim { unmark, .. })] if *unmark == r.marked),
         "{a:?}"
     );
 }
@@ -792,7 +798,8 @@ fn power_on_follows_the_release_then_recovery_runs_and_the_return_waits_for_proo
     f = saved(&tick(&mut s, &f, T0 + 41 * S));
     let a = tick(&mut s, &f, T0 + 41 * S);
     assert!(
-        a.iter().any(|x| matches!(x, FenceAction::Reclaim { .. })),
+        a.iter()
+            .any(|x| matches!(x, FenceAction::Effect(Effect::Reclaim { .. }))),
         "{a:?}"
     );
 }
@@ -816,7 +823,10 @@ fn a_failed_power_on_is_retried_then_reported_and_never_undoes_the_release() {
     assert_eq!(f.status, FenceStatus::Error);
     assert!(f.history.last().unwrap().note.contains("stay released"));
     let a = tick(&mut s, &f, T0 + 12 * S);
-    assert!(matches!(a[..], [FenceAction::TagFailed { .. }]), "{a:?}");
+    assert!(
+        matches!(a[..], [FenceAction::Effect(Effect::TagFailed { .. })]),
+        "{a:?}"
+    );
     assert!(f.released() && !f.reclaimed);
 }
 
@@ -839,7 +849,7 @@ fn a_node_not_back_by_the_deadline_after_its_power_on_fails_its_flow() {
     );
     assert!(matches!(
         tick(&mut s, &f, T0 + 604 * S)[..],
-        [FenceAction::TagFailed { .. }]
+        [FenceAction::Effect(Effect::TagFailed { .. })]
     ));
 }
 
@@ -1074,10 +1084,9 @@ mod self_fencing {
         let f = saved(&tick(&mut s, &f, reset_by));
         assert!(f.fenced());
         let a = tick(&mut s, &f, reset_by);
-        assert!(
-            a.iter()
-                .any(|x| matches!(x, FenceAction::Release { node, .. } if node == "n2"))
-        );
+        assert!(a.iter().any(
+            |x| matches!(x, FenceAction::Effect(Effect::Release { node, .. }) if node == "n2")
+        ));
     }
 
     #[test]
@@ -1097,8 +1106,9 @@ mod self_fencing {
         );
         let a = tick(&mut s, &f, T0 + 7 * S);
         assert!(
-            a.iter()
-                .all(|x| !matches!(x, FenceAction::Save(n) if n.step == Step::Recovery)),
+            a.iter().all(
+                |x| !matches!(x, FenceAction::Record(Record::Save(n)) if n.step == Step::Recovery)
+            ),
             "{a:?}"
         );
         s.liveness.insert("n2".into(), up());
@@ -1241,7 +1251,7 @@ mod self_fencing {
                 let now = T0 + 6 * S + dt * S;
                 if f.status == FenceStatus::Final { break; }
                 let a = tick(&mut s, &f, now);
-                if let Some(FenceAction::Save(n)) = a.iter().rev().find(|x| matches!(x, FenceAction::Save(_))) {
+                if let Some(FenceAction::Record(Record::Save(n))) = a.iter().rev().find(|x| matches!(x, FenceAction::Record(Record::Save(_)))) {
                     f = n.clone();
                 }
                 if f.fenced() {
@@ -1272,11 +1282,11 @@ mod requests {
     fn holds(a: &[FenceAction]) -> Vec<(Uuid, String, bool)> {
         a.iter()
             .filter_map(|x| match x {
-                FenceAction::Hold {
+                FenceAction::Record(Record::Hold {
                     request,
                     why,
                     refused,
-                } => Some((*request, why.clone(), *refused)),
+                }) => Some((*request, why.clone(), *refused)),
                 _ => None,
             })
             .collect()
@@ -1426,7 +1436,7 @@ mod kdump {
 
     fn releases(a: &[FenceAction]) -> usize {
         a.iter()
-            .filter(|x| matches!(x, FenceAction::Release { .. }))
+            .filter(|x| matches!(x, FenceAction::Effect(Effect::Release { .. })))
             .count()
     }
 
@@ -1444,9 +1454,9 @@ mod kdump {
         // A notification from before the node went silent proves nothing.
         s.kdump.insert("n2".into(), T0 - S);
         assert!(
-            tick(&mut s, &f, T0 + 6 * S)
-                .iter()
-                .all(|a| !matches!(a, FenceAction::Save(n) if n.kdump_at.is_some()))
+            tick(&mut s, &f, T0 + 6 * S).iter().all(
+                |a| !matches!(a, FenceAction::Record(Record::Save(n)) if n.kdump_at.is_some())
+            )
         );
         s.kdump.insert("n2".into(), T0 + 6 * S);
         f = saved(&tick(&mut s, &f, T0 + 6 * S));
@@ -1567,7 +1577,8 @@ mod kdump {
         f = saved(&tick(&mut s, &with_result(&saved(&a), true), T0 + 11 * S));
         let a = tick(&mut s, &f, T0 + 12 * S);
         assert!(
-            a.iter().any(|x| matches!(x, FenceAction::Reclaim { .. })),
+            a.iter()
+                .any(|x| matches!(x, FenceAction::Effect(Effect::Reclaim { .. }))),
             "{a:?}"
         );
         f = saved(&a);
@@ -1641,12 +1652,12 @@ mod return_proof {
                 g.returned_boot = (b.id == B2).then_some(B2);
                 let a = tick(&mut s, &g, T0 + 70 * S);
                 let returns = !runs(&a).is_empty()
-                    || a.iter().any(|x| matches!(x, FenceAction::Reclaim { .. }));
+                    || a.iter().any(|x| matches!(x, FenceAction::Effect(Effect::Reclaim { .. })));
                 if b.id == B1 {
                     // The old boot never returns the node; once diagnosed after the off it
                     // is the alarm.
                     prop_assert!(!returns, "{a:?}");
-                    let alarm = a.iter().any(|x| matches!(x, FenceAction::Alarm { .. }));
+                    let alarm = a.iter().any(|x| matches!(x, FenceAction::Effect(Effect::Alarm { .. })));
                     prop_assert_eq!(alarm, b.reported_at > f.fenced_at.unwrap());
                 } else {
                     prop_assert_eq!(returns, b.clean >= s.policy.clean_reports, "{:?}", a);
@@ -1682,13 +1693,15 @@ fn a_canceled_flow_ends_while_its_node_stays_dead() {
             let a = tick(&mut s, &f, T0 + t * S);
             for x in &a {
                 match x {
-                    FenceAction::RunStep { .. } => f = with_result(&f, true),
-                    FenceAction::Reclaim { .. } => f.reclaim_result = Some(Outcome::done("ok")),
+                    FenceAction::Effect(Effect::RunStep { .. }) => f = with_result(&f, true),
+                    FenceAction::Effect(Effect::Reclaim { .. }) => {
+                        f.reclaim_result = Some(Outcome::done("ok"))
+                    }
                     _ => {}
                 }
             }
             if let Some(n) = a.iter().rev().find_map(|x| match x {
-                FenceAction::Save(n) => Some(n.clone()),
+                FenceAction::Record(Record::Save(n)) => Some(n.clone()),
                 _ => None,
             }) {
                 let (r, rr) = (f.result.clone(), f.reclaim_result.clone());

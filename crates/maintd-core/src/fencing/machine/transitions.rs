@@ -2,8 +2,8 @@
 //! recovery, with retries, restarts and stand-downs. Pure, like the rest of the machine.
 
 use super::{
-    FenceAction, FenceState, FenceStatus, Flow, Liveness, PlanSummary, StageLimits, Step,
-    fence_failed_tag,
+    Effect, FenceAction, FenceState, FenceStatus, Flow, Liveness, PlanSummary, Record, StageLimits,
+    Step, fence_failed_tag,
 };
 use crate::verdict::{Nanos, Outcome};
 
@@ -110,7 +110,7 @@ pub(super) fn advance(
                 FenceStatus::New,
                 "power-on verified: recovery starts (the node stays out of service until its new boot is proven)",
             );
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
         Phase::Recovered => recovered(&c, out),
     }
@@ -141,7 +141,7 @@ fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
                 FenceStatus::Final,
                 format!("acknowledged by {by}"),
             );
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
         return;
     }
@@ -158,13 +158,13 @@ fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
             FenceStatus::New,
             format!("restart {} of {} after error", n.restarts, p.max_restarts),
         );
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
     } else if !f.tagged {
-        out.push(FenceAction::TagFailed {
+        out.push(FenceAction::Effect(Effect::TagFailed {
             flow: f.id,
             node: f.node.clone(),
             tag: fence_failed_tag(&f.id),
-        });
+        }));
     } else if !s
         .tags
         .get(&f.node)
@@ -183,7 +183,7 @@ fn failed(c: &Ctx, out: &mut Vec<FenceAction>) {
                 "fencefailed tag removed (acknowledged)",
             );
         }
-        out.push(FenceAction::Save(n));
+        out.push(FenceAction::Record(Record::Save(n)));
     }
 }
 
@@ -242,7 +242,7 @@ fn attempted(c: &Ctx, out: &mut Vec<FenceAction>) {
         let note = format!("failed after {} attempts: {}", f.retries + 1, r.detail());
         n.go(now, f.step, FenceStatus::Error, note);
     }
-    out.push(FenceAction::Save(n));
+    out.push(FenceAction::Record(Record::Save(n)));
 }
 
 /// A step before the power-off is proven: one a cancel or the node's answer still stands down.
@@ -277,7 +277,7 @@ fn stand_down(c: &Ctx, out: &mut Vec<FenceAction>) {
     } else {
         n.go(now, f.step, FenceStatus::Final, why);
     }
-    out.push(FenceAction::Save(n));
+    out.push(FenceAction::Record(Record::Save(n)));
 }
 
 /// Stand down if the node answered (or the operator canceled) before the power-off; else start
@@ -326,8 +326,8 @@ fn pending(c: &Ctx, out: &mut Vec<FenceAction>) {
         FenceStatus::Running,
         format!("attempt {}", f.retries + 1),
     );
-    out.push(FenceAction::run_step(&n));
-    out.push(FenceAction::Save(n));
+    out.push(FenceAction::Effect(Effect::run_step(&n)));
+    out.push(FenceAction::Record(Record::Save(n)));
 }
 
 /// Power off the node if it is still silent; recover without a power-off if it answered.
@@ -350,7 +350,7 @@ fn isolated(c: &Ctx, out: &mut Vec<FenceAction>) {
             "isolated; node still silent",
         );
     }
-    out.push(FenceAction::Save(n));
+    out.push(FenceAction::Record(Record::Save(n)));
 }
 
 /// Release the workloads (the power-off is verified), then wait for recovery.
@@ -366,7 +366,7 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
                 FenceStatus::New,
                 "released; powering the node back on",
             );
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
         (_, true) => {
             n.go(
@@ -375,13 +375,13 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
                 FenceStatus::New,
                 "released; waiting for the node to return with a new boot",
             );
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
-        (None, false) => out.push(FenceAction::Release {
+        (None, false) => out.push(FenceAction::Effect(Effect::Release {
             flow: f.id,
             node: f.node.clone(),
             attempt: f.restarts,
-        }),
+        })),
         (Some(Outcome::Done { detail }), false) => {
             n.released_at = Some(now);
             n.release_result = None;
@@ -391,7 +391,7 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
                 FenceStatus::Done,
                 format!("workloads released: {detail}"),
             );
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
         (Some(Outcome::Failed { detail, .. }), false) => {
             n.release_result = None;
@@ -401,7 +401,7 @@ fn powered_off(c: &Ctx, out: &mut Vec<FenceAction>) {
                 FenceStatus::Error,
                 format!("release failed: {detail}"),
             );
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
     }
 }
@@ -414,7 +414,7 @@ fn recovered(c: &Ctx, out: &mut Vec<FenceAction>) {
     match (&f.reclaim_result, f.released() && !f.reclaimed) {
         (_, false) => {
             n.go(now, Step::Recovery, FenceStatus::Final, "recovered");
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
         (None, true) if f.returned_at.is_none() => match super::back::gate(c, out) {
             super::back::Gate::Pass(why) => {
@@ -426,20 +426,12 @@ fn recovered(c: &Ctx, out: &mut Vec<FenceAction>) {
                     status: f.status,
                     note: format!("return to service proven: {why}"),
                 });
-                out.push(FenceAction::Save(n));
-                out.push(FenceAction::Reclaim {
-                    flow: f.id,
-                    node: f.node.clone(),
-                    unmark: f.marked,
-                });
+                out.push(FenceAction::Record(Record::Save(n)));
+                out.push(Effect::reclaim(f).into());
             }
             super::back::Gate::Wait | super::back::Gate::Decided => {}
         },
-        (None, true) => out.push(FenceAction::Reclaim {
-            flow: f.id,
-            node: f.node.clone(),
-            unmark: f.marked,
-        }),
+        (None, true) => out.push(Effect::reclaim(f).into()),
         (Some(Outcome::Done { detail }), true) => {
             n.reclaimed = true;
             n.reclaim_result = None;
@@ -449,7 +441,7 @@ fn recovered(c: &Ctx, out: &mut Vec<FenceAction>) {
                 FenceStatus::Final,
                 format!("returned to service: {detail}"),
             );
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
         (Some(Outcome::Failed { detail, .. }), true) => {
             n.reclaim_result = None;
@@ -459,7 +451,7 @@ fn recovered(c: &Ctx, out: &mut Vec<FenceAction>) {
                 FenceStatus::Error,
                 format!("clearing the release failed: {detail}"),
             );
-            out.push(FenceAction::Save(n));
+            out.push(FenceAction::Record(Record::Save(n)));
         }
     }
 }

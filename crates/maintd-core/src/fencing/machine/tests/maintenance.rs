@@ -25,7 +25,7 @@ fn a_node_waiting_for_its_repairs_acknowledgement_is_never_fenced() {
     });
     let a = decide_fencing(&s, T0 + 61 * S);
     assert!(
-        matches!(&a[..], [FenceAction::Hold { refused: false, why, .. }] if why.contains("in maintenance")),
+        matches!(&a[..], [FenceAction::Record(Record::Hold { refused: false, why, .. })] if why.contains("in maintenance")),
         "{a:?}"
     );
     // Acknowledged (the tag removed) and still silent: fenced in the normal way.
@@ -79,7 +79,8 @@ fn maintenance_and_fenced_nodes_do_not_count_toward_a_storm() {
     s.liveness.insert("n1".into(), down(T0));
     let a = decide_fencing(&s, T0 + 6 * S);
     assert!(
-        !a.iter().any(|x| matches!(x, FenceAction::Storm { .. })),
+        !a.iter()
+            .any(|x| matches!(x, FenceAction::Record(Record::Storm { .. }))),
         "{a:?}"
     );
     assert!(started(&a).iter().any(|f| f.node == "n1"), "{a:?}");
@@ -87,7 +88,8 @@ fn maintenance_and_fenced_nodes_do_not_count_toward_a_storm() {
     s.maintenance.clear();
     let a = decide_fencing(&s, T0 + 6 * S);
     assert!(
-        a.iter().any(|x| matches!(x, FenceAction::Storm { .. })),
+        a.iter()
+            .any(|x| matches!(x, FenceAction::Record(Record::Storm { .. }))),
         "{a:?}"
     );
     assert!(started(&a).is_empty());
