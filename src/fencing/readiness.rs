@@ -338,7 +338,7 @@ impl Readiness {
                 detail: detail.clone(),
                 methods: vec![],
             };
-            self.metrics.fencing_ready(&node, false);
+            self.metrics.fence.fencing_ready(&node, false);
             let before = self.board.set(&node, check);
             if before.is_some_and(|b| b.detail == detail) {
                 continue;
@@ -426,6 +426,7 @@ impl Readiness {
             return;
         };
         self.metrics
+            .fence
             .fencing_ready(node, check.state == FencingState::Active);
         let before = self.board.set(node, check.clone());
         let was = before.as_ref().map(|c| (c.state, failing(c)));

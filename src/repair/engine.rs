@@ -224,7 +224,7 @@ impl Engine {
             TickError::Store { .. } => error!(error = %e, "skipping this decision"),
             _ => warn!(error = %e, "skipping this decision"),
         }
-        self.metrics.tick_failed(e.metric_label());
+        self.metrics.repair.tick_failed(e.metric_label());
         self.health.failed(e.to_string());
     }
 
@@ -232,7 +232,10 @@ impl Engine {
     /// The reports come from the last poll; the conditions are evaluated now, in place, since
     /// escalation depends on the time.
     pub async fn tick(self: &Arc<Self>, obs: &mut Observations) {
-        self.metrics.leader.set(self.leadership.is_leader() as i64);
+        self.metrics
+            .leader
+            .leader
+            .set(self.leadership.is_leader() as i64);
         self.resume();
         let tags = match self.cluster.jobs.tags().await {
             Ok(t) => t,
@@ -285,10 +288,13 @@ impl Engine {
             }
         }
         self.health.ok(now);
-        self.metrics.last_decision.set(now / 1_000_000_000);
+        self.metrics.repair.last_decision.set(now / 1_000_000_000);
         if !self.leadership.is_leader() {
             // A standby decides as the leader would, to be ready, and acts on nothing.
-            self.metrics.standby_dropped.inc_by(actions.len() as u64);
+            self.metrics
+                .leader
+                .standby_dropped
+                .inc_by(actions.len() as u64);
             return;
         }
         for action in &actions {
@@ -298,7 +304,7 @@ impl Engine {
             }
             if let Err(e) = done {
                 // The next tick rebuilds from the store and decides again.
-                self.metrics.action_failed(e.metric_label());
+                self.metrics.repair.action_failed(e.metric_label());
                 error!(error = %e, reason = e.metric_label(), ?action, "action failed");
             }
         }
@@ -316,7 +322,7 @@ impl Engine {
         match action {
             Action::CreateEvent(e) => {
                 self.store.apply(action, now)?;
-                self.metrics.events_created.inc();
+                self.metrics.repair.events_created.inc();
                 info!(event = %e.id, node = %e.node, action = %e.action, "event noted");
                 self.cluster
                     .record(
@@ -392,7 +398,7 @@ impl Engine {
                 }
                 info!(round, jobs = jobs.len(), "round started");
                 for j in jobs {
-                    self.metrics.jobs_started.inc();
+                    self.metrics.repair.jobs_started.inc();
                     self.clone().spawn_job(j);
                 }
             }
@@ -431,7 +437,7 @@ impl Engine {
                 let outcome = self.run_job(&job).await;
                 info!(ok = outcome.ok(), detail = %outcome.detail(), "job finished");
                 self.metrics
-                    .jobs_finished
+                    .repair.jobs_finished
                     .get_or_create(&JobLabel {
                         kind: job.kind.as_str(),
                         outcome: if outcome.ok() { "succeeded" } else { "failed" },

@@ -262,8 +262,9 @@ impl Poller {
                 persisted.forget(&u.name);
             }
         }
-        self.metrics.nodes_unreachable.set(down);
+        self.metrics.poll.nodes_unreachable.set(down);
         self.metrics
+            .poll
             .poll_cycle_seconds
             .observe(start.elapsed().as_secs_f64());
         obs
@@ -279,7 +280,7 @@ impl Poller {
             }
             Err(e) => {
                 debug!(node = %t.name, error = %e, "collector did not answer");
-                self.metrics.polls_failed.inc();
+                self.metrics.poll.polls_failed.inc();
                 return Polled::Down(e.to_string());
             }
         };
@@ -295,7 +296,7 @@ impl Poller {
             Ok(r) => {
                 // Polls of one node never overlap (one per cycle), so check-then-set is safe.
                 self.seqs.set(&t.name, r.envelope.seq);
-                self.metrics.reports_accepted.inc();
+                self.metrics.poll.reports_accepted.inc();
                 Polled::Verified {
                     report: Box::new(r),
                     first: last.is_none(),
@@ -334,6 +335,7 @@ impl Poller {
     fn reject(&self, t: &NodeConfig, e: ReportError) -> Polled {
         warn!(node = %t.name, reason = %e, "report rejected");
         self.metrics
+            .poll
             .reports_rejected
             .get_or_create(&RejectLabel {
                 reason: rejection_label(&e),
@@ -463,6 +465,7 @@ mod tests {
         assert_eq!(
             poller
                 .metrics
+                .poll
                 .reports_rejected
                 .get_or_create(&RejectLabel {
                     reason: "unanswered",

@@ -50,7 +50,7 @@ impl Upkeeps {
                         kind: "upkeep",
                         outcome,
                     };
-                    metrics.jobs_finished.get_or_create(&label).inc();
+                    metrics.repair.jobs_finished.get_or_create(&label).inc();
                     if running.fetch_sub(1, Ordering::SeqCst) == 1 {
                         wake.notify_one();
                     }

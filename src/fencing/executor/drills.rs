@@ -168,10 +168,12 @@ impl Fencer {
         let label = crate::metrics::NodeLabel {
             node: d.node.clone(),
         };
-        m.drill_last
+        m.fence
+            .drill_last
             .get_or_create(&label)
             .set(d.finished.unwrap_or(d.updated) / 1_000_000_000);
-        m.drill_passed
+        m.fence
+            .drill_passed
             .get_or_create(&label)
             .set(i64::from(d.status == DrillStatus::Passed));
     }

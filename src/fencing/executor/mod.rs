@@ -274,7 +274,7 @@ impl Fencer {
                 return;
             }
         };
-        self.shared.metrics.count_flows(&flows);
+        self.shared.metrics.fence.count_flows(&flows);
         let tags = match self.shared.cluster.jobs.tags().await {
             Ok(t) => t,
             Err(e) => {
@@ -347,6 +347,7 @@ impl Fencer {
                 .filter(|r| !matches!(r, Record::Storm { .. }))
                 .count();
             metrics
+                .leader
                 .standby_dropped
                 .inc_by((n + ready.effects.len()) as u64);
             return;
@@ -468,11 +469,11 @@ impl Fencer {
             }
             (Some(_), Some(at)) => {
                 let held = now.saturating_sub(at).max(0) as f64 / 1e9;
-                metrics.fencing_storm_seconds.inc_by(held);
+                metrics.fence.fencing_storm_seconds.inc_by(held);
             }
             (None, _) => {}
         }
         *last = storm.map(|_| now);
-        metrics.fencing_storm.set(storm.is_some() as i64);
+        metrics.fence.fencing_storm.set(storm.is_some() as i64);
     }
 }

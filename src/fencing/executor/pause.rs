@@ -30,6 +30,7 @@ impl Fencer {
         });
         self.shared
             .metrics
+            .fence
             .fencing_paused
             .set(i64::from(pause.is_some()));
         let changed = {

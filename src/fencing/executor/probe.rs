@@ -208,6 +208,7 @@ impl Fencer {
         let path = format!("/1/peers?echo={echo}&probe={probe}&marked={}", c.marked);
         let patience = self.probes.patience(&node.name, self.settings.patience);
         metrics
+            .probe
             .probe_timeout_seconds
             .get_or_create(&NodeLabel {
                 node: node.name.clone(),
@@ -220,7 +221,7 @@ impl Fencer {
         let answer = match tokio::time::timeout(patience, call).await {
             Ok(Ok(a)) if a.status.is_success() => a,
             _ => {
-                metrics.probe_failures.inc();
+                metrics.probe.probe_failures.inc();
                 return (node.name, false, sent_at);
             }
         };
@@ -247,6 +248,7 @@ impl Fencer {
             Ok(epoch) => {
                 if let Some(o) = self.peering.clock_offset(&node.name) {
                     metrics
+                        .probe
                         .node_clock_offset_seconds
                         .get_or_create(&NodeLabel {
                             node: node.name.clone(),
@@ -260,6 +262,7 @@ impl Fencer {
             Err(e) => {
                 debug!(node = %node.name, error = %e, "peer view refused");
                 metrics
+                    .peers
                     .views_rejected
                     .get_or_create(&ReasonLabel {
                         reason: e.metric_label(),
@@ -281,7 +284,7 @@ impl Fencer {
         let was_silent = p.seen.misses >= self.settings.misses;
         let silent = p.seen.probed(ok, sent_at, self.settings.misses);
         if silent {
-            self.shared.metrics.probe_silences.inc();
+            self.shared.metrics.probe.probe_silences.inc();
         }
         silent || (ok && was_silent)
     }
@@ -299,11 +302,11 @@ impl Fencer {
             .await;
         match r {
             Ok(a) if a.status.is_success() => {
-                self.shared.metrics.peer_sets_pushed.inc();
+                self.shared.metrics.peers.peer_sets_pushed.inc();
                 debug!(node = %node.name, epoch = set.epoch, peers = set.peers.len(), "peer set pushed");
             }
             other => {
-                self.shared.metrics.peer_set_push_failures.inc();
+                self.shared.metrics.peers.peer_set_push_failures.inc();
                 let why = match other {
                     Ok(a) => format!(
                         "{}: {}",

@@ -185,6 +185,7 @@ impl Fencer {
             warn!(node = %node, hearers = %hearers, "node partitioned from the master: its watchers still hear it, so nothing is fenced");
             self.shared
                 .metrics
+                .peers
                 .partitioned
                 .get_or_create(&NodeLabel { node: node.clone() })
                 .set(1);
@@ -203,6 +204,7 @@ impl Fencer {
             info!(node = %node, "node no longer partitioned from the master");
             self.shared
                 .metrics
+                .peers
                 .partitioned
                 .get_or_create(&NodeLabel { node: node.clone() })
                 .set(0);
