@@ -376,6 +376,7 @@ pub fn decide_fencing(s: &FenceState, now: Nanos) -> Vec<FenceAction> {
 
 mod actions;
 mod back;
+mod ctx;
 mod flow;
 mod kdump;
 mod record;

@@ -3,7 +3,7 @@
 //! other witness that declared it dead alive again; the alarm when it answers with its old boot
 //! id after a verified power-off; the deadline after its power-on. Pure.
 
-use super::transitions::Ctx;
+use super::ctx::Ctx;
 use super::{BootSeen, Effect, FenceAction, FenceStatus, Record, Step, Transition};
 use crate::verdict::Nanos;
 

@@ -2,7 +2,7 @@
 //! after the node went silent releases its workloads at once (the power-off waits for the dump,
 //! in `transitions::pending`). Pure.
 
-use super::transitions::Ctx;
+use super::ctx::Ctx;
 use super::{Effect, FenceAction, FenceStatus, Record, Step};
 
 const WAITING: &str = "power-off waits for a kdump notification";

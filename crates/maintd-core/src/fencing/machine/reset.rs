@@ -1,7 +1,7 @@
 //! A self-fencing node's wait for the proof of its reset: stand down if it answers, else count
 //! it reset only once the proof holds, from its signed report of an armed watchdog. Pure.
 
-use super::transitions::Ctx;
+use super::ctx::Ctx;
 use super::{FenceAction, FenceStatus, Record, Step};
 use crate::verdict::Nanos;
 

@@ -1,9 +1,10 @@
 //! Each flow's transitions, one function per phase: isolation, power-off (verified), release,
 //! recovery, with retries, restarts and stand-downs. Pure, like the rest of the machine.
 
+use super::ctx::Ctx;
 use super::{
-    Effect, FenceAction, FenceState, FenceStatus, Flow, Liveness, PlanSummary, Record, StageLimits,
-    Step, fence_failed_tag,
+    Effect, FenceAction, FenceState, FenceStatus, Flow, PlanSummary, Record, StageLimits, Step,
+    fence_failed_tag,
 };
 use crate::verdict::{Nanos, Outcome};
 
@@ -47,19 +48,6 @@ impl Flow {
             (FenceStatus::Done, Step::Recovery) => Phase::Recovered,
         }
     }
-}
-
-/// What every transition of one flow reads.
-pub(super) struct Ctx<'a> {
-    pub(super) s: &'a FenceState,
-    pub(super) f: &'a Flow,
-    pub(super) l: Liveness,
-    pub(super) plan: &'a PlanSummary,
-    pub(super) hold_power: bool,
-    /// The node is in maintenance: no step of its flow runs (no agent call at all) until it
-    /// leaves it.
-    pub(super) maintenance: bool,
-    pub(super) now: Nanos,
 }
 
 /// The plan of a node no longer configured: no retries, no isolation.
