@@ -154,7 +154,10 @@ async fn silence_for_the_whole_kdump_window_lets_the_power_off_go() {
     assert_eq!(agent_calls(&c), 0, "{f:#}");
     let f = c
         .wait_flow("the power-off after the window", |f| {
-            f["node"] == "node1" && f["calls"].as_array().is_some_and(|a| !a.is_empty())
+            // A call is recorded (pending) before the agent runs: wait for its answer, which
+            // comes only once the agent has run.
+            let answered = |a: &Vec<serde_json::Value>| a.iter().any(|x| x["pending"] != true);
+            f["node"] == "node1" && f["calls"].as_array().is_some_and(answered)
         })
         .await;
     // The window runs from when the collector went silent.
