@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::rapi::{Rapi, RapiError, RapiNode, RapiSettings};
-use super::upkeep::UpkeepSettings;
+use super::tasks::UpkeepSettings;
 use crate::cluster::{
     Backend, ClusterError, FenceRelease, NodeSource, TagsAndJobs, Upkeep, UpkeepPlan, UpkeepRunner,
 };

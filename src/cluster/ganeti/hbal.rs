@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::backend::Ganeti;
-use super::upkeep::{Call, call};
+use super::tasks::{Call, call};
 use crate::cluster::ClusterError;
 
 impl Ganeti {

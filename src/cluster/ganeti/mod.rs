@@ -8,6 +8,7 @@ mod hbal;
 mod pin;
 pub mod rapi;
 mod repairs;
+mod tasks;
 mod upkeep;
 
 pub use backend::{Ganeti, GanetiConfig, REASON_SOURCE};

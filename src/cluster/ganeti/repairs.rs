@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::autorepair::{self, Instance, NodeFlags, RepairOp, RepairType, Step};
 use super::backend::{Ganeti, REASON_SOURCE};
-use super::upkeep::{Call, Task, call, now_s};
+use super::tasks::{Call, Task, call, now_s};
 use crate::cluster::{ClusterError, Upkeep};
 
 impl Ganeti {

@@ -3,89 +3,17 @@
 //! reason, the repairs with harep's own `pending` and `result` tags.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tracing::{info, warn};
 
 use super::autorepair::{self, Instance, RepairType};
 use super::backend::Ganeti;
 use super::hbal::{Move, first_jobset, parse_move};
+use super::tasks::{Call, Task, now_s};
 use crate::cluster::{ClusterError, Upkeep, UpkeepPlan};
 use maintd_core::verdict::Outcome;
 
-/// What of harep's and hbal's work maintd does (both off by default).
-#[derive(Debug, Clone, PartialEq)]
-pub struct UpkeepSettings {
-    pub repairs: bool,
-    pub repair_down_after: Duration,
-    pub balance: bool,
-    pub balance_mond: bool,
-    pub hbal: PathBuf,
-    pub luxi_socket: PathBuf,
-    pub interval: Duration,
-}
-
-/// One upkeep task as the backend describes it (the `op` of an `Upkeep`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub(super) enum Task {
-    Repair {
-        instance: String,
-        rtype: String,
-        id: Option<String>,
-        ts: Option<i64>,
-        pending: Option<String>,
-        steps: Vec<Call>,
-    },
-    Close {
-        instance: String,
-        pending: String,
-        result: String,
-        rtype: String,
-        id: String,
-        ts: i64,
-        jobs: Vec<u64>,
-    },
-    Refuse {
-        instance: String,
-        rtype: String,
-    },
-    Balance {
-        instance: String,
-        steps: Vec<Call>,
-    },
-    Wait {
-        jobs: Vec<u64>,
-    },
-}
-
-/// One RAPI write that submits a job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(super) struct Call {
-    pub(super) method: String,
-    pub(super) path: String,
-    pub(super) body: Value,
-}
-
-pub(super) fn call(method: &str, path: String, body: Value) -> Call {
-    Call {
-        method: method.into(),
-        path,
-        body,
-    }
-}
-
 const BALANCE: &str = "gnt:daemon:maintd balance";
-
-pub(super) fn now_s() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
 
 impl Ganeti {
     /// The round's repairs and balancing moves, none touching `plan.busy` nor each other.
