@@ -17,7 +17,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rapi_client_drives_a_real_ganeti_cluster() {
-    let Some(g) = Ganeti::up() else { return };
+    let Some(g) = Ganeti::shared() else { return };
     let rapi = Rapi::new(&g.settings()).unwrap();
 
     // Who is master is Ganeti's to say.
@@ -275,7 +275,7 @@ async fn the_ganeti_backend_evacuates_offlines_tags_and_brings_back_a_node() {
 /// adopts that job when it starts again, rather than submitting a second one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_job_fails_the_event_and_a_restarted_daemon_adopts_its_job() {
-    let Some(g) = Ganeti::up() else { return };
+    let Some(g) = Ganeti::shared() else { return };
     // A `file` instance cannot migrate: the evacuation's child job fails.
     g.instance_of("file", "f1", "node2");
     let mut c = g.maintd("members-interval = \"1s\"\n");
@@ -358,7 +358,7 @@ async fn a_failed_job_fails_the_event_and_a_restarted_daemon_adopts_its_job() {
 /// pending and result tags; an untagged one is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instance_repairs_and_balancing_run_in_rounds_apart_from_evacuations() {
-    let Some(g) = Ganeti::up() else { return };
+    let Some(g) = Ganeti::shared() else { return };
     for i in 1..=4 {
         let name = format!("s{i}");
         g.instance_of("sharedfile", &name, "node1");
@@ -697,7 +697,7 @@ async fn evacuate_and_evacuate_failover_move_every_instance() {
 /// agents), powering off by fence_ipmilan and on again in the recovery. `None` (the test
 /// skips) without the simulators or the cluster. The forwarder must be kept.
 async fn inst1_on_node2_fenced_by_ipmi() -> Option<(
-    Ganeti,
+    common::ganeti::Shared,
     common::Cluster,
     common::sims::Ipmi,
     (u16, common::Proc),
@@ -705,7 +705,7 @@ async fn inst1_on_node2_fenced_by_ipmi() -> Option<(
     if !common::sims::available() {
         return None;
     }
-    let g = Ganeti::up()?;
+    let g = Ganeti::shared()?;
     g.running_instance("inst1", "node2");
     let inside = g.inside();
     let wrap: Vec<&str> = inside.iter().map(String::as_str).collect();
@@ -817,7 +817,7 @@ async fn acknowledge(g: &Ganeti, c: &common::Cluster, id: &str) {
 /// job: maintd asks again until the job's deadline, and the event completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_sibling_and_a_rapi_outage_mid_job_are_followed_to_the_end() {
-    let Some(g) = Ganeti::up() else { return };
+    let Some(g) = Ganeti::shared() else { return };
     // Ganeti submits a node migrate's child jobs in the order of its configuration's instances,
     // which is by UUID: the failing one (a1) must come first for the test to tell anything.
     // Both are made again by turns until they sort so (one alone may be drawn past any other).

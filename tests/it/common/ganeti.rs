@@ -1,10 +1,14 @@
 //! A real two-node Ganeti 3.0 cluster (`scripts/ganeti-cluster`) for the Ganeti backend's tests:
-//! brought up in a tempdir with its RAPI forwarded to a loopback port, torn down when dropped.
-//! Needs root and Debian's ganeti; skipped with a notice without them, required under
-//! `MAINTD_REQUIRE_GANETI=1` (scripts/test).
+//! brought up in a tempdir with its RAPI forwarded to a loopback port. A test that moves
+//! Ganeti's master owns its cluster (torn down when dropped); the others borrow one from a pool,
+//! reset to the state `up` leaves, and hand it back, so the binary brings up one cluster per
+//! test thread instead of one per test. Needs root and Debian's ganeti; skipped with a notice
+//! without them, required under `MAINTD_REQUIRE_GANETI=1` (scripts/test).
 
+use std::ops::Deref;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use maintd::cluster::ganeti::RapiSettings;
@@ -18,8 +22,71 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/ganeti-cluster")
 }
 
+/// Clusters handed back by the tests that borrowed them; reset when borrowed again. Statics
+/// are never dropped: each was brought up with this process as its owner, and the script's
+/// watcher takes it down once the process has exited.
+static POOL: Mutex<Vec<Ganeti>> = Mutex::new(Vec::new());
+
+/// A borrowed cluster; back to the pool when dropped (after a failed test too: the next
+/// borrower's reset undoes what it left, and a cluster that will not reset is dropped).
+pub struct Shared(Option<Ganeti>);
+
+impl Deref for Shared {
+    type Target = Ganeti;
+    fn deref(&self) -> &Ganeti {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(g) = self.0.take() {
+            POOL.lock().unwrap_or_else(|e| e.into_inner()).push(g);
+        }
+    }
+}
+
 impl Ganeti {
+    /// A cluster of its own, torn down when dropped: for a test that moves Ganeti's master or
+    /// changes what a reset does not restore.
     pub fn up() -> Option<Ganeti> {
+        Self::bring_up(false)
+    }
+
+    /// A cluster as `up` leaves it (node1 the master, node2 an online candidate, no instance,
+    /// tag, hook or unfinished job; earlier jobs archived, so the RAPI lists none), borrowed
+    /// from the pool. A test that borrows one must leave Ganeti's master on node1.
+    pub fn shared() -> Option<Shared> {
+        loop {
+            let pooled = POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let Some(g) = pooled else { break };
+            match g.reset() {
+                Ok(()) => return Some(Shared(Some(g))),
+                // Dropped: taken down, and the next one tried.
+                Err(e) => eprintln!("a pooled Ganeti cluster did not reset, discarded: {e}"),
+            }
+        }
+        Self::bring_up(true).map(|g| Shared(Some(g)))
+    }
+
+    fn reset(&self) -> Result<(), String> {
+        let out = Command::new(script())
+            .arg("reset")
+            .arg(self.dir.path())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn bring_up(pooled: bool) -> Option<Ganeti> {
         let require = "MAINTD_REQUIRE_GANETI";
         if !super::have_tool("gnt-cluster", require) || !super::have_tool("socat", require) {
             return None;
@@ -36,12 +103,12 @@ impl Ganeti {
             dir: tempfile::tempdir().unwrap(),
             port: super::free_port(),
         };
-        let out = Command::new(script())
-            .arg("up")
-            .arg(g.dir.path())
-            .arg(g.port.to_string())
-            .output()
-            .unwrap();
+        let mut up = Command::new(script());
+        up.arg("up").arg(g.dir.path()).arg(g.port.to_string());
+        if pooled {
+            up.env("GANETI_OWNER", std::process::id().to_string());
+        }
+        let out = up.output().unwrap();
         assert!(
             out.status.success(),
             "scripts/ganeti-cluster up: {}{}",
