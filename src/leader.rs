@@ -13,9 +13,12 @@ use tracing::{error, info, warn};
 
 use crate::cluster::kube::LeaderElectionConfig;
 use crate::cluster::{Coordination, LeaseRecord};
+use crate::metrics::metric_set;
 use crate::store::Checkpoint;
 use crate::sync::LockExt;
 use maintd_core::lease::{LeaseStep, lease_step};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// Exit code of a replica that lost the lease: its supervisor restarts it as a standby.
 pub const EXIT_LOST_LEADERSHIP: i32 = 12;
@@ -426,6 +429,18 @@ impl Leadership {
         self.leader.store(true, Ordering::SeqCst);
         info!(identity = %self.identity, term = self.term(), "became the leader");
         self.term_tx.send_replace(self.term());
+    }
+}
+
+metric_set! {
+    /// Leadership's metrics: whether this replica leads, and what it decided as a standby and dropped.
+    pub struct LeaderMetrics {
+        /// 1 while this replica is the leader.
+        leader: Gauge = Gauge::default()
+            => ("maintd_leader", "1 while this replica is the leader"),
+        /// Actions a standby decided and did not carry out (repair and fence decisions).
+        standby_dropped: Counter = Counter::default()
+            => ("maintd_standby_dropped_actions", "Actions this replica decided as a standby and did not carry out"),
     }
 }
 

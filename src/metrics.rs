@@ -1,17 +1,12 @@
-//! Prometheus metrics of the daemon: poll cycles, report verification, jobs; the gauges read
-//! from the store at each scrape are in `state`.
+//! The vocabulary of the daemon's Prometheus metrics: their labels, the `metric_set!` a part
+//! declares its own set with (each set lives beside the code that produces it: `repair::metrics`,
+//! `fencing::metrics`, `leader`), the gauges read from the store at each scrape (`state`), and
+//! the classic text format.
 
 mod state;
 pub use state::StateGauges;
 
 use prometheus_client::encoding::EncodeLabelSet;
-
-use maintd_core::fencing::machine::{FenceStatus, Step};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -69,7 +64,7 @@ macro_rules! metric_set {
         }
 
         impl $name {
-            pub fn register(reg: &mut Registry) -> $name {
+            pub fn register(reg: &mut ::prometheus_client::registry::Registry) -> $name {
                 let m = $name { $( $field: $init, )* };
                 $( reg.register($metric, $help, m.$field.clone()); )*
                 m
@@ -77,43 +72,7 @@ macro_rules! metric_set {
         }
     };
 }
-
-mod fence;
-mod leader;
-mod peers;
-mod poll;
-mod probe;
-mod repair;
-pub use fence::FenceMetrics;
-pub use leader::LeaderMetrics;
-pub use peers::PeerMetrics;
-pub use poll::PollMetrics;
-pub use probe::ProbeMetrics;
-pub use repair::RepairMetrics;
-
-/// The daemon's metrics, one set per component, each registered by its own declaration.
-#[derive(Clone)]
-pub struct Metrics {
-    pub poll: PollMetrics,
-    pub repair: RepairMetrics,
-    pub fence: FenceMetrics,
-    pub probe: ProbeMetrics,
-    pub peers: PeerMetrics,
-    pub leader: LeaderMetrics,
-}
-
-impl Metrics {
-    pub fn register(reg: &mut Registry) -> Metrics {
-        Metrics {
-            poll: PollMetrics::register(reg),
-            repair: RepairMetrics::register(reg),
-            fence: FenceMetrics::register(reg),
-            probe: ProbeMetrics::register(reg),
-            peers: PeerMetrics::register(reg),
-            leader: LeaderMetrics::register(reg),
-        }
-    }
-}
+pub(crate) use metric_set;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FlowLabel {
@@ -170,27 +129,6 @@ pub fn openmetrics_to_text(om: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_component_registers_its_metrics_once_each() {
-        let mut reg = Registry::default();
-        let m = Metrics::register(&mut reg);
-        m.fence.fence_returns.inc();
-        m.poll.reports_accepted.inc_by(2);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
-        let names: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("# HELP "))
-            .filter_map(|l| l.split(' ').next())
-            .collect();
-        let distinct: std::collections::BTreeSet<&&str> = names.iter().collect();
-        assert_eq!(distinct.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 34, "{names:?}");
-        assert!(names.iter().all(|n| n.starts_with("maintd_")), "{names:?}");
-        assert!(text.contains("maintd_fence_returns_total 1"), "{text}");
-        assert!(text.contains("maintd_reports_accepted_total 2"), "{text}");
-    }
 
     #[test]
     fn openmetrics_counters_become_classic_text() {

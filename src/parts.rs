@@ -1,14 +1,13 @@
 //! What every long-running part of the daemon is built from: the store, the backend, the
-//! metrics, the leadership, the clock and the membership. One value, handed to each part's
+//! leadership and its metrics, the clock and the membership. One value, handed to each part's
 //! constructor, so adding a dependency changes one struct rather than every signature.
 
 use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::cluster::{Backend, Unattached};
-use crate::leader::Leadership;
+use crate::leader::{LeaderMetrics, Leadership};
 use crate::members::{Members, NodeHealth, NodeView};
-use crate::metrics::Metrics;
 use crate::store::{FlowStore, Store};
 
 #[derive(Clone)]
@@ -18,7 +17,9 @@ pub struct Shared {
     pub flows: Arc<dyn FlowStore>,
     /// The backend's capabilities.
     pub cluster: Backend,
-    pub metrics: Metrics,
+    /// Whether this replica leads, and what it dropped as a standby (the engine and the
+    /// fencer both count).
+    pub leader_metrics: LeaderMetrics,
     pub leadership: Arc<Leadership>,
     /// Read once per decision; simulated in the harness.
     pub clock: Arc<dyn Clock>,
@@ -33,13 +34,13 @@ pub struct Shared {
 impl Shared {
     /// The dependencies of a part run on its own (the benchmarks): no backend, one replica that
     /// leads, the system clock, nothing known of the nodes' health.
-    pub fn standalone(store: Arc<Store>, members: Arc<Members>, metrics: Metrics) -> Shared {
+    pub fn standalone(store: Arc<Store>, members: Arc<Members>) -> Shared {
         Shared {
             flows: store.clone(),
             leadership: Arc::new(Leadership::single("bench".into(), store.clone())),
             store,
             cluster: Backend::basic(Arc::new(Unattached)),
-            metrics,
+            leader_metrics: LeaderMetrics::register(&mut Default::default()),
             clock: Arc::new(crate::clock::SystemClock),
             members,
             watch: None,

@@ -12,7 +12,6 @@ use prometheus_client::registry::Registry;
 use crate::collector::{Collector, diagnose};
 use crate::config::CollectorConfig;
 use crate::members::Members;
-use crate::metrics::Metrics;
 use crate::node::NodeConfig;
 use crate::repair::poller::{PollSettings, Poller};
 use crate::report::{Key, VerifyRules};
@@ -255,7 +254,6 @@ pub async fn poll(
                 .collect(),
         ));
         let store = Arc::new(Store::open(&dir.path().join(format!("bench-{n}.db")))?);
-        let metrics = Metrics::register(&mut Registry::default());
         let settings = PollSettings {
             rules: VerifyRules {
                 max_bytes: 256 * 1024,
@@ -272,7 +270,7 @@ pub async fn poll(
             concurrency,
         )
         .poll;
-        let shared = crate::parts::Shared::standalone(store.clone(), members, metrics);
+        let shared = crate::parts::Shared::standalone(store.clone(), members);
         let udp = match udp {
             true => Some(Arc::new(crate::link::UdpPoll::bind(
                 keys.clone(),
@@ -281,7 +279,8 @@ pub async fn poll(
             )?)),
             false => None,
         };
-        let poller = Poller::new(settings, link, keys, &shared)?.with_udp(udp.clone());
+        let metrics = crate::repair::metrics::PollMetrics::register(&mut Registry::default());
+        let poller = Poller::new(settings, link, keys, &shared, metrics)?.with_udp(udp.clone());
 
         let t = Instant::now();
         poller.poll_all().await;

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span};
@@ -17,12 +18,14 @@ use crate::cluster::maps::MapSource;
 use crate::fencing::agent::AgentRunner;
 use crate::fencing::book::PlanBook;
 use crate::fencing::executor::{Fencer, FencerSettings};
+use crate::fencing::metrics::FencingMetrics;
 use crate::fencing::peering::{Peering, PeeringSettings};
 use crate::fencing::readiness::{CheckSettings, Readiness, WatchdogViews};
 use crate::link::Links;
 use crate::parts::Shared;
 use crate::repair::engine::{Engine, EngineSettings};
 use crate::repair::live::LiveRepairs;
+use crate::repair::metrics::{PollMetrics, RepairMetrics};
 use crate::repair::poller::{PollSettings, Poller};
 use crate::report::keyring::Keyring;
 use crate::sdnotify::Notifier;
@@ -77,6 +80,8 @@ pub struct FencingSettings {
 /// agents and the cluster key.
 pub struct Deps {
     pub shared: Shared,
+    /// Each part's own metrics.
+    pub metrics: PartMetrics,
     pub links: Links,
     pub agents: Arc<dyn AgentRunner>,
     /// Each node's keys.
@@ -85,6 +90,25 @@ pub struct Deps {
     pub maps: Option<Arc<dyn MapSource>>,
     /// The service manager to feed while the engine's loop turns.
     pub systemd: Option<Arc<Notifier>>,
+}
+
+/// Each part's metrics: every set is declared and registered beside the code that produces
+/// it, and each part is handed its own set alone.
+#[derive(Clone)]
+pub struct PartMetrics {
+    pub poll: PollMetrics,
+    pub repair: RepairMetrics,
+    pub fencing: FencingMetrics,
+}
+
+impl PartMetrics {
+    pub fn register(reg: &mut Registry) -> PartMetrics {
+        PartMetrics {
+            poll: PollMetrics::register(reg),
+            repair: RepairMetrics::register(reg),
+            fencing: FencingMetrics::register(reg),
+        }
+    }
 }
 
 /// The assembled parts, not yet running.
@@ -104,6 +128,7 @@ pub struct Assembly {
 pub fn assemble(settings: Settings, deps: Deps) -> Result<Assembly, StoreError> {
     let Deps {
         shared,
+        metrics,
         links,
         agents,
         keys,
@@ -111,22 +136,49 @@ pub fn assemble(settings: Settings, deps: Deps) -> Result<Assembly, StoreError> 
         systemd,
     } = deps;
     let cycle = settings.engine.poll_interval + settings.poll.timeout;
-    let poller = Poller::new(settings.poll, links.poll, keys.clone(), &shared)?.with_udp(links.udp);
+    let poller = Poller::new(
+        settings.poll,
+        links.poll,
+        keys.clone(),
+        &shared,
+        metrics.poll,
+    )?
+    .with_udp(links.udp);
     let repairs = LiveRepairs::new(
         links.repair,
         settings.repair_timeout,
         shared.members.clone(),
     );
-    let engine = Arc::new(Engine::new(settings.engine, poller, repairs, &shared));
+    let engine = Arc::new(Engine::new(
+        settings.engine,
+        poller,
+        repairs,
+        &shared,
+        metrics.repair,
+    ));
     let (mut fencer, mut readiness, mut peering) = (None, None, None);
     let maps = maps.zip(settings.fencing.as_ref().map(|f| f.fencer.book.clone()));
     if let Some(f) = settings.fencing {
         let p = Arc::new(Peering::new(keys, f.peering));
         let views = Some(p.clone() as Arc<dyn WatchdogViews>);
         let book = f.fencer.book.clone();
-        let checks = Readiness::new(f.checks, book, agents.clone(), views, &shared);
+        let checks = Readiness::new(
+            f.checks,
+            book,
+            agents.clone(),
+            views,
+            &shared,
+            metrics.fencing.fence.clone(),
+        );
         readiness = Some(Arc::new(checks));
-        let fence = Fencer::new(f.fencer, &shared, agents, links.probe, p.clone());
+        let fence = Fencer::new(
+            f.fencer,
+            &shared,
+            agents,
+            links.probe,
+            p.clone(),
+            metrics.fencing,
+        );
         fencer = Some(Arc::new(fence));
         peering = Some(p);
     }
@@ -261,5 +313,32 @@ impl Running {
     pub fn abort(self) {
         let _ = self.stop.send(true);
         let _ = self.elect_stop.send(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_component_registers_its_metrics_once_each() {
+        let mut reg = Registry::default();
+        let m = PartMetrics::register(&mut reg);
+        crate::leader::LeaderMetrics::register(&mut reg);
+        m.fencing.fence.fence_returns.inc();
+        m.poll.reports_accepted.inc_by(2);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let distinct: std::collections::BTreeSet<&&str> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert_eq!(names.len(), 34, "{names:?}");
+        assert!(names.iter().all(|n| n.starts_with("maintd_")), "{names:?}");
+        assert!(text.contains("maintd_fence_returns_total 1"), "{text}");
+        assert!(text.contains("maintd_reports_accepted_total 2"), "{text}");
     }
 }

@@ -297,7 +297,7 @@ fn production_deps(
         flows: crate::store::changes::CountedFlows::wrap(membership.flows, store.changes().clone()),
         store,
         cluster,
-        metrics: crate::metrics::Metrics::register(registry),
+        leader_metrics: crate::leader::LeaderMetrics::register(registry),
         leadership: Arc::new(membership.leadership),
         clock: Arc::new(crate::clock::SystemClock),
         members: Arc::new(crate::members::Members::new(membership.nodes)),
@@ -305,6 +305,7 @@ fn production_deps(
     };
     Ok(assembly::Deps {
         shared,
+        metrics: assembly::PartMetrics::register(registry),
         links,
         agents,
         keys: keyring.clone(),

@@ -13,6 +13,7 @@ pub mod call;
 pub mod config;
 pub mod configmaps;
 pub mod executor;
+pub mod metrics;
 pub mod peering;
 mod peersets;
 pub mod plan;

@@ -21,7 +21,7 @@ use super::agent::{AgentRunner, EXIT_OFF, EXIT_OK};
 use super::config::FencePlan;
 use crate::clock::Clock;
 use crate::cluster::EventReason;
-use crate::metrics::Metrics;
+use crate::fencing::metrics::FenceMetrics;
 use crate::sync::LockExt;
 use crate::ticker::Ticker;
 use maintd_core::verdict::Nanos;
@@ -220,7 +220,7 @@ pub struct Readiness {
     book: Arc<crate::fencing::book::PlanBook>,
     runner: Arc<dyn AgentRunner>,
     cluster: Backend,
-    metrics: Metrics,
+    metrics: FenceMetrics,
     leadership: Arc<crate::leader::Leadership>,
     settings: CheckSettings,
     clock: Arc<dyn Clock>,
@@ -237,13 +237,14 @@ impl Readiness {
         runner: Arc<dyn AgentRunner>,
         views: Option<Arc<dyn WatchdogViews>>,
         shared: &crate::parts::Shared,
+        metrics: FenceMetrics,
     ) -> Readiness {
         Readiness {
             board: Arc::new(Board::default()),
             book,
             runner,
             cluster: shared.cluster.clone(),
-            metrics: shared.metrics.clone(),
+            metrics,
             leadership: shared.leadership.clone(),
             settings,
             clock: shared.clock.clone(),
@@ -338,7 +339,7 @@ impl Readiness {
                 detail: detail.clone(),
                 methods: vec![],
             };
-            self.metrics.fence.fencing_ready(&node, false);
+            self.metrics.fencing_ready(&node, false);
             let before = self.board.set(&node, check);
             if before.is_some_and(|b| b.detail == detail) {
                 continue;
@@ -426,7 +427,6 @@ impl Readiness {
             return;
         };
         self.metrics
-            .fence
             .fencing_ready(node, check.state == FencingState::Active);
         let before = self.board.set(node, check.clone());
         let was = before.as_ref().map(|c| (c.state, failing(c)));

@@ -15,7 +15,9 @@ use maintd_core::verdict::Outcome;
 
 use super::live::LiveRepairs;
 use super::poller::Poller;
-use crate::metrics::{JobLabel, Metrics};
+use crate::leader::LeaderMetrics;
+use crate::metrics::JobLabel;
+use crate::repair::metrics::RepairMetrics;
 use crate::ticker::{Ticker, Wake};
 
 /// What the engine needs of the configuration.
@@ -37,7 +39,8 @@ pub struct Engine {
     settings: EngineSettings,
     /// Wakes the loop for a decision without polling (a job ended, an operator acted).
     wake: Arc<Notify>,
-    metrics: Metrics,
+    metrics: RepairMetrics,
+    leader_metrics: LeaderMetrics,
     leadership: Arc<crate::leader::Leadership>,
     /// Node conditions and membership (Kubernetes).
     watch: Option<Arc<crate::members::NodeView>>,
@@ -120,6 +123,7 @@ impl Engine {
         poller: Poller,
         repairs: LiveRepairs,
         shared: &crate::parts::Shared,
+        metrics: RepairMetrics,
     ) -> Engine {
         Engine {
             store: shared.store.clone(),
@@ -128,7 +132,8 @@ impl Engine {
             repairs,
             settings,
             wake: Arc::new(Notify::new()),
-            metrics: shared.metrics.clone(),
+            metrics,
+            leader_metrics: shared.leader_metrics.clone(),
             leadership: shared.leadership.clone(),
             watch: shared.watch.clone(),
             resumed_term: std::sync::atomic::AtomicU64::new(0),
@@ -224,7 +229,7 @@ impl Engine {
             TickError::Store { .. } => error!(error = %e, "skipping this decision"),
             _ => warn!(error = %e, "skipping this decision"),
         }
-        self.metrics.repair.tick_failed(e.metric_label());
+        self.metrics.tick_failed(e.metric_label());
         self.health.failed(e.to_string());
     }
 
@@ -232,8 +237,7 @@ impl Engine {
     /// The reports come from the last poll; the conditions are evaluated now, in place, since
     /// escalation depends on the time.
     pub async fn tick(self: &Arc<Self>, obs: &mut Observations) {
-        self.metrics
-            .leader
+        self.leader_metrics
             .leader
             .set(self.leadership.is_leader() as i64);
         self.resume();
@@ -288,11 +292,10 @@ impl Engine {
             }
         }
         self.health.ok(now);
-        self.metrics.repair.last_decision.set(now / 1_000_000_000);
+        self.metrics.last_decision.set(now / 1_000_000_000);
         if !self.leadership.is_leader() {
             // A standby decides as the leader would, to be ready, and acts on nothing.
-            self.metrics
-                .leader
+            self.leader_metrics
                 .standby_dropped
                 .inc_by(actions.len() as u64);
             return;
@@ -304,7 +307,7 @@ impl Engine {
             }
             if let Err(e) = done {
                 // The next tick rebuilds from the store and decides again.
-                self.metrics.repair.action_failed(e.metric_label());
+                self.metrics.action_failed(e.metric_label());
                 error!(error = %e, reason = e.metric_label(), ?action, "action failed");
             }
         }
@@ -322,7 +325,7 @@ impl Engine {
         match action {
             Action::CreateEvent(e) => {
                 self.store.apply(action, now)?;
-                self.metrics.repair.events_created.inc();
+                self.metrics.events_created.inc();
                 info!(event = %e.id, node = %e.node, action = %e.action, "event noted");
                 self.cluster
                     .record(
@@ -398,7 +401,7 @@ impl Engine {
                 }
                 info!(round, jobs = jobs.len(), "round started");
                 for j in jobs {
-                    self.metrics.repair.jobs_started.inc();
+                    self.metrics.jobs_started.inc();
                     self.clone().spawn_job(j);
                 }
             }
@@ -437,7 +440,7 @@ impl Engine {
                 let outcome = self.run_job(&job).await;
                 info!(ok = outcome.ok(), detail = %outcome.detail(), "job finished");
                 self.metrics
-                    .repair.jobs_finished
+                    .jobs_finished
                     .get_or_create(&JobLabel {
                         kind: job.kind.as_str(),
                         outcome: if outcome.ok() { "succeeded" } else { "failed" },

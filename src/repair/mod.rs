@@ -7,6 +7,7 @@
 pub mod engine;
 pub mod health;
 pub mod live;
+pub mod metrics;
 pub mod persisted;
 pub mod poller;
 pub mod upkeep;

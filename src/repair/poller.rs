@@ -17,7 +17,8 @@ use crate::store::{NodeUpdate, Store, StoreError};
 use maintd_core::repair::{Observation, Observations};
 
 use crate::members::Members;
-use crate::metrics::{Metrics, RejectLabel};
+use crate::metrics::RejectLabel;
+use crate::repair::metrics::PollMetrics;
 use crate::sync::LockExt;
 
 /// What the poller needs of the configuration, resolved once at start-up.
@@ -47,7 +48,7 @@ pub struct Poller {
     /// Per node: answered at the last poll, and when a change was last logged.
     reach: Mutex<HashMap<String, (bool, Option<Instant>)>>,
     store: Arc<Store>,
-    metrics: Metrics,
+    metrics: PollMetrics,
     health: Arc<crate::members::NodeHealth>,
     /// Stamps poll records.
     clock: Arc<dyn crate::clock::Clock>,
@@ -115,6 +116,7 @@ impl Poller {
         link: Arc<dyn CollectorLink>,
         keys: Arc<Keyring>,
         shared: &crate::parts::Shared,
+        metrics: PollMetrics,
     ) -> Result<Poller, StoreError> {
         let PollSettings {
             rules, concurrency, ..
@@ -130,7 +132,7 @@ impl Poller {
             seqs: Arc::new(Seqs(Mutex::new(seqs))),
             reach: Mutex::new(HashMap::new()),
             store: shared.store.clone(),
-            metrics: shared.metrics.clone(),
+            metrics,
             health: shared.health.clone(),
             nonces: Default::default(),
             persisted: Default::default(),
@@ -262,9 +264,8 @@ impl Poller {
                 persisted.forget(&u.name);
             }
         }
-        self.metrics.poll.nodes_unreachable.set(down);
+        self.metrics.nodes_unreachable.set(down);
         self.metrics
-            .poll
             .poll_cycle_seconds
             .observe(start.elapsed().as_secs_f64());
         obs
@@ -280,7 +281,7 @@ impl Poller {
             }
             Err(e) => {
                 debug!(node = %t.name, error = %e, "collector did not answer");
-                self.metrics.poll.polls_failed.inc();
+                self.metrics.polls_failed.inc();
                 return Polled::Down(e.to_string());
             }
         };
@@ -296,7 +297,7 @@ impl Poller {
             Ok(r) => {
                 // Polls of one node never overlap (one per cycle), so check-then-set is safe.
                 self.seqs.set(&t.name, r.envelope.seq);
-                self.metrics.poll.reports_accepted.inc();
+                self.metrics.reports_accepted.inc();
                 Polled::Verified {
                     report: Box::new(r),
                     first: last.is_none(),
@@ -335,7 +336,6 @@ impl Poller {
     fn reject(&self, t: &NodeConfig, e: ReportError) -> Polled {
         warn!(node = %t.name, reason = %e, "report rejected");
         self.metrics
-            .poll
             .reports_rejected
             .get_or_create(&RejectLabel {
                 reason: rejection_label(&e),
@@ -409,11 +409,7 @@ mod tests {
             collector: "127.0.0.1:1".into(),
         }]));
         let clock = Arc::new(ManualClock::new(1_000 * S));
-        let mut shared = crate::parts::Shared::standalone(
-            store.clone(),
-            members,
-            Metrics::register(&mut Default::default()),
-        );
+        let mut shared = crate::parts::Shared::standalone(store.clone(), members);
         shared.clock = clock.clone();
         let settings = PollSettings {
             rules: VerifyRules {
@@ -435,6 +431,7 @@ mod tests {
             link.clone(),
             Keyring::arc(key.clone()),
             &shared,
+            PollMetrics::register(&mut Default::default()),
         )
         .unwrap();
         // Signed at the Unix epoch by the node's clock: it answers the poll, so it is fresh.
@@ -449,8 +446,14 @@ mod tests {
         // A restart: the new poller takes the lagging floor, 10. The captured report, seq 11,
         // is above it and was signed moments ago, and is still refused: it answers another poll.
         clock.advance(Duration::from_secs(1));
-        let poller =
-            Poller::new(settings, link.clone(), Keyring::arc(key.clone()), &shared).unwrap();
+        let poller = Poller::new(
+            settings,
+            link.clone(),
+            Keyring::arc(key.clone()),
+            &shared,
+            PollMetrics::register(&mut Default::default()),
+        )
+        .unwrap();
         *link.played.lock_unpoisoned() = Some(second);
         assert!(!accepted(&poller.poll_all().await));
         assert!(
@@ -465,7 +468,6 @@ mod tests {
         assert_eq!(
             poller
                 .metrics
-                .poll
                 .reports_rejected
                 .get_or_create(&RejectLabel {
                     reason: "unanswered",

@@ -29,7 +29,7 @@ impl Upkeeps {
         runner: &Arc<dyn UpkeepRunner>,
         tasks: Vec<Upkeep>,
         wake: &Arc<Notify>,
-        metrics: &crate::metrics::Metrics,
+        metrics: &crate::repair::metrics::RepairMetrics,
     ) {
         self.running.fetch_add(tasks.len(), Ordering::SeqCst);
         for task in tasks {
@@ -50,7 +50,7 @@ impl Upkeeps {
                         kind: "upkeep",
                         outcome,
                     };
-                    metrics.repair.jobs_finished.get_or_create(&label).inc();
+                    metrics.jobs_finished.get_or_create(&label).inc();
                     if running.fetch_sub(1, Ordering::SeqCst) == 1 {
                         wake.notify_one();
                     }

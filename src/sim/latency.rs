@@ -31,8 +31,8 @@ async fn five_minutes(fencing: FencingConfig, seed: u64) -> (u64, f64) {
         seed,
     );
     sim.run_for(5 * MIN).await;
-    let failures = sim.metrics.probe.probe_silences.get();
-    let storm = sim.metrics.fence.fencing_storm_seconds.get();
+    let failures = sim.metrics.fencing.probe.probe_silences.get();
+    let storm = sim.metrics.fencing.fence.fencing_storm_seconds.get();
     let flows = sim.flows();
     assert!(flows.is_empty(), "a healthy node was fenced: {flows:?}");
     sim.stop().await;

@@ -27,16 +27,17 @@ use uuid::Uuid;
 
 use crate::clock::{Clock, RuntimeClock};
 use crate::cluster::{Backend, ClusterError, EventReason, Events, FenceRelease, TagsAndJobs};
+use crate::daemon::assembly::PartMetrics;
 use crate::daemon::assembly::{Deps, FencingSettings, Running, Settings, assemble};
 use crate::fencing::agent::{AgentRunner, EXIT_OFF, EXIT_OK};
 use crate::fencing::config::{ExecPolicy, FencePlan, FencingConfig, Method, Stage};
 use crate::fencing::executor::FencerSettings;
 use crate::fencing::peering::PeeringSettings;
 use crate::fencing::readiness::{Board, CheckSettings};
+use crate::leader::LeaderMetrics;
 use crate::leader::Leadership;
 use crate::link::{Answer, CollectorLink, LinkError, Links};
 use crate::members::{Members, NodeHealth};
-use crate::metrics::Metrics;
 use crate::node::NodeConfig;
 use crate::parts::Shared;
 use crate::repair::engine::EngineSettings;
@@ -134,7 +135,7 @@ pub struct Sim {
     /// The fencer's peer sets and views, with fencing.
     pub peering: Option<Arc<crate::fencing::peering::Peering>>,
     /// What the daemon's parts count.
-    pub metrics: Metrics,
+    pub metrics: PartMetrics,
     running: Option<Running>,
     world: World,
     options: SimOptions,
@@ -152,7 +153,9 @@ struct World {
     collectors: Arc<SimCollectors>,
     agents: Arc<SimAgents>,
     clock: Arc<RuntimeClock>,
-    metrics: Metrics,
+    /// Counted across restarts, so a scenario reads its whole run.
+    metrics: PartMetrics,
+    leader_metrics: LeaderMetrics,
 }
 
 impl World {
@@ -168,6 +171,7 @@ impl World {
             agents,
             clock,
             metrics,
+            leader_metrics,
         } = self;
         let (nodes, key) = (nodes.clone(), key.clone());
         let link: Arc<dyn CollectorLink> = collectors.clone();
@@ -221,6 +225,7 @@ impl World {
             fencing,
         };
         let deps = Deps {
+            metrics: metrics.clone(),
             shared: Shared {
                 flows: store.clone(),
                 leadership: Arc::new(Leadership::single("sim".into(), store.clone())),
@@ -229,7 +234,7 @@ impl World {
                     events: Some(cluster.clone()),
                     ..Backend::basic(cluster.clone())
                 },
-                metrics: metrics.clone(),
+                leader_metrics: leader_metrics.clone(),
                 clock: clock.clone(),
                 members: Arc::new(Members::new(nodes)),
                 watch: None,
@@ -317,7 +322,8 @@ impl Sim {
             lied_on: AtomicBool::new(false),
         });
         let store = Arc::new(Store::open(&dir.path().join("state.db")).expect("a store"));
-        let metrics = Metrics::register(&mut Registry::default());
+        let mut registry = Registry::default();
+        let metrics = PartMetrics::register(&mut registry);
         let world = World {
             names,
             nodes,
@@ -328,6 +334,7 @@ impl Sim {
             agents: agents.clone(),
             clock: clock.clone(),
             metrics: metrics.clone(),
+            leader_metrics: LeaderMetrics::register(&mut registry),
         };
         let (parts, running) = world.daemon(&o);
         Sim {

@@ -208,7 +208,7 @@ async fn a_two_node_cluster_fences_only_with_the_master_as_tie_breaker() {
         let released = sim.flows().iter().any(|f| f.released());
         assert_eq!(released, fenced, "storm-percent {storm_percent}");
         assert_eq!(sim.collectors.powered("node2"), !fenced);
-        let storm = sim.metrics.fence.fencing_storm_seconds.get();
+        let storm = sim.metrics.fencing.fence.fencing_storm_seconds.get();
         if fenced {
             assert_eq!(storm, 0.0);
         } else {

@@ -164,7 +164,7 @@ impl Fencer {
     }
 
     fn drill_metrics(&self, d: &Drill) {
-        let m = &self.shared.metrics;
+        let m = &self.metrics;
         let label = crate::metrics::NodeLabel {
             node: d.node.clone(),
         };

@@ -129,7 +129,7 @@ impl Fencer {
                     .unwrap_or_default();
                 info!(flow = %f.id, node = %f.node, why = %why, "fence flow started");
                 self.pin(&mut f);
-                self.shared.metrics.fence.fences_started.inc();
+                self.metrics.fence.fences_started.inc();
                 match flows.insert(&f).await {
                     Ok(()) => {
                         let msg = format!("{} started: {why}", maintd_core::tags::reference(&f.id));
@@ -187,7 +187,7 @@ impl Fencer {
                     };
                     let (o, calls) = me.run_step(flow, site, step, work).await;
                     if !o.ok() {
-                        me.shared.metrics.fence.fence_failed(step.as_str(), &o);
+                        me.metrics.fence.fence_failed(step.as_str(), &o);
                     }
                     (o, calls)
                 });
@@ -230,7 +230,7 @@ impl Fencer {
                         };
                     }
                     if o.ok() {
-                        me.shared.metrics.fence.fence_returns.inc();
+                        me.metrics.fence.fence_returns.inc();
                         if let Some(cleared) = me.clear_remedies_of_the_wait(&node, since).await {
                             o = Outcome::done(format!("{}; {cleared}", o.detail()));
                         }
@@ -240,8 +240,7 @@ impl Fencer {
             }
             Effect::Alarm { flow, node, detail } => {
                 error!(flow = %flow, node = %node, detail = %detail, "fence alarm: the node runs the boot it had before its verified power-off");
-                self.shared
-                    .metrics
+                self.metrics
                     .fence
                     .fence_alarms
                     .get_or_create(&crate::metrics::NodeLabel { node: node.clone() })
@@ -374,8 +373,7 @@ impl Fencer {
             if !seen.insert((f.id, stage)) {
                 continue;
             }
-            self.shared
-                .metrics
+            self.metrics
                 .fence
                 .fence_stage_seconds
                 .get_or_create(&StepLabel { stage })
@@ -426,7 +424,7 @@ impl Fencer {
                 info!(ok = outcome.ok(), detail = %outcome.detail(), "fence effect finished");
                 // A step counts its failure under the step's own name (in `execute`).
                 if !outcome.ok() && kind != FlowOutcome::Step {
-                    me.shared.metrics.fence.fence_failed(what, &outcome);
+                    me.metrics.fence.fence_failed(what, &outcome);
                 }
                 if let Err(e) = me.shared.flows.set_outcome(&flow, kind, outcome, calls).await {
                     error!(error = %e, at = %me.shared.flows.location(), "cannot record a fence outcome; it runs again after a restart");

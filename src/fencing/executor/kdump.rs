@@ -117,7 +117,7 @@ impl Fencer {
             (Ok(()), Some(n)) if !plans.get(n).is_some_and(|p| p.kdump) => Some("not-configured"),
             (Ok(()), Some(_)) => None,
         };
-        let metrics = &self.shared.metrics.fence.kdump_notifications;
+        let metrics = &self.metrics.fence.kdump_notifications;
         match (refused, node) {
             (None, Some(node)) => {
                 metrics

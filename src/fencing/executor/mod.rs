@@ -15,6 +15,7 @@ use tracing::{error, info, warn};
 use crate::fencing::agent::AgentRunner;
 use crate::fencing::book::PlanBook;
 use crate::fencing::config::{FencePlan, FencingConfig};
+use crate::fencing::metrics::FencingMetrics;
 use crate::fencing::peering::Peering;
 use crate::link::CollectorLink;
 use crate::parts::Shared;
@@ -98,6 +99,7 @@ pub struct Fencer {
     /// effect for the next flow, never mid-flow.
     pinned: Mutex<BTreeMap<uuid::Uuid, FencePlan>>,
     shared: Shared,
+    metrics: FencingMetrics,
     runner: Arc<dyn AgentRunner>,
     link: Arc<dyn CollectorLink>,
     /// Peer sets and views: the second opinion.
@@ -128,8 +130,10 @@ impl Fencer {
         runner: Arc<dyn AgentRunner>,
         link: Arc<dyn CollectorLink>,
         peering: Arc<Peering>,
+        metrics: FencingMetrics,
     ) -> Fencer {
         Fencer {
+            metrics,
             summaries: Mutex::new((u64::MAX, Arc::default())),
             pinned: Mutex::new(BTreeMap::new()),
             settings,
@@ -274,7 +278,7 @@ impl Fencer {
                 return;
             }
         };
-        self.shared.metrics.fence.count_flows(&flows);
+        self.metrics.fence.count_flows(&flows);
         let tags = match self.shared.cluster.jobs.tags().await {
             Ok(t) => t,
             Err(e) => {
@@ -339,15 +343,14 @@ impl Fencer {
             boot,
         };
         let ready = decide(&state, now);
-        let metrics = &self.shared.metrics;
         if !self.shared.leadership.is_leader() {
             let n = ready
                 .records
                 .iter()
                 .filter(|r| !matches!(r, Record::Storm { .. }))
                 .count();
-            metrics
-                .leader
+            self.shared
+                .leader_metrics
                 .standby_dropped
                 .inc_by((n + ready.effects.len()) as u64);
             return;
@@ -458,7 +461,7 @@ impl Fencer {
 
     /// A storm's start is logged once; its time is counted tick by tick while it lasts.
     fn count_storm(&self, storm: Option<(usize, usize)>, now: Nanos) {
-        let metrics = &self.shared.metrics;
+        let metrics = &self.metrics;
         let mut last = self.storm_tick.lock_unpoisoned();
         match (storm, *last) {
             (Some((unreachable, total)), None) => {

@@ -28,8 +28,7 @@ impl Fencer {
                 by: None,
             })
         });
-        self.shared
-            .metrics
+        self.metrics
             .fence
             .fencing_paused
             .set(i64::from(pause.is_some()));

@@ -199,7 +199,7 @@ impl Fencer {
     /// One probe of one collector; returns whether it answered, and when the probe was sent.
     async fn probe_one(&self, node: NodeConfig, c: &Cycle) -> (String, bool, Nanos) {
         let clock = &self.shared.clock;
-        let metrics = &self.shared.metrics;
+        let metrics = &self.metrics;
         // Signed; numbered, so the view can answer exactly this probe; echoing the beat of the
         // node's last view taken, so the node counts the master only by a round trip on its
         // own clock; naming the marked nodes.
@@ -284,7 +284,7 @@ impl Fencer {
         let was_silent = p.seen.misses >= self.settings.misses;
         let silent = p.seen.probed(ok, sent_at, self.settings.misses);
         if silent {
-            self.shared.metrics.probe.probe_silences.inc();
+            self.metrics.probe.probe_silences.inc();
         }
         silent || (ok && was_silent)
     }
@@ -302,11 +302,11 @@ impl Fencer {
             .await;
         match r {
             Ok(a) if a.status.is_success() => {
-                self.shared.metrics.peers.peer_sets_pushed.inc();
+                self.metrics.peers.peer_sets_pushed.inc();
                 debug!(node = %node.name, epoch = set.epoch, peers = set.peers.len(), "peer set pushed");
             }
             other => {
-                self.shared.metrics.peers.peer_set_push_failures.inc();
+                self.metrics.peers.peer_set_push_failures.inc();
                 let why = match other {
                     Ok(a) => format!(
                         "{}: {}",

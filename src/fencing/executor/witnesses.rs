@@ -183,8 +183,7 @@ impl Fencer {
         let began = began.into_iter().map(|(n, h)| (n, h.join(", ")));
         for (node, hearers) in began {
             warn!(node = %node, hearers = %hearers, "node partitioned from the master: its watchers still hear it, so nothing is fenced");
-            self.shared
-                .metrics
+            self.metrics
                 .peers
                 .partitioned
                 .get_or_create(&NodeLabel { node: node.clone() })
@@ -202,8 +201,7 @@ impl Fencer {
         }
         for node in ended {
             info!(node = %node, "node no longer partitioned from the master");
-            self.shared
-                .metrics
+            self.metrics
                 .peers
                 .partitioned
                 .get_or_create(&NodeLabel { node: node.clone() })

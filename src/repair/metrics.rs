@@ -1,6 +1,29 @@
-//! The repair engine's metrics: events, jobs, and its decisions (made, skipped, actions failed).
+//! The repair room's metrics, declared and registered here, beside the poller and the engine
+//! that produce them; the assembly hands each part its own set.
 
-use super::*;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+
+use crate::metrics::{JobLabel, ReasonLabel, RejectLabel, metric_set};
+
+metric_set! {
+    /// The poller's metrics: poll cycles, report verification, unanswered polls.
+    pub struct PollMetrics {
+        poll_cycle_seconds: Histogram = Histogram::new([0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0])
+            => ("maintd_poll_cycle_seconds", "Time to poll and verify every collector once"),
+        reports_accepted: Counter = Counter::default()
+            => ("maintd_reports_accepted", "Reports that passed verification"),
+        reports_rejected: Family<RejectLabel, Counter> = Family::default()
+            => ("maintd_reports_rejected", "Reports rejected, by reason and node"),
+        nodes_unreachable: Gauge = Gauge::default()
+            => ("maintd_nodes_unreachable", "Nodes whose collector did not answer the last poll"),
+        /// Polls a collector did not answer (refused, timed out, broken off).
+        polls_failed: Counter = Counter::default()
+            => ("maintd_polls_failed", "Report polls a collector did not answer (refused, timed out or broken off)"),
+    }
+}
 
 metric_set! {
     /// The repair engine's metrics: events, jobs, and its decisions (made, skipped, actions failed).

@@ -1,6 +1,16 @@
-//! The fencer's metrics: flows and their stages, storms and pauses, failures, alarms and returns, readiness, kdump notifications and drills.
+//! The fence room's metrics, declared and registered here, beside the fencer, its probe and
+//! peering, and the readiness checks that produce them; the assembly hands each part its own set.
 
-use super::*;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{
+    FailLabel, FlowLabel, KdumpLabel, NodeLabel, ReasonLabel, StepLabel, metric_set,
+};
+use maintd_core::fencing::machine::{FenceStatus, Step};
 
 metric_set! {
     /// The fencer's metrics: flows and their stages, storms and pauses, failures, alarms and returns, readiness, kdump notifications and drills.
@@ -94,6 +104,59 @@ impl FenceMetrics {
                     })
                     .set(n);
             }
+        }
+    }
+}
+
+metric_set! {
+    /// The liveness probe's metrics: unanswered probes, silences, its patience and the clock offsets it measures.
+    pub struct ProbeMetrics {
+        /// Liveness probes that got no answer in time.
+        probe_failures: Counter = Counter::default()
+            => ("maintd_probe_failures", "Liveness probes that got no answer within their patience"),
+        /// Collectors that came to count as silent (`liveness-misses` probes in a row unanswered).
+        probe_silences: Counter = Counter::default()
+            => ("maintd_probe_silences", "Collectors that came to count as silent (liveness-misses probes in a row unanswered)"),
+        /// The liveness probe's current patience per node.
+        probe_timeout_seconds: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+            => ("maintd_probe_timeout_seconds", "How long the liveness probe waits for each collector (adapted to its round trips)"),
+        /// How far each node's wall clock is from the master's, from the probe's round trip.
+        node_clock_offset_seconds: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
+            => ("maintd_node_clock_offset_seconds", "How far each node's wall clock is from the master's (positive: ahead), from the liveness probe's round trip; shown, never used to judge a node"),
+    }
+}
+
+metric_set! {
+    /// Peering's metrics: the views collectors send, the peer sets pushed to them, and partitions.
+    pub struct PeerMetrics {
+        /// Peer views refused, by reason (signature, node, stale, replayed, malformed).
+        views_rejected: Family<ReasonLabel, Counter> = Family::default()
+            => ("maintd_peer_views_rejected", "Peer views from collectors refused, by reason"),
+        /// Peer sets pushed to collectors, and pushes that failed.
+        peer_sets_pushed: Counter = Counter::default()
+            => ("maintd_peer_sets_pushed", "Peer sets pushed to collectors"),
+        peer_set_push_failures: Counter = Counter::default()
+            => ("maintd_peer_set_push_failures", "Peer set pushes that a collector did not accept"),
+        /// 1 while the master has lost a node that a watcher still hears.
+        partitioned: Family<NodeLabel, Gauge> = Family::default()
+            => ("maintd_node_partitioned", "1 while the master cannot reach the node but one of its watchers still hears it"),
+    }
+}
+
+/// The fencer's sets: its flows and effects, its liveness probe, and peering.
+#[derive(Clone)]
+pub struct FencingMetrics {
+    pub fence: FenceMetrics,
+    pub probe: ProbeMetrics,
+    pub peers: PeerMetrics,
+}
+
+impl FencingMetrics {
+    pub fn register(reg: &mut Registry) -> FencingMetrics {
+        FencingMetrics {
+            fence: FenceMetrics::register(reg),
+            probe: ProbeMetrics::register(reg),
+            peers: PeerMetrics::register(reg),
         }
     }
 }
