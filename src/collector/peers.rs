@@ -22,11 +22,11 @@ use tracing::{debug, warn};
 
 use crate::config::HeartbeatConfig;
 use crate::report::heartbeat::{
-    Heartbeat, MAX_HEARTBEAT_BYTES, PeerKeys, PeerSet, PeerSetError, PeerView, SignedView,
-    heartbeat_signed,
+    Heartbeat, MAX_HEARTBEAT_BYTES, PeerSet, PeerSetError, PeerView, SignedView,
 };
 use crate::report::nodekey::Credential;
 use crate::report::now_ns;
+use crate::report::peerkeys::{PeerKeys, heartbeat_signed};
 use crate::sync::{LockExt, RwLockExt};
 use maintd_core::verdict::Nanos;
 

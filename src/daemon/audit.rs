@@ -6,7 +6,7 @@ use axum::extract::{Query, State};
 use axum::middleware;
 use serde::Deserialize;
 
-use super::api::{S, db_error};
+use super::api_state::{S, db_error};
 use crate::http::ApiError;
 
 /// Records an accepted operator command in the audit trail before it runs, and its answer

@@ -10,7 +10,7 @@ use axum::extract::{Path, Query, State};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::api::{ApiState, require_leader};
+use super::api_state::{ApiState, require_leader};
 use crate::http::ApiError;
 use maintd_core::fencing::machine::{FenceStatus, Transition, fence_failed_tag};
 

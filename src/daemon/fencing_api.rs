@@ -7,7 +7,7 @@ use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::api::{ApiState, require_leader};
+use super::api_state::{ApiState, require_leader};
 use crate::clock::steady_ns;
 use crate::http::ApiError;
 use crate::views;

@@ -3,19 +3,17 @@
 //! ten thousand events is then a copy, not ten thousand rows read and serialized again.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 use axum::extract::{Extension, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 
-use super::api::{ApiState, S, db_error, flows_error, internal};
+use super::api_state::{ApiState, S, db_error, flows_error, internal};
 use super::listing::{self, Item, ListQuery, Page, Watches, one_of};
+use super::status_cache::time_key;
 use crate::http::ApiError;
 use crate::http::listener::ConnActivity;
 use crate::node::collector_address;
-use crate::store::Store;
-use crate::sync::LockExt;
 use crate::views;
 
 const REPAIR_STATUSES: [&str; 5] = ["noted", "pending", "canceled", "failed", "completed"];
@@ -28,138 +26,6 @@ const ACTIONS: [&str; 5] = [
 ];
 const FENCE_STATUSES: [&str; 5] = ["new", "running", "done", "error", "final"];
 const NODE_STATES: [&str; 2] = ["reachable", "unreachable"];
-
-/// A sort key that orders by time, then id, as text: times are shifted to be non-negative and
-/// padded, so that the cursor (the last key shown) compares as the items do.
-fn time_key(t: i64, id: &uuid::Uuid) -> String {
-    format!("{:020}.{id}", (t as u64) ^ (1 << 63))
-}
-
-/// One repair event, built, with what the filters look at.
-struct Built {
-    key: String,
-    node: String,
-    status: &'static str,
-    action: &'static str,
-    updated: i64,
-    json: Arc<[u8]>,
-}
-
-/// Built repair events, with where each node's are among them.
-struct BuiltEvents {
-    all: Vec<Built>,
-    /// A node's positions in `all`, in order: one node's events out of ten thousand are
-    /// picked, not found by comparing every event's node.
-    by_node: HashMap<String, Vec<usize>>,
-}
-
-impl BuiltEvents {
-    fn new(all: Vec<Built>) -> BuiltEvents {
-        let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
-        for (i, b) in all.iter().enumerate() {
-            by_node.entry(b.node.clone()).or_default().push(i);
-        }
-        BuiltEvents { all, by_node }
-    }
-
-    /// Every event, or only `node`'s, in order.
-    fn of<'a>(&'a self, node: Option<&str>) -> impl Iterator<Item = &'a Built> + 'a {
-        let picked = node.map(|n| self.by_node.get(n).map_or(&[][..], Vec::as_slice));
-        let (all, some) = match picked {
-            None => (Some(self.all.iter()), None),
-            Some(ix) => (None, Some(ix.iter().map(|&i| &self.all[i]))),
-        };
-        all.into_iter().flatten().chain(some.into_iter().flatten())
-    }
-}
-
-/// The repair events as last built, and the store's count of event changes they reflect; and
-/// likewise the fence flows shown beside them, where this daemon is their only writer.
-#[derive(Default)]
-pub struct StatusCache {
-    events: Mutex<Option<(u64, Arc<BuiltEvents>)>>,
-    flows: Mutex<Option<(u64, Arc<[Built]>)>>,
-}
-
-impl StatusCache {
-    /// The events, all of them or only `node`'s. One node's are read afresh when the cache
-    /// is stale rather than rebuilding it: a watcher of one node sees a change at the cost of
-    /// that node's events, not of all of them.
-    fn get(&self, store: &Store, node: Option<&str>) -> Result<Arc<BuiltEvents>, ApiError> {
-        // Read before the rows: a change while building leaves the old count, so the next
-        // request builds again.
-        let generation = store.changes().now().events;
-        if let Some((g, built)) = self.events.lock_unpoisoned().as_ref()
-            && *g == generation
-        {
-            return Ok(built.clone());
-        }
-        if node.is_some() {
-            return Ok(Arc::new(Self::build(store, node)?));
-        }
-        let built = Arc::new(Self::build(store, None)?);
-        *self.events.lock_unpoisoned() = Some((generation, built.clone()));
-        Ok(built)
-    }
-
-    /// The fence flows to show, built. Every write of this daemon's flows is counted as an event
-    /// change, so they are kept until the count moves; flows other replicas write (cluster
-    /// objects) are read afresh each time.
-    async fn flows(&self, s: &ApiState) -> Result<Arc<[Built]>, ApiError> {
-        let shared = s.flows.shared();
-        let generation = s.store.changes().now().events;
-        if !shared
-            && let Some((g, built)) = self.flows.lock_unpoisoned().as_ref()
-            && *g == generation
-        {
-            return Ok(built.clone());
-        }
-        let flows = s
-            .flows
-            .shown(i64::MAX)
-            .await
-            .map_err(|e| flows_error(s, e))?;
-        let built: Arc<[Built]> = flows
-            .iter()
-            .map(|f| {
-                let v = views::Event::of_flow(f);
-                Ok(Built {
-                    key: time_key(v.created, &v.id),
-                    status: v.repair_status.as_str(),
-                    action: v.action.as_str(),
-                    updated: v.updated,
-                    json: serde_json::to_vec(&v).map_err(internal)?.into(),
-                    node: v.node,
-                })
-            })
-            .collect::<Result<_, ApiError>>()?;
-        if !shared {
-            *self.flows.lock_unpoisoned() = Some((generation, built.clone()));
-        }
-        Ok(built)
-    }
-
-    fn build(store: &Store, node: Option<&str>) -> Result<BuiltEvents, ApiError> {
-        let events = store
-            .events_with_jobs(node)
-            .map_err(|e| db_error(store, e))?;
-        let built: Vec<Built> = events
-            .iter()
-            .map(|(e, j)| {
-                let v = views::Event::of_repair(e, j);
-                Built {
-                    key: time_key(v.created, &v.id),
-                    node: v.node.clone(),
-                    status: v.repair_status.as_str(),
-                    action: v.action.as_str(),
-                    updated: v.updated,
-                    json: serde_json::to_vec(&v).expect("a view serializes").into(),
-                }
-            })
-            .collect();
-        Ok(BuiltEvents::new(built))
-    }
-}
 
 pub(super) async fn status(
     State(s): S,
@@ -183,7 +49,10 @@ pub(super) async fn status(
 }
 
 async fn status_page(s: &ApiState, q: &ListQuery) -> Result<Page, ApiError> {
-    let built = s.status_cache.get(&s.store, q.node.as_deref())?;
+    let built = s
+        .status_cache
+        .get(&s.store, q.node.as_deref())
+        .map_err(|e| db_error(&s.store, e))?;
     let mut items: Vec<Item> = built
         .of(q.node.as_deref())
         .filter(|e| q.event_ok(&e.node, e.status, e.action, e.updated))
@@ -193,7 +62,11 @@ async fn status_page(s: &ApiState, q: &ListQuery) -> Result<Page, ApiError> {
         })
         .collect();
     // Fence flows are events too, until they are final.
-    let flows = s.status_cache.flows(s).await?;
+    let flows = s
+        .status_cache
+        .flows(s.flows.as_ref(), &s.store)
+        .await
+        .map_err(|e| flows_error(s, e))?;
     items.extend(
         flows
             .iter()

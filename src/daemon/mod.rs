@@ -2,6 +2,7 @@
 //! the HTTP API, wired together and shut down together.
 
 pub mod api;
+mod api_state;
 pub mod assembly;
 mod audit;
 mod backends;
@@ -13,6 +14,7 @@ mod lists;
 pub mod lock;
 pub mod maintenance;
 mod reload;
+mod status_cache;
 mod ui;
 
 use std::future::Future;

@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::nodekey::{CLUSTER_KEY_ENTRY, HeartbeatPublic, HeldKeys, ed25519_sign};
-pub use super::peerkeys::{PeerKeys, heartbeat_signed};
 use super::{Key, age_ns};
 
 /// Domain separator: a heartbeat signature is valid for nothing else.

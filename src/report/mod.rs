@@ -8,7 +8,7 @@ pub mod keyring;
 pub mod live;
 pub mod nodekey;
 pub mod operator;
-mod peerkeys;
+pub mod peerkeys;
 pub mod poll;
 mod request;
 

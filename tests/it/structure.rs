@@ -1,6 +1,6 @@
 //! The module structure docs/ARCHITECTURE.md promises. The unit is a top-level module of
 //! `src/` (a folder or a file); the pure core is the `maintd-core` crate, one unit below them all.
-//! Checked: no import cycle between units, no import up the layers, and a core whose
+//! Checked: no import cycle between units or between files, no import up the layers, and a core whose
 //! dependencies do no I/O and whose code names no clock, file, socket or process. That the core
 //! imports nothing of the shell, Cargo checks: it cannot name the crate that depends on it.
 
@@ -98,6 +98,62 @@ fn modules_import_each_other_without_a_cycle() {
     assert!(
         cycles.is_empty(),
         "modules on an import cycle: {cycles:?}\n{g:#?}"
+    );
+}
+
+/// A file's module path (`daemon/api`, `report` for `report/mod.rs`) -> the modules of `src`
+/// its non-test code names through `super::x` or `crate::x::y`.
+fn file_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = root().join("src");
+    let exists =
+        |m: &str| src.join(format!("{m}.rs")).exists() || src.join(m).join("mod.rs").exists();
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (rel, code) in code_files(&src) {
+        let mut parts: Vec<String> = rel
+            .with_extension("")
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.last().is_some_and(|l| l == "mod") {
+            parts.pop();
+        }
+        let me = parts.join("/");
+        let parent = parts[..parts.len().saturating_sub(1)].join("/");
+        let mut deps = BTreeSet::new();
+        for rest in code.split("super::").skip(1) {
+            let m = format!("{parent}/{}", ident(rest));
+            let m = m.trim_start_matches('/').to_string();
+            if !ident(rest).is_empty() && exists(&m) {
+                deps.insert(m);
+            }
+        }
+        for rest in code.split("crate::").skip(1) {
+            let first = ident(rest);
+            let Some(after) = rest[first.len()..].strip_prefix("::") else {
+                continue;
+            };
+            let m = format!("{first}/{}", ident(after));
+            if !ident(after).is_empty() && exists(&m) && !me.starts_with(&m) {
+                deps.insert(m);
+            }
+        }
+        deps.remove(&me);
+        g.entry(me).or_default().extend(deps);
+    }
+    g
+}
+
+/// Files import each other without a circle too, so each file can be read after the ones it
+/// names: a router and its handlers share their state through a third file, not each other.
+#[test]
+fn files_import_each_other_without_a_cycle() {
+    let g = file_graph();
+    assert!(g["daemon/lists"].contains("daemon/api_state"), "{g:#?}");
+    assert!(g["collector/peers"].contains("report/peerkeys"), "{g:#?}");
+    let cycles: Vec<&String> = g.keys().filter(|m| reaches(&g, m, m)).collect();
+    assert!(
+        cycles.is_empty(),
+        "files on an import cycle: {cycles:?}\n{g:#?}"
     );
 }
 
