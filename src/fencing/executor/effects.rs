@@ -79,6 +79,17 @@ impl CallJournal for FlowJournal {
     }
 }
 
+/// What persisting one record did to the flows.
+pub(super) enum Persisted {
+    /// A flow started or a save took: the next decision may differ, so it comes at once.
+    Moved,
+    /// Nothing moved (a held request, a storm).
+    Kept,
+    /// A save that did not take (the flow changed meanwhile, or the write failed): no effect
+    /// decided from the old record runs, and deciding again at once would spin.
+    Refused(uuid::Uuid),
+}
+
 impl Fencer {
     /// Removes the tags of remedies that ran on `node` while its flow held it out of service:
     /// run against a node that was down, their verdicts say nothing about the node that
@@ -115,8 +126,8 @@ impl Fencer {
         ))
     }
 
-    /// Persists one record of a decision.
-    pub(super) async fn persist(self: &Arc<Self>, r: Record) {
+    /// Persists one record of a decision; says what that did to the flows.
+    pub(super) async fn persist(self: &Arc<Self>, r: Record) -> Persisted {
         let flows = &self.shared.flows;
         match r {
             Record::Start(mut f) => {
@@ -142,6 +153,7 @@ impl Fencer {
                         error!(error = %e, at = %flows.location(), "cannot record a new fence flow")
                     }
                 }
+                Persisted::Moved
             }
             Record::Hold {
                 request,
@@ -153,11 +165,17 @@ impl Fencer {
                 if let Err(e) = flows.hold(&request, &why, refused).await {
                     warn!(error = %e, at = %flows.location(), "cannot record why a fence request waits");
                 }
+                Persisted::Kept
             }
             Record::Save(f) => {
-                self.save(f).await;
+                let id = f.id;
+                match self.save(f).await {
+                    true => Persisted::Moved,
+                    false => Persisted::Refused(id),
+                }
             }
-            Record::Storm { .. } => {}
+            // Nothing to write: the tick keeps the storm's span and its gauge.
+            Record::Storm { .. } => Persisted::Kept,
         }
     }
 
@@ -310,27 +328,34 @@ impl Fencer {
         work: StepWork,
     ) -> (Outcome, Vec<Call>) {
         let cluster = &self.shared.cluster;
-        let node = site.node.clone();
-        let node = node.as_str();
         match work {
             StepWork::Mark => (
-                cluster.fences.mark_unschedulable(node, &flow, true).await,
+                cluster
+                    .fences
+                    .mark_unschedulable(&site.node, &flow, true)
+                    .await,
                 vec![],
             ),
             StepWork::Agents { mark, unmark } => {
                 if mark {
-                    let o = cluster.fences.mark_unschedulable(node, &flow, true).await;
+                    let o = cluster
+                        .fences
+                        .mark_unschedulable(&site.node, &flow, true)
+                        .await;
                     if !o.ok() {
                         return (o, vec![]);
                     }
                 }
                 if unmark {
-                    let o = cluster.fences.mark_unschedulable(node, &flow, false).await;
+                    let o = cluster
+                        .fences
+                        .mark_unschedulable(&site.node, &flow, false)
+                        .await;
                     if !o.ok() {
                         return (o, vec![]);
                     }
                 }
-                let plan = self.plan_of(&flow, node);
+                let plan = self.plan_of(&flow, &site.node);
                 let stage = plan.as_ref().and_then(|p| p.stage(step));
                 let clock = self.shared.clock.as_ref();
                 let journal = FlowJournal {
@@ -344,7 +369,7 @@ impl Fencer {
                 };
                 let (o, calls) = run_stage_recorded(env, &mut site, step, stage).await;
                 for c in &calls {
-                    info!(flow = %flow, node = %node, step = step.as_str(), agent = %c.agent, action = %c.action, code = ?c.code, elapsed_ms = c.elapsed_ms, "fence agent call");
+                    info!(flow = %flow, node = %site.node, step = step.as_str(), agent = %c.agent, action = %c.action, code = ?c.code, elapsed_ms = c.elapsed_ms, "fence agent call");
                 }
                 (o, calls)
             }

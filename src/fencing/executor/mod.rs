@@ -366,19 +366,15 @@ impl Fencer {
         // from the old one: a cancel answered 200 is never followed by the power-off.
         let mut stale = std::collections::BTreeSet::new();
         for r in records {
-            moved |= matches!(r, Record::Start(_));
-            match r {
-                Record::Storm { unreachable, total } => storm = Some((unreachable, total)),
-                // A save that failed moved nothing: deciding again at once would spin.
-                Record::Save(f) => {
-                    let id = f.id;
-                    if self.save(f).await {
-                        moved = true;
-                    } else {
-                        stale.insert(id);
-                    }
+            if let Record::Storm { unreachable, total } = r {
+                storm = Some((unreachable, total));
+            }
+            match self.persist(r).await {
+                effects::Persisted::Moved => moved = true,
+                effects::Persisted::Kept => {}
+                effects::Persisted::Refused(id) => {
+                    stale.insert(id);
                 }
-                other => self.persist(other).await,
             }
         }
         let effects: Vec<Effect> = effects
