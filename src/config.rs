@@ -34,6 +34,8 @@ pub enum ConfigError {
     Kubernetes(#[from] crate::cluster::kube::KubeConfigError),
     #[error("config: {0}")]
     Limits(#[from] crate::http::listener::LimitsError),
+    #[error("config: {0}")]
+    Store(#[from] crate::cluster::etcd::StoreConfigError),
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -48,6 +50,7 @@ pub struct Config {
     pub fencing: crate::fencing::config::FencingConfig,
     pub kubernetes: crate::cluster::kube::KubeConfig,
     pub ganeti: crate::cluster::ganeti::GanetiConfig,
+    pub store: crate::cluster::etcd::StoreConfig,
     /// This host's name, resolved once at load (`resolve_environment`).
     #[serde(skip)]
     pub host: String,
@@ -252,6 +255,10 @@ impl Config {
     /// What only the backend in force decides (the command line may choose it): agents run as
     /// Jobs need Kubernetes.
     pub fn validate_backend(&self) -> Result<(), ConfigError> {
+        use crate::cluster::etcd::{StoreBackend, StoreConfigError};
+        if self.store.backend == StoreBackend::Etcd && self.cluster.backend != Backend::Inventory {
+            return Err(StoreConfigError::NotInventory.into());
+        }
         let kube = self.cluster.backend == Backend::Kubernetes;
         Ok(self
             .fencing
@@ -294,6 +301,7 @@ impl Config {
             }
         }
         self.kubernetes.validate()?;
+        self.store.validate()?;
         (self.kubernetes)
             .check_witness_timing(self.fencing.grace, self.fencing.liveness_interval)?;
         self.fencing.check_jobs(None, "")?;
@@ -592,6 +600,36 @@ mod tests {
 
     /// And the reference lists every key the parser knows, section by section.
     #[test]
+    fn the_store_reference_is_the_parsers_defaults() {
+        let text = reference_block("\n## Store\n");
+        let c = Config::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(c.store, crate::cluster::etcd::StoreConfig::default());
+        // The optional keys shown commented out parse too.
+        let all = text
+            .replace("# ca-file", "ca-file")
+            .replace("# cert-file", "cert-file");
+        let all = all
+            .replace("# key-file", "key-file")
+            .replace("# identity", "identity");
+        let c = Config::parse(&all).unwrap_or_else(|e| panic!("{e}\n{all}"));
+        assert_eq!(c.store.identity("host"), "master1");
+    }
+
+    #[test]
+    fn etcd_is_for_the_inventory_backend_only() {
+        let mut c = Config::parse("[store]\nbackend = \"etcd\"\n").unwrap();
+        c.validate_backend().unwrap();
+        c.cluster.backend = Backend::Ganeti;
+        let e = c.validate_backend().unwrap_err().to_string();
+        assert!(
+            e.contains("store.backend = \"etcd\" is for the inventory backend"),
+            "{e}"
+        );
+        let e = Config::parse("[store]\nbackend = \"etcd\"\nendpoints = []\n").unwrap_err();
+        assert!(e.to_string().contains("store.endpoints"), "{e}");
+    }
+
+    #[test]
     fn the_ganeti_reference_is_the_parsers_defaults() {
         let text = reference_block("\n## Ganeti\n");
         let c = Config::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -604,6 +642,7 @@ mod tests {
         let fencing = reference_block("\n## Fencing\n");
         let kubernetes = reference_block("\n## Kubernetes\n");
         let ganeti = reference_block("\n## Ganeti\n");
+        let store = reference_block("\n## Store\n");
         for (section, text) in [
             ("cluster", reference),
             ("daemon", reference),
@@ -621,6 +660,7 @@ mod tests {
             ("kubernetes", kubernetes),
             ("kubernetes.leader-election", kubernetes),
             ("ganeti", ganeti),
+            ("store", store),
         ] {
             let fields = known_fields(section);
             assert!(!fields.is_empty(), "{section}");

@@ -8,15 +8,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use crate::clock::boot_ns;
 use crate::cluster::kube::LeaderElectionConfig;
 use crate::cluster::{Coordination, LeaseRecord};
 use crate::metrics::metric_set;
 use crate::store::Checkpoint;
 use crate::sync::LockExt;
 use maintd_core::lease::{LeaseStep, lease_step};
+use maintd_core::verdict::Nanos;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -80,9 +81,42 @@ impl CheckpointError {
     }
 }
 
+/// How a replica is elected, whatever keeps the lease (a Kubernetes Lease, an etcd key).
+#[derive(Debug, Clone)]
+pub struct Election {
+    /// This replica's name in the lease.
+    pub identity: String,
+    /// Where the lease is, for logs and `/1/leader` (`Lease default/maintd`, `etcd …`).
+    pub place: String,
+    /// Which kind of lease: `kubernetes` or `etcd`.
+    pub backend: &'static str,
+    pub lease_duration: Duration,
+    /// A leader that cannot renew for this long stops acting, before its lease can expire.
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+impl From<&LeaderElectionConfig> for Election {
+    fn from(c: &LeaderElectionConfig) -> Election {
+        Election {
+            identity: c.identity(),
+            place: format!("Lease {}/{}", c.namespace(), c.lease_name),
+            backend: "kubernetes",
+            lease_duration: c.lease_duration,
+            renew_deadline: c.renew_deadline,
+            retry_period: c.retry_period,
+        }
+    }
+}
+
+/// How long ago `t` was, on `CLOCK_BOOTTIME`.
+fn since(t: Nanos) -> Duration {
+    Duration::from_nanos(boot_ns().saturating_sub(t).max(0) as u64)
+}
+
 pub struct Leadership {
     identity: String,
-    election: Option<(Arc<dyn Coordination>, LeaderElectionConfig)>,
+    election: Option<(Arc<dyn Coordination>, Election)>,
     /// Where the decision state is exported to and imported from.
     state: Arc<dyn Checkpoint>,
     leader: AtomicBool,
@@ -95,7 +129,9 @@ pub struct Leadership {
     lost: Mutex<Option<String>>,
     lost_notify: Notify,
     /// When this replica last wrote the Lease as its holder (elected mode).
-    renewed: Mutex<Option<std::time::Instant>>,
+    /// When the lease was last renewed, on `CLOCK_BOOTTIME`: a replica suspended or stopped
+    /// while it led sees the whole span when it wakes, and does not act.
+    renewed: Mutex<Option<Nanos>>,
     /// The term, published: the executors' loops follow it and act at once when this replica
     /// becomes the leader.
     term_tx: watch::Sender<u64>,
@@ -113,15 +149,15 @@ impl Leadership {
 
     pub fn elected(
         coord: Arc<dyn Coordination>,
-        cfg: LeaderElectionConfig,
+        cfg: Election,
         state: Arc<dyn Checkpoint>,
     ) -> Leadership {
-        Leadership::new(cfg.identity(), Some((coord, cfg)), state)
+        Leadership::new(cfg.identity.clone(), Some((coord, cfg)), state)
     }
 
     fn new(
         identity: String,
-        election: Option<(Arc<dyn Coordination>, LeaderElectionConfig)>,
+        election: Option<(Arc<dyn Coordination>, Election)>,
         state: Arc<dyn Checkpoint>,
     ) -> Leadership {
         Leadership {
@@ -158,7 +194,7 @@ impl Leadership {
                 Some((_, cfg)) => self
                     .renewed
                     .lock_unpoisoned()
-                    .is_some_and(|t| t.elapsed() < cfg.renew_deadline),
+                    .is_some_and(|t| since(t) < cfg.renew_deadline),
             }
     }
 
@@ -168,7 +204,7 @@ impl Leadership {
     }
 
     fn renewed_now(&self) {
-        *self.renewed.lock_unpoisoned() = Some(std::time::Instant::now());
+        *self.renewed.lock_unpoisoned() = Some(boot_ns());
     }
 
     pub fn term(&self) -> u64 {
@@ -177,6 +213,27 @@ impl Leadership {
 
     pub fn elected_mode(&self) -> bool {
         self.election.is_some()
+    }
+
+    /// Which kind of lease elects this replica: `kubernetes`, `etcd`, or `single` (one daemon,
+    /// behind its master lock).
+    pub fn backend(&self) -> &'static str {
+        self.election.as_ref().map_or("single", |(_, e)| e.backend)
+    }
+
+    /// Where the lease is (`Lease default/maintd`, `etcd …`).
+    pub fn place(&self) -> Option<String> {
+        self.election.as_ref().map(|(_, e)| e.place.clone())
+    }
+
+    /// The fencing token every write of this leader compares (etcd's term revision).
+    pub fn token(&self) -> Option<i64> {
+        self.election.as_ref().and_then(|(c, _)| c.token())
+    }
+
+    /// How long ago this replica last renewed its lease, on the steady clock.
+    pub fn renewed_ago(&self) -> Option<Duration> {
+        self.renewed.lock_unpoisoned().map(since)
     }
 
     /// Who holds the lease, as last seen (this replica when it leads).
@@ -214,18 +271,39 @@ impl Leadership {
 
     /// Writes the decision state to the shared checkpoint if it changed. Called before every side
     /// effect: an effect whose intent is not shared never starts. A no-op without election.
+    /// Shares the decision state after a change (nothing to do when it has not changed).
     pub async fn checkpoint(&self) -> Result<(), CheckpointError> {
+        self.share(false).await
+    }
+
+    /// Shares the decision state before an effect; with nothing new to share, confirms with
+    /// the store of record that this replica still holds the lease as of now (not as of its
+    /// last renewal), so the effect runs only after a check a successor's writes would fail.
+    pub async fn share_before_effect(&self) -> Result<(), CheckpointError> {
+        self.share(true).await
+    }
+
+    async fn share(&self, effect: bool) -> Result<(), CheckpointError> {
         let Some((coord, _)) = &self.election else {
             return Ok(());
         };
         if !self.is_leader() {
             return Err(CheckpointError::NotLeader);
         }
-        // One writer at a time keeps the resourceVersion chain in order.
         let mut last = self.last_written.lock().await;
         let data = self.state.export().map_err(CheckpointError::Export)?;
         if *last == data {
-            return Ok(());
+            if !effect {
+                return Ok(());
+            }
+            return match coord.confirm().await {
+                Ok(true) => Ok(()),
+                Ok(false) => {
+                    self.lose(CheckpointError::Conflict.to_string());
+                    Err(CheckpointError::Conflict)
+                }
+                Err(e) => Err(CheckpointError::Write(e)),
+            };
         }
         within_limit(&data)?;
         let version = self.state_version.lock_unpoisoned().clone();
@@ -243,9 +321,6 @@ impl Leadership {
         }
     }
 
-    /// Imports the shared checkpoint if it changed since the last import or write. A standby
-    /// reads its watch cache; a new leader reads the API (`fresh`), so it never acts on a
-    /// checkpoint older than the last one written.
     async fn import(
         &self,
         coord: &Arc<dyn Coordination>,
@@ -280,8 +355,8 @@ impl Leadership {
         let me = self.identity.clone();
         let lease_duration = cfg.lease_duration;
         let mut seen: Option<(Option<String>, Option<String>)> = None;
-        let mut seen_at = Instant::now();
-        let mut renewed_at = Instant::now();
+        let mut seen_at = boot_ns();
+        let mut renewed_at = boot_ns();
         // The Lease as this replica last wrote it, while it holds it: a renewal replaces that
         // version without reading first (as client-go does), so a leader's only request per
         // retry period is its renewal. A conflict means someone else wrote: read it afresh.
@@ -289,7 +364,7 @@ impl Leadership {
         let mut fresh = false;
         let mut ticker = crate::ticker::Ticker::new(cfg.retry_period);
         tokio::pin!(shutdown);
-        info!(identity = %me, lease = %cfg.lease_name, namespace = %cfg.namespace(), "leader election started");
+        info!(identity = %me, lease = %cfg.place, "leader election started");
         while ticker.next(shutdown.as_mut()).await.is_some() {
             if self.lost.lock_unpoisoned().is_some() {
                 return;
@@ -314,12 +389,12 @@ impl Leadership {
                 .map(|l| (l.holder.clone(), l.renew_marker.clone()));
             if marker != seen {
                 seen = marker;
-                seen_at = Instant::now();
+                seen_at = boot_ns();
             }
             match lease_step(
                 lease.as_ref().map(LeaseRecord::view),
                 &me,
-                seen_at.elapsed(),
+                since(seen_at),
                 lease_duration,
             ) {
                 LeaseStep::Renew => {
@@ -328,7 +403,7 @@ impl Leadership {
                     match coord.write_lease(&l).await {
                         Ok(Some(written)) => {
                             own = Some(written);
-                            renewed_at = Instant::now();
+                            renewed_at = boot_ns();
                             self.renewed_now();
                             if !self.leads() {
                                 // Our own lease from before a restart: lead again at once.
@@ -362,7 +437,7 @@ impl Leadership {
                     match coord.write_lease(&l).await {
                         Ok(Some(written)) => {
                             own = Some(written);
-                            renewed_at = Instant::now();
+                            renewed_at = boot_ns();
                             self.renewed_now();
                             self.become_leader(&coord).await;
                         }
@@ -411,8 +486,8 @@ impl Leadership {
         }
     }
 
-    fn check_deadline(&self, renewed_at: Instant, deadline: Duration) {
-        if self.leads() && renewed_at.elapsed() > deadline {
+    fn check_deadline(&self, renewed_at: Nanos, deadline: Duration) {
+        if self.leads() && since(renewed_at) > deadline {
             self.lose(format!("could not renew the lease for {deadline:?}"));
         }
     }

@@ -337,6 +337,14 @@ pub struct Leader {
     pub holder: Option<String>,
     pub elected: bool,
     pub term: u64,
+    /// What elects the leader: `single`, `kubernetes` or `etcd`.
+    pub backend: String,
+    /// Where the lease is.
+    pub place: Option<String>,
+    /// etcd's fencing token, once this replica has taken the lease.
+    pub token: Option<i64>,
+    #[serde(rename = "last-renewal-age-seconds")]
+    pub last_renewal_age_seconds: Option<f64>,
 }
 
 /// `/1/health` while the engine decides.

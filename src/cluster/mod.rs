@@ -4,6 +4,7 @@
 //! `kube` the Kubernetes implementation of the same traits.
 
 mod caps;
+pub mod etcd;
 pub mod ganeti;
 mod inventory;
 pub mod kube;
@@ -54,6 +55,8 @@ pub enum ClusterError {
     Ganeti(String),
     #[error("Job {name}: {problem}")]
     Job { name: String, problem: String },
+    #[error(transparent)]
+    Etcd(etcd::EtcdError),
 }
 
 /// What the node list says now (Kubernetes): the managed nodes and their conditions.
@@ -194,6 +197,11 @@ pub trait Coordination: Send + Sync + 'static {
         version: Option<&str>,
         data: &str,
     ) -> Result<Option<String>, ClusterError>;
+    /// Whether this replica still holds the lease, asked of the store of record now (not of a
+    /// cache): the check before an effect when there is no new state to share.
+    async fn confirm(&self) -> Result<bool, ClusterError>;
+    /// The fencing token this leader's writes compare, where the store has one.
+    fn token(&self) -> Option<i64>;
 }
 
 /// Why maintd claims a node (the claim is given back once no purpose needs it).

@@ -99,6 +99,10 @@ async fn leader(State(s): S) -> Json<views::Leader> {
         holder: l.holder(),
         elected: l.elected_mode(),
         term: l.term(),
+        backend: l.backend().into(),
+        place: l.place(),
+        token: l.token(),
+        last_renewal_age_seconds: l.renewed_ago().map(|d| d.as_secs_f64()),
     })
 }
 

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::DaemonError;
-use crate::cluster::Inventory;
+use crate::cluster::etcd::{Etcd, StoreBackend};
 use crate::cluster::ganeti::Ganeti;
 use crate::cluster::kube::KubeCluster;
 use crate::cluster::maps::MapSource;
+use crate::cluster::{ClusterError, Inventory};
 use crate::config::Config;
 use crate::fencing::book::{PlanBook, Plans};
-use crate::leader::Leadership;
+use crate::leader::{Election, Leadership};
 use crate::members::NodeView;
 use crate::node::NodeConfig;
 use crate::store::checkpoint::WithoutFlows;
@@ -72,7 +73,7 @@ pub async fn kubernetes(
             (store.clone(), store.clone())
         };
     let leadership = if le.enabled {
-        Leadership::elected(k.clone(), le, state)
+        Leadership::elected(k.clone(), (&le).into(), state)
     } else {
         Leadership::single(le.identity(), state)
     };
@@ -132,12 +133,34 @@ pub async fn ganeti(
     Ok((ready, MasterWatch { g, node }))
 }
 
-/// The local inventory: the configured nodes, one master, flows in SQLite.
-pub fn inventory(cfg: &Config, store: &Arc<Store>, plans: Plans) -> Result<Ready, DaemonError> {
+/// The local inventory: the configured nodes and flows in SQLite; one master, or (with
+/// `[store] backend = "etcd"`) a leader elected in etcd that shares the state there.
+pub async fn inventory(
+    cfg: &Config,
+    store: &Arc<Store>,
+    plans: Plans,
+) -> Result<Ready, DaemonError> {
     let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
+    let leadership = match cfg.store.backend {
+        StoreBackend::Sqlite => Leadership::single(cfg.host.clone(), store.clone()),
+        StoreBackend::Etcd => {
+            let s = &cfg.store;
+            let etcd = Arc::new(Etcd::connect(s).await.map_err(ClusterError::from)?);
+            let election = Election {
+                identity: s.identity(&cfg.host),
+                place: etcd.location(),
+                backend: "etcd",
+                lease_duration: s.lease_duration,
+                renew_deadline: s.renew_deadline,
+                retry_period: s.retry_period,
+            };
+            info!(identity = %election.identity, at = %election.place, "the decision state is shared on etcd");
+            Leadership::elected(etcd, election, store.clone())
+        }
+    };
     let membership = Membership {
         nodes: cfg.nodes.clone(),
-        leadership: Leadership::single(cfg.host.clone(), store.clone()),
+        leadership,
         watch: None,
         flows: store.clone(),
     };

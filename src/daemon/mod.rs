@@ -117,7 +117,7 @@ pub async fn run(
             }
         }
         Backend::Inventory => {
-            let ready = backends::inventory(&cfg, &store, plans)?;
+            let ready = backends::inventory(&cfg, &store, plans).await?;
             run_with(&cfg, creds, store, ready, lock, shutdown).await
         }
     }

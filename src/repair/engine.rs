@@ -394,7 +394,7 @@ impl Engine {
                 let jobs = self.store.start_round(*round, jobs, now)?;
                 // Share the round before any job starts, so a successor resumes it rather than
                 // starting another; without that, stop acting.
-                if let Err(e) = self.leadership.checkpoint().await {
+                if let Err(e) = self.leadership.share_before_effect().await {
                     self.leadership
                         .abdicate(format!("round {round} not shared: {e}"));
                     return Err(e.into());

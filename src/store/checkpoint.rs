@@ -87,6 +87,11 @@ const CHECKPOINT: &[(&str, &str)] = &[
         "SELECT * FROM controls WHERE name NOT IN ('steady-clock', 'health-write')",
     ),
     ("drills", "SELECT * FROM drills ORDER BY seq DESC LIMIT 100"),
+    // The inventory backend's own cluster state (its tags and offline flags): with the state
+    // on etcd, a new leader must see the tags an operator has not yet removed, or it would
+    // read every waiting event as acknowledged. Empty on the other backends.
+    ("inventory_tags", "SELECT * FROM inventory_tags"),
+    ("inventory_offline", "SELECT * FROM inventory_offline"),
 ];
 
 /// The checkpoint's tables, with or without the fence flows.
@@ -110,8 +115,9 @@ fn sql_to_json(v: rusqlite::types::ValueRef<'_>) -> serde_json::Value {
 }
 
 impl Store {
-    /// The decision state (events, jobs, rounds, fence flows) as one JSON document, for the
-    /// leader's checkpoint. Poll state stays per replica.
+    /// The decision state (events, jobs, rounds, fence flows, operators' controls, drills, the
+    /// inventory's tags and offline flags) as one JSON document, for the leader's checkpoint.
+    /// Poll state stays per replica.
     pub fn export_checkpoint(&self, with_flows: bool) -> Result<String> {
         let c = self.conn();
         let mut doc = serde_json::Map::new();

@@ -13,7 +13,8 @@
 //!   `selffence` (watchdogs), `kdump`, `clocks` (libfaketime), `partitions` (network
 //!   namespaces);
 //! - **a backend's real peer**: `kube` (the in-process fake API server), `k8s_real` (a real
-//!   control plane), `ganeti` (a real Ganeti cluster).
+//!   control plane), `ganeti` (a real Ganeti cluster), `etcd` (leadership and the shared state
+//!   on a real etcd).
 //!
 //! `common` holds the harnesses (processes, ports, simulators, namespaces, the clusters).
 
@@ -25,6 +26,7 @@ mod clocks;
 mod deploy;
 mod docs;
 mod durability;
+mod etcd;
 mod fencing;
 mod flows;
 mod ganeti;

@@ -136,6 +136,22 @@ impl Coordination for KubeCluster {
             .await?
             .map(|cm| cm.metadata.resource_version.unwrap_or_default()))
     }
+
+    async fn confirm(&self) -> Result<bool, ClusterError> {
+        // From the API server itself, not the watch cache, which may lag behind a successor's
+        // write.
+        let me = self.cfg.leader_election.identity();
+        let lease = self
+            .election_api::<Lease>()
+            .get_opt(&self.cfg.leader_election.lease_name)
+            .await?;
+        Ok(lease.map(lease_record).and_then(|l| l.holder) == Some(me))
+    }
+
+    fn token(&self) -> Option<i64> {
+        // A Lease has no revision that a write of another object could compare.
+        None
+    }
 }
 
 pub(super) const STATE_KEY: &str = "state.json";

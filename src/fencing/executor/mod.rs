@@ -384,7 +384,7 @@ impl Fencer {
         // Flows kept in shared objects (NodeFences) are already shared by their own write.
         if !effects.is_empty()
             && !store.shared()
-            && let Err(e) = self.shared.leadership.checkpoint().await
+            && let Err(e) = self.shared.leadership.share_before_effect().await
         {
             self.shared
                 .leadership

@@ -7,6 +7,7 @@
 pub mod attack;
 pub mod browser;
 pub mod certs;
+pub mod etcd;
 pub mod fake_kube;
 pub mod ganeti;
 pub mod jobpods;

@@ -1,0 +1,252 @@
+//! Leadership and the shared decision state on etcd, for daemons on bare metal that outgrow one
+//! master. Three keys under `store.prefix`:
+//!
+//! - `leader`: the lease as the leader last renewed it (holder, duration, transitions). Standbys
+//!   never compare clocks with it: each write gives it a new revision, and a standby takes over
+//!   only once the revision has not moved for `lease-duration` by its own steady clock, the
+//!   rule the Kubernetes Lease follows.
+//! - `term`: rewritten only when the lease changes hands. Its revision at that write is the
+//!   leader's **fencing token**: every later write of the leader compares it, so once another
+//!   replica has taken the lease, nothing a deposed leader writes takes effect.
+//! - `state`: the decision state (repair events, rounds, jobs, fence flows) the leader shares
+//!   before every effect and after every change; a standby imports it, and a new leader
+//!   resumes from it as a restart resumes from SQLite.
+
+pub mod config;
+
+use std::sync::Mutex;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, Identity, TlsOptions, Txn, TxnOp,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{ClusterError, Coordination, LeaseRecord};
+use crate::sync::LockExt;
+pub use config::{StoreBackend, StoreConfig, StoreConfigError};
+
+/// Why etcd could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd: {0}")]
+    Client(#[from] etcd_client::Error),
+    #[error("etcd key {key}: {problem}")]
+    Record { key: String, problem: String },
+}
+
+impl From<EtcdError> for ClusterError {
+    fn from(e: EtcdError) -> ClusterError {
+        ClusterError::Etcd(e)
+    }
+}
+
+/// The leader key's value: what a follower needs of the lease.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaderValue {
+    holder: Option<String>,
+    duration_s: i32,
+    transitions: i32,
+}
+
+/// Who leads and what it shares, on etcd.
+pub struct Etcd {
+    client: Client,
+    leader: String,
+    term: String,
+    state: String,
+    /// The `term` key's revision when this replica took the lease: the token every write it
+    /// makes as the leader compares.
+    token: Mutex<Option<i64>>,
+    endpoints: Vec<String>,
+}
+
+impl Etcd {
+    /// Connects to etcd (lazily: a member that is down is tried again at each request).
+    pub async fn connect(cfg: &StoreConfig) -> Result<Etcd, EtcdError> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|source| EtcdError::Read {
+                path: p.display().to_string(),
+                source,
+            })
+        };
+        let mut opts = ConnectOptions::new()
+            .with_timeout(cfg.timeout)
+            .with_connect_timeout(cfg.timeout);
+        if let Some(ca) = &cfg.ca_file {
+            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?));
+            if let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            opts = opts.with_tls(tls);
+        }
+        let client = Client::connect(&cfg.endpoints, Some(opts)).await?;
+        let key = |k: &str| format!("{}/{k}", cfg.prefix);
+        Ok(Etcd {
+            client,
+            leader: key("leader"),
+            term: key("term"),
+            state: key("state"),
+            token: Mutex::new(None),
+            endpoints: cfg.endpoints.clone(),
+        })
+    }
+
+    /// Where the state is, for logs and `/1/leader`.
+    pub fn location(&self) -> String {
+        format!("etcd {} {}", self.endpoints.join(","), self.state)
+    }
+
+    /// The compare every write of the leader carries: the lease has not changed hands since
+    /// this replica took it.
+    fn still_mine(&self) -> Option<Compare> {
+        let token = *self.token.lock_unpoisoned();
+        token.map(|t| Compare::mod_revision(self.term.as_str(), CompareOp::Equal, t))
+    }
+
+    fn revision(version: Option<&str>, key: &str) -> Result<Compare, EtcdError> {
+        Ok(match version {
+            // Absent: its create revision reads as 0.
+            None => Compare::create_revision(key, CompareOp::Equal, 0),
+            Some(v) => {
+                let rev: i64 = v.parse().map_err(|_| EtcdError::Record {
+                    key: key.into(),
+                    problem: format!("version {v:?} is not a revision"),
+                })?;
+                Compare::mod_revision(key, CompareOp::Equal, rev)
+            }
+        })
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<(i64, Vec<u8>)>, EtcdError> {
+        let resp = self.client.clone().get(key, None).await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| (kv.mod_revision(), kv.value().to_vec())))
+    }
+
+    /// Asks etcd whether this replica still holds the lease it took: a transaction that
+    /// compares its fencing token, so the answer is as of a revision after every earlier write.
+    pub async fn confirm_token(&self) -> Result<bool, EtcdError> {
+        let Some(mine) = self.still_mine() else {
+            return Ok(false);
+        };
+        let resp = self.client.clone().txn(Txn::new().when([mine])).await?;
+        Ok(resp.succeeded())
+    }
+}
+
+#[async_trait::async_trait]
+impl Coordination for Etcd {
+    async fn get_lease(&self, _fresh: bool) -> Result<Option<LeaseRecord>, ClusterError> {
+        // Reads are linearizable: no cache to be behind.
+        let Some((rev, value)) = self.get(&self.leader).await? else {
+            return Ok(None);
+        };
+        let v: LeaderValue = serde_json::from_slice(&value).map_err(|e| EtcdError::Record {
+            key: self.leader.clone(),
+            problem: e.to_string(),
+        })?;
+        Ok(Some(LeaseRecord {
+            holder: v.holder,
+            // Each write moves the revision: followers watch it move, never a clock.
+            renew_marker: Some(rev.to_string()),
+            duration_s: v.duration_s,
+            transitions: v.transitions,
+            version: Some(rev.to_string()),
+            acquired: None,
+        }))
+    }
+
+    async fn write_lease(&self, lease: &LeaseRecord) -> Result<Option<LeaseRecord>, ClusterError> {
+        let value = serde_json::to_vec(&LeaderValue {
+            holder: lease.holder.clone(),
+            duration_s: lease.duration_s,
+            transitions: lease.transitions,
+        })
+        .expect("the leader value serializes");
+        let mut when = vec![Self::revision(lease.version.as_deref(), &self.leader)?];
+        let mut then = vec![TxnOp::put(self.leader.as_str(), value, None)];
+        // A renewal (or the release) by the holder carries its token; taking the lease writes
+        // a new term, whose revision becomes the new token.
+        let taking = match self.still_mine() {
+            Some(mine) => {
+                when.push(mine);
+                false
+            }
+            None => {
+                let holder = lease.holder.clone().unwrap_or_default();
+                then.push(TxnOp::put(self.term.as_str(), holder, None));
+                true
+            }
+        };
+        let resp = self
+            .client
+            .clone()
+            .txn(Txn::new().when(when).and_then(then))
+            .await
+            .map_err(EtcdError::from)?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+        if taking {
+            *self.token.lock_unpoisoned() = Some(rev);
+        }
+        Ok(Some(LeaseRecord {
+            renew_marker: Some(rev.to_string()),
+            version: Some(rev.to_string()),
+            ..lease.clone()
+        }))
+    }
+
+    async fn get_state(&self, _fresh: bool) -> Result<Option<(String, String)>, ClusterError> {
+        let Some((rev, value)) = self.get(&self.state).await? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8(value).map_err(|_| EtcdError::Record {
+            key: self.state.clone(),
+            problem: "not UTF-8".into(),
+        })?;
+        Ok(Some((rev.to_string(), text)))
+    }
+
+    async fn put_state(
+        &self,
+        version: Option<&str>,
+        data: &str,
+    ) -> Result<Option<String>, ClusterError> {
+        // Without a token this replica never took the lease: nothing it writes may count.
+        let Some(mine) = self.still_mine() else {
+            return Ok(None);
+        };
+        let when = [mine, Self::revision(version, &self.state)?];
+        let then = [TxnOp::put(self.state.as_str(), data, None)];
+        let resp = self
+            .client
+            .clone()
+            .txn(Txn::new().when(when).and_then(then))
+            .await
+            .map_err(EtcdError::from)?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+        Ok(Some(rev.to_string()))
+    }
+
+    async fn confirm(&self) -> Result<bool, ClusterError> {
+        Ok(self.confirm_token().await?)
+    }
+
+    fn token(&self) -> Option<i64> {
+        *self.token.lock_unpoisoned()
+    }
+}

@@ -1,0 +1,234 @@
+//! Two daemons on the inventory backend sharing their decision state on a real etcd
+//! (`[store] backend = "etcd"`): one leads, the other follows; killed with SIGKILL, the leader
+//! is replaced by the standby within the lease and a little more, and the standby carries on
+//! from the shared state (the same event, its tag waiting for the operator, no hook run
+//! again). A leader stopped with SIGSTOP for three leases does nothing when it continues: it
+//! finds the lease taken and exits with 12. Needs etcd (Debian's `etcd-server`; skipped with a
+//! notice without it, required by `scripts/test`).
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::etcd::Etcd;
+use common::{Cluster, Proc, wait_for};
+use serde_json::Value;
+
+const EVAC: &str = r#"{"status":"evacuate","details":{"disk":"sdb"}}"#;
+const LEASE_S: u64 = 3;
+
+/// The two daemons: `a` as the cluster's own (its API on `c.api_port`), `b` beside it with a
+/// state directory and an API port of its own.
+struct Pair {
+    c: Cluster,
+    ports: [u16; 2],
+    b: Option<Proc>,
+}
+
+impl Pair {
+    async fn start(etcd: &Etcd) -> Pair {
+        let mut c = Cluster::new(2);
+        c.extra_daemon_toml = etcd.store_toml("a", LEASE_S);
+        c.start().await;
+        let a_port = c.api_port;
+        let b_port = common::free_port();
+        let mut p = Pair {
+            c,
+            ports: [a_port, b_port],
+            b: None,
+        };
+        p.start_b();
+        p
+    }
+
+    fn config_b(&self) -> std::path::PathBuf {
+        let root = self.c.dir.path().display().to_string();
+        let text = std::fs::read_to_string(self.c.path("daemon.toml")).unwrap();
+        let text = text
+            .replace(&format!("{root}/state\""), &format!("{root}/state-b\""))
+            .replace(
+                &format!(":{}\"", self.ports[0]),
+                &format!(":{}\"", self.ports[1]),
+            )
+            .replace("identity = \"a\"", "identity = \"b\"");
+        let path = self.c.path("daemon-b.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn start_b(&mut self) {
+        let cfg = self.config_b();
+        self.b = Some(
+            self.c
+                .spawn("daemon-b", &["--config", cfg.to_str().unwrap(), "daemon"]),
+        );
+    }
+
+    fn start_a(&mut self) {
+        let cfg = self.c.path("daemon.toml");
+        self.c.daemon = Some(
+            self.c
+                .spawn("daemon", &["--config", cfg.to_str().unwrap(), "daemon"]),
+        );
+    }
+
+    /// `/1/leader` of daemon `i` (0: a, 1: b), if it answers.
+    async fn leader_view(&self, i: usize) -> Option<Value> {
+        let url = format!("http://127.0.0.1:{}/1/leader", self.ports[i]);
+        let r = self.c.client.get(url).send().await.ok()?;
+        r.json().await.ok()
+    }
+
+    /// Waits until daemon `i` says it leads.
+    async fn wait_leads(&self, i: usize) -> Value {
+        wait_for("the daemon to lead", || async {
+            let v = self.leader_view(i).await?;
+            (v["leader"] == true).then_some(v)
+        })
+        .await
+    }
+
+    /// Waits until exactly one leads and the other names it; returns the leader's index.
+    async fn one_leader(&self) -> usize {
+        wait_for("one leader, named by the other", || async {
+            let (a, b) = (self.leader_view(0).await?, self.leader_view(1).await?);
+            match (a["leader"] == true, b["leader"] == true) {
+                (true, false) if b["holder"] == "a" => Some(0),
+                (false, true) if a["holder"] == "b" => Some(1),
+                _ => None,
+            }
+        })
+        .await
+    }
+
+    /// Points the cluster's API calls (and its CLI) at daemon `i`.
+    fn talk_to(&mut self, i: usize) {
+        self.c.api_port = self.ports[i];
+    }
+
+    fn proc(&mut self, i: usize) -> &mut Option<Proc> {
+        if i == 0 {
+            &mut self.c.daemon
+        } else {
+            &mut self.b
+        }
+    }
+}
+
+fn count(log: &[String], prefix: &str) -> usize {
+    log.iter().filter(|l| l.starts_with(prefix)).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_and_its_successor_carries_on_from_etcd() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let mut p = Pair::start(&etcd).await;
+    let l = p.one_leader().await;
+    let s = 1 - l;
+    let view = p.leader_view(l).await.unwrap();
+    assert_eq!(view["backend"], "etcd", "{view}");
+    assert!(view["token"].as_i64().is_some_and(|t| t > 0), "{view}");
+    let standby = p.leader_view(s).await.unwrap();
+    assert_eq!(standby["token"], Value::Null, "{standby}");
+
+    // The leader repairs node1: evacuated, offlined, tagged, waiting for the operator.
+    p.talk_to(l);
+    p.c.set_verdict("node1", EVAC);
+    let e = p.c.wait_status("node1", "completed").await;
+    let id = e["id"].as_str().unwrap().to_string();
+    let hooks = p.c.hook_log();
+    assert_eq!(count(&hooks, "evacuate node1"), 1, "{hooks:?}");
+    assert_eq!(count(&hooks, "offline node1"), 1, "{hooks:?}");
+
+    // SIGKILL: no release of the lease, no last checkpoint.
+    let killed = Instant::now();
+    let dead = p.proc(l).take().unwrap();
+    drop(dead);
+    let took = p.wait_leads(s).await;
+    let failover = killed.elapsed();
+    eprintln!("leader killed to the standby leading: {failover:?}");
+    assert!(
+        failover < Duration::from_secs(LEASE_S + 2),
+        "the standby took {failover:?} with a {LEASE_S} s lease: {took}"
+    );
+    assert!(
+        took["token"].as_i64() > view["token"].as_i64(),
+        "{took} {view}"
+    );
+
+    // It carries on from the shared state: the same event, still waiting for the operator
+    // (its tag is there, so it is not taken as acknowledged), and no hook runs again.
+    p.talk_to(s);
+    let again = p.c.wait_status("node1", "completed").await;
+    assert_eq!(again["id"], id.as_str());
+    let (_, tags) = p.c.get("/1/tags?node=node1").await;
+    let tag = format!("maintd:repairready:{id}");
+    assert!(tags.to_string().contains(&tag), "{tags}");
+    p.c.some_polls(5).await;
+    let hooks = p.c.hook_log();
+    assert_eq!(hooks.len(), 2, "no hook ran again: {hooks:?}");
+
+    // The operator acknowledges on the new leader; the node comes back once healthy.
+    let out = p.c.cli(&["tags", "remove", "node1", &tag]);
+    assert!(out.status.success(), "{out:?}");
+    p.c.set_verdict("node1", r#"{"status":"Ok"}"#);
+    wait_for("node1 back online", || async {
+        (count(&p.c.hook_log(), "online node1") == 1).then_some(())
+    })
+    .await;
+
+    // The killed daemon, started again, follows.
+    if l == 0 {
+        p.start_a();
+    } else {
+        p.start_b();
+    }
+    let back = wait_for("the restarted daemon to follow", || async {
+        let v = p.leader_view(l).await?;
+        (v["holder"] == ["a", "b"][s]).then_some(v)
+    })
+    .await;
+    assert_eq!(back["leader"], false, "{back}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_past_its_lease_does_nothing_when_it_continues() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let mut p = Pair::start(&etcd).await;
+    let l = p.one_leader().await;
+    let s = 1 - l;
+    let pid = nix::unistd::Pid::from_raw(p.proc(l).as_ref().unwrap().child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+
+    // While it is stopped the standby takes over and repairs node2.
+    p.wait_leads(s).await;
+    p.talk_to(s);
+    p.c.set_verdict("node2", EVAC);
+    p.c.wait_status("node2", "completed").await;
+    let stopped_for = Duration::from_secs(3 * LEASE_S);
+    tokio::time::sleep(stopped_for.saturating_sub(Duration::from_secs(LEASE_S))).await;
+
+    // It continues: it finds the lease taken, acts on nothing and exits with 12.
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let mut deposed = p.proc(l).take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let code = loop {
+        if let Some(status) = deposed.child.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(Instant::now() < deadline, "the deposed leader did not exit");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(code, Some(12), "exit status of the deposed leader");
+    p.c.some_polls(3).await;
+    let hooks = p.c.hook_log();
+    assert_eq!(count(&hooks, "evacuate node2"), 1, "{hooks:?}");
+    assert_eq!(count(&hooks, "offline node2"), 1, "{hooks:?}");
+    let log = std::fs::read_to_string(&deposed.log).unwrap();
+    assert!(log.contains("leadership lost"), "{log}");
+    assert_eq!(p.leader_view(s).await.unwrap()["leader"], true);
+}
