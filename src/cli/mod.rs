@@ -21,6 +21,7 @@ mod keys;
 mod manual;
 mod nodes;
 mod show;
+mod store;
 use client::*;
 pub use fences::{FencesCmd, FencingCmd};
 pub use nodes::{MaintenanceCmd, TagsCmd};
@@ -165,6 +166,12 @@ pub enum Command {
     },
     /// Print the NodeFence CustomResourceDefinition (YAML), e.g. `maintd crd | kubectl apply -f -`.
     Crd,
+    /// The shared decision state on etcd: `migrate --to etcd` moves a single master's state
+    /// there (every daemon stopped), `migrate --to sqlite` back.
+    Store {
+        #[command(subcommand)]
+        cmd: store::StoreCmd,
+    },
     /// Run the local diagnose and print the signed report envelope.
     Diagnose {
         /// Run once and print (the only mode).
@@ -435,6 +442,10 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
         }
         Command::Crd => {
             out_raw!("{}", crate::cluster::kube::nodefence::crd_yaml());
+        }
+        Command::Store { cmd } => {
+            let cfg = cli.load_config()?;
+            out!("{}", store::run(&cfg, cmd).await?);
         }
         Command::Keygen {
             operator,

@@ -232,3 +232,90 @@ async fn a_leader_stopped_past_its_lease_does_nothing_when_it_continues() {
     assert!(log.contains("leadership lost"), "{log}");
     assert_eq!(p.leader_view(s).await.unwrap()["leader"], true);
 }
+
+/// `maintd store migrate` with every daemon stopped: a single master's state (an event with
+/// its round and jobs, its tag) moved into etcd, where a daemon sharing it there carries on
+/// with it (no hook run again); then back into a fresh database, for a single master again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_masters_state_moves_into_etcd_and_back() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let mut c = Cluster::new(2);
+    c.set_verdict("node1", EVAC);
+    c.start().await;
+    let e = c.wait_status("node1", "completed").await;
+    let id = e["id"].as_str().unwrap().to_string();
+    let status = c.daemon.as_mut().unwrap().terminate().await;
+    assert!(status.success(), "{status:?}");
+    c.daemon = None;
+
+    // Into etcd; a second time it refuses (daemons may be using what is there).
+    c.extra_daemon_toml = etcd.store_toml("a", LEASE_S);
+    let cfg = c.daemon_config();
+    let migrate = |args: &[&str]| {
+        let mut all = vec!["--config", cfg.to_str().unwrap(), "store", "migrate"];
+        all.extend(args);
+        c.cli(&all)
+    };
+    let out = migrate(&["--to", "etcd"]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{out:?}");
+    assert!(said.contains(": 1 events, 2 jobs,"), "{said}");
+    let carried = said.rsplit(": ").next().unwrap().trim().to_string();
+    let out = migrate(&["--to", "etcd"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already holds a decision state"),
+        "{out:?}"
+    );
+
+    // A daemon with an empty state directory, sharing its state on etcd, takes it from there.
+    let root = c.dir.path().display().to_string();
+    let fresh = |name: &str, text: &str| {
+        let text = text.replace(&format!("{root}/state\""), &format!("{root}/{name}\""));
+        let path = c.path(&format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let shared = fresh("state-b", &std::fs::read_to_string(&cfg).unwrap());
+    let mut b = c.spawn(
+        "daemon-b",
+        &["--config", shared.to_str().unwrap(), "daemon"],
+    );
+    c.wait_api().await;
+    wait_for("the daemon to lead", || async {
+        let (_, v) = c.get("/1/leader").await;
+        (v["leader"] == true).then_some(())
+    })
+    .await;
+    let again = c.wait_status("node1", "completed").await;
+    assert_eq!(again["id"], id.as_str());
+    let (_, tags) = c.get("/1/tags?node=node1").await;
+    assert!(
+        tags.to_string()
+            .contains(&format!("maintd:repairready:{id}")),
+        "{tags}"
+    );
+    c.some_polls(3).await;
+    assert_eq!(c.hook_log().len(), 2, "{:?}", c.hook_log());
+    // SIGTERM releases the lease, so the way back need not wait a whole lease.
+    assert!(b.terminate().await.success());
+
+    // Back into a fresh database, for a single master.
+    let back = fresh("state-c", &std::fs::read_to_string(&cfg).unwrap());
+    let mut all = vec!["--config", back.to_str().unwrap(), "store", "migrate"];
+    all.extend(["--to", "sqlite"]);
+    let out = c.cli(&all);
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.trim().ends_with(&carried), "{said} / {carried}");
+    let single = std::fs::read_to_string(&back)
+        .unwrap()
+        .replace("backend = \"etcd\"", "backend = \"sqlite\"");
+    std::fs::write(&back, single).unwrap();
+    let _single = c.spawn("daemon-c", &["--config", back.to_str().unwrap(), "daemon"]);
+    c.wait_api().await;
+    let kept = c.wait_status("node1", "completed").await;
+    assert_eq!(kept["id"], id.as_str());
+}

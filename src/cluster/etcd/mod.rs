@@ -132,6 +132,54 @@ impl Etcd {
             .map(|kv| (kv.mod_revision(), kv.value().to_vec())))
     }
 
+    /// The shared decision state and its revision, as `maintd store migrate` reads it.
+    pub async fn read_state(&self) -> Result<Option<(i64, String)>, EtcdError> {
+        let Some((rev, value)) = self.get(&self.state).await? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8(value).map_err(|_| EtcdError::Record {
+            key: self.state.clone(),
+            problem: "not UTF-8".into(),
+        })?;
+        Ok(Some((rev, text)))
+    }
+
+    /// Writes the decision state a single master kept, for daemons to start from
+    /// (`maintd store migrate --to etcd`): only where there is none yet, unless `over` is the
+    /// revision of the state to replace. Returns the new revision, or `None` when the state
+    /// was there (or had changed since `over`).
+    pub async fn seed_state(
+        &self,
+        data: &str,
+        over: Option<i64>,
+    ) -> Result<Option<i64>, EtcdError> {
+        let when = match over {
+            None => Compare::create_revision(self.state.as_str(), CompareOp::Equal, 0),
+            Some(rev) => Compare::mod_revision(self.state.as_str(), CompareOp::Equal, rev),
+        };
+        let then = [TxnOp::put(self.state.as_str(), data, None)];
+        let resp = self
+            .client
+            .clone()
+            .txn(Txn::new().when([when]).and_then(then))
+            .await?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+    }
+
+    /// Who holds the lease as last written, if anyone, and the leader key's revision.
+    pub async fn holder(&self) -> Result<Option<(String, i64)>, EtcdError> {
+        let Some((rev, value)) = self.get(&self.leader).await? else {
+            return Ok(None);
+        };
+        let v: LeaderValue = serde_json::from_slice(&value).map_err(|e| EtcdError::Record {
+            key: self.leader.clone(),
+            problem: e.to_string(),
+        })?;
+        Ok(v.holder.map(|h| (h, rev)))
+    }
+
     /// Asks etcd whether this replica still holds the lease it took: a transaction that
     /// compares its fencing token, so the answer is as of a revision after every earlier write.
     pub async fn confirm_token(&self) -> Result<bool, EtcdError> {
