@@ -11,13 +11,14 @@ use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
 use crate::clock::boot_ns;
-use crate::cluster::kube::LeaderElectionConfig;
 use crate::cluster::{Coordination, LeaseRecord};
 use crate::store::Checkpoint;
 use crate::sync::LockExt;
 use maintd_core::lease::{LeaseStep, lease_step};
 
+mod election;
 mod share;
+pub use election::Election;
 use maintd_core::verdict::Nanos;
 use share::within_limit;
 pub use share::{CheckpointError, LeaderMetrics};
@@ -29,34 +30,6 @@ pub const EXIT_LOST_LEADERSHIP: i32 = 12;
 pub enum LeaderError {
     #[error("lost the leader lease ({0}); stopping so that only one replica acts")]
     Lost(String),
-}
-
-/// How a replica is elected, whatever keeps the lease (a Kubernetes Lease, an etcd key).
-#[derive(Debug, Clone)]
-pub struct Election {
-    /// This replica's name in the lease.
-    pub identity: String,
-    /// Where the lease is, for logs and `/1/leader` (`Lease default/maintd`, `etcd …`).
-    pub place: String,
-    /// Which kind of lease: `kubernetes` or `etcd`.
-    pub backend: &'static str,
-    pub lease_duration: Duration,
-    /// A leader that cannot renew for this long stops acting, before its lease can expire.
-    pub renew_deadline: Duration,
-    pub retry_period: Duration,
-}
-
-impl From<&LeaderElectionConfig> for Election {
-    fn from(c: &LeaderElectionConfig) -> Election {
-        Election {
-            identity: c.identity(),
-            place: format!("Lease {}/{}", c.namespace(), c.lease_name),
-            backend: "kubernetes",
-            lease_duration: c.lease_duration,
-            renew_deadline: c.renew_deadline,
-            retry_period: c.retry_period,
-        }
-    }
 }
 
 /// How long ago `t` was, on `CLOCK_BOOTTIME`.
@@ -85,6 +58,7 @@ pub struct Leadership {
     /// The term, published: the executors' loops follow it and act at once when this replica
     /// becomes the leader.
     term_tx: watch::Sender<u64>,
+    metrics: LeaderMetrics,
 }
 
 impl Leadership {
@@ -123,6 +97,7 @@ impl Leadership {
             lost_notify: Notify::new(),
             renewed: Mutex::new(None),
             term_tx: watch::Sender::new(0),
+            metrics: LeaderMetrics::new(),
         }
     }
 
@@ -246,7 +221,15 @@ impl Leadership {
             if !effect {
                 return Ok(());
             }
-            return match coord.confirm().await {
+            let started = boot_ns();
+            let confirmed = coord.confirm().await;
+            let result = match &confirmed {
+                Ok(true) => "confirmed",
+                Ok(false) => "conflict",
+                Err(_) => "error",
+            };
+            self.metrics.state_share(result, since(started));
+            return match confirmed {
                 Ok(true) => Ok(()),
                 Ok(false) => {
                     self.lose(CheckpointError::Conflict.to_string());
@@ -257,7 +240,15 @@ impl Leadership {
         }
         within_limit(&data)?;
         let version = self.state_version.lock_unpoisoned().clone();
-        match coord.put_state(version.as_deref(), &data).await {
+        let started = boot_ns();
+        let written = coord.put_state(version.as_deref(), &data).await;
+        let result = match &written {
+            Ok(Some(_)) => "written",
+            Ok(None) => "conflict",
+            Err(_) => "error",
+        };
+        self.metrics.state_share(result, since(started));
+        match written {
             Ok(Some(v)) => {
                 *self.state_version.lock_unpoisoned() = Some(v);
                 *last = data;
@@ -269,6 +260,29 @@ impl Leadership {
             }
             Err(e) => Err(CheckpointError::Write(e)),
         }
+    }
+
+    /// One write of the lease, timed and counted.
+    async fn write_lease(
+        &self,
+        coord: &Arc<dyn Coordination>,
+        l: &LeaseRecord,
+    ) -> Result<Option<LeaseRecord>, crate::cluster::ClusterError> {
+        let started = boot_ns();
+        let written = coord.write_lease(l).await;
+        let result = match &written {
+            Ok(Some(_)) => "ok",
+            Ok(None) => "conflict",
+            Err(_) => "error",
+        };
+        self.metrics.lease_write(result, since(started));
+        written
+    }
+
+    /// Whether this replica leads, how its lease and shared state are written, what it
+    /// dropped as a standby: registered by the daemon, counted by the engine and the fencer too.
+    pub fn metrics(&self) -> &LeaderMetrics {
+        &self.metrics
     }
 
     async fn import(
@@ -350,7 +364,7 @@ impl Leadership {
                 LeaseStep::Renew => {
                     let mut l = lease.clone().unwrap_or_default();
                     l.duration_s = lease_duration.as_secs().max(1) as i32;
-                    match coord.write_lease(&l).await {
+                    match self.write_lease(&coord, &l).await {
                         Ok(Some(written)) => {
                             own = Some(written);
                             renewed_at = boot_ns();
@@ -384,7 +398,7 @@ impl Leadership {
                         version: lease.and_then(|l| l.version),
                         acquired: None,
                     };
-                    match coord.write_lease(&l).await {
+                    match self.write_lease(&coord, &l).await {
                         Ok(Some(written)) => {
                             own = Some(written);
                             renewed_at = boot_ns();
@@ -428,7 +442,7 @@ impl Leadership {
                     duration_s: 1,
                     ..l
                 };
-                match coord.write_lease(&released).await {
+                match self.write_lease(&coord, &released).await {
                     Ok(Some(_)) => info!("lease released"),
                     _ => warn!("cannot release the lease; it expires on its own"),
                 }
@@ -437,6 +451,12 @@ impl Leadership {
     }
 
     fn check_deadline(&self, renewed_at: Nanos, deadline: Duration) {
+        let age = if self.leads() {
+            since(renewed_at)
+        } else {
+            Duration::ZERO
+        };
+        self.metrics.renewal_age.set(age.as_secs_f64());
         if self.leads() && since(renewed_at) > deadline {
             self.lose(format!("could not renew the lease for {deadline:?}"));
         }

@@ -13,6 +13,12 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// How an operation ended (`ok`, `conflict`, `error`, …).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KdumpLabel {
     pub result: &'static str,
@@ -64,10 +70,26 @@ macro_rules! metric_set {
         }
 
         impl $name {
+            /// The set, not yet registered (a part that exists before the registry does).
+            pub fn new() -> $name {
+                $name { $( $field: $init, )* }
+            }
+
+            /// Registers this set's metrics (each handle is shared with the registry).
+            pub fn register_in(&self, reg: &mut ::prometheus_client::registry::Registry) {
+                $( reg.register($metric, $help, self.$field.clone()); )*
+            }
+
             pub fn register(reg: &mut ::prometheus_client::registry::Registry) -> $name {
-                let m = $name { $( $field: $init, )* };
-                $( reg.register($metric, $help, m.$field.clone()); )*
+                let m = $name::new();
+                m.register_in(reg);
                 m
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> $name {
+                $name::new()
             }
         }
     };

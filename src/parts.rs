@@ -1,12 +1,12 @@
 //! What every long-running part of the daemon is built from: the store, the backend, the
-//! leadership and its metrics, the clock and the membership. One value, handed to each part's
+//! leadership, the clock and the membership. One value, handed to each part's
 //! constructor, so adding a dependency changes one struct rather than every signature.
 
 use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::cluster::{Backend, Unattached};
-use crate::leader::{LeaderMetrics, Leadership};
+use crate::leader::Leadership;
 use crate::members::{Members, NodeHealth, NodeView};
 use crate::store::{FlowStore, Store};
 
@@ -17,9 +17,6 @@ pub struct Shared {
     pub flows: Arc<dyn FlowStore>,
     /// The backend's capabilities.
     pub cluster: Backend,
-    /// Whether this replica leads, and what it dropped as a standby (the engine and the
-    /// fencer both count).
-    pub leader_metrics: LeaderMetrics,
     pub leadership: Arc<Leadership>,
     /// Read once per decision; simulated in the harness.
     pub clock: Arc<dyn Clock>,
@@ -40,7 +37,6 @@ impl Shared {
             leadership: Arc::new(Leadership::single("bench".into(), store.clone())),
             store,
             cluster: Backend::basic(Arc::new(Unattached)),
-            leader_metrics: LeaderMetrics::register(&mut Default::default()),
             clock: Arc::new(crate::clock::SystemClock),
             members,
             watch: None,

@@ -293,13 +293,13 @@ fn production_deps(
             cfg.daemon.poll_concurrency,
         )
     };
+    membership.leadership.metrics().register_in(registry);
     let shared = Shared {
         health: Arc::new(NodeHealth::from_store(&store)),
         // Every flow write also moves the API's view of events (flows are events there).
         flows: crate::store::changes::CountedFlows::wrap(membership.flows, store.changes().clone()),
         store,
         cluster,
-        leader_metrics: crate::leader::LeaderMetrics::register(registry),
         leadership: Arc::new(membership.leadership),
         clock: Arc::new(crate::clock::SystemClock),
         members: Arc::new(crate::members::Members::new(membership.nodes)),

@@ -1,9 +1,11 @@
 //! What leadership shares and counts: why a checkpoint of the decision state could not be
 //! written or read, its size limit, and the leadership's metrics.
 
-use crate::metrics::metric_set;
+use crate::metrics::{ResultLabel, metric_set};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 
 /// Why the shared checkpoint of the decision state could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +59,8 @@ impl CheckpointError {
 }
 
 metric_set! {
-    /// Leadership's metrics: whether this replica leads, and what it decided as a standby and dropped.
+    /// Leadership's metrics: whether this replica leads, how its lease and the shared state are
+    /// written (to etcd or the Kubernetes API), and what it decided as a standby and dropped.
     pub struct LeaderMetrics {
         /// 1 while this replica is the leader.
         leader: Gauge = Gauge::default()
@@ -65,6 +68,35 @@ metric_set! {
         /// Actions a standby decided and did not carry out (repair and fence decisions).
         standby_dropped: Counter = Counter::default()
             => ("maintd_standby_dropped_actions", "Actions this replica decided as a standby and did not carry out"),
+        /// Lease writes (renewals, takeovers, the release), by result.
+        lease_writes: Family<ResultLabel, Counter> = Family::default()
+            => ("maintd_lease_writes", "Writes of the leader lease (etcd or a Kubernetes Lease), by result: ok, conflict (another replica wrote first), error"),
+        lease_write_seconds: Histogram = Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0])
+            => ("maintd_lease_write_seconds", "Latency of each write of the leader lease"),
+        /// Shares of the decision state before an effect or after a change, by result.
+        state_shares: Family<ResultLabel, Counter> = Family::default()
+            => ("maintd_state_shares", "Shares of the decision state by the leader, by result: written, confirmed (nothing new; the lease confirmed before an effect), conflict (a newer leader exists: this one stops), error"),
+        state_share_seconds: Histogram = Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0])
+            => ("maintd_state_share_seconds", "Latency of each write (or confirmation) of the shared decision state"),
+        /// How long ago this replica last renewed its lease, while it leads (its steady clock).
+        renewal_age: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default()
+            => ("maintd_lease_renewal_age_seconds", "How long ago the leader last renewed its lease, on its steady clock (0 on a standby); at renew-deadline it stops acting"),
+    }
+}
+
+impl LeaderMetrics {
+    pub(super) fn lease_write(&self, result: &'static str, took: std::time::Duration) {
+        self.lease_writes
+            .get_or_create(&ResultLabel { result })
+            .inc();
+        self.lease_write_seconds.observe(took.as_secs_f64());
+    }
+
+    pub(super) fn state_share(&self, result: &'static str, took: std::time::Duration) {
+        self.state_shares
+            .get_or_create(&ResultLabel { result })
+            .inc();
+        self.state_share_seconds.observe(took.as_secs_f64());
     }
 }
 

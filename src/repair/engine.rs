@@ -133,7 +133,7 @@ impl Engine {
             settings,
             wake: Arc::new(Notify::new()),
             metrics,
-            leader_metrics: shared.leader_metrics.clone(),
+            leader_metrics: shared.leadership.metrics().clone(),
             leadership: shared.leadership.clone(),
             watch: shared.watch.clone(),
             resumed_term: std::sync::atomic::AtomicU64::new(0),

@@ -34,7 +34,6 @@ use crate::fencing::config::{ExecPolicy, FencePlan, FencingConfig, Method, Stage
 use crate::fencing::executor::FencerSettings;
 use crate::fencing::peering::PeeringSettings;
 use crate::fencing::readiness::{Board, CheckSettings};
-use crate::leader::LeaderMetrics;
 use crate::leader::Leadership;
 use crate::link::{Answer, CollectorLink, LinkError, Links};
 use crate::members::{Members, NodeHealth};
@@ -155,7 +154,6 @@ struct World {
     clock: Arc<RuntimeClock>,
     /// Counted across restarts, so a scenario reads its whole run.
     metrics: PartMetrics,
-    leader_metrics: LeaderMetrics,
 }
 
 impl World {
@@ -171,7 +169,6 @@ impl World {
             agents,
             clock,
             metrics,
-            leader_metrics,
         } = self;
         let (nodes, key) = (nodes.clone(), key.clone());
         let link: Arc<dyn CollectorLink> = collectors.clone();
@@ -234,7 +231,6 @@ impl World {
                     events: Some(cluster.clone()),
                     ..Backend::basic(cluster.clone())
                 },
-                leader_metrics: leader_metrics.clone(),
                 clock: clock.clone(),
                 members: Arc::new(Members::new(nodes)),
                 watch: None,
@@ -334,7 +330,6 @@ impl Sim {
             agents: agents.clone(),
             clock: clock.clone(),
             metrics: metrics.clone(),
-            leader_metrics: LeaderMetrics::register(&mut registry),
         };
         let (parts, running) = world.daemon(&o);
         Sim {

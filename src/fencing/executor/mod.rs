@@ -350,7 +350,8 @@ impl Fencer {
                 .filter(|r| !matches!(r, Record::Storm { .. }))
                 .count();
             self.shared
-                .leader_metrics
+                .leadership
+                .metrics()
                 .standby_dropped
                 .inc_by((n + ready.effects.len()) as u64);
             return;
