@@ -10,13 +10,15 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
-use crate::clock::boot_ns;
+use crate::clock::Clock;
 use crate::cluster::{Coordination, LeaseRecord};
 use crate::store::Checkpoint;
 use crate::sync::LockExt;
 use maintd_core::lease::{LeaseStep, lease_step};
 
 mod election;
+#[cfg(test)]
+mod etcd_tests;
 mod share;
 pub use election::Election;
 use maintd_core::verdict::Nanos;
@@ -33,8 +35,8 @@ pub enum LeaderError {
 }
 
 /// How long ago `t` was, on `CLOCK_BOOTTIME`.
-fn since(t: Nanos) -> Duration {
-    Duration::from_nanos(boot_ns().saturating_sub(t).max(0) as u64)
+fn span(from: Nanos, to: Nanos) -> Duration {
+    Duration::from_nanos(to.saturating_sub(from).max(0) as u64)
 }
 
 pub struct Leadership {
@@ -59,6 +61,8 @@ pub struct Leadership {
     /// becomes the leader.
     term_tx: watch::Sender<u64>,
     metrics: LeaderMetrics,
+    /// The steady clock spans are measured on (`CLOCK_BOOTTIME`-based; simulated in tests).
+    clock: Arc<dyn Clock>,
 }
 
 impl Leadership {
@@ -98,10 +102,22 @@ impl Leadership {
             renewed: Mutex::new(None),
             term_tx: watch::Sender::new(0),
             metrics: LeaderMetrics::new(),
+            clock: Arc::new(crate::clock::SystemClock),
         }
     }
 
     /// The leadership term as it changes (the leader gate of the executors' loops).
+    /// Measures its spans on `clock` instead of the system's steady clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Leadership {
+        self.clock = clock;
+        self
+    }
+
+    /// How long ago `t` was, on this leadership's steady clock.
+    fn since(&self, t: Nanos) -> Duration {
+        span(t, self.clock.now())
+    }
+
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.term_tx.subscribe()
     }
@@ -119,7 +135,7 @@ impl Leadership {
                 Some((_, cfg)) => self
                     .renewed
                     .lock_unpoisoned()
-                    .is_some_and(|t| since(t) < cfg.renew_deadline),
+                    .is_some_and(|t| self.since(t) < cfg.renew_deadline),
             }
     }
 
@@ -128,8 +144,8 @@ impl Leadership {
         self.leader.load(Ordering::SeqCst)
     }
 
-    fn renewed_now(&self) {
-        *self.renewed.lock_unpoisoned() = Some(boot_ns());
+    fn renewed_at(&self, sent: Nanos) {
+        *self.renewed.lock_unpoisoned() = Some(sent);
     }
 
     pub fn term(&self) -> u64 {
@@ -158,7 +174,7 @@ impl Leadership {
 
     /// How long ago this replica last renewed its lease, on the steady clock.
     pub fn renewed_ago(&self) -> Option<Duration> {
-        self.renewed.lock_unpoisoned().map(since)
+        self.renewed.lock_unpoisoned().map(|t| self.since(t))
     }
 
     /// Who holds the lease, as last seen (this replica when it leads).
@@ -221,14 +237,14 @@ impl Leadership {
             if !effect {
                 return Ok(());
             }
-            let started = boot_ns();
+            let started = self.clock.now();
             let confirmed = coord.confirm().await;
             let result = match &confirmed {
                 Ok(true) => "confirmed",
                 Ok(false) => "conflict",
                 Err(_) => "error",
             };
-            self.metrics.state_share(result, since(started));
+            self.metrics.state_share(result, self.since(started));
             return match confirmed {
                 Ok(true) => Ok(()),
                 Ok(false) => {
@@ -240,14 +256,14 @@ impl Leadership {
         }
         within_limit(&data)?;
         let version = self.state_version.lock_unpoisoned().clone();
-        let started = boot_ns();
+        let started = self.clock.now();
         let written = coord.put_state(version.as_deref(), &data).await;
         let result = match &written {
             Ok(Some(_)) => "written",
             Ok(None) => "conflict",
             Err(_) => "error",
         };
-        self.metrics.state_share(result, since(started));
+        self.metrics.state_share(result, self.since(started));
         match written {
             Ok(Some(v)) => {
                 *self.state_version.lock_unpoisoned() = Some(v);
@@ -268,14 +284,14 @@ impl Leadership {
         coord: &Arc<dyn Coordination>,
         l: &LeaseRecord,
     ) -> Result<Option<LeaseRecord>, crate::cluster::ClusterError> {
-        let started = boot_ns();
+        let started = self.clock.now();
         let written = coord.write_lease(l).await;
         let result = match &written {
             Ok(Some(_)) => "ok",
             Ok(None) => "conflict",
             Err(_) => "error",
         };
-        self.metrics.lease_write(result, since(started));
+        self.metrics.lease_write(result, self.since(started));
         written
     }
 
@@ -319,8 +335,8 @@ impl Leadership {
         let me = self.identity.clone();
         let lease_duration = cfg.lease_duration;
         let mut seen: Option<(Option<String>, Option<String>)> = None;
-        let mut seen_at = boot_ns();
-        let mut renewed_at = boot_ns();
+        let mut seen_at = self.clock.now();
+        let mut renewed_at = self.clock.now();
         // The Lease as this replica last wrote it, while it holds it: a renewal replaces that
         // version without reading first (as client-go does), so a leader's only request per
         // retry period is its renewal. A conflict means someone else wrote: read it afresh.
@@ -353,22 +369,26 @@ impl Leadership {
                 .map(|l| (l.holder.clone(), l.renew_marker.clone()));
             if marker != seen {
                 seen = marker;
-                seen_at = boot_ns();
+                seen_at = self.clock.now();
             }
             match lease_step(
                 lease.as_ref().map(LeaseRecord::view),
                 &me,
-                since(seen_at),
+                self.since(seen_at),
                 lease_duration,
             ) {
                 LeaseStep::Renew => {
                     let mut l = lease.clone().unwrap_or_default();
                     l.duration_s = lease_duration.as_secs().max(1) as i32;
+                    let sent = self.clock.now();
                     match self.write_lease(&coord, &l).await {
                         Ok(Some(written)) => {
                             own = Some(written);
-                            renewed_at = boot_ns();
-                            self.renewed_now();
+                            // From when it was sent: a standby saw the write no earlier, so
+                            // this replica's deadline ends before the lease can in its eyes,
+                            // however late the answer came.
+                            renewed_at = sent;
+                            self.renewed_at(sent);
                             if !self.leads() {
                                 // Our own lease from before a restart: lead again at once.
                                 self.become_leader(&coord).await;
@@ -398,11 +418,15 @@ impl Leadership {
                         version: lease.and_then(|l| l.version),
                         acquired: None,
                     };
+                    let sent = self.clock.now();
                     match self.write_lease(&coord, &l).await {
                         Ok(Some(written)) => {
                             own = Some(written);
-                            renewed_at = boot_ns();
-                            self.renewed_now();
+                            // From when it was sent: a standby saw the write no earlier, so
+                            // this replica's deadline ends before the lease can in its eyes,
+                            // however late the answer came.
+                            renewed_at = sent;
+                            self.renewed_at(sent);
                             self.become_leader(&coord).await;
                         }
                         Ok(None) => {
@@ -452,12 +476,12 @@ impl Leadership {
 
     fn check_deadline(&self, renewed_at: Nanos, deadline: Duration) {
         let age = if self.leads() {
-            since(renewed_at)
+            self.since(renewed_at)
         } else {
             Duration::ZERO
         };
         self.metrics.renewal_age.set(age.as_secs_f64());
-        if self.leads() && since(renewed_at) > deadline {
+        if self.leads() && self.since(renewed_at) > deadline {
             self.lose(format!("could not renew the lease for {deadline:?}"));
         }
     }

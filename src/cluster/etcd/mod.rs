@@ -55,9 +55,74 @@ struct LeaderValue {
     transitions: i32,
 }
 
+/// A condition of a transaction on the keys, as etcd compares them.
+#[derive(Debug, Clone)]
+pub enum Cond {
+    /// The key does not exist (its create revision reads as 0).
+    Absent(String),
+    /// The key was last written at this revision.
+    ModRev(String, i64),
+}
+
+/// What the coordination needs of etcd: linearizable reads, and transactions that write only
+/// when every condition holds. The seam lets the protocol run over an in-memory store in
+/// simulated time (the property tests), with etcd's semantics.
+#[async_trait::async_trait]
+pub trait Kv: Send + Sync + 'static {
+    /// The key's last-write revision and value.
+    async fn get(&self, key: &str) -> Result<Option<(i64, Vec<u8>)>, EtcdError>;
+    /// Writes `puts` if every condition in `when` holds, at one new revision; that revision
+    /// (the store's current one when `puts` is empty), or `None` when a condition failed.
+    async fn txn(
+        &self,
+        when: Vec<Cond>,
+        puts: Vec<(String, Vec<u8>)>,
+    ) -> Result<Option<i64>, EtcdError>;
+}
+
+/// etcd itself, through its v3 gRPC API.
+struct EtcdKv(Client);
+
+#[async_trait::async_trait]
+impl Kv for EtcdKv {
+    async fn get(&self, key: &str) -> Result<Option<(i64, Vec<u8>)>, EtcdError> {
+        let resp = self.0.clone().get(key, None).await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| (kv.mod_revision(), kv.value().to_vec())))
+    }
+
+    async fn txn(
+        &self,
+        when: Vec<Cond>,
+        puts: Vec<(String, Vec<u8>)>,
+    ) -> Result<Option<i64>, EtcdError> {
+        let when: Vec<Compare> = when
+            .into_iter()
+            .map(|c| match c {
+                Cond::Absent(k) => Compare::create_revision(k, CompareOp::Equal, 0),
+                Cond::ModRev(k, rev) => Compare::mod_revision(k, CompareOp::Equal, rev),
+            })
+            .collect();
+        let then: Vec<TxnOp> = puts
+            .into_iter()
+            .map(|(k, v)| TxnOp::put(k, v, None))
+            .collect();
+        let resp = self
+            .0
+            .clone()
+            .txn(Txn::new().when(when).and_then(then))
+            .await?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+    }
+}
+
 /// Who leads and what it shares, on etcd.
 pub struct Etcd {
-    client: Client,
+    kv: Box<dyn Kv>,
     leader: String,
     term: String,
     state: String,
@@ -87,15 +152,24 @@ impl Etcd {
             opts = opts.with_tls(tls);
         }
         let client = Client::connect(&cfg.endpoints, Some(opts)).await?;
-        let key = |k: &str| format!("{}/{k}", cfg.prefix);
-        Ok(Etcd {
-            client,
+        Ok(Etcd::over(
+            Box::new(EtcdKv(client)),
+            &cfg.prefix,
+            cfg.endpoints.clone(),
+        ))
+    }
+
+    /// The coordination over `kv`, its keys under `prefix`.
+    pub fn over(kv: Box<dyn Kv>, prefix: &str, endpoints: Vec<String>) -> Etcd {
+        let key = |k: &str| format!("{prefix}/{k}");
+        Etcd {
+            kv,
             leader: key("leader"),
             term: key("term"),
             state: key("state"),
             token: Mutex::new(None),
-            endpoints: cfg.endpoints.clone(),
-        })
+            endpoints,
+        }
     }
 
     /// Where the state is, for logs and `/1/leader`.
@@ -105,31 +179,26 @@ impl Etcd {
 
     /// The compare every write of the leader carries: the lease has not changed hands since
     /// this replica took it.
-    fn still_mine(&self) -> Option<Compare> {
+    fn still_mine(&self) -> Option<Cond> {
         let token = *self.token.lock_unpoisoned();
-        token.map(|t| Compare::mod_revision(self.term.as_str(), CompareOp::Equal, t))
+        token.map(|t| Cond::ModRev(self.term.clone(), t))
     }
 
-    fn revision(version: Option<&str>, key: &str) -> Result<Compare, EtcdError> {
+    fn revision(version: Option<&str>, key: &str) -> Result<Cond, EtcdError> {
         Ok(match version {
-            // Absent: its create revision reads as 0.
-            None => Compare::create_revision(key, CompareOp::Equal, 0),
+            None => Cond::Absent(key.into()),
             Some(v) => {
                 let rev: i64 = v.parse().map_err(|_| EtcdError::Record {
                     key: key.into(),
                     problem: format!("version {v:?} is not a revision"),
                 })?;
-                Compare::mod_revision(key, CompareOp::Equal, rev)
+                Cond::ModRev(key.into(), rev)
             }
         })
     }
 
     async fn get(&self, key: &str) -> Result<Option<(i64, Vec<u8>)>, EtcdError> {
-        let resp = self.client.clone().get(key, None).await?;
-        Ok(resp
-            .kvs()
-            .first()
-            .map(|kv| (kv.mod_revision(), kv.value().to_vec())))
+        self.kv.get(key).await
     }
 
     /// The shared decision state and its revision, as `maintd store migrate` reads it.
@@ -154,18 +223,11 @@ impl Etcd {
         over: Option<i64>,
     ) -> Result<Option<i64>, EtcdError> {
         let when = match over {
-            None => Compare::create_revision(self.state.as_str(), CompareOp::Equal, 0),
-            Some(rev) => Compare::mod_revision(self.state.as_str(), CompareOp::Equal, rev),
+            None => Cond::Absent(self.state.clone()),
+            Some(rev) => Cond::ModRev(self.state.clone(), rev),
         };
-        let then = [TxnOp::put(self.state.as_str(), data, None)];
-        let resp = self
-            .client
-            .clone()
-            .txn(Txn::new().when([when]).and_then(then))
-            .await?;
-        Ok(resp
-            .succeeded()
-            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+        let puts = vec![(self.state.clone(), data.as_bytes().to_vec())];
+        self.kv.txn(vec![when], puts).await
     }
 
     /// Who holds the lease as last written, if anyone, and the leader key's revision.
@@ -186,8 +248,7 @@ impl Etcd {
         let Some(mine) = self.still_mine() else {
             return Ok(false);
         };
-        let resp = self.client.clone().txn(Txn::new().when([mine])).await?;
-        Ok(resp.succeeded())
+        Ok(self.kv.txn(vec![mine], vec![]).await?.is_some())
     }
 }
 
@@ -221,7 +282,7 @@ impl Coordination for Etcd {
         })
         .expect("the leader value serializes");
         let mut when = vec![Self::revision(lease.version.as_deref(), &self.leader)?];
-        let mut then = vec![TxnOp::put(self.leader.as_str(), value, None)];
+        let mut puts = vec![(self.leader.clone(), value)];
         // A renewal (or the release) by the holder carries its token; taking the lease writes
         // a new term, whose revision becomes the new token.
         let taking = match self.still_mine() {
@@ -231,20 +292,13 @@ impl Coordination for Etcd {
             }
             None => {
                 let holder = lease.holder.clone().unwrap_or_default();
-                then.push(TxnOp::put(self.term.as_str(), holder, None));
+                puts.push((self.term.clone(), holder.into_bytes()));
                 true
             }
         };
-        let resp = self
-            .client
-            .clone()
-            .txn(Txn::new().when(when).and_then(then))
-            .await
-            .map_err(EtcdError::from)?;
-        if !resp.succeeded() {
+        let Some(rev) = self.kv.txn(when, puts).await? else {
             return Ok(None);
-        }
-        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+        };
         if taking {
             *self.token.lock_unpoisoned() = Some(rev);
         }
@@ -275,19 +329,9 @@ impl Coordination for Etcd {
         let Some(mine) = self.still_mine() else {
             return Ok(None);
         };
-        let when = [mine, Self::revision(version, &self.state)?];
-        let then = [TxnOp::put(self.state.as_str(), data, None)];
-        let resp = self
-            .client
-            .clone()
-            .txn(Txn::new().when(when).and_then(then))
-            .await
-            .map_err(EtcdError::from)?;
-        if !resp.succeeded() {
-            return Ok(None);
-        }
-        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
-        Ok(Some(rev.to_string()))
+        let when = vec![mine, Self::revision(version, &self.state)?];
+        let puts = vec![(self.state.clone(), data.as_bytes().to_vec())];
+        Ok(self.kv.txn(when, puts).await?.map(|rev| rev.to_string()))
     }
 
     async fn confirm(&self) -> Result<bool, ClusterError> {
