@@ -319,3 +319,73 @@ async fn a_single_masters_state_moves_into_etcd_and_back() {
     let kept = c.wait_status("node1", "completed").await;
     assert_eq!(kept["id"], id.as_str());
 }
+
+/// A benchmark, run by hand (`cargo test --test it etcd:: -- --ignored --nocapture`): with the
+/// state on etcd, what an idle fleet writes there per poll cycle (state shares; the lease's
+/// own renewals are counted apart), and how long from a leader's SIGKILL until the standby
+/// leads, over `MAINTD_BENCH_FAILOVERS` kills (10 by default), each killed daemon started again
+/// to follow. Prints the figures for BENCHMARKS.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: prints figures for BENCHMARKS.md"]
+async fn failover_time_and_writes_of_an_idle_fleet() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let rounds: usize = std::env::var("MAINTD_BENCH_FAILOVERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let mut p = Pair::start(&etcd).await;
+    let l = p.one_leader().await;
+    p.talk_to(l);
+    let counter = |text: &str, series: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    p.c.some_polls(3).await;
+    let before = p.c.metrics().await;
+    p.c.some_polls(50).await;
+    let after = p.c.metrics().await;
+    let cycles = counter(&after, "maintd_poll_cycle_seconds_count")
+        - counter(&before, "maintd_poll_cycle_seconds_count");
+    let shares = r#"maintd_state_shares_total{result="written"}"#;
+    let leases = r#"maintd_lease_writes_total{result="ok"}"#;
+    let written = counter(&after, shares) - counter(&before, shares);
+    let renewed = counter(&after, leases) - counter(&before, leases);
+    eprintln!(
+        "idle: {cycles} poll cycles, {written} state writes ({:.3} per cycle), {renewed} lease renewals",
+        written / cycles
+    );
+
+    let mut leader = l;
+    let mut times = Vec::new();
+    for _ in 0..rounds {
+        let standby = 1 - leader;
+        let killed = Instant::now();
+        drop(p.proc(leader).take());
+        p.wait_leads(standby).await;
+        times.push(killed.elapsed().as_secs_f64());
+        if leader == 0 {
+            p.start_a();
+        } else {
+            p.start_b();
+        }
+        let name = ["a", "b"][standby];
+        wait_for("the restarted daemon to follow", || async {
+            let v = p.leader_view(leader).await?;
+            (v["holder"] == name).then_some(())
+        })
+        .await;
+        leader = standby;
+    }
+    times.sort_by(f64::total_cmp);
+    eprintln!(
+        "failover (SIGKILL to the standby leading, {LEASE_S} s lease, {rounds} kills): p50 {:.2} s, p99 {:.2} s, max {:.2} s",
+        common::percentile(&times, 0.5),
+        common::percentile(&times, 0.99),
+        times.last().unwrap()
+    );
+}
