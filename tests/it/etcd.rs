@@ -72,6 +72,20 @@ impl Pair {
         );
     }
 
+    /// Starts daemon `i` again and waits until it follows `leader`.
+    async fn restart_following(&mut self, i: usize, leader: &str) -> Value {
+        if i == 0 {
+            self.start_a();
+        } else {
+            self.start_b();
+        }
+        wait_for("the restarted daemon to follow", || async {
+            let v = self.leader_view(i).await?;
+            (v["holder"] == leader).then_some(v)
+        })
+        .await
+    }
+
     /// `/1/leader` of daemon `i` (0: a, 1: b), if it answers.
     async fn leader_view(&self, i: usize) -> Option<Value> {
         let url = format!("http://127.0.0.1:{}/1/leader", self.ports[i]);
@@ -180,16 +194,7 @@ async fn a_killed_leader_is_replaced_and_its_successor_carries_on_from_etcd() {
     .await;
 
     // The killed daemon, started again, follows.
-    if l == 0 {
-        p.start_a();
-    } else {
-        p.start_b();
-    }
-    let back = wait_for("the restarted daemon to follow", || async {
-        let v = p.leader_view(l).await?;
-        (v["holder"] == ["a", "b"][s]).then_some(v)
-    })
-    .await;
+    let back = p.restart_following(l, ["a", "b"][s]).await;
     assert_eq!(back["leader"], false, "{back}");
 }
 
@@ -368,17 +373,7 @@ async fn failover_time_and_writes_of_an_idle_fleet() {
         drop(p.proc(leader).take());
         p.wait_leads(standby).await;
         times.push(killed.elapsed().as_secs_f64());
-        if leader == 0 {
-            p.start_a();
-        } else {
-            p.start_b();
-        }
-        let name = ["a", "b"][standby];
-        wait_for("the restarted daemon to follow", || async {
-            let v = p.leader_view(leader).await?;
-            (v["holder"] == name).then_some(())
-        })
-        .await;
+        p.restart_following(leader, ["a", "b"][standby]).await;
         leader = standby;
     }
     times.sort_by(f64::total_cmp);

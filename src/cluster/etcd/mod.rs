@@ -201,6 +201,18 @@ impl Etcd {
         self.kv.get(key).await
     }
 
+    /// The leader key as last written, and its revision.
+    async fn read_leader(&self) -> Result<Option<(i64, LeaderValue)>, EtcdError> {
+        let Some((rev, value)) = self.get(&self.leader).await? else {
+            return Ok(None);
+        };
+        let v = serde_json::from_slice(&value).map_err(|e| EtcdError::Record {
+            key: self.leader.clone(),
+            problem: e.to_string(),
+        })?;
+        Ok(Some((rev, v)))
+    }
+
     /// The shared decision state and its revision, as `maintd store migrate` reads it.
     pub async fn read_state(&self) -> Result<Option<(i64, String)>, EtcdError> {
         let Some((rev, value)) = self.get(&self.state).await? else {
@@ -232,14 +244,10 @@ impl Etcd {
 
     /// Who holds the lease as last written, if anyone, and the leader key's revision.
     pub async fn holder(&self) -> Result<Option<(String, i64)>, EtcdError> {
-        let Some((rev, value)) = self.get(&self.leader).await? else {
-            return Ok(None);
-        };
-        let v: LeaderValue = serde_json::from_slice(&value).map_err(|e| EtcdError::Record {
-            key: self.leader.clone(),
-            problem: e.to_string(),
-        })?;
-        Ok(v.holder.map(|h| (h, rev)))
+        Ok(self
+            .read_leader()
+            .await?
+            .and_then(|(rev, v)| v.holder.map(|h| (h, rev))))
     }
 
     /// Asks etcd whether this replica still holds the lease it took: a transaction that
@@ -256,13 +264,9 @@ impl Etcd {
 impl Coordination for Etcd {
     async fn get_lease(&self, _fresh: bool) -> Result<Option<LeaseRecord>, ClusterError> {
         // Reads are linearizable: no cache to be behind.
-        let Some((rev, value)) = self.get(&self.leader).await? else {
+        let Some((rev, v)) = self.read_leader().await? else {
             return Ok(None);
         };
-        let v: LeaderValue = serde_json::from_slice(&value).map_err(|e| EtcdError::Record {
-            key: self.leader.clone(),
-            problem: e.to_string(),
-        })?;
         Ok(Some(LeaseRecord {
             holder: v.holder,
             // Each write moves the revision: followers watch it move, never a clock.
@@ -310,14 +314,8 @@ impl Coordination for Etcd {
     }
 
     async fn get_state(&self, _fresh: bool) -> Result<Option<(String, String)>, ClusterError> {
-        let Some((rev, value)) = self.get(&self.state).await? else {
-            return Ok(None);
-        };
-        let text = String::from_utf8(value).map_err(|_| EtcdError::Record {
-            key: self.state.clone(),
-            problem: "not UTF-8".into(),
-        })?;
-        Ok(Some((rev.to_string(), text)))
+        let state = self.read_state().await?;
+        Ok(state.map(|(rev, text)| (rev.to_string(), text)))
     }
 
     async fn put_state(
