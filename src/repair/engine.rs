@@ -204,15 +204,24 @@ impl Engine {
     }
 
     /// Jobs recorded as running lost their executor (a restart, or the previous leader died):
-    /// run them again, once per leadership term. Every job is idempotent.
-    fn resume(self: &Arc<Self>) {
+    /// run them again, once per leadership term. Every job is idempotent. As for a round's
+    /// start, the lease is confirmed first, so a leader deposed meanwhile starts none.
+    async fn resume(self: &Arc<Self>) {
         use std::sync::atomic::Ordering;
         let term = self.leadership.term();
-        if !self.leadership.is_leader() || self.resumed_term.swap(term, Ordering::SeqCst) == term {
+        if !self.leadership.is_leader() || self.resumed_term.load(Ordering::SeqCst) == term {
             return;
         }
         match self.store.running_jobs() {
             Ok(jobs) => {
+                if !jobs.is_empty()
+                    && let Err(e) = self.leadership.share_before_effect().await
+                {
+                    // Tried again next tick (the term is not marked resumed).
+                    warn!(error = %e, "not resuming jobs: the lease is not confirmed");
+                    return;
+                }
+                self.resumed_term.store(term, Ordering::SeqCst);
                 for j in jobs {
                     info!(job = j.id, node = %j.node, kind = j.kind.as_str(), "resuming job");
                     self.clone().spawn_job(j);
@@ -240,7 +249,7 @@ impl Engine {
         self.leader_metrics
             .leader
             .set(self.leadership.is_leader() as i64);
-        self.resume();
+        self.resume().await;
         let tags = match self.cluster.jobs.tags().await {
             Ok(t) => t,
             Err(e) => return self.skip(TickError::Tags(e)),

@@ -384,3 +384,61 @@ async fn failover_time_and_writes_of_an_idle_fleet() {
         times.last().unwrap()
     );
 }
+
+/// A leader killed while a round's hook runs: the new leader resumes the job recorded as running
+/// in the shared state (after confirming its lease), runs its hook again for the same job (the
+/// old leader's machine may still finish its own run: hooks are idempotent per job id), and the
+/// event completes under the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_running_when_its_leader_dies_is_resumed_by_the_next() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let mut p = Pair::start(&etcd).await;
+    let l = p.one_leader().await;
+    let s = 1 - l;
+    let log = p.c.path("hooks.log");
+    let started = p.c.path("evacuate-started");
+    p.c.set_hook(
+        "evacuate",
+        &format!(
+            "echo $2 >> {}; sleep 3; echo \"$MAINTD_ACTION $1 $2 $MAINTD_REASON\" >> {}",
+            started.display(),
+            log.display()
+        ),
+    );
+    p.talk_to(l);
+    p.c.set_verdict("node1", EVAC);
+    let job = wait_for("the evacuate hook to start", || async {
+        let text = std::fs::read_to_string(&started).ok()?;
+        text.lines().next().map(str::to_string)
+    })
+    .await;
+    drop(p.proc(l).take());
+
+    p.wait_leads(s).await;
+    p.talk_to(s);
+    let e = p.c.wait_status("node1", "completed").await;
+    let runs = std::fs::read_to_string(&started).unwrap();
+    assert!(
+        runs.lines().all(|j| j == job) && runs.lines().count() == 2,
+        "the same job's hook, started again once by the new leader: {runs}"
+    );
+    let name = if s == 0 { "daemon.log" } else { "daemon-b.log" };
+    let said = std::fs::read_to_string(p.c.path(name)).unwrap();
+    assert!(said.contains("resuming job"), "{said}");
+    assert_eq!(
+        count(&p.c.hook_log(), "offline node1"),
+        1,
+        "{:?}",
+        p.c.hook_log()
+    );
+    assert!(
+        e["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|j| j["status"] == "succeeded"),
+        "{e}"
+    );
+}
