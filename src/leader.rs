@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
-use tracing::{error, info, warn};
+use tracing::error;
 
 use crate::clock::Clock;
-use crate::cluster::{Coordination, LeaseRecord};
+use crate::cluster::Coordination;
 use crate::store::Checkpoint;
 use crate::sync::LockExt;
-use maintd_core::lease::{LeaseStep, lease_step};
 
+mod campaign;
 mod election;
 #[cfg(test)]
 mod etcd_tests;
@@ -61,6 +61,9 @@ pub struct Leadership {
     /// becomes the leader.
     term_tx: watch::Sender<u64>,
     metrics: LeaderMetrics,
+    /// What the election loop's last request to the store could not do (None once one
+    /// succeeds): why no replica may be leading, for `/1/health` and `/1/leader`.
+    problem: Mutex<Option<String>>,
     /// The steady clock spans are measured on (`CLOCK_BOOTTIME`-based; simulated in tests).
     clock: Arc<dyn Clock>,
 }
@@ -102,6 +105,7 @@ impl Leadership {
             renewed: Mutex::new(None),
             term_tx: watch::Sender::new(0),
             metrics: LeaderMetrics::new(),
+            problem: Mutex::new(None),
             clock: Arc::new(crate::clock::SystemClock),
         }
     }
@@ -185,6 +189,12 @@ impl Leadership {
         self.holder.lock_unpoisoned().clone()
     }
 
+    /// Why the last request of the election loop to the store failed, while it fails (an
+    /// unreachable store, a lost quorum): no replica may be able to lead meanwhile.
+    pub fn problem(&self) -> Option<String> {
+        self.problem.lock_unpoisoned().clone()
+    }
+
     /// Resolves once leadership is lost; the daemon then exits rather than act twice.
     pub async fn lost(&self) -> String {
         loop {
@@ -210,9 +220,8 @@ impl Leadership {
         self.lost_notify.notify_waiters();
     }
 
-    /// Writes the decision state to the shared checkpoint if it changed. Called before every side
-    /// effect: an effect whose intent is not shared never starts. A no-op without election.
-    /// Shares the decision state after a change (nothing to do when it has not changed).
+    /// Shares the decision state after a change (nothing to do when it has not changed). A
+    /// no-op without election.
     pub async fn checkpoint(&self) -> Result<(), CheckpointError> {
         self.share(false).await
     }
@@ -278,23 +287,6 @@ impl Leadership {
         }
     }
 
-    /// One write of the lease, timed and counted.
-    async fn write_lease(
-        &self,
-        coord: &Arc<dyn Coordination>,
-        l: &LeaseRecord,
-    ) -> Result<Option<LeaseRecord>, crate::cluster::ClusterError> {
-        let started = self.clock.now();
-        let written = coord.write_lease(l).await;
-        let result = match &written {
-            Ok(Some(_)) => "ok",
-            Ok(None) => "conflict",
-            Err(_) => "error",
-        };
-        self.metrics.lease_write(result, self.since(started));
-        written
-    }
-
     /// Whether this replica leads, how its lease and shared state are written, what it
     /// dropped as a standby: registered by the daemon, counted by the engine and the fencer too.
     pub fn metrics(&self) -> &LeaderMetrics {
@@ -323,180 +315,5 @@ impl Leadership {
         *self.state_version.lock_unpoisoned() = Some(version);
         *self.last_written.lock().await = data;
         Ok(true)
-    }
-
-    /// The election loop. Returns when `shutdown` resolves (releasing a held lease after a final
-    /// checkpoint) or when leadership is lost.
-    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        let Some((coord, cfg)) = self.election.clone() else {
-            shutdown.await;
-            return;
-        };
-        let me = self.identity.clone();
-        let lease_duration = cfg.lease_duration;
-        let mut seen: Option<(Option<String>, Option<String>)> = None;
-        let mut seen_at = self.clock.now();
-        let mut renewed_at = self.clock.now();
-        // The Lease as this replica last wrote it, while it holds it: a renewal replaces that
-        // version without reading first (as client-go does), so a leader's only request per
-        // retry period is its renewal. A conflict means someone else wrote: read it afresh.
-        let mut own: Option<LeaseRecord> = None;
-        let mut fresh = false;
-        let mut ticker = crate::ticker::Ticker::new(cfg.retry_period);
-        tokio::pin!(shutdown);
-        info!(identity = %me, lease = %cfg.place, "leader election started");
-        while ticker.next(shutdown.as_mut()).await.is_some() {
-            if self.lost.lock_unpoisoned().is_some() {
-                return;
-            }
-            let lease = match own.clone() {
-                Some(l) => Some(l),
-                None => match coord.get_lease(fresh).await {
-                    Ok(l) => {
-                        fresh = false;
-                        l
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "cannot read the lease");
-                        fresh = true;
-                        self.check_deadline(renewed_at, cfg.renew_deadline);
-                        continue;
-                    }
-                },
-            };
-            let marker = lease
-                .as_ref()
-                .map(|l| (l.holder.clone(), l.renew_marker.clone()));
-            if marker != seen {
-                seen = marker;
-                seen_at = self.clock.now();
-            }
-            match lease_step(
-                lease.as_ref().map(LeaseRecord::view),
-                &me,
-                self.since(seen_at),
-                lease_duration,
-            ) {
-                LeaseStep::Renew => {
-                    let mut l = lease.clone().unwrap_or_default();
-                    l.duration_s = lease_duration.as_secs().max(1) as i32;
-                    let sent = self.clock.now();
-                    match self.write_lease(&coord, &l).await {
-                        Ok(Some(written)) => {
-                            own = Some(written);
-                            // From when it was sent: a standby saw the write no earlier, so
-                            // this replica's deadline ends before the lease can in its eyes,
-                            // however late the answer came.
-                            renewed_at = sent;
-                            self.renewed_at(sent);
-                            if !self.leads() {
-                                // Our own lease from before a restart: lead again at once.
-                                self.become_leader(&coord).await;
-                            }
-                        }
-                        Ok(None) => {
-                            warn!("lease renewal conflicted; reading it afresh");
-                            own = None;
-                            fresh = true;
-                        }
-                        // Whether it landed is unknown: the next attempt replaces the same
-                        // version, and a conflict then reads it afresh.
-                        Err(e) => warn!(error = %e, "cannot renew the lease"),
-                    }
-                    self.check_deadline(renewed_at, cfg.renew_deadline);
-                }
-                LeaseStep::Acquire { transitions } => {
-                    if self.leads() {
-                        self.lose("the lease lapsed while this replica led".into());
-                        return;
-                    }
-                    let l = LeaseRecord {
-                        holder: Some(me.clone()),
-                        renew_marker: None,
-                        duration_s: lease_duration.as_secs().max(1) as i32,
-                        transitions,
-                        version: lease.and_then(|l| l.version),
-                        acquired: None,
-                    };
-                    let sent = self.clock.now();
-                    match self.write_lease(&coord, &l).await {
-                        Ok(Some(written)) => {
-                            own = Some(written);
-                            // From when it was sent: a standby saw the write no earlier, so
-                            // this replica's deadline ends before the lease can in its eyes,
-                            // however late the answer came.
-                            renewed_at = sent;
-                            self.renewed_at(sent);
-                            self.become_leader(&coord).await;
-                        }
-                        Ok(None) => {
-                            info!("another replica took the lease first");
-                            fresh = true;
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "cannot take the lease");
-                            fresh = true;
-                        }
-                    }
-                }
-                LeaseStep::Follow { holder } => {
-                    if self.leads() {
-                        self.lose(format!("{holder} holds the lease now"));
-                        return;
-                    }
-                    own = None;
-                    *self.holder.lock_unpoisoned() = Some(holder);
-                    if let Err(e) = self.import(&coord, false).await {
-                        warn!(error = %e, "standby cannot follow the leader's state");
-                    }
-                }
-            }
-        }
-        if self.leads() {
-            // Hand over at once rather than after the lease expires: last state, then the lease.
-            if let Err(e) = self.checkpoint().await {
-                warn!(error = %e, "final checkpoint failed");
-            }
-            self.leader.store(false, Ordering::SeqCst);
-            if let Ok(Some(l)) = coord.get_lease(true).await
-                && l.holder.as_deref() == Some(me.as_str())
-            {
-                let released = LeaseRecord {
-                    holder: None,
-                    duration_s: 1,
-                    ..l
-                };
-                match self.write_lease(&coord, &released).await {
-                    Ok(Some(_)) => info!("lease released"),
-                    _ => warn!("cannot release the lease; it expires on its own"),
-                }
-            }
-        }
-    }
-
-    fn check_deadline(&self, renewed_at: Nanos, deadline: Duration) {
-        let age = if self.leads() {
-            self.since(renewed_at)
-        } else {
-            Duration::ZERO
-        };
-        self.metrics.renewal_age.set(age.as_secs_f64());
-        if self.leads() && self.since(renewed_at) > deadline {
-            self.lose(format!("could not renew the lease for {deadline:?}"));
-        }
-    }
-
-    async fn become_leader(&self, coord: &Arc<dyn Coordination>) {
-        // The leader acts on the last shared state, never on what it computed as a standby.
-        if let Err(e) = self.import(coord, true).await {
-            error!(error = %e, "took the lease but cannot load the shared state; not acting");
-            self.lose(e.to_string());
-            return;
-        }
-        *self.holder.lock_unpoisoned() = Some(self.identity.clone());
-        self.term.fetch_add(1, Ordering::SeqCst);
-        self.leader.store(true, Ordering::SeqCst);
-        info!(identity = %self.identity, term = self.term(), "became the leader");
-        self.term_tx.send_replace(self.term());
     }
 }

@@ -345,6 +345,8 @@ pub struct Leader {
     pub token: Option<i64>,
     #[serde(rename = "last-renewal-age-seconds")]
     pub last_renewal_age_seconds: Option<f64>,
+    /// Why this replica's last request to the lease's store failed, while it fails.
+    pub problem: Option<String>,
 }
 
 /// `/1/health` while the engine decides.
@@ -358,6 +360,10 @@ pub struct Health {
     /// tags of events it does not know): adopted by nothing, and said here until a restart.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub found: Vec<String>,
+    /// Why this replica cannot reach the lease's store (etcd out of quorum, say): while it
+    /// says so, no replica may be leading, and nothing is fenced, released or started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_problem: Option<String>,
 }
 
 /// The answer to `POST /1/nodes/{node}/reset-seq`.

@@ -103,6 +103,7 @@ async fn leader(State(s): S) -> Json<views::Leader> {
         place: l.place(),
         token: l.token(),
         last_renewal_age_seconds: l.renewed_ago().map(|d| d.as_secs_f64()),
+        problem: l.problem(),
     })
 }
 
@@ -258,6 +259,7 @@ async fn health(State(s): S) -> Result<Json<views::Health>, ApiError> {
             last_decision_age_seconds: age.map(|a| a as f64 / 1e9),
             db: s.store.path().to_string(),
             found,
+            lease_problem: s.leadership.problem(),
         })),
         Err(why) if found.is_empty() => Err(ApiError::unavailable(why.to_string())),
         Err(why) => Err(ApiError::unavailable(format!(

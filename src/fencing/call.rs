@@ -50,13 +50,20 @@ pub trait CallJournal: Send + Sync {
     async fn begin(&self, call: &maintd_core::fencing::machine::Call) -> Result<(), JournalError>;
 }
 
-/// A call that could not be written before it was made (so it was not made), and where.
+/// A call that could not be written before it was made (so it was not made), and why.
 #[derive(Debug, thiserror::Error)]
-#[error("{at}: {source}")]
-pub struct JournalError {
-    pub at: String,
-    #[source]
-    pub source: crate::store::StoreError,
+pub enum JournalError {
+    /// The flow store refused the record (`at` names it).
+    #[error("{at}: {source}")]
+    Store {
+        at: String,
+        #[source]
+        source: crate::store::StoreError,
+    },
+    /// The record was kept here but could not be shared with a successor (the state on etcd):
+    /// this replica may no longer lead, so it makes no call a successor would not know of.
+    #[error("the call's record could not be shared with a successor: {0}")]
+    Share(#[source] crate::leader::CheckpointError),
 }
 
 /// No record before a call: the agent module's own tests.

@@ -78,6 +78,9 @@ metric_set! {
             => ("maintd_state_shares", "Shares of the decision state by the leader, by result: written, confirmed (nothing new; the lease confirmed before an effect), conflict (a newer leader exists: this one stops), error"),
         state_share_seconds: Histogram = Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0])
             => ("maintd_state_share_seconds", "Latency of each write (or confirmation) of the shared decision state"),
+        /// 0 while the election loop's requests to the store fail (the reason: `/1/health`).
+        store_up: Gauge = Gauge::default()
+            => ("maintd_lease_store_up", "1 while this replica's last request to the lease's store (etcd or the Kubernetes API) succeeded, 0 while it fails (why: /1/health and /1/leader)"),
         /// How long ago this replica last renewed its lease, while it leads (its steady clock).
         renewal_age: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default()
             => ("maintd_lease_renewal_age_seconds", "How long ago the leader last renewed its lease, on its steady clock (0 on a standby); at renew-deadline it stops acting"),

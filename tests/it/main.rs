@@ -14,7 +14,8 @@
 //!   namespaces);
 //! - **a backend's real peer**: `kube` (the in-process fake API server), `k8s_real` (a real
 //!   control plane), `ganeti` (a real Ganeti cluster), `etcd` (leadership and the shared state
-//!   on a real etcd).
+//!   on a real etcd), `etcd_ha` (three daemons and three etcd members in network namespaces,
+//!   killed, stopped and cut mid-fence, and etcd's quorum lost).
 //!
 //! `common` holds the harnesses (processes, ports, simulators, namespaces, the clusters).
 
@@ -27,6 +28,7 @@ mod deploy;
 mod docs;
 mod durability;
 mod etcd;
+mod etcd_ha;
 mod fencing;
 mod flows;
 mod ganeti;

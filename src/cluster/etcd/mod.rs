@@ -15,6 +15,7 @@
 pub mod config;
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, Identity, TlsOptions, Txn, TxnOp,
@@ -36,6 +37,9 @@ pub enum EtcdError {
     },
     #[error("etcd: {0}")]
     Client(#[from] etcd_client::Error),
+    /// No member answered: what each one said.
+    #[error("no etcd member answered: {}", .0.iter().map(|(at, e)| format!("{at}: {e}")).collect::<Vec<_>>().join("; "))]
+    NoMember(Vec<(String, etcd_client::Error)>),
     #[error("etcd key {key}: {problem}")]
     Record { key: String, problem: String },
 }
@@ -80,13 +84,51 @@ pub trait Kv: Send + Sync + 'static {
     ) -> Result<Option<i64>, EtcdError>;
 }
 
-/// etcd itself, through its v3 gRPC API.
-struct EtcdKv(Client);
+/// etcd itself, through its v3 gRPC API: a connection to each member, one used at a time. A
+/// request that gets no answer from a member (down, cut off, or out of quorum) is tried on
+/// each other member in turn, and the member that answered serves the next requests: a lost
+/// member costs one timeout, never a share of every request after it.
+struct EtcdKv {
+    /// Each member's endpoint and connection.
+    members: Vec<(String, Client)>,
+    current: AtomicUsize,
+}
+
+impl EtcdKv {
+    /// Runs `op` on the current member, then on each other one until one answers; when none
+    /// does, says what each one answered.
+    async fn on_any<T, F, Fut>(&self, op: F) -> Result<T, EtcdError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let n = self.members.len();
+        let first = self.current.load(Ordering::Relaxed) % n;
+        let mut said = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let (at, client) = &self.members[i];
+            match op(client.clone()).await {
+                Ok(v) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Err(e) => said.push((at.clone(), e)),
+            }
+        }
+        Err(match said.len() {
+            1 => EtcdError::Client(said.remove(0).1),
+            _ => EtcdError::NoMember(said),
+        })
+    }
+}
 
 #[async_trait::async_trait]
 impl Kv for EtcdKv {
     async fn get(&self, key: &str) -> Result<Option<(i64, Vec<u8>)>, EtcdError> {
-        let resp = self.0.clone().get(key, None).await?;
+        let resp = self
+            .on_any(|mut c| async move { c.get(key, None).await })
+            .await?;
         Ok(resp
             .kvs()
             .first()
@@ -109,10 +151,15 @@ impl Kv for EtcdKv {
             .into_iter()
             .map(|(k, v)| TxnOp::put(k, v, None))
             .collect();
+        // Tried again on another member when unanswered: the transaction may have landed on
+        // the first, and then its conditions fail on the second (its revision moved), which
+        // the caller reads as a conflict and settles by reading afresh.
+        let txn = Txn::new().when(when).and_then(then);
         let resp = self
-            .0
-            .clone()
-            .txn(Txn::new().when(when).and_then(then))
+            .on_any(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await?;
         Ok(resp
             .succeeded()
@@ -151,12 +198,15 @@ impl Etcd {
             }
             opts = opts.with_tls(tls);
         }
-        let client = Client::connect(&cfg.endpoints, Some(opts)).await?;
-        Ok(Etcd::over(
-            Box::new(EtcdKv(client)),
-            &cfg.prefix,
-            cfg.endpoints.clone(),
-        ))
+        let mut members = Vec::new();
+        for e in &cfg.endpoints {
+            members.push((e.clone(), Client::connect([e], Some(opts.clone())).await?));
+        }
+        let kv = EtcdKv {
+            members,
+            current: AtomicUsize::new(0),
+        };
+        Ok(Etcd::over(Box::new(kv), &cfg.prefix, cfg.endpoints.clone()))
     }
 
     /// The coordination over `kv`, its keys under `prefix`.
@@ -329,7 +379,18 @@ impl Coordination for Etcd {
         };
         let when = vec![mine, Self::revision(version, &self.state)?];
         let puts = vec![(self.state.clone(), data.as_bytes().to_vec())];
-        Ok(self.kv.txn(when, puts).await?.map(|rev| rev.to_string()))
+        if let Some(rev) = self.kv.txn(when, puts).await? {
+            return Ok(Some(rev.to_string()));
+        }
+        // A write whose answer was lost and that was sent again conflicts with itself: it is
+        // ours if the token still holds and the state is what was sent.
+        if self.confirm_token().await?
+            && let Some((rev, stored)) = self.kv.get(&self.state).await?
+            && stored == data.as_bytes()
+        {
+            return Ok(Some(rev.to_string()));
+        }
+        Ok(None)
     }
 
     async fn confirm(&self) -> Result<bool, ClusterError> {

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use super::Fencer;
 use crate::cluster::EventReason;
 use crate::fencing::agent::{CallEnv, CallJournal, CallSite, run_stage_recorded};
+use crate::fencing::call::JournalError;
 use crate::metrics::StepLabel;
 use crate::sync::LockExt;
 use maintd_core::fencing::machine::FlowOutcome;
@@ -61,21 +62,35 @@ impl Effects {
 
 /// Writes a flow's state-changing agent calls to its record before they are made: a daemon
 /// that takes over after this one stopped mid-call knows the device may have acted, and when.
+/// Where the flows are shared by a checkpoint (the state on etcd), the record is shared too,
+/// in a write that fails once a newer leader exists: the leader's token, checked again right
+/// before each call, so a deposed leader that slept through its successor's election makes
+/// no call (it stops leading instead).
 struct FlowJournal {
     flows: Arc<dyn crate::store::FlowStore>,
+    leadership: Arc<crate::leader::Leadership>,
     flow: Uuid,
 }
 
 #[async_trait::async_trait]
 impl CallJournal for FlowJournal {
-    async fn begin(&self, call: &Call) -> Result<(), crate::fencing::call::JournalError> {
+    async fn begin(&self, call: &Call) -> Result<(), JournalError> {
         self.flows
             .note_call(&self.flow, call.clone())
             .await
-            .map_err(|source| crate::fencing::call::JournalError {
+            .map_err(|source| JournalError::Store {
                 at: self.flows.location(),
                 source,
-            })
+            })?;
+        if self.flows.shared() {
+            return Ok(());
+        }
+        if let Err(e) = self.leadership.share_before_effect().await {
+            self.leadership
+                .abdicate(format!("fence agent call not shared: {e}"));
+            return Err(JournalError::Share(e));
+        }
+        Ok(())
     }
 }
 
@@ -360,6 +375,7 @@ impl Fencer {
                 let clock = self.shared.clock.as_ref();
                 let journal = FlowJournal {
                     flows: self.shared.flows.clone(),
+                    leadership: self.shared.leadership.clone(),
                     flow,
                 };
                 let env = CallEnv {

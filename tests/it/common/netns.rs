@@ -172,6 +172,27 @@ impl Net {
         }
     }
 
+    /// The packets between hosts `a` and `b` flow again (undoes `cut`).
+    pub fn heal(&self, a: usize, b: usize) {
+        for (from, to) in [(a, b), (b, a)] {
+            let dst = format!("{}/32", self.hosts[to].ip);
+            must(&[
+                "-n",
+                &self.hosts[from].ns,
+                "route",
+                "del",
+                "blackhole",
+                &dst,
+            ]);
+        }
+    }
+
+    /// The bridge's address in the test's own namespace, which every host reaches (a device
+    /// simulator listening there is on every host's network).
+    pub fn bridge_ip(&self) -> String {
+        format!("{}254", self.prefix)
+    }
+
     /// A further host (10.77.k.250) with forwarding off, to stand on a path: returns its index.
     /// A host routed through it reaches nobody through it unless a program there resends.
     pub fn add_relay(&mut self) -> usize {

@@ -76,6 +76,8 @@ fn make_dir(p: &Path) {
 
 /// An IPMI BMC whose chassis power is a state file.
 pub struct Ipmi {
+    /// The address it listens on (127.0.0.1 unless started with `start_at`).
+    pub addr: String,
     pub port: u16,
     pub user: String,
     pub password: String,
@@ -123,6 +125,15 @@ impl Ipmi {
 
     /// A BMC under `wrapper` (e.g. `nsenter --net=…`: 127.0.0.1 of another network namespace).
     pub fn start_in(dir: &Path, name: &str, wrapper: &[&str]) -> Ipmi {
+        Ipmi::start_on(dir, name, wrapper, "127.0.0.1")
+    }
+
+    /// A BMC listening on `addr` (a bridge's address, which hosts in network namespaces reach).
+    pub fn start_at(dir: &Path, name: &str, addr: &str) -> Ipmi {
+        Ipmi::start_on(dir, name, &[], addr)
+    }
+
+    fn start_on(dir: &Path, name: &str, wrapper: &[&str], addr: &str) -> Ipmi {
         let command = |program: &str| match wrapper.split_first() {
             Some((w, rest)) => {
                 let mut c = Command::new(w);
@@ -143,7 +154,7 @@ impl Ipmi {
                 r#"name "{name}"
 set_working_mc 0x20
   startlan 1
-    addr 127.0.0.1 {port}
+    addr {addr} {port}
     priv_limit admin
     allowed_auths_callback none md2 md5 straight
     allowed_auths_user none md2 md5 straight
@@ -176,6 +187,7 @@ set_working_mc 0x20
             &d.join("sim.log"),
         );
         let me = Ipmi {
+            addr: addr.to_string(),
             port,
             user,
             password,
@@ -190,7 +202,7 @@ set_working_mc 0x20
                     "-C",
                     "3",
                     "-H",
-                    "127.0.0.1",
+                    addr,
                     "-p",
                     &port.to_string(),
                 ])
@@ -233,6 +245,16 @@ set_working_mc 0x20
         &self.state
     }
 
+    /// How many times the device was told to switch the power off (by anyone, ever): the
+    /// chassis writes each command it is given next to the state file.
+    pub fn power_offs(&self) -> usize {
+        std::fs::read_to_string(self.state.with_extension("calls"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("power 0"))
+            .count()
+    }
+
     /// A dead BMC: nothing answers on its port any more.
     pub fn kill(&mut self) {
         self.proc = None;
@@ -241,8 +263,8 @@ set_working_mc 0x20
     /// The method parameters for fence_ipmilan (password as given, so tests can make it wrong).
     pub fn params(&self) -> String {
         format!(
-            r#"ip = "127.0.0.1", ipport = "{}", username = "{}", lanplus = "1", cipher = "3", power_wait = "0""#,
-            self.port, self.user
+            r#"ip = "{}", ipport = "{}", username = "{}", lanplus = "1", cipher = "3", power_wait = "0""#,
+            self.addr, self.port, self.user
         )
     }
 }
