@@ -8,6 +8,7 @@ use std::sync::Arc;
 use clap::{Subcommand, ValueEnum};
 
 use super::CliError;
+use crate::cluster::etcd::flows::EtcdFlows;
 use crate::cluster::etcd::{Etcd, StoreBackend};
 use crate::config::Config;
 use crate::store::Store;
@@ -34,16 +35,15 @@ pub enum StoreCmd {
     },
 }
 
-/// What a migration carried: rows per table.
-fn summary(doc: &str) -> String {
+/// What a migration carried: rows per table, and the fence flows (kept apart on etcd).
+fn summary(doc: &str, flows: usize) -> String {
     let v: serde_json::Value = serde_json::from_str(doc).unwrap_or_default();
     let count = |t: &str| v[t]["rows"].as_array().map_or(0, Vec::len);
     format!(
-        "{} events, {} jobs, {} rounds, {} fence flows, {} tags",
+        "{} events, {} jobs, {} rounds, {flows} fence flows, {} tags",
         count("events"),
         count("jobs"),
         count("rounds"),
-        count("fences"),
         count("inventory_tags")
     )
 }
@@ -63,9 +63,13 @@ pub async fn run(cfg: &Config, cmd: &StoreCmd) -> Result<String, CliError> {
     let _lock = crate::daemon::lock::acquire(&cfg.daemon.state_dir, &cfg.host)
         .map_err(crate::daemon::DaemonError::from)?;
     let store = Arc::new(Store::open(&cfg.db_path()).map_err(crate::daemon::DaemonError::from)?);
-    let etcd = Etcd::connect(&cfg.store)
-        .await
-        .map_err(|e| usage(e.to_string()))?;
+    let etcd = Arc::new(
+        Etcd::connect(&cfg.store)
+            .await
+            .map_err(|e| usage(e.to_string()))?,
+    );
+    let flows = EtcdFlows::new(etcd.clone());
+    let store_error = |e: crate::store::StoreError| usage(e.to_string());
     // A daemon that still renews the lease would act on a state this replaces, or go on
     // beside a single master started from it: the key must stay still for a whole lease.
     if let Some((holder, rev)) = etcd.holder().await.map_err(|e| usage(e.to_string()))? {
@@ -82,8 +86,9 @@ pub async fn run(cfg: &Config, cmd: &StoreCmd) -> Result<String, CliError> {
     match to {
         Target::Etcd => {
             let data = store
-                .export_checkpoint(true)
+                .export_checkpoint(false)
                 .map_err(crate::daemon::DaemonError::from)?;
+            let kept = store.all_flows(usize::MAX).map_err(store_error)?;
             let over = match (&there, force) {
                 (None, _) => None,
                 (Some((rev, _)), true) => Some(*rev),
@@ -94,6 +99,8 @@ pub async fn run(cfg: &Config, cmd: &StoreCmd) -> Result<String, CliError> {
                     )));
                 }
             };
+            // The flows first, the state last: a state there says the migration ended.
+            let n = flows.seed(&kept, *force).await.map_err(store_error)?;
             match etcd
                 .seed_state(&data, over)
                 .await
@@ -102,7 +109,7 @@ pub async fn run(cfg: &Config, cmd: &StoreCmd) -> Result<String, CliError> {
                 Some(rev) => Ok(format!(
                     "migrated to {} (revision {rev}): {}",
                     etcd.location(),
-                    summary(&data)
+                    summary(&data, n)
                 )),
                 None => Err(usage(
                     "the state in etcd changed meanwhile: a daemon is running; nothing was written"
@@ -120,14 +127,16 @@ pub async fn run(cfg: &Config, cmd: &StoreCmd) -> Result<String, CliError> {
                     store.path()
                 )));
             }
+            let there = flows.all().await.map_err(store_error)?;
             store
-                .import_checkpoint(&data, true)
+                .import_checkpoint(&data, false)
                 .map_err(crate::daemon::DaemonError::from)?;
+            store.put_flows(&there, true).map_err(store_error)?;
             Ok(format!(
                 "migrated from {} (revision {rev}) to {}: {}",
                 etcd.location(),
                 store.path(),
-                summary(&data)
+                summary(&data, there.len())
             ))
         }
     }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::DaemonError;
+use crate::cluster::etcd::flows::EtcdFlows;
 use crate::cluster::etcd::{Etcd, StoreBackend};
 use crate::cluster::ganeti::Ganeti;
 use crate::cluster::kube::KubeCluster;
@@ -134,15 +135,19 @@ pub async fn ganeti(
 }
 
 /// The local inventory: the configured nodes and flows in SQLite; one master, or (with
-/// `[store] backend = "etcd"`) a leader elected in etcd that shares the state there.
+/// `[store] backend = "etcd"`) a leader elected in etcd that keeps the fence flows and shares
+/// the rest of the decision state there.
 pub async fn inventory(
     cfg: &Config,
     store: &Arc<Store>,
     plans: Plans,
 ) -> Result<Ready, DaemonError> {
     let inv = Arc::new(Inventory::new(cfg.inventory_settings(), store.clone())?);
-    let leadership = match cfg.store.backend {
-        StoreBackend::Sqlite => Leadership::single(cfg.host.clone(), store.clone()),
+    let (leadership, flows): (Leadership, Arc<dyn FlowStore>) = match cfg.store.backend {
+        StoreBackend::Sqlite => (
+            Leadership::single(cfg.host.clone(), store.clone()),
+            store.clone(),
+        ),
         StoreBackend::Etcd => {
             let s = &cfg.store;
             let etcd = Arc::new(Etcd::connect(s).await.map_err(ClusterError::from)?);
@@ -155,14 +160,18 @@ pub async fn inventory(
                 retry_period: s.retry_period,
             };
             info!(identity = %election.identity, at = %election.place, "the decision state is shared on etcd");
-            Leadership::elected(etcd, election, store.clone())
+            // Fence flows live in keys of their own, each write shared as it lands (and
+            // fenced by the token); the checkpoint carries the rest of the decision state.
+            let flows = Arc::new(EtcdFlows::new(etcd.clone()));
+            let state = Arc::new(WithoutFlows(store.clone()));
+            (Leadership::elected(etcd, election, state), flows)
         }
     };
     let membership = Membership {
         nodes: cfg.nodes.clone(),
         leadership,
         watch: None,
-        flows: store.clone(),
+        flows,
     };
     Ok(Ready {
         cluster: Backend::basic(inv),

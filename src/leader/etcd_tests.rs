@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use super::{Election, Leadership};
-use crate::cluster::etcd::{Cond, Etcd, EtcdError, Kv};
+use crate::cluster::etcd::{Cond, Etcd, EtcdError, Kv, Op};
 use crate::store::{Checkpoint, StoreError};
 use crate::sync::LockExt;
 
@@ -69,11 +69,19 @@ impl Kv for Conn {
         Ok(self.around(|m| m.keys.get(key).cloned()).await)
     }
 
-    async fn txn(
-        &self,
-        when: Vec<Cond>,
-        puts: Vec<(String, Vec<u8>)>,
-    ) -> Result<Option<i64>, EtcdError> {
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, i64, Vec<u8>)>, EtcdError> {
+        Ok(self
+            .around(|m| {
+                m.keys
+                    .range(prefix.to_string()..)
+                    .take_while(|(k, _)| k.starts_with(prefix))
+                    .map(|(k, (r, v))| (k.clone(), *r, v.clone()))
+                    .collect()
+            })
+            .await)
+    }
+
+    async fn txn(&self, when: Vec<Cond>, ops: Vec<Op>) -> Result<Option<i64>, EtcdError> {
         Ok(self
             .around(|m| {
                 let holds = when.iter().all(|c| match c {
@@ -83,11 +91,18 @@ impl Kv for Conn {
                 if !holds {
                     return None;
                 }
-                if !puts.is_empty() {
+                if !ops.is_empty() {
                     m.rev += 1;
                 }
-                for (k, v) in puts {
-                    m.keys.insert(k, (m.rev, v));
+                for op in ops {
+                    match op {
+                        Op::Put(k, v) => {
+                            m.keys.insert(k, (m.rev, v));
+                        }
+                        Op::Delete(k) => {
+                            m.keys.remove(&k);
+                        }
+                    }
                 }
                 Some(m.rev)
             })
@@ -335,5 +350,68 @@ fn a_deposed_leaders_confirmation_and_writes_fail_once_another_took_the_lease() 
         let c = Etcd::over(Box::new(conn()), "/t", vec![]);
         assert!(!c.confirm().await.unwrap());
         assert_eq!(c.put_state(None, "x").await.unwrap(), None);
+    });
+}
+
+/// Fence flows on etcd pass the suite every flow store passes (over the same in-memory etcd,
+/// written by the lease's holder), and once another replica has taken the lease, the deposed
+/// leader's writes of a flow are refused as such (never taken for a flow that changed, to be
+/// read and tried again); a replica that never took the lease writes none.
+#[test]
+fn fence_flows_on_etcd_pass_the_flow_store_suite_and_refuse_a_deposed_leader() {
+    use crate::cluster::etcd::flows::EtcdFlows;
+    use crate::cluster::{Coordination, LeaseRecord};
+    use crate::store::FlowStore;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mem = Arc::new(Mutex::new(Mem::default()));
+        let conn = || Conn {
+            mem: mem.clone(),
+            stops: Arc::new(vec![]),
+            delays: Mutex::new(vec![(0, 0)].into()),
+        };
+        let lease = |holder: &str, version: Option<String>| LeaseRecord {
+            holder: Some(holder.into()),
+            duration_s: 3,
+            version,
+            ..Default::default()
+        };
+        let a = Arc::new(Etcd::over(Box::new(conn()), "/t", vec![]));
+        let mine = a.write_lease(&lease("a", None)).await.unwrap().unwrap();
+        let flows = EtcdFlows::new(a.clone());
+        crate::store::flow_conformance::suite(&flows).await;
+
+        let mut f = flows
+            .recent(1)
+            .await
+            .unwrap()
+            .pop()
+            .expect("the suite leaves flows");
+        let b = Arc::new(Etcd::over(Box::new(conn()), "/t", vec![]));
+        assert!(
+            b.write_lease(&lease("b", mine.version))
+                .await
+                .unwrap()
+                .is_some()
+        );
+        f.tagged = !f.tagged;
+        let refused = flows.save(&f).await.unwrap_err().to_string();
+        assert!(
+            refused.contains("another replica holds the lease"),
+            "{refused}"
+        );
+        assert!(flows.mark_tagged(&f.id).await.is_err());
+        // The new leader writes the same flow.
+        let theirs = EtcdFlows::new(b);
+        let mut g = theirs.get(&f.id).await.unwrap().unwrap();
+        g.tagged = !g.tagged;
+        assert!(theirs.save(&g).await.unwrap());
+        let never = EtcdFlows::new(Arc::new(Etcd::over(Box::new(conn()), "/t", vec![])));
+        f.id = uuid::Uuid::from_u128(7);
+        assert!(never.insert(&f).await.is_err());
+        assert!(never.get(&f.id).await.unwrap().is_none());
     });
 }

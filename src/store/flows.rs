@@ -180,14 +180,19 @@ fn flow_from_row(r: &Row) -> Result<Flow> {
     Ok(f)
 }
 
+/// A new flow's row (version 0).
+fn insert_row(c: &Connection, f: &Flow) -> Result<()> {
+    let data = serde_json::to_string(f).map_err(|e| corrupt(e.to_string()))?;
+    c.execute(
+        "INSERT INTO fences (id, node, status, version, created_ns, updated_ns, data) VALUES (?1,?2,?3,0,?4,?5,?6)",
+        params![f.id.to_string(), f.node, f.status.as_str(), f.created, f.updated, data],
+    )?;
+    Ok(())
+}
+
 impl Store {
     pub fn insert_flow(&self, f: &Flow) -> Result<()> {
-        let data = serde_json::to_string(f).map_err(|e| corrupt(e.to_string()))?;
-        self.conn().execute(
-            "INSERT INTO fences (id, node, status, version, created_ns, updated_ns, data) VALUES (?1,?2,?3,0,?4,?5,?6)",
-            params![f.id.to_string(), f.node, f.status.as_str(), f.created, f.updated, data],
-        )?;
-        Ok(())
+        insert_row(&self.conn(), f)
     }
 
     /// Saves a flow unless someone changed it since it was loaded; returns whether it was saved.
@@ -277,6 +282,21 @@ impl Store {
             [since],
             flow_from_row,
         )
+    }
+
+    /// Writes `flows` as they are (`maintd store migrate --to sqlite`), after deleting every
+    /// flow here when `replace`; in one transaction.
+    pub fn put_flows(&self, flows: &[Flow], replace: bool) -> Result<()> {
+        let mut c = self.conn();
+        let tx = c.transaction()?;
+        if replace {
+            tx.execute("DELETE FROM fences", [])?;
+        }
+        for f in flows {
+            insert_row(&tx, f)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     /// Every flow, newest first, for the API.

@@ -239,19 +239,34 @@ async fn a_leader_stopped_past_its_lease_does_nothing_when_it_continues() {
 }
 
 /// `maintd store migrate` with every daemon stopped: a single master's state (an event with
-/// its round and jobs, its tag) moved into etcd, where a daemon sharing it there carries on
+/// its round and jobs, its tag, a fence flow that released its node) moved into etcd, where a daemon sharing it there carries on
 /// with it (no hook run again); then back into a fresh database, for a single master again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_masters_state_moves_into_etcd_and_back() {
     let Some(etcd) = Etcd::start().await else {
         return;
     };
-    let mut c = Cluster::new(2);
+    let mut c = Cluster::new(3);
+    c.extra_daemon_toml = c.stub_fencing("fence_ok", common::POWER_AGENT, "1s", &["node3"]);
     c.set_verdict("node1", EVAC);
     c.start().await;
     let e = c.wait_status("node1", "completed").await;
     let id = e["id"].as_str().unwrap().to_string();
+    // node3 dies: fenced and released, its flow final.
+    wait_for("node3 heard by its watchers", || async {
+        let w = c.node("node3").await;
+        (w["witnesses"]["heard-by"].as_array().map(Vec::len) == Some(2)).then_some(())
+    })
+    .await;
+    c.kill_collector(2);
+    let flow = c
+        .wait_flow("node3 released", |f| {
+            f["node"] == "node3" && f["released"] == true
+        })
+        .await;
+    let flow_id = flow["id"].as_str().unwrap().to_string();
     let status = c.daemon.as_mut().unwrap().terminate().await;
+    let ran = c.hook_log();
     assert!(status.success(), "{status:?}");
     c.daemon = None;
 
@@ -267,6 +282,7 @@ async fn a_single_masters_state_moves_into_etcd_and_back() {
     let said = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{out:?}");
     assert!(said.contains(": 1 events, 2 jobs,"), "{said}");
+    assert!(said.contains(", 1 fence flows,"), "{said}");
     let carried = said.rsplit(": ").next().unwrap().trim().to_string();
     let out = migrate(&["--to", "etcd"]);
     assert!(!out.status.success());
@@ -302,8 +318,10 @@ async fn a_single_masters_state_moves_into_etcd_and_back() {
             .contains(&format!("maintd:repairready:{id}")),
         "{tags}"
     );
+    let (_, kept) = c.get(&format!("/1/fences/{flow_id}")).await;
+    assert_eq!(kept["released"], true, "{kept}");
     c.some_polls(3).await;
-    assert_eq!(c.hook_log().len(), 2, "{:?}", c.hook_log());
+    assert_eq!(c.hook_log(), ran, "no hook ran again");
     // SIGTERM releases the lease, so the way back need not wait a whole lease.
     assert!(b.terminate().await.success());
 
@@ -323,6 +341,8 @@ async fn a_single_masters_state_moves_into_etcd_and_back() {
     c.wait_api().await;
     let kept = c.wait_status("node1", "completed").await;
     assert_eq!(kept["id"], id.as_str());
+    let (_, flow_back) = c.get(&format!("/1/fences/{flow_id}")).await;
+    assert_eq!(flow_back["released"], true, "{flow_back}");
 }
 
 /// A benchmark, run by hand (`cargo test --test it etcd:: -- --ignored --nocapture`): with the
@@ -441,4 +461,14 @@ async fn a_job_running_when_its_leader_dies_is_resumed_by_the_next() {
             .all(|j| j["status"] == "succeeded"),
         "{e}"
     );
+}
+
+/// Fence flows kept on a real etcd pass the suite every flow store passes.
+#[cfg(feature = "testing")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_flows_on_etcd_pass_the_flow_store_suite() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    maintd::cluster::etcd::flows::conformance(&etcd.endpoint, "/maintd-conformance").await;
 }

@@ -8,17 +8,21 @@
 //! - `term`: rewritten only when the lease changes hands. Its revision at that write is the
 //!   leader's **fencing token**: every later write of the leader compares it, so once another
 //!   replica has taken the lease, nothing a deposed leader writes takes effect.
-//! - `state`: the decision state (repair events, rounds, jobs, fence flows) the leader shares
+//! - `state`: the decision state (repair events, rounds, jobs, controls) the leader shares
 //!   before every effect and after every change; a standby imports it, and a new leader
 //!   resumes from it as a restart resumes from SQLite.
+//! - `flows/<id>`: each fence flow (`flows`), written as it changes, every write fenced by
+//!   the token.
 
 pub mod config;
+pub mod flows;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, Identity, TlsOptions, Txn, TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
+    TxnOp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -75,13 +79,18 @@ pub enum Cond {
 pub trait Kv: Send + Sync + 'static {
     /// The key's last-write revision and value.
     async fn get(&self, key: &str) -> Result<Option<(i64, Vec<u8>)>, EtcdError>;
-    /// Writes `puts` if every condition in `when` holds, at one new revision; that revision
-    /// (the store's current one when `puts` is empty), or `None` when a condition failed.
-    async fn txn(
-        &self,
-        when: Vec<Cond>,
-        puts: Vec<(String, Vec<u8>)>,
-    ) -> Result<Option<i64>, EtcdError>;
+    /// Every key under `prefix` with its last-write revision and value, in key order.
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, i64, Vec<u8>)>, EtcdError>;
+    /// Applies `ops` if every condition in `when` holds, at one new revision; that revision
+    /// (the store's current one when `ops` is empty), or `None` when a condition failed.
+    async fn txn(&self, when: Vec<Cond>, ops: Vec<Op>) -> Result<Option<i64>, EtcdError>;
+}
+
+/// One write of a transaction.
+#[derive(Debug, Clone)]
+pub enum Op {
+    Put(String, Vec<u8>),
+    Delete(String),
 }
 
 /// etcd itself, through its v3 gRPC API: a connection to each member, one used at a time. A
@@ -135,11 +144,26 @@ impl Kv for EtcdKv {
             .map(|kv| (kv.mod_revision(), kv.value().to_vec())))
     }
 
-    async fn txn(
-        &self,
-        when: Vec<Cond>,
-        puts: Vec<(String, Vec<u8>)>,
-    ) -> Result<Option<i64>, EtcdError> {
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, i64, Vec<u8>)>, EtcdError> {
+        let resp = self
+            .on_any(
+                |mut c| async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await },
+            )
+            .await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    kv.mod_revision(),
+                    kv.value().to_vec(),
+                )
+            })
+            .collect())
+    }
+
+    async fn txn(&self, when: Vec<Cond>, ops: Vec<Op>) -> Result<Option<i64>, EtcdError> {
         let when: Vec<Compare> = when
             .into_iter()
             .map(|c| match c {
@@ -147,9 +171,12 @@ impl Kv for EtcdKv {
                 Cond::ModRev(k, rev) => Compare::mod_revision(k, CompareOp::Equal, rev),
             })
             .collect();
-        let then: Vec<TxnOp> = puts
+        let then: Vec<TxnOp> = ops
             .into_iter()
-            .map(|(k, v)| TxnOp::put(k, v, None))
+            .map(|op| match op {
+                Op::Put(k, v) => TxnOp::put(k, v, None),
+                Op::Delete(k) => TxnOp::delete(k, None),
+            })
             .collect();
         // Tried again on another member when unanswered: the transaction may have landed on
         // the first, and then its conditions fail on the second (its revision moved), which
@@ -173,6 +200,8 @@ pub struct Etcd {
     leader: String,
     term: String,
     state: String,
+    /// The prefix of the fence flows' keys (`<prefix>/flows/`).
+    flows: String,
     /// The `term` key's revision when this replica took the lease: the token every write it
     /// makes as the leader compares.
     token: Mutex<Option<i64>>,
@@ -217,6 +246,7 @@ impl Etcd {
             leader: key("leader"),
             term: key("term"),
             state: key("state"),
+            flows: key("flows/"),
             token: Mutex::new(None),
             endpoints,
         }
@@ -288,7 +318,7 @@ impl Etcd {
             None => Cond::Absent(self.state.clone()),
             Some(rev) => Cond::ModRev(self.state.clone(), rev),
         };
-        let puts = vec![(self.state.clone(), data.as_bytes().to_vec())];
+        let puts = vec![Op::Put(self.state.clone(), data.as_bytes().to_vec())];
         self.kv.txn(vec![when], puts).await
     }
 
@@ -336,7 +366,7 @@ impl Coordination for Etcd {
         })
         .expect("the leader value serializes");
         let mut when = vec![Self::revision(lease.version.as_deref(), &self.leader)?];
-        let mut puts = vec![(self.leader.clone(), value)];
+        let mut puts = vec![Op::Put(self.leader.clone(), value)];
         // A renewal (or the release) by the holder carries its token; taking the lease writes
         // a new term, whose revision becomes the new token.
         let taking = match self.still_mine() {
@@ -346,7 +376,7 @@ impl Coordination for Etcd {
             }
             None => {
                 let holder = lease.holder.clone().unwrap_or_default();
-                puts.push((self.term.clone(), holder.into_bytes()));
+                puts.push(Op::Put(self.term.clone(), holder.into_bytes()));
                 true
             }
         };
@@ -378,7 +408,7 @@ impl Coordination for Etcd {
             return Ok(None);
         };
         let when = vec![mine, Self::revision(version, &self.state)?];
-        let puts = vec![(self.state.clone(), data.as_bytes().to_vec())];
+        let puts = vec![Op::Put(self.state.clone(), data.as_bytes().to_vec())];
         if let Some(rev) = self.kv.txn(when, puts).await? {
             return Ok(Some(rev.to_string()));
         }
