@@ -1,7 +1,9 @@
 //! Time from a hard node failure (its collector killed) to its workloads released, with the
 //! default grace (5 s) and liveness probe (1 s): fence_ifmib isolation against snmpsim, then
 //! fence_ipmilan off + status against ipmi_sim, then the release hook. Prints every run, p50, p99
-//! and each stage's share. Run: `cargo bench --bench fence` (MAINTD_BENCH_RUNS, default 20).
+//! and each stage's share. Run: `cargo bench --bench fence` (MAINTD_BENCH_RUNS, default 20);
+//! `MAINTD_BENCH_STORE=etcd` runs the same with the decision state and the flows on a real etcd
+//! (one member on loopback), for the cost of etcd per fence step.
 
 #[path = "../tests/it/common/mod.rs"]
 mod common;
@@ -53,9 +55,20 @@ methods = [{bmc}, {switch}]
 "#,
         pw = pw.display()
     );
+    let on_etcd = std::env::var("MAINTD_BENCH_STORE").as_deref() == Ok("etcd");
+    let _etcd = if on_etcd {
+        let etcd = common::etcd::Etcd::start()
+            .await
+            .expect("MAINTD_BENCH_STORE=etcd needs etcd (Debian's etcd-server)");
+        c.extra_daemon_toml.push_str(&etcd.store_toml("bench", 15));
+        Some(etcd)
+    } else {
+        None
+    };
     c.start().await;
     println!(
-        "time to release after a hard node failure (grace 5 s, liveness probe 1 s), {runs} runs"
+        "time to release after a hard node failure (grace 5 s, liveness probe 1 s), {runs} runs, state on {}",
+        if on_etcd { "etcd" } else { "SQLite" }
     );
     println!(
         "{:>4} {:>10} {:>10} {:>10} {:>10} {:>10}",
@@ -101,6 +114,14 @@ methods = [{bmc}, {switch}]
         })
         .await;
         assert!(ipmi.powered_on());
+    }
+    // What went wrong meanwhile, if anything (a write retried, a tick skipped).
+    for l in c
+        .daemon_log()
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+    {
+        println!("daemon: {l}");
     }
     totals.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let sum: f64 = stages.iter().sum();

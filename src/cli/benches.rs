@@ -2,7 +2,7 @@
 
 use clap::Subcommand;
 
-use super::{bench, bench_api, bench_peers, bench_store};
+use super::{bench, bench_api, bench_peers, bench_plan, bench_store};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCmd {
@@ -20,6 +20,10 @@ pub enum BenchCmd {
         /// Poll over HTTP only (daemon.poll-udp = false).
         #[arg(long)]
         tcp: bool,
+        /// Share the decision state on the etcd at this URL after each cycle, as an elected
+        /// leader does, and count the writes.
+        #[arg(long)]
+        etcd: Option<String>,
     },
     /// Admission of evacuation candidates (capacity, PDBs, cap) over a synthetic cluster.
     Plan {
@@ -98,15 +102,16 @@ pub async fn run(cmd: &BenchCmd) -> Result<(), bench::BenchError> {
             cycles,
             connections,
             tcp,
+            etcd,
         } => {
-            bench::poll(nodes, *cycles, *connections, !*tcp).await?;
+            bench::poll(nodes, *cycles, *connections, !*tcp, etcd.as_deref()).await?;
         }
         BenchCmd::Plan {
             nodes,
             pods_per_node,
             candidates,
         } => {
-            bench::plan(*nodes, *pods_per_node, candidates)?;
+            bench_plan::plan(*nodes, *pods_per_node, candidates)?;
         }
         BenchCmd::Peers { nodes, live, secs } => {
             bench_peers::peers(*nodes, *live, *secs).await?;

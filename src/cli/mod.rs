@@ -8,9 +8,13 @@ mod bench;
 #[cfg(feature = "bench")]
 mod bench_api;
 #[cfg(feature = "bench")]
+mod bench_etcd;
+#[cfg(feature = "bench")]
 mod bench_floor;
 #[cfg(feature = "bench")]
 mod bench_peers;
+#[cfg(feature = "bench")]
+mod bench_plan;
 #[cfg(feature = "bench")]
 mod bench_store;
 #[cfg(feature = "bench")]

@@ -105,16 +105,9 @@ impl Leadership {
                     match self.write_lease(&coord, &l).await {
                         Ok(Some(written)) => {
                             own = Some(written);
-                            self.fine();
-                            // From when it was sent: a standby saw the write no earlier, so
-                            // this replica's deadline ends before the lease can in its eyes,
-                            // however late the answer came.
                             renewed_at = sent;
-                            self.renewed_at(sent);
-                            if !self.leads() {
-                                // Our own lease from before a restart: lead again at once.
-                                self.become_leader(&coord).await;
-                            }
+                            // Our own lease from before a restart: lead again at once.
+                            self.held(&coord, sent).await;
                         }
                         Ok(None) => {
                             warn!("lease renewal conflicted; reading it afresh");
@@ -144,10 +137,8 @@ impl Leadership {
                     match self.write_lease(&coord, &l).await {
                         Ok(Some(written)) => {
                             own = Some(written);
-                            self.fine();
                             renewed_at = sent;
-                            self.renewed_at(sent);
-                            self.become_leader(&coord).await;
+                            self.held(&coord, sent).await;
                         }
                         Ok(None) => {
                             info!("another replica took the lease first");
@@ -192,6 +183,18 @@ impl Leadership {
                     _ => warn!("cannot release the lease; it expires on its own"),
                 }
             }
+        }
+    }
+
+    /// The lease was written as this replica's, the write sent at `sent`: the renewal counts
+    /// from then (a standby saw the write no earlier, so this replica's deadline ends before
+    /// the lease can in its eyes, however late the answer came), and a replica not leading yet
+    /// leads.
+    async fn held(&self, coord: &Arc<dyn Coordination>, sent: Nanos) {
+        self.fine();
+        self.renewed_at(sent);
+        if !self.leads() {
+            self.become_leader(coord).await;
         }
     }
 

@@ -300,7 +300,7 @@ fn with_fast_requests_the_work_goes_on_across_a_stopped_leader() {
 /// write, which the state's own revision cannot close).
 #[test]
 fn a_deposed_leaders_confirmation_and_writes_fail_once_another_took_the_lease() {
-    use crate::cluster::{Coordination, LeaseRecord};
+    use crate::cluster::Coordination;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -308,21 +308,11 @@ fn a_deposed_leaders_confirmation_and_writes_fail_once_another_took_the_lease() 
         .unwrap();
     rt.block_on(async {
         let mem = Arc::new(Mutex::new(Mem::default()));
-        let conn = || Conn {
-            mem: mem.clone(),
-            stops: Arc::new(vec![]),
-            delays: Mutex::new(vec![(0, 0)].into()),
-        };
+        let conn = || quick(&mem);
         let (a, b) = (
             Etcd::over(Box::new(conn()), "/t", vec![]),
             Etcd::over(Box::new(conn()), "/t", vec![]),
         );
-        let lease = |holder: &str, version: Option<String>| LeaseRecord {
-            holder: Some(holder.into()),
-            duration_s: 3,
-            version,
-            ..Default::default()
-        };
         let mine = a.write_lease(&lease("a", None)).await.unwrap().unwrap();
         let v1 = a.put_state(None, "1").await.unwrap().unwrap();
         assert!(a.confirm().await.unwrap());
@@ -353,14 +343,33 @@ fn a_deposed_leaders_confirmation_and_writes_fail_once_another_took_the_lease() 
     });
 }
 
+/// A connection to `mem` that neither stops nor delays.
+fn quick(mem: &Arc<Mutex<Mem>>) -> Conn {
+    Conn {
+        mem: mem.clone(),
+        stops: Arc::new(vec![]),
+        delays: Mutex::new(vec![(0, 0)].into()),
+    }
+}
+
+/// The lease as `holder` writes it over `version` (None: where there is none yet).
+fn lease(holder: &str, version: Option<String>) -> crate::cluster::LeaseRecord {
+    crate::cluster::LeaseRecord {
+        holder: Some(holder.into()),
+        duration_s: 3,
+        version,
+        ..Default::default()
+    }
+}
+
 /// Fence flows on etcd pass the suite every flow store passes (over the same in-memory etcd,
 /// written by the lease's holder), and once another replica has taken the lease, the deposed
 /// leader's writes of a flow are refused as such (never taken for a flow that changed, to be
 /// read and tried again); a replica that never took the lease writes none.
 #[test]
 fn fence_flows_on_etcd_pass_the_flow_store_suite_and_refuse_a_deposed_leader() {
+    use crate::cluster::Coordination;
     use crate::cluster::etcd::flows::EtcdFlows;
-    use crate::cluster::{Coordination, LeaseRecord};
     use crate::store::FlowStore;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -368,17 +377,7 @@ fn fence_flows_on_etcd_pass_the_flow_store_suite_and_refuse_a_deposed_leader() {
         .unwrap();
     rt.block_on(async {
         let mem = Arc::new(Mutex::new(Mem::default()));
-        let conn = || Conn {
-            mem: mem.clone(),
-            stops: Arc::new(vec![]),
-            delays: Mutex::new(vec![(0, 0)].into()),
-        };
-        let lease = |holder: &str, version: Option<String>| LeaseRecord {
-            holder: Some(holder.into()),
-            duration_s: 3,
-            version,
-            ..Default::default()
-        };
+        let conn = || quick(&mem);
         let a = Arc::new(Etcd::over(Box::new(conn()), "/t", vec![]));
         let mine = a.write_lease(&lease("a", None)).await.unwrap().unwrap();
         let flows = EtcdFlows::new(a.clone());

@@ -149,19 +149,6 @@ async fn a_read_only_database_is_refused_at_start_and_failing_writes_make_the_da
 
 /// A small reproducible stream of delays (a linear congruential generator), so a failing run
 /// can be run again with the same kills.
-struct Moments(u64);
-
-impl Moments {
-    /// A delay between `lo` and `hi` milliseconds.
-    fn next(&mut self, lo: u64, hi: u64) -> std::time::Duration {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        std::time::Duration::from_millis(lo + (self.0 >> 33) % (hi - lo))
-    }
-}
-
 /// `<what> <unix ns>` lines of `file`.
 fn stamped(file: &std::path::Path, what: &str) -> Vec<i64> {
     std::fs::read_to_string(file)

@@ -385,6 +385,43 @@ async fn failover_time_and_writes_of_an_idle_fleet() {
         written / cycles
     );
 
+    // What a repair round costs etcd: node1 evacuated, acknowledged and back, five times; the
+    // shares of the state written meanwhile (before each round's jobs start and after each
+    // change, in the engine's tick), and how long each took.
+    let shares_before = p.c.metrics().await;
+    let mut seen: Vec<String> = Vec::new();
+    for k in 1..=5 {
+        p.c.set_verdict("node1", EVAC);
+        let e =
+            p.c.wait_event("node1", "a new repair completed", |e| {
+                e["repair-status"] == "completed"
+                    && e["tagged"] == true
+                    && !seen.iter().any(|id| e["id"] == id.as_str())
+            })
+            .await;
+        let id = e["id"].as_str().unwrap().to_string();
+        let tag = format!("maintd:repairready:{id}");
+        let out = p.c.cli(&["tags", "remove", "node1", &tag]);
+        assert!(out.status.success(), "{out:?}");
+        p.c.set_verdict("node1", r#"{"status":"Ok"}"#);
+        wait_for("node1 back online", || async {
+            (count(&p.c.hook_log(), "online node1") == k).then_some(())
+        })
+        .await;
+        seen.push(id);
+    }
+    let shares_after = p.c.metrics().await;
+    let d = |series: &str| counter(&shares_after, series) - counter(&shares_before, series);
+    let (n, secs) = (
+        d("maintd_state_share_seconds_count"),
+        d("maintd_state_share_seconds_sum"),
+    );
+    eprintln!(
+        "5 repairs (3 rounds each: evacuate, offline, online): {n} state shares, {:.1} per repair, {:.1} ms each on average",
+        n / 5.0,
+        1000.0 * secs / n
+    );
+
     let mut leader = l;
     let mut times = Vec::new();
     for _ in 0..rounds {

@@ -6,10 +6,13 @@
 //! but not from the BMC. Each time the device is told to power off once, node1 is released
 //! once, by the next leader, and the deposed one does nothing more. With etcd's quorum lost
 //! nothing is fenced, released or started, and the daemons say why; with quorum back the work
-//! resumes and nothing is lost. Needs root, etcd and the simulators (skipped with a notice
+//! resumes and nothing is lost. `schedule` strikes the same cluster with a seeded schedule of
+//! faults while repairs go on. Needs root, etcd and the simulators (skipped with a notice
 //! without them; `scripts/test` requires them).
 
 use crate::common;
+
+mod schedule;
 
 use std::time::{Duration, Instant};
 
@@ -110,26 +113,28 @@ impl Ha {
 
     /// Waits until exactly one of the running daemons leads and the others name it.
     async fn one_leader(&self) -> usize {
-        wait_for("one leader, named by the others", || async {
-            let mut views = Vec::new();
-            for i in MASTERS {
-                if self.daemons[i].is_some() {
-                    views.push((i, self.view(i, "/1/leader").await?));
-                }
+        wait_for("one leader, named by the others", || self.leader_now()).await
+    }
+
+    /// The daemon that leads, if exactly one of the running daemons does and the others name it.
+    async fn leader_now(&self) -> Option<usize> {
+        let mut views = Vec::new();
+        for i in MASTERS {
+            if self.daemons[i].is_some() {
+                views.push((i, self.view(i, "/1/leader").await?));
             }
-            let leaders: Vec<usize> = views
-                .iter()
-                .filter(|(_, v)| v["leader"] == true)
-                .map(|(i, _)| *i)
-                .collect();
-            let [l] = leaders[..] else { return None };
-            let name = format!("m{l}");
-            views
-                .iter()
-                .all(|(_, v)| v["holder"] == name.as_str())
-                .then_some(l)
-        })
-        .await
+        }
+        let leaders: Vec<usize> = views
+            .iter()
+            .filter(|(_, v)| v["leader"] == true)
+            .map(|(i, _)| *i)
+            .collect();
+        let [l] = leaders[..] else { return None };
+        let name = format!("m{l}");
+        views
+            .iter()
+            .all(|(_, v)| v["holder"] == name.as_str())
+            .then_some(l)
     }
 
     /// Points the cluster's API calls at daemon `i`.

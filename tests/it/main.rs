@@ -15,7 +15,7 @@
 //! - **a backend's real peer**: `kube` (the in-process fake API server), `k8s_real` (a real
 //!   control plane), `ganeti` (a real Ganeti cluster), `etcd` (leadership and the shared state
 //!   on a real etcd), `etcd_ha` (three daemons and three etcd members in network namespaces,
-//!   killed, stopped and cut mid-fence, and etcd's quorum lost).
+//!   killed, stopped and cut mid-fence, etcd's quorum lost, and a seeded schedule of faults).
 //!
 //! `common` holds the harnesses (processes, ports, simulators, namespaces, the clusters).
 

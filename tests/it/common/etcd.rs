@@ -134,7 +134,10 @@ impl Members {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &cluster.join(",")])
             .args(["--initial-cluster-token", "maintd-test"])
-            .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            // Pre-vote: a member back from a partition does not depose a working raft leader
+            // (etcd 3.4 leaves it off); the timeouts leave room for a loaded 2-core machine.
+            .args(["--heartbeat-interval", "200", "--election-timeout", "2000"])
+            .arg("--pre-vote")
             .stdin(Stdio::null())
             .stdout(f.try_clone().unwrap())
             .stderr(f)

@@ -133,6 +133,30 @@ status) [ "$(cat "$dir/power-$node" 2>/dev/null || echo 1)" = 0 ] && exit 2 ;;
 esac
 exit 0"#;
 
+/// Seeded moments and choices for tests that strike at random but must replay: the same seed,
+/// the same schedule.
+pub struct Moments(pub u64);
+
+impl Moments {
+    fn step(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+
+    /// A delay between `lo` and `hi` milliseconds.
+    pub fn next(&mut self, lo: u64, hi: u64) -> std::time::Duration {
+        std::time::Duration::from_millis(lo + self.step() % (hi - lo))
+    }
+
+    /// One of `0..n`.
+    pub fn pick(&mut self, n: usize) -> usize {
+        (self.step() % n as u64) as usize
+    }
+}
+
 pub struct Proc {
     pub child: Child,
     pub log: PathBuf,

@@ -159,32 +159,20 @@ impl Net {
 
     /// Packets between hosts `a` and `b` are dropped, both ways.
     pub fn cut(&self, a: usize, b: usize) {
+        self.blackholes(a, b, "add");
+    }
+
+    /// Adds (`add`) or deletes (`del`) the blackhole routes between hosts `a` and `b`.
+    fn blackholes(&self, a: usize, b: usize, op: &str) {
         for (from, to) in [(a, b), (b, a)] {
             let dst = format!("{}/32", self.hosts[to].ip);
-            must(&[
-                "-n",
-                &self.hosts[from].ns,
-                "route",
-                "add",
-                "blackhole",
-                &dst,
-            ]);
+            must(&["-n", &self.hosts[from].ns, "route", op, "blackhole", &dst]);
         }
     }
 
     /// The packets between hosts `a` and `b` flow again (undoes `cut`).
     pub fn heal(&self, a: usize, b: usize) {
-        for (from, to) in [(a, b), (b, a)] {
-            let dst = format!("{}/32", self.hosts[to].ip);
-            must(&[
-                "-n",
-                &self.hosts[from].ns,
-                "route",
-                "del",
-                "blackhole",
-                &dst,
-            ]);
-        }
+        self.blackholes(a, b, "del");
     }
 
     /// The bridge's address in the test's own namespace, which every host reaches (a device
