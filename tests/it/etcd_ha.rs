@@ -346,15 +346,8 @@ async fn without_etcd_quorum_nothing_is_fenced_or_started_and_the_daemons_say_wh
         })
         .await;
         eprintln!("m{o} says: {why}");
-        let m =
-            ha.c.client
-                .get(format!("http://{}:1816/metrics", ha.net.hosts[o].ip))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+        ha.talk_to(o);
+        let m = ha.c.metrics().await;
         assert!(m.contains("maintd_lease_store_up 0"), "{m}");
         let log = std::fs::read_to_string(ha.c.path(&format!("daemon-m{o}.log"))).unwrap();
         assert!(log.contains("cannot "), "{log}");
