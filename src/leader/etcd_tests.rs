@@ -414,3 +414,67 @@ fn fence_flows_on_etcd_pass_the_flow_store_suite_and_refuse_a_deposed_leader() {
         assert!(never.get(&f.id).await.unwrap().is_none());
     });
 }
+
+/// A connection whose every transaction lands and is then sent again, as when its answer is
+/// lost and the request goes to the next member: the answer is the second one's, a conflict
+/// with itself.
+struct Resent(Conn);
+
+#[async_trait::async_trait]
+impl Kv for Resent {
+    async fn get(&self, key: &str) -> Result<Option<(i64, Vec<u8>)>, EtcdError> {
+        self.0.get(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, i64, Vec<u8>)>, EtcdError> {
+        self.0.list(prefix).await
+    }
+
+    async fn txn(&self, when: Vec<Cond>, ops: Vec<Op>) -> Result<Option<i64>, EtcdError> {
+        self.0.txn(when.clone(), ops.clone()).await?;
+        self.0.txn(when, ops).await
+    }
+}
+
+/// Every flow write and every state share lands and then conflicts with itself when sent
+/// again: each still counts as written (the flow suite passes, which also checks that no
+/// change is recorded twice), while a write that did not land is still refused.
+#[test]
+fn flow_and_state_writes_sent_again_after_landing_count_once() {
+    use crate::cluster::Coordination;
+    use crate::cluster::etcd::flows::EtcdFlows;
+    use crate::store::FlowStore;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mem = Arc::new(Mutex::new(Mem::default()));
+        let a = Arc::new(Etcd::over(Box::new(Resent(quick(&mem))), "/t", vec![]));
+        assert!(a.write_lease(&lease("a", None)).await.unwrap().is_some());
+        let flows = EtcdFlows::new(a.clone());
+        crate::store::flow_conformance::suite(&flows).await;
+
+        let v1 = a.put_state(None, "one").await.unwrap().expect("written");
+        let v2 = a
+            .put_state(Some(&v1), "two")
+            .await
+            .unwrap()
+            .expect("written");
+        assert!(a.put_state(Some(&v1), "three").await.unwrap().is_none());
+        assert_eq!(
+            a.get_state(true).await.unwrap().unwrap(),
+            (v2, "two".into())
+        );
+        let mut f = flows.recent(1).await.unwrap().pop().unwrap();
+        let stale = f.clone();
+        f.tagged = !f.tagged;
+        assert!(flows.save(&f).await.unwrap());
+        let mut stale = stale;
+        stale.retries += 1;
+        assert!(
+            !flows.save(&stale).await.unwrap(),
+            "a stale copy is refused"
+        );
+    });
+}

@@ -74,18 +74,34 @@ impl EtcdFlows {
         if self
             .etcd
             .kv
-            .txn(vec![mine, when], ops)
+            .txn(vec![mine, when], ops.clone())
             .await
             .map_err(remote)?
             .is_some()
         {
             return Ok(true);
         }
-        if self.etcd.confirm_token().await.map_err(remote)? {
-            Ok(false)
-        } else {
-            Err(deposed())
+        if !self.etcd.confirm_token().await.map_err(remote)? {
+            return Err(deposed());
         }
+        // A write whose answer was lost and that was sent again to another member conflicts
+        // with itself: it landed if what it wrote is there.
+        self.landed(&ops).await
+    }
+
+    /// Whether every write of `ops` is what the keys hold now.
+    async fn landed(&self, ops: &[Op]) -> Result<bool> {
+        for op in ops {
+            let (key, want) = match op {
+                Op::Put(k, v) => (k, Some(v.as_slice())),
+                Op::Delete(k) => (k, None),
+            };
+            let have = self.etcd.kv.get(key).await.map_err(remote)?;
+            if have.as_ref().map(|(_, v)| v.as_slice()) != want {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     async fn read(&self, id: &Uuid) -> Result<Option<Flow>> {

@@ -18,7 +18,7 @@ pub mod config;
 pub mod flows;
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
@@ -205,6 +205,8 @@ pub struct Etcd {
     /// The `term` key's revision when this replica took the lease: the token every write it
     /// makes as the leader compares.
     token: Mutex<Option<i64>>,
+    /// The last lease write got no answer: it may have landed unseen.
+    lease_unsure: AtomicBool,
     endpoints: Vec<String>,
 }
 
@@ -248,6 +250,7 @@ impl Etcd {
             state: key("state"),
             flows: key("flows/"),
             token: Mutex::new(None),
+            lease_unsure: AtomicBool::new(false),
             endpoints,
         }
     }
@@ -330,6 +333,36 @@ impl Etcd {
             .and_then(|(rev, v)| v.holder.map(|h| (h, rev))))
     }
 
+    /// Whether a lease write that met a conflict had landed itself (its answer lost, and sent
+    /// again to another member): its revision if so. A renewal landed if the token still holds
+    /// (no one else took the lease, so the leader key moved by this replica's hand) and the
+    /// key says what was sent; a taking landed if the leader and term keys were written at
+    /// one revision with what was sent.
+    async fn lease_landed(&self, taking: bool, puts: &[Op]) -> Result<Option<i64>, EtcdError> {
+        let sent = |key: &str| {
+            puts.iter().find_map(|op| match op {
+                Op::Put(k, v) if k == key => Some(v.clone()),
+                _ => None,
+            })
+        };
+        if !taking && !self.confirm_token().await? {
+            return Ok(None);
+        }
+        let Some((rev, value)) = self.get(&self.leader).await? else {
+            return Ok(None);
+        };
+        if Some(value) != sent(&self.leader) {
+            return Ok(None);
+        }
+        if taking {
+            let term = self.get(&self.term).await?;
+            if term.map(|(r, v)| (r, Some(v))) != Some((rev, sent(&self.term))) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(rev))
+    }
+
     /// Asks etcd whether this replica still holds the lease it took: a transaction that
     /// compares its fencing token, so the answer is as of a revision after every earlier write.
     pub async fn confirm_token(&self) -> Result<bool, EtcdError> {
@@ -380,8 +413,18 @@ impl Coordination for Etcd {
                 true
             }
         };
-        let Some(rev) = self.kv.txn(when, puts).await? else {
-            return Ok(None);
+        // Only a write sent after a clean answer may be read back: had an earlier one failed
+        // unanswered, it may have landed then, and this one would be credited with its moment.
+        let sure = !self.lease_unsure.swap(true, Ordering::Relaxed);
+        let answer = self.kv.txn(when, puts.clone()).await?;
+        self.lease_unsure.store(false, Ordering::Relaxed);
+        let rev = match answer {
+            Some(rev) => rev,
+            None if sure => match self.lease_landed(taking, &puts).await? {
+                Some(rev) => rev,
+                None => return Ok(None),
+            },
+            None => return Ok(None),
         };
         if taking {
             *self.token.lock_unpoisoned() = Some(rev);

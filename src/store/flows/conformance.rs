@@ -81,12 +81,22 @@ pub async fn suite(store: &dyn FlowStore) {
     let b = flow("node2", t0 + S);
     let c = flow("node3", t0 + 2 * S);
 
-    // Inserted flows read back whole, and a second insert of one id is refused.
+    // Inserted flows read back whole, and a second insert of one id with other content is
+    // refused and changes nothing. (The same flow inserted again may be taken for an insert
+    // sent again after its answer was lost.)
     store.insert(&a).await.expect("insert");
     store.insert(&b).await.expect("insert");
     store.insert(&c).await.expect("insert");
     assert_eq!(content(store.get(&a.id).await.unwrap()).as_ref(), Some(&a));
-    assert!(store.insert(&a).await.is_err(), "an id is inserted once");
+    let other = Flow {
+        retries: a.retries + 1,
+        ..a.clone()
+    };
+    assert!(
+        store.insert(&other).await.is_err(),
+        "an id is inserted once"
+    );
+    assert_eq!(content(store.get(&a.id).await.unwrap()).as_ref(), Some(&a));
     assert_eq!(store.get(&Uuid::from_u128(1)).await.unwrap(), None);
 
     // A save of the copy read succeeds and bumps the version; a save of a stale copy is
@@ -151,6 +161,20 @@ pub async fn suite(store: &dyn FlowStore) {
     assert_eq!(after.reclaim_result, None);
     assert_eq!(after.calls, vec![pending(call().at - S), call()]);
     assert_eq!(after.status, FenceStatus::Running);
+    // A change applied again (a write sent again after its answer was lost, then read and
+    // applied afresh) records nothing twice: no second pending call, no answer over again,
+    // and no pending record over the answer it already has.
+    store.note_call(&a.id, pending(call().at)).await.unwrap();
+    store
+        .note_call(&a.id, pending(call().at - S))
+        .await
+        .unwrap();
+    store
+        .set_outcome(&a.id, FlowOutcome::Step, Outcome::done("off"), vec![call()])
+        .await
+        .unwrap();
+    let again = store.get(&a.id).await.unwrap().unwrap();
+    assert_eq!(again.calls, vec![pending(call().at - S), call()]);
     assert!(
         !store.save(&before).await.unwrap(),
         "an outcome makes older copies stale"

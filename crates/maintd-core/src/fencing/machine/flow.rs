@@ -227,7 +227,8 @@ impl Witnesses {
 impl Flow {
     /// What an effect saw, in its own field, its agent calls appended: the same in every flow
     /// store. A call recorded before it was made gives way to its answer; a pending call of an
-    /// earlier daemon (stopped mid-call) stays, as the record that it was made.
+    /// earlier daemon (stopped mid-call) stays, as the record that it was made. Applying it
+    /// twice (a write sent again whose first answer was lost) records each call once.
     pub fn record_outcome(&mut self, which: FlowOutcome, outcome: Outcome, calls: Vec<Call>) {
         match which {
             FlowOutcome::Step => self.result = Some(outcome),
@@ -236,12 +237,19 @@ impl Flow {
         }
         self.calls
             .retain(|c| !(c.pending && calls.iter().any(|d| d.same(c))));
-        self.calls.extend(calls);
+        for call in calls {
+            if !self.calls.contains(&call) {
+                self.calls.push(call);
+            }
+        }
     }
 
-    /// A state-changing agent call about to be made, recorded first.
+    /// A state-changing agent call about to be made, recorded first; once, however often it
+    /// is applied, and never over the answer it already has.
     pub fn record_call(&mut self, call: Call) {
-        self.calls.push(call);
+        if !self.calls.iter().any(|c| c.same(&call)) {
+            self.calls.push(call);
+        }
     }
 
     /// The node is isolated from its storage and network.
