@@ -442,16 +442,12 @@ impl Config {
             repair_dir: self.daemon.repair_dir.clone(),
             hooks: self.inventory.hooks.clone(),
             hook_timeout: self.daemon.hook_timeout,
-            hook_env: self
-                .daemon
-                .hook_env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            hook_env: self.daemon.hook_env.clone().into_iter().collect(),
             jobs_dir: self.daemon.state_dir.join("jobs"),
             actions: self.actions,
             fencing: !self.fencing.nodes.is_empty(),
             self_fencing: self.fencing.nodes.values().any(|n| n.self_fence),
+            claims: self.store.shared(),
         }
     }
 

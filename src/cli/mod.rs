@@ -484,7 +484,7 @@ pub async fn run(cli: Cli) -> Result<i32, CliError> {
         #[cfg(feature = "bench")]
         Command::Bench { cmd } => benches::run(cmd).await?,
         Command::RunJob { dir } => {
-            crate::exec::jobs::run_job_main(dir)
+            crate::exec::jobs::run_job_main(dir, &crate::cluster::etcd::claims::EtcdClaimsFrom)
                 .await
                 .map_err(|source| CliError::RunJob {
                     dir: dir.display().to_string(),

@@ -63,6 +63,8 @@ pub struct InventorySettings {
     pub fencing: bool,
     /// Whether a node self-fences, which needs the offline and online hooks.
     pub self_fencing: bool,
+    /// The store several daemons share (etcd), where each job is claimed before its hook runs.
+    pub claims: Option<crate::cluster::etcd::StoreConfig>,
 }
 
 /// The embedded default backend.
@@ -86,7 +88,15 @@ impl Inventory {
             hooks: s.hooks,
             timeout: s.hook_timeout,
             env: s.hook_env,
-            runner: JobRunner::new(s.jobs_dir).map_err(ClusterError::Jobs)?,
+            runner: {
+                let r = JobRunner::new(s.jobs_dir).map_err(ClusterError::Jobs)?;
+                match s.claims {
+                    Some(cfg) => r.claiming_on(
+                        serde_json::to_value(&cfg).expect("the store's settings serialize"),
+                    ),
+                    None => r,
+                }
+            },
         };
         inv.check_hooks(&s.actions, s.fencing, s.self_fencing)?;
         Ok(inv)

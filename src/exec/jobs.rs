@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::exec::claimed::{ClaimStore, Claimed, run_claimed};
 use crate::exec::{self, RunSpec};
 
 const SPEC: &str = "spec.json";
 const INPUT: &str = "input";
 const STARTED: &str = "started";
 const RESULT: &str = "result.json";
+const RUNNER_LOG: &str = "runner.log";
 const POLL: Duration = Duration::from_millis(100);
 /// How long a spawned runner may take to claim its job before it counts as lost.
 const CLAIM_GRACE: Duration = Duration::from_secs(10);
@@ -30,6 +32,11 @@ struct FileSpec {
     args: Vec<String>,
     env: Vec<(String, String)>,
     timeout_ms: u64,
+    /// Where the job is claimed before its hook runs, when several daemons share one store:
+    /// a runner on another machine then adopts the end, or waits, instead of running it again.
+    /// The store's settings, read by whoever connects (`ClaimsFrom`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    claims: Option<serde_json::Value>,
 }
 
 use maintd_core::verdict::Outcome;
@@ -38,6 +45,7 @@ use maintd_core::verdict::Outcome;
 pub struct JobRunner {
     root: PathBuf,
     exe: PathBuf,
+    claims: Option<serde_json::Value>,
 }
 
 use crate::fsutil::write_atomic;
@@ -59,7 +67,15 @@ impl JobRunner {
         Ok(JobRunner {
             root,
             exe: std::env::current_exe()?,
+            claims: None,
         })
+    }
+
+    /// Claims each job on the store `settings` name (etcd) before its hook runs, and records
+    /// its end there, so a job runs once however many daemons resume it.
+    pub fn claiming_on(mut self, settings: serde_json::Value) -> JobRunner {
+        self.claims = Some(settings);
+        self
     }
 
     /// Runs the job named `key` once: starts it if it never started, otherwise waits for the
@@ -138,6 +154,7 @@ impl JobRunner {
             args: spec.args.clone(),
             env: spec.env.clone(),
             timeout_ms: spec.timeout.as_millis() as u64,
+            claims: self.claims.clone(),
         };
         write_atomic(&tmp.join(SPEC), &serde_json::to_vec(&fs)?)?;
         write_atomic(&tmp.join(INPUT), &spec.stdin)?;
@@ -147,12 +164,19 @@ impl JobRunner {
 
     fn spawn(&self, dir: &Path) -> std::io::Result<()> {
         use std::os::unix::process::CommandExt;
+        // The runner's own log (what it met claiming the job, or recording its end) stays
+        // beside the job, for the operator who asks why a hook did or did not run.
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(dir.join(RUNNER_LOG))?;
         let mut child = std::process::Command::new(&self.exe)
             .arg("run-job")
             .arg(dir)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(log)
             // Its own process group: a signal to the daemon's group does not reach the job.
             .process_group(0)
             .spawn()?;
@@ -218,9 +242,20 @@ impl Legacy {
     }
 }
 
-/// Entry point of `maintd run-job <dir>`: claims the job (exactly once), runs it, and writes the
-/// result atomically.
-pub async fn run_job_main(dir: &Path) -> std::io::Result<()> {
+/// Connects to the store a job is claimed on, from the settings its spec carries: the claims
+/// and the time to live of each claim.
+#[async_trait::async_trait]
+pub trait ClaimsFrom: Send + Sync {
+    async fn connect(
+        &self,
+        settings: &serde_json::Value,
+    ) -> Result<(Box<dyn ClaimStore>, Duration), String>;
+}
+
+/// Entry point of `maintd run-job <dir>`: claims the job (exactly once on this machine, and on
+/// the shared store through `claims` when its spec names one), runs it, and writes the result
+/// atomically.
+pub async fn run_job_main(dir: &Path, claims: &dyn ClaimsFrom) -> std::io::Result<()> {
     // Claim with a complete pid file: written aside, then hard-linked into place, which fails if
     // another runner already claimed the job. Readers never see a half-written claim.
     let mine = dir.join(format!("{STARTED}.{}", std::process::id()));
@@ -245,33 +280,92 @@ pub async fn run_job_main(dir: &Path) -> std::io::Result<()> {
     let spec: FileSpec =
         serde_json::from_slice(&std::fs::read(dir.join(SPEC))?).map_err(std::io::Error::other)?;
     let input = std::fs::read(dir.join(INPUT))?;
-    let outcome = match exec::run(&RunSpec {
-        program: spec.program.clone(),
-        args: spec.args,
-        stdin: input,
-        env: spec.env,
-        timeout: Duration::from_millis(spec.timeout_ms),
-        output_cap: OUTPUT_CAP,
-    })
-    .await
-    {
-        Ok(out) => {
-            let tail = out.tail(1024);
-            let code = out
-                .code
-                .map_or("killed by a signal".into(), |c| format!("exit {c}"));
-            Outcome::of(
-                out.success(),
-                format!("{} {code}: {}", spec.program.display(), tail.trim()),
-            )
+    let timeout = Duration::from_millis(spec.timeout_ms);
+    let program = spec.program.clone();
+    let hook = async {
+        match exec::run(&RunSpec {
+            program: program.clone(),
+            args: spec.args,
+            stdin: input,
+            env: spec.env,
+            timeout,
+            output_cap: OUTPUT_CAP,
+        })
+        .await
+        {
+            Ok(out) => {
+                let tail = out.tail(1024);
+                let code = out
+                    .code
+                    .map_or("killed by a signal".into(), |c| format!("exit {c}"));
+                Outcome::of(
+                    out.success(),
+                    format!("{} {code}: {}", program.display(), tail.trim()),
+                )
+            }
+            Err(e) => Outcome::failed(e.to_string()),
         }
-        Err(e) => Outcome::failed(e.to_string()),
+    };
+    let outcome = match &spec.claims {
+        None => hook.await,
+        Some(settings) => claimed_run(claims, settings, &spec.job, timeout, hook).await,
     };
     let result = JobResult {
         job: spec.job,
         outcome,
     };
     write_atomic(&dir.join(RESULT), &serde_json::to_vec(&result)?)
+}
+
+/// Runs `hook` for `job` once across the daemons sharing the store `cfg`: adopts the end a
+/// runner elsewhere recorded, waits while one holds the job, else claims it and runs it here.
+async fn claimed_run(
+    claims: &dyn ClaimsFrom,
+    settings: &serde_json::Value,
+    job: &str,
+    timeout: Duration,
+    hook: impl std::future::Future<Output = Outcome>,
+) -> Outcome {
+    let (store, ttl) = match claims.connect(settings).await {
+        Ok(s) => s,
+        Err(e) => {
+            return Outcome::failed(format!(
+                "cannot reach the store to claim the job: {e}; the hook did not run"
+            ));
+        }
+    };
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let holder = format!(
+        "{host} pid {} run {}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    );
+    // Long enough to see a run elsewhere end (its hook's timeout) or its claim lapse.
+    let patience = timeout + 2 * ttl + CLAIM_GRACE;
+    let encode = |o: &Outcome| -> Vec<u8> {
+        serde_json::to_vec(&JobResult {
+            job: job.to_string(),
+            outcome: o.clone(),
+        })
+        .expect("a job result serializes")
+    };
+    match run_claimed(store.as_ref(), job, &holder, ttl, patience, hook, encode).await {
+        Claimed::Adopted(end) => match serde_json::from_slice::<JobResult>(&end) {
+            Ok(r) if r.job == job => {
+                tracing::info!(job, "adopted the end another machine's runner recorded");
+                r.outcome
+            }
+            Ok(r) => Outcome::failed(format!(
+                "the end recorded for this job names job {}: not adopted",
+                r.job
+            )),
+            Err(e) => Outcome::failed(format!("the end recorded for this job is unreadable: {e}")),
+        },
+        Claimed::Ran { outcome, .. } => outcome,
+        Claimed::Lost(o) => o,
+    }
 }
 
 #[cfg(test)]
@@ -290,6 +384,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             timeout_ms: 1000,
+            claims: None,
         };
         std::fs::write(dir.join(SPEC), serde_json::to_vec(&spec).unwrap()).unwrap();
         if let Some(r) = result {

@@ -3,6 +3,7 @@
 //! hook's call (arguments and environment), `jobs` runs a job as a detached runner process that
 //! survives a daemon restart; both the inventory backend and the collector use them.
 
+pub mod claimed;
 pub mod hooks;
 pub mod jobs;
 

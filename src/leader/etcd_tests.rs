@@ -96,7 +96,7 @@ impl Kv for Conn {
                 }
                 for op in ops {
                     match op {
-                        Op::Put(k, v) => {
+                        Op::Put(k, v) | Op::PutLeased(k, v, _) => {
                             m.keys.insert(k, (m.rev, v));
                         }
                         Op::Delete(k) => {

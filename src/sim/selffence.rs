@@ -258,8 +258,8 @@ async fn a_canceled_self_fence_ends_while_its_node_stays_dead() {
             s.flows().into_iter().find(|f| f.marked)
         })
         .await;
-    sim.store
-        .cancel_flow(&f.id, sim.clock.now())
+    crate::store::FlowStore::cancel(sim.store.as_ref(), &f.id, sim.clock.now())
+        .await
         .expect("cancel");
     let f = sim
         .until("the end of the canceled flow", 2 * MIN, |s| {

@@ -73,6 +73,13 @@ impl FlowStore for CountedFlows {
     async fn save(&self, f: &Flow) -> Result<bool> {
         self.counted(self.inner.save(f).await)
     }
+    async fn update(
+        &self,
+        id: &Uuid,
+        change: &mut (dyn for<'f> FnMut(&'f mut Flow) -> bool + Send),
+    ) -> Result<Option<Flow>> {
+        self.counted(self.inner.update(id, change).await)
+    }
     async fn set_outcome(
         &self,
         id: &Uuid,

@@ -20,6 +20,15 @@ pub trait FlowStore: Send + Sync + 'static {
     async fn insert(&self, f: &Flow) -> Result<()>;
     /// Saves `f` unless it changed since it was read (its `version`); returns whether it did.
     async fn save(&self, f: &Flow) -> Result<bool>;
+    /// Reads flow `id`, lets `change` change it (false: nothing to write) and writes it back
+    /// unless another write landed meanwhile (then reads and tries again): the one
+    /// read-modify-write every record below is made of. The flow as changed; `None` when
+    /// there is no such flow.
+    async fn update(
+        &self,
+        id: &Uuid,
+        change: &mut (dyn for<'f> FnMut(&'f mut Flow) -> bool + Send),
+    ) -> Result<Option<Flow>>;
     /// Records what an effect saw: a step attempt (with its agent calls), a release or a reclaim.
     async fn set_outcome(
         &self,
@@ -27,14 +36,48 @@ pub trait FlowStore: Send + Sync + 'static {
         which: FlowOutcome,
         outcome: Outcome,
         calls: Vec<Call>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.update(id, &mut |f| {
+            f.record_outcome(which, outcome.clone(), calls.clone());
+            true
+        })
+        .await?;
+        Ok(())
+    }
     /// Records an agent call before it is made (`call.pending`), so a successor knows of it
     /// even when this daemon stops before the answer; its outcome later replaces it.
-    async fn note_call(&self, id: &Uuid, call: Call) -> Result<()>;
+    async fn note_call(&self, id: &Uuid, call: Call) -> Result<()> {
+        self.update(id, &mut |f| {
+            f.record_call(call.clone());
+            true
+        })
+        .await?;
+        Ok(())
+    }
     /// Notes that the node carries the flow's failure tag.
-    async fn mark_tagged(&self, id: &Uuid) -> Result<()>;
+    async fn mark_tagged(&self, id: &Uuid) -> Result<()> {
+        self.update(id, &mut |f| {
+            f.tagged = true;
+            true
+        })
+        .await?;
+        Ok(())
+    }
     /// An operator's cancel: only before the node was powered off.
-    async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel>;
+    async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
+        let mut verdict = FenceCancel::NotFound;
+        let f = self
+            .update(id, &mut |f| {
+                verdict = apply_cancel(f, now);
+                matches!(verdict, FenceCancel::Canceled(_))
+            })
+            .await?;
+        Ok(if f.is_none() {
+            FenceCancel::NotFound
+        } else {
+            verdict
+        })
+    }
     /// The flows the fencer decides on: every one not final, and final ones ended at or after
     /// `since`, oldest first.
     async fn active(&self, since: Nanos) -> Result<Vec<Flow>>;
@@ -85,27 +128,12 @@ impl FlowStore for Store {
     async fn save(&self, f: &Flow) -> Result<bool> {
         self.save_flow(f)
     }
-    async fn set_outcome(
+    async fn update(
         &self,
         id: &Uuid,
-        which: FlowOutcome,
-        outcome: Outcome,
-        calls: Vec<Call>,
-    ) -> Result<()> {
-        self.set_flow_outcome(id, which, outcome, calls)
-    }
-    async fn mark_tagged(&self, id: &Uuid) -> Result<()> {
-        self.mark_flow_tagged(id)
-    }
-    async fn note_call(&self, id: &Uuid, call: Call) -> Result<()> {
-        self.update_flow(id, |f| {
-            f.record_call(call);
-            true
-        })?;
-        Ok(())
-    }
-    async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
-        self.cancel_flow(id, now)
+        change: &mut (dyn for<'f> FnMut(&'f mut Flow) -> bool + Send),
+    ) -> Result<Option<Flow>> {
+        self.update_flow(id, change)
     }
     async fn active(&self, since: Nanos) -> Result<Vec<Flow>> {
         self.fence_flows(&self.conn(), since)
@@ -209,7 +237,7 @@ impl Store {
     fn update_flow(
         &self,
         id: &Uuid,
-        change: impl FnOnce(&mut Flow) -> bool,
+        change: &mut (dyn for<'f> FnMut(&'f mut Flow) -> bool + Send),
     ) -> Result<Option<Flow>> {
         let mut c = self.conn();
         let tx = c.transaction()?;
@@ -234,43 +262,6 @@ impl Store {
         )?;
         tx.commit()?;
         Ok(Some(f))
-    }
-
-    /// Records what the executor saw: a step attempt (with its agent calls), a release or a reclaim.
-    pub fn set_flow_outcome(
-        &self,
-        id: &Uuid,
-        which: FlowOutcome,
-        outcome: Outcome,
-        calls: Vec<Call>,
-    ) -> Result<()> {
-        self.update_flow(id, |f| {
-            f.record_outcome(which, outcome, calls);
-            true
-        })?;
-        Ok(())
-    }
-
-    pub fn mark_flow_tagged(&self, id: &Uuid) -> Result<()> {
-        self.update_flow(id, |f| {
-            f.tagged = true;
-            true
-        })?;
-        Ok(())
-    }
-
-    /// An operator's cancel: only before the node was powered off.
-    pub fn cancel_flow(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
-        let mut verdict = FenceCancel::NotFound;
-        let f = self.update_flow(id, |f| {
-            verdict = apply_cancel(f, now);
-            matches!(verdict, FenceCancel::Canceled(_))
-        })?;
-        Ok(if f.is_none() {
-            FenceCancel::NotFound
-        } else {
-            verdict
-        })
     }
 
     /// Flows the fencer decides on: every one not final, and final ones ended after `since`.

@@ -129,6 +129,17 @@ impl Pair {
     }
 }
 
+/// Every job runner's log under a daemon's jobs directory, one after another.
+fn runner_logs(jobs: &std::path::Path) -> String {
+    let mut all = String::new();
+    for d in std::fs::read_dir(jobs).into_iter().flatten().flatten() {
+        if let Ok(text) = std::fs::read_to_string(d.path().join("runner.log")) {
+            all.push_str(&text);
+        }
+    }
+    all
+}
+
 fn count(log: &[String], prefix: &str) -> usize {
     log.iter().filter(|l| l.starts_with(prefix)).count()
 }
@@ -443,9 +454,9 @@ async fn failover_time_and_writes_of_an_idle_fleet() {
 }
 
 /// A leader killed while a round's hook runs: the new leader resumes the job recorded as running
-/// in the shared state (after confirming its lease), runs its hook again for the same job (the
-/// old leader's machine may still finish its own run: hooks are idempotent per job id), and the
-/// event completes under the same id.
+/// in the shared state (after confirming its lease). The old leader's runner outlives it and
+/// still holds the job's claim in etcd, so the new leader's runner waits for it and adopts the
+/// end it records: the hook runs once, and the event completes under the same id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_running_when_its_leader_dies_is_resumed_by_the_next() {
     let Some(etcd) = Etcd::start().await else {
@@ -478,12 +489,20 @@ async fn a_job_running_when_its_leader_dies_is_resumed_by_the_next() {
     let e = p.c.wait_status("node1", "completed").await;
     let runs = std::fs::read_to_string(&started).unwrap();
     assert!(
-        runs.lines().all(|j| j == job) && runs.lines().count() == 2,
-        "the same job's hook, started again once by the new leader: {runs}"
+        runs.lines().all(|j| j == job) && runs.lines().count() == 1,
+        "the job's hook ran once, on the machine that started it: {runs}"
     );
     let name = if s == 0 { "daemon.log" } else { "daemon-b.log" };
     let said = std::fs::read_to_string(p.c.path(name)).unwrap();
     assert!(said.contains("resuming job"), "{said}");
+    // The new leader's runner says what it did: waited for the claim, adopted the end.
+    let state = p.c.path(if s == 0 { "state" } else { "state-b" });
+    let runner = runner_logs(&state.join("jobs"));
+    assert!(
+        runner.contains("another runner holds this job")
+            && runner.contains("adopted the end another machine's runner recorded"),
+        "{runner}"
+    );
     assert_eq!(
         count(&p.c.hook_log(), "offline node1"),
         1,
@@ -508,4 +527,64 @@ async fn fence_flows_on_etcd_pass_the_flow_store_suite() {
         return;
     };
     maintd::cluster::etcd::flows::conformance(&etcd.endpoint, "/maintd-conformance").await;
+}
+
+/// Job claims on a real etcd: one holder at a time; a claim its runner stops renewing lapses
+/// with its lease, after which another runner claims the job; the lapsed runner can neither
+/// renew nor record an end; the end recorded is kept, and no one claims an ended job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_claims_lapse_with_their_runner_and_keep_the_end() {
+    use maintd::cluster::etcd::claims::ClaimStore;
+    use maintd::cluster::etcd::claims::EtcdClaims;
+    use maintd::cluster::etcd::{StoreBackend, StoreConfig};
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let cfg = StoreConfig {
+        backend: StoreBackend::Etcd,
+        endpoints: vec![etcd.endpoint.clone()],
+        prefix: "/claims".into(),
+        ..Default::default()
+    };
+    let claims = EtcdClaims::connect(&cfg).await.unwrap();
+    let ttl = Duration::from_secs(LEASE_S);
+    let a = claims
+        .claim("e1-1", "runner a", ttl)
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert!(a.ttl >= ttl, "{a:?}");
+    assert_eq!(claims.claim("e1-1", "runner b", ttl).await.unwrap(), None);
+    assert_eq!(
+        claims.holder("e1-1").await.unwrap().as_deref(),
+        Some("runner a")
+    );
+    assert!(claims.renew(&a).await.unwrap());
+    assert_eq!(claims.ended("e1-1").await.unwrap(), None);
+
+    // Runner a stops renewing: its claim lapses with the lease, in etcd's own time.
+    let b = wait_for("runner a's claim to lapse", || async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        claims.claim("e1-1", "runner b", ttl).await.unwrap()
+    })
+    .await;
+    assert_eq!(
+        claims.holder("e1-1").await.unwrap().as_deref(),
+        Some("runner b")
+    );
+    assert!(
+        !claims.renew(&a).await.unwrap(),
+        "a lapsed claim is not renewed"
+    );
+    assert!(
+        !claims.finish("e1-1", &a, b"a's end").await.unwrap(),
+        "a lapsed runner records no end"
+    );
+    assert!(claims.finish("e1-1", &b, b"b's end").await.unwrap());
+    assert_eq!(
+        claims.ended("e1-1").await.unwrap().as_deref(),
+        Some(&b"b's end"[..])
+    );
+    assert_eq!(claims.holder("e1-1").await.unwrap(), None);
+    assert_eq!(claims.claim("e1-1", "runner c", ttl).await.unwrap(), None);
 }

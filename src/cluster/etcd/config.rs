@@ -4,10 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Where the decision state is shared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, strum::IntoStaticStr)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, strum::IntoStaticStr,
+)]
 #[serde(rename_all = "lowercase")]
 #[strum(serialize_all = "lowercase")]
 pub enum StoreBackend {
@@ -18,7 +20,7 @@ pub enum StoreBackend {
     Etcd,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct StoreConfig {
     pub backend: StoreBackend,
@@ -96,6 +98,11 @@ pub enum StoreConfigError {
 }
 
 impl StoreConfig {
+    /// These settings, when several daemons share the store (etcd).
+    pub fn shared(&self) -> Option<StoreConfig> {
+        (self.backend == StoreBackend::Etcd).then(|| self.clone())
+    }
+
     pub fn validate(&self) -> Result<(), StoreConfigError> {
         if self.backend == StoreBackend::Sqlite {
             return Ok(());

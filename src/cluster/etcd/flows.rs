@@ -10,9 +10,9 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::{Cond, Etcd, EtcdError, Op};
-use crate::store::{FenceCancel, FlowStore, StoreError, apply_cancel};
-use maintd_core::fencing::machine::{Call, FenceStatus, Flow, FlowOutcome};
-use maintd_core::verdict::{Nanos, Outcome};
+use crate::store::{FlowStore, StoreError};
+use maintd_core::fencing::machine::{FenceStatus, Flow};
+use maintd_core::verdict::Nanos;
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -93,7 +93,7 @@ impl EtcdFlows {
     async fn landed(&self, ops: &[Op]) -> Result<bool> {
         for op in ops {
             let (key, want) = match op {
-                Op::Put(k, v) => (k, Some(v.as_slice())),
+                Op::Put(k, v) | Op::PutLeased(k, v, _) => (k, Some(v.as_slice())),
                 Op::Delete(k) => (k, None),
             };
             let have = self.etcd.kv.get(key).await.map_err(remote)?;
@@ -110,35 +110,6 @@ impl EtcdFlows {
             Some((rev, v)) => Ok(Some(self.decode(&key, rev, &v)?)),
             None => Ok(None),
         }
-    }
-
-    /// Reads flow `id`, lets `change` change it (false: nothing to write) and writes it back
-    /// unless it changed meanwhile, then reads and tries again. Returns the flow as changed.
-    async fn update(
-        &self,
-        id: &Uuid,
-        mut change: impl FnMut(&mut Flow) -> bool + Send,
-    ) -> Result<Option<Flow>> {
-        for _ in 0..ATTEMPTS {
-            let Some(mut f) = self.read(id).await? else {
-                return Ok(None);
-            };
-            if !change(&mut f) {
-                return Ok(Some(f));
-            }
-            let key = self.key(id);
-            let when = Cond::ModRev(key.clone(), f.version as i64);
-            if self
-                .write(when, vec![Op::Put(key, Self::encode(&f)?)])
-                .await?
-            {
-                return Ok(Some(f));
-            }
-        }
-        Err(StoreError::Remote {
-            what: "etcd".into(),
-            detail: format!("fence flow {id} kept changing under {ATTEMPTS} attempts to write it"),
-        })
     }
 
     /// Writes `flows` for daemons to start from (`maintd store migrate --to etcd`, every
@@ -212,51 +183,30 @@ impl FlowStore for EtcdFlows {
             .await
     }
 
-    async fn set_outcome(
+    async fn update(
         &self,
         id: &Uuid,
-        which: FlowOutcome,
-        outcome: Outcome,
-        calls: Vec<Call>,
-    ) -> Result<()> {
-        self.update(id, |f| {
-            f.record_outcome(which, outcome.clone(), calls.clone());
-            true
-        })
-        .await?;
-        Ok(())
-    }
-
-    async fn note_call(&self, id: &Uuid, call: Call) -> Result<()> {
-        self.update(id, |f| {
-            f.record_call(call.clone());
-            true
-        })
-        .await?;
-        Ok(())
-    }
-
-    async fn mark_tagged(&self, id: &Uuid) -> Result<()> {
-        self.update(id, |f| {
-            f.tagged = true;
-            true
-        })
-        .await?;
-        Ok(())
-    }
-
-    async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
-        let mut verdict = FenceCancel::NotFound;
-        let f = self
-            .update(id, |f| {
-                verdict = apply_cancel(f, now);
-                matches!(verdict, FenceCancel::Canceled(_))
-            })
-            .await?;
-        Ok(if f.is_none() {
-            FenceCancel::NotFound
-        } else {
-            verdict
+        change: &mut (dyn for<'f> FnMut(&'f mut Flow) -> bool + Send),
+    ) -> Result<Option<Flow>> {
+        for _ in 0..ATTEMPTS {
+            let Some(mut f) = self.read(id).await? else {
+                return Ok(None);
+            };
+            if !change(&mut f) {
+                return Ok(Some(f));
+            }
+            let key = self.key(id);
+            let when = Cond::ModRev(key.clone(), f.version as i64);
+            if self
+                .write(when, vec![Op::Put(key, Self::encode(&f)?)])
+                .await?
+            {
+                return Ok(Some(f));
+            }
+        }
+        Err(StoreError::Remote {
+            what: "etcd".into(),
+            detail: format!("fence flow {id} kept changing under {ATTEMPTS} attempts to write it"),
         })
     }
 

@@ -13,7 +13,10 @@
 //!   resumes from it as a restart resumes from SQLite.
 //! - `flows/<id>`: each fence flow (`flows`), written as it changes, every write fenced by
 //!   the token.
+//! - `jobs/<job>/claim` and `jobs/<job>/end`: which machine's job runner holds a job, and how
+//!   its hook ended (`claims`), so a job's hook runs once whoever leads.
 
+pub mod claims;
 pub mod config;
 pub mod flows;
 
@@ -21,8 +24,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
-    TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
+    TlsOptions, Txn, TxnOp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -90,6 +93,8 @@ pub trait Kv: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub enum Op {
     Put(String, Vec<u8>),
+    /// A put whose key lives only as long as the lease (by its id).
+    PutLeased(String, Vec<u8>, i64),
     Delete(String),
 }
 
@@ -104,6 +109,35 @@ struct EtcdKv {
 }
 
 impl EtcdKv {
+    /// A connection to each member of `cfg` (lazily: a member that is down is tried again at
+    /// each request).
+    async fn connect(cfg: &StoreConfig) -> Result<EtcdKv, EtcdError> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|source| EtcdError::Read {
+                path: p.display().to_string(),
+                source,
+            })
+        };
+        let mut opts = ConnectOptions::new()
+            .with_timeout(cfg.timeout)
+            .with_connect_timeout(cfg.timeout);
+        if let Some(ca) = &cfg.ca_file {
+            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?));
+            if let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            opts = opts.with_tls(tls);
+        }
+        let mut members = Vec::new();
+        for e in &cfg.endpoints {
+            members.push((e.clone(), Client::connect([e], Some(opts.clone())).await?));
+        }
+        Ok(EtcdKv {
+            members,
+            current: AtomicUsize::new(0),
+        })
+    }
+
     /// Runs `op` on the current member, then on each other one until one answers; when none
     /// does, says what each one answered.
     async fn on_any<T, F, Fut>(&self, op: F) -> Result<T, EtcdError>
@@ -175,6 +209,9 @@ impl Kv for EtcdKv {
             .into_iter()
             .map(|op| match op {
                 Op::Put(k, v) => TxnOp::put(k, v, None),
+                Op::PutLeased(k, v, lease) => {
+                    TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease)))
+                }
                 Op::Delete(k) => TxnOp::delete(k, None),
             })
             .collect();
@@ -213,30 +250,7 @@ pub struct Etcd {
 impl Etcd {
     /// Connects to etcd (lazily: a member that is down is tried again at each request).
     pub async fn connect(cfg: &StoreConfig) -> Result<Etcd, EtcdError> {
-        let read = |p: &std::path::Path| {
-            std::fs::read(p).map_err(|source| EtcdError::Read {
-                path: p.display().to_string(),
-                source,
-            })
-        };
-        let mut opts = ConnectOptions::new()
-            .with_timeout(cfg.timeout)
-            .with_connect_timeout(cfg.timeout);
-        if let Some(ca) = &cfg.ca_file {
-            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?));
-            if let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) {
-                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
-            }
-            opts = opts.with_tls(tls);
-        }
-        let mut members = Vec::new();
-        for e in &cfg.endpoints {
-            members.push((e.clone(), Client::connect([e], Some(opts.clone())).await?));
-        }
-        let kv = EtcdKv {
-            members,
-            current: AtomicUsize::new(0),
-        };
+        let kv = EtcdKv::connect(cfg).await?;
         Ok(Etcd::over(Box::new(kv), &cfg.prefix, cfg.endpoints.clone()))
     }
 

@@ -24,9 +24,8 @@ use super::{KubeCluster, api_code};
 mod operators;
 use crate::store::{FenceCancel, FlowStore, Requests, StoreError};
 use crate::sync::LockExt;
-use maintd_core::fencing::machine::FlowOutcome;
-use maintd_core::fencing::machine::{Call, FenceStatus, Flow};
-use maintd_core::verdict::{Nanos, Outcome};
+use maintd_core::fencing::machine::{FenceStatus, Flow};
+use maintd_core::verdict::Nanos;
 #[cfg(any(test, feature = "testing"))]
 pub use operators::conformance;
 
@@ -184,40 +183,6 @@ impl NodeFences {
         }
     }
 
-    /// Read-modify-write of one flow, retried on conflict from a fresh read. `change` returns
-    /// whether to write.
-    async fn update(&self, id: &Uuid, mut change: impl FnMut(&mut Flow) -> bool) -> Result<()> {
-        let Some(mut o) = self.find(id).await? else {
-            return Ok(());
-        };
-        for _ in 0..CONFLICT_RETRIES {
-            let Some(mut f) = flow_of(&o).map_err(|e| remote("NodeFence", e))? else {
-                return Ok(());
-            };
-            if !change(&mut f) {
-                return Ok(());
-            }
-            if self
-                .put_status(&o, status_of(&f, o.status.as_ref()))
-                .await?
-                .is_some()
-            {
-                return Ok(());
-            }
-            let name = o.metadata.name.clone().unwrap_or_default();
-            o = Arc::new(
-                self.api
-                    .get(&name)
-                    .await
-                    .map_err(|e| remote(&format!("cannot read NodeFence {name}"), e))?,
-            );
-        }
-        Err(remote(
-            &format!("NodeFence of flow {id}"),
-            "changed by others on every attempt",
-        ))
-    }
-
     /// Sets or removes this controller's finalizer (a patch conditional on the version read).
     async fn finalizer(&self, o: &NodeFence, on: bool) -> Result<()> {
         let name = o.metadata.name.clone().unwrap_or_default();
@@ -329,39 +294,45 @@ impl FlowStore for NodeFences {
         Ok(true)
     }
 
-    async fn set_outcome(
+    async fn update(
         &self,
         id: &Uuid,
-        which: FlowOutcome,
-        outcome: Outcome,
-        calls: Vec<Call>,
-    ) -> Result<()> {
-        self.update(id, |f| {
-            f.record_outcome(which, outcome.clone(), calls.clone());
-            true
-        })
-        .await
-    }
-
-    async fn note_call(&self, id: &Uuid, call: Call) -> Result<()> {
-        self.update(id, |f| {
-            f.record_call(call.clone());
-            true
-        })
-        .await
-    }
-
-    async fn mark_tagged(&self, id: &Uuid) -> Result<()> {
-        self.update(id, |f| {
-            f.tagged = true;
-            true
-        })
-        .await
+        change: &mut (dyn for<'f> FnMut(&'f mut Flow) -> bool + Send),
+    ) -> Result<Option<Flow>> {
+        let Some(mut o) = self.find(id).await? else {
+            return Ok(None);
+        };
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(mut f) = flow_of(&o).map_err(|e| remote("NodeFence", e))? else {
+                return Ok(None);
+            };
+            if !change(&mut f) {
+                return Ok(Some(f));
+            }
+            if let Some(put) = self
+                .put_status(&o, status_of(&f, o.status.as_ref()))
+                .await?
+            {
+                f.version = rv(&put);
+                return Ok(Some(f));
+            }
+            let name = o.metadata.name.clone().unwrap_or_default();
+            o = Arc::new(
+                self.api
+                    .get(&name)
+                    .await
+                    .map_err(|e| remote(&format!("cannot read NodeFence {name}"), e))?,
+            );
+        }
+        Err(remote(
+            &format!("NodeFence of flow {id}"),
+            "changed by others on every attempt",
+        ))
     }
 
     async fn cancel(&self, id: &Uuid, now: Nanos) -> Result<FenceCancel> {
         let mut verdict = FenceCancel::NotFound;
-        self.update(id, |f| {
+        self.update(id, &mut |f| {
             verdict = crate::store::apply_cancel(f, now);
             matches!(verdict, FenceCancel::Canceled(_))
         })
