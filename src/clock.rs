@@ -263,6 +263,17 @@ impl Clock for RuntimeClock {
     }
 }
 
+/// A runtime on tokio's paused clock, for tests in simulated time: time moves only when every
+/// task waits, straight to the next timer.
+#[cfg(test)]
+pub fn simulated_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -337,12 +337,7 @@ mod tests {
         delays: &[(u64, u64)],
         takes: u64,
     ) -> (Vec<Claimed>, Arc<Runs>, Option<Vec<u8>>) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        crate::clock::simulated_runtime().block_on(async {
             let shared = Arc::new(Mutex::new(Shared::default()));
             let runs = Arc::new(Runs::default());
             let t0 = Instant::now();

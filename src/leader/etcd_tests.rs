@@ -211,11 +211,7 @@ proptest! {
         a in schedule(),
         b in schedule(),
     ) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = crate::clock::simulated_runtime();
         let done = rt.block_on(async move {
             let mem = Arc::new(Mutex::new(Mem::default()));
             let done = Arc::new(Mutex::new(Vec::new()));
@@ -249,11 +245,7 @@ proptest! {
 /// and the other carries on from the step it shared, so every step is done, once.
 #[test]
 fn with_fast_requests_the_work_goes_on_across_a_stopped_leader() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = crate::clock::simulated_runtime();
     let done = rt.block_on(async {
         let mem = Arc::new(Mutex::new(Mem::default()));
         let done = Arc::new(Mutex::new(Vec::new()));
@@ -301,11 +293,7 @@ fn with_fast_requests_the_work_goes_on_across_a_stopped_leader() {
 #[test]
 fn a_deposed_leaders_confirmation_and_writes_fail_once_another_took_the_lease() {
     use crate::cluster::Coordination;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = crate::clock::simulated_runtime();
     rt.block_on(async {
         let mem = Arc::new(Mutex::new(Mem::default()));
         let conn = || quick(&mem);
@@ -371,10 +359,7 @@ fn fence_flows_on_etcd_pass_the_flow_store_suite_and_refuse_a_deposed_leader() {
     use crate::cluster::Coordination;
     use crate::cluster::etcd::flows::EtcdFlows;
     use crate::store::FlowStore;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = crate::clock::simulated_runtime();
     rt.block_on(async {
         let mem = Arc::new(Mutex::new(Mem::default()));
         let conn = || quick(&mem);
@@ -444,10 +429,7 @@ fn flow_and_state_writes_sent_again_after_landing_count_once() {
     use crate::cluster::Coordination;
     use crate::cluster::etcd::flows::EtcdFlows;
     use crate::store::FlowStore;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let rt = crate::clock::simulated_runtime();
     rt.block_on(async {
         let mem = Arc::new(Mutex::new(Mem::default()));
         let a = Arc::new(Etcd::over(Box::new(Resent(quick(&mem))), "/t", vec![]));
