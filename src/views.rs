@@ -251,6 +251,12 @@ pub struct PeerWitnesses {
     /// The armed watchdog its last view reported (signed); `None` without one. A self-fencing
     /// node without it is never counted as reset.
     pub watchdog: Option<crate::report::WatchdogReport>,
+    /// Its last view shows it holds the peer set the master assigned it, so `watchers` are the
+    /// peers it listens to. Until then (a new node, or a new assignment not yet taken up) a
+    /// self-fencing node that falls silent cannot be proven reset: which peers could have kept
+    /// it alive is not known.
+    #[serde(default)]
+    pub set_current: bool,
 }
 
 impl Node {

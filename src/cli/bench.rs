@@ -52,6 +52,49 @@ pub enum BenchError {
     PeerSet(#[from] crate::report::heartbeat::PeerSetError),
     #[error(transparent)]
     Etcd(#[from] super::bench_etcd::ShareError),
+    #[error("cannot bind {proto} {at}: {source}")]
+    Bind {
+        proto: &'static str,
+        at: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How many ports a simulated collector tries before it gives up.
+const PORT_TRIES: usize = 64;
+
+/// A TCP listener and a UDP socket on one port of `addr`, as a collector has (its API and its
+/// heartbeat socket). A port the kernel finds free for TCP may be held for UDP by another
+/// process (on a busy machine, often), so each of `candidates` (0: any free one) is tried in
+/// turn; the error names the last port and protocol that failed.
+async fn bind_pair(
+    addr: std::net::Ipv4Addr,
+    candidates: impl IntoIterator<Item = u16>,
+) -> Result<(tokio::net::TcpListener, tokio::net::UdpSocket), BenchError> {
+    let mut last = None;
+    for want in candidates {
+        let l = match tokio::net::TcpListener::bind((addr, want)).await {
+            Ok(l) => l,
+            Err(source) => {
+                last = Some(("TCP", format!("{addr}:{want}"), source));
+                continue;
+            }
+        };
+        let port = l.local_addr()?.port();
+        match tokio::net::UdpSocket::bind((addr, port)).await {
+            Ok(u) => return Ok((l, u)),
+            Err(source) => last = Some(("UDP", format!("{addr}:{port}"), source)),
+        }
+    }
+    let (proto, at, source) = last.unwrap_or_else(|| {
+        (
+            "TCP",
+            format!("{addr}"),
+            std::io::Error::other("no port to try"),
+        )
+    });
+    Err(BenchError::Bind { proto, at, source })
 }
 
 fn raise_fd_limit() {
@@ -101,13 +144,11 @@ pub async fn sim_collectors(
             )?;
         }
         c.set_diagnosis(d);
-        let l = tokio::net::TcpListener::bind((addr, 0)).await?;
-        let port = l.local_addr()?.port();
-        ports.push(port);
+        // The UDP poll on the same port, as a collector's heartbeat socket answers it.
+        let (l, udp) = bind_pair(addr, std::iter::repeat_n(0, PORT_TRIES)).await?;
+        ports.push(l.local_addr()?.port());
         let app = c.router();
         tokio::spawn(async move { axum::serve(l, app).await });
-        // The UDP poll on the same port, as a collector's heartbeat socket answers it.
-        let udp = tokio::net::UdpSocket::bind((addr, port)).await?;
         let answers = crate::collector::poll::PollAnswers::new(c);
         tokio::spawn(async move {
             let mut buf = vec![0u8; 2048];
@@ -372,4 +413,23 @@ pub async fn poll(
     }
     out!("peak RSS {:.1} MiB", peak_rss_mib());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_port_another_process_holds_for_udp_is_passed_over_and_named_when_none_is_left() {
+        let lo = std::net::Ipv4Addr::LOCALHOST;
+        let held = std::net::UdpSocket::bind((lo, 0)).unwrap();
+        let p = held.local_addr().unwrap().port();
+        // Free for TCP, held for UDP: the next candidate is taken.
+        let (l, u) = bind_pair(lo, [p, 0]).await.unwrap();
+        let got = l.local_addr().unwrap().port();
+        assert_ne!(got, p);
+        assert_eq!(u.local_addr().unwrap().port(), got);
+        let e = bind_pair(lo, [p]).await.unwrap_err().to_string();
+        assert!(e.contains(&format!("127.0.0.1:{p}")), "{e}");
+    }
 }

@@ -406,6 +406,12 @@ impl Peering {
         }
         w.partitioned = self.partitioned.lock_unpoisoned().called().contains(node);
         w.watchdog = self.reported_watchdog(node).flatten();
+        let assigned = self.sets.lock_unpoisoned().sets.get(node).map(|s| s.epoch);
+        w.set_current = self
+            .held
+            .lock_unpoisoned()
+            .get(node)
+            .is_some_and(|h| Some(h.view.epoch) == assigned);
         w
     }
 }
@@ -491,8 +497,10 @@ mod tests {
         // n1's own view (of the set it was pushed), then a watcher that hears it, then one that
         // lost it 3 s before.
         let epoch = p.sets.lock_unpoisoned().sets["n1"].epoch;
+        assert!(!p.witnesses("n1", NOW).set_current, "no view of n1 yet");
         let own = view_of_set("n1", epoch, NOW, &[], &key());
         p.accept("n1", &own, 1, NOW..NOW + S / 10, NOW).unwrap();
+        assert!(p.witnesses("n1", NOW).set_current);
         assert_eq!(p.echo("n1"), 0, "not leading: no echo");
         assert!(p.reset_evidence("n1").is_none(), "not leading: no proof");
         p.set_leading(true, NOW);
@@ -537,6 +545,7 @@ mod tests {
         let stale = view_of_set("n1", epoch + 1, at, &[], &key());
         p.accept("n1", &stale, 1, at..at + S, at).unwrap();
         assert!(p.reset_evidence("n1").is_none());
+        assert!(!p.witnesses("n1", at).set_current, "shown as such");
         p.set_leading(false, at);
         assert_eq!(p.echo("n1"), 0);
     }

@@ -43,11 +43,12 @@ async fn setup_with(mut c: Cluster, extra: &str) -> Setup {
     }
     let Watched { fate, pgid } = start_watched(&mut c, 1, TIMEOUT, FAST, &[], 0);
     c.wait_collectors_ready().await;
-    // Armed, seen by the master, and every watcher hears it.
+    // Armed, seen by the master, every watcher hears it, and it holds the peer set the master
+    // assigned it (a node stopped before it took up its set cannot be proven reset).
     wait_for("node2's armed watchdog in its view", || async {
         let n = c.node("node2").await;
         let w = &n["witnesses"];
-        let armed = w["watchdog"]["timeout-ms"] == 3000;
+        let armed = w["watchdog"]["timeout-ms"] == 3000 && w["set-current"] == true;
         (armed && w["heard-by"].as_array().map(Vec::len) == Some(3)).then_some(())
     })
     .await;
