@@ -18,7 +18,7 @@ use maintd_core::verdict::Status;
 const STATUS_CYCLE: usize = 5;
 
 /// Watches measured, each answered by one cancel.
-const WATCHES: usize = 20;
+pub(super) const WATCHES: usize = 20;
 
 /// What every node's event says, and what its collector keeps reporting: a report that
 /// matches the node's event changes nothing, and keeps a finished event from being cleared.
@@ -141,6 +141,9 @@ pub async fn api(
         pct(&answered, 0.5),
         answered.last().copied().unwrap_or(f64::NAN),
     );
+    super::bench_api_load::cheap_answers(&client, &base, secs).await?;
+    let rest = waiting.get(WATCHES..).unwrap_or_default();
+    super::bench_api_load::under_load(&client, &base, &key, rest, secs).await?;
     drop(daemon);
     Ok(())
 }
@@ -238,14 +241,14 @@ async fn settle(client: &reqwest::Client, base: &str) -> Result<(), BenchError> 
     ))
 }
 
-struct Figures {
+pub(super) struct Figures {
     latencies_ms: Vec<f64>,
     errors: usize,
     elapsed: Duration,
 }
 
 impl Figures {
-    fn print(mut self, what: &str, clients: &str) {
+    pub(super) fn print(mut self, what: &str, clients: &str) {
         self.latencies_ms.sort_by(f64::total_cmp);
         out!(
             "{:<28} {:>7} {:>9.0} {:>9.2} {:>9.2} {:>8}",
@@ -259,7 +262,7 @@ impl Figures {
     }
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
+pub(super) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -268,15 +271,26 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 
 /// `n` clients, each sending its next request when the last is answered, for `secs`.
 async fn closed_loop(client: &reqwest::Client, url: &str, n: usize, secs: Duration) -> Figures {
+    closed_loop_with(client, url, &reqwest::header::HeaderMap::new(), n, secs).await
+}
+
+/// `closed_loop`, each request carrying `headers` (a 304 counts as an answer).
+pub(super) async fn closed_loop_with(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &reqwest::header::HeaderMap,
+    n: usize,
+    secs: Duration,
+) -> Figures {
     let start = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|_| {
-            let (client, url) = (client.clone(), url.to_string());
+            let (client, url, headers) = (client.clone(), url.to_string(), headers.clone());
             tokio::spawn(async move {
                 let (mut lat, mut errors) = (Vec::new(), 0);
                 while start.elapsed() < secs {
                     let t = Instant::now();
-                    match get_body(&client, &url).await {
+                    match get_body_with(&client, &url, &headers).await {
                         Ok(()) => lat.push(t.elapsed().as_secs_f64() * 1e3),
                         Err(()) => errors += 1,
                     }
@@ -322,7 +336,10 @@ async fn fixed_rate(
     (gather(tasks, start).await, lags)
 }
 
-async fn gather(tasks: Vec<tokio::task::JoinHandle<(Vec<f64>, usize)>>, start: Instant) -> Figures {
+pub(super) async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<(Vec<f64>, usize)>>,
+    start: Instant,
+) -> Figures {
     let mut f = Figures {
         latencies_ms: Vec::new(),
         errors: 0,
@@ -338,8 +355,22 @@ async fn gather(tasks: Vec<tokio::task::JoinHandle<(Vec<f64>, usize)>>, start: I
 }
 
 async fn get_body(client: &reqwest::Client, url: &str) -> Result<(), ()> {
-    let r = client.get(url).send().await.map_err(|_| ())?;
-    if !r.status().is_success() {
+    get_body_with(client, url, &reqwest::header::HeaderMap::new()).await
+}
+
+/// A GET with `headers`, its body read whole; a 304 is an answer too.
+pub(super) async fn get_body_with(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &reqwest::header::HeaderMap,
+) -> Result<(), ()> {
+    let r = client
+        .get(url)
+        .headers(headers.clone())
+        .send()
+        .await
+        .map_err(|_| ())?;
+    if !r.status().is_success() && r.status() != reqwest::StatusCode::NOT_MODIFIED {
         return Err(());
     }
     r.bytes().await.map(drop).map_err(|_| ())
@@ -349,7 +380,7 @@ async fn get_body(client: &reqwest::Client, url: &str) -> Result<(), ()> {
 /// page's ETag, the event is canceled with a signed request, and the delays from sending the
 /// cancel to its own answer and to the watcher's are recorded (the first, apart: how long the
 /// write took; the watcher cannot see a change before it is written).
-async fn watch_delays(
+pub(super) async fn watch_delays(
     client: &reqwest::Client,
     base: &str,
     key: &Key,

@@ -8,6 +8,8 @@ mod bench;
 #[cfg(feature = "bench")]
 mod bench_api;
 #[cfg(feature = "bench")]
+mod bench_api_load;
+#[cfg(feature = "bench")]
 mod bench_etcd;
 #[cfg(feature = "bench")]
 mod bench_floor;

@@ -47,6 +47,8 @@ pub struct ApiState {
     /// Lists built at once: a crowd of readers queues here, and `/metrics`, `/1/health` and
     /// the signed changes are answered beside it.
     pub builders: tokio::sync::Semaphore,
+    /// The list pages last built, shared until the list changes.
+    pub pages: super::pages::Pages,
 }
 
 impl ApiState {
@@ -106,6 +108,16 @@ impl ApiState {
             fencer: parts.fencer.clone(),
             status_cache: Default::default(),
             builders: tokio::sync::Semaphore::new(LIST_BUILDERS),
+            pages: Default::default(),
+        }
+    }
+
+    /// Where the lists are built and kept.
+    pub fn lists(&self) -> super::listing::Lists<'_> {
+        super::listing::Lists {
+            builders: &self.builders,
+            pages: &self.pages,
+            changes: self.store.changes(),
         }
     }
 }

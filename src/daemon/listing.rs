@@ -22,7 +22,7 @@ pub const NEXT_CURSOR: &str = "x-next-cursor";
 
 /// A list's query string. Each list takes the filters its items have; any other is refused,
 /// never silently ignored.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     pub node: Option<String>,
@@ -67,6 +67,15 @@ impl ListQuery {
             )));
         }
         Ok(())
+    }
+
+    /// What names the page this query asks for, among the pages kept (`wait` aside: a watch
+    /// and a read of the same page share it).
+    fn page_key(&self, list: &str) -> String {
+        format!(
+            "{list}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+            self.node, self.status, self.action, self.since, self.limit, self.cursor
+        )
     }
 
     /// The sort key the cursor names (items after it come next).
@@ -131,12 +140,8 @@ pub struct Item {
     pub json: std::sync::Arc<[u8]>,
 }
 
-/// A page of a list as the API sends it.
-pub struct Page {
-    pub body: Vec<u8>,
-    pub next: Option<String>,
-    pub etag: String,
-}
+pub use super::pages::Page;
+use super::pages::{Built, Pages};
 
 /// Sorts `items` by key, skips up to the cursor, and cuts the page.
 pub fn page(mut items: Vec<Item>, q: &ListQuery) -> Result<Page, ApiError> {
@@ -165,7 +170,44 @@ pub fn page(mut items: Vec<Item>, q: &ListQuery) -> Result<Page, ApiError> {
     body.hash(&mut h);
     next.hash(&mut h);
     let etag = format!("\"{:016x}\"", h.finish());
-    Ok(Page { body, next, etag })
+    Ok(Page {
+        body: body.into(),
+        next,
+        etag,
+    })
+}
+
+/// `page`, on a thread of the blocking pool: sorting and joining a large list takes the API's
+/// own thread from no other request (a signed change, a watch answering, `/metrics`).
+pub async fn page_apart(items: Vec<Item>, q: &ListQuery) -> Result<Page, ApiError> {
+    let q = q.clone();
+    tokio::task::spawn_blocking(move || page(items, &q))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+/// `page_apart` of views not serialized yet (each with its sort key): serialized on the same
+/// thread of the blocking pool.
+pub async fn page_of<T>(views: Vec<(String, T)>, q: &ListQuery) -> Result<Page, ApiError>
+where
+    T: serde::Serialize + Send + 'static,
+{
+    let q = q.clone();
+    tokio::task::spawn_blocking(move || {
+        let items = views
+            .into_iter()
+            .map(|(key, v)| {
+                let json = serde_json::to_vec(&v).map_err(|e| ApiError::internal(e.to_string()))?;
+                Ok(Item {
+                    key,
+                    json: json.into(),
+                })
+            })
+            .collect::<Result<Vec<Item>, ApiError>>()?;
+        page(items, &q)
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
 }
 
 fn hex(b: &[u8]) -> String {
@@ -199,23 +241,44 @@ pub enum Watches {
 }
 
 impl Watches {
-    fn moved(self, a: Generation, b: Generation) -> bool {
+    /// The part of the store's count of changes that the list follows.
+    fn mark(self, g: Generation) -> (u64, u64) {
         match self {
-            Watches::Events => a.events != b.events,
-            Watches::Nodes => a != b,
+            Watches::Events => (g.events, 0),
+            Watches::Nodes => (g.events, g.nodes),
+        }
+    }
+
+    fn moved(self, a: Generation, b: Generation) -> bool {
+        self.mark(a) != self.mark(b)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Watches::Events => "events",
+            Watches::Nodes => "nodes",
         }
     }
 }
 
-/// Answers a list request: 200 with the page, or 304 when the client holds it already. With
-/// `wait`, a request that holds the current version is kept open until the page changes (a
-/// change counted by the store, or one seen by a recheck each second for what the store does
-/// not count) or the wait ends with 304. A held watch is not cut by the request timeout
-/// (`conn`, the listener's view of the connection, extends it), and answers at once when the
-/// daemon stops.
+/// Where a list's pages are built and kept: the builders' permits, the pages kept, and the
+/// store's count of changes.
+pub struct Lists<'a> {
+    pub builders: &'a tokio::sync::Semaphore,
+    pub pages: &'a Pages,
+    pub changes: &'a Changes,
+}
+
+/// Answers a list request: 200 with the page, or 304 when the client holds it already. A page
+/// is built once per counted change of what it shows (`list`, the part of the count it
+/// follows), and at most [`super::pages::MAX_AGE`] apart for what the store does not count;
+/// every reader meanwhile gets the page kept. With `wait`, a request that holds the current
+/// version is kept open until the page changes (a change counted by the store, or one seen by
+/// a recheck each second for what the store does not count) or the wait ends with 304. A held
+/// watch is not cut by the request timeout (`conn`, the listener's view of the connection,
+/// extends it), and answers at once when the daemon stops.
 pub async fn answer<F, Fut>(
-    builders: &tokio::sync::Semaphore,
-    changes: &Changes,
+    lists: Lists<'_>,
     watches: Watches,
     conn: Option<&ConnActivity>,
     headers: &HeaderMap,
@@ -226,15 +289,27 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<Page, ApiError>>,
 {
-    let mut rx = changes.subscribe();
+    let mut rx = lists.changes.subscribe();
     let mut seen = *rx.borrow_and_update();
+    let key = q.page_key(watches.name());
     let build = || async {
+        // Read before the page is built: a change meanwhile leaves the older count, and the
+        // next reader builds again.
+        let mark = watches.mark(lists.changes.now());
+        if let Some(b) = lists.pages.fresh(&key, mark) {
+            return Ok(b);
+        }
         // Only building takes a permit; a held watch waits without one.
-        let _permit = builders
+        let _permit = lists
+            .builders
             .acquire()
             .await
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        build().await
+        // Built by another reader while this one waited for its permit.
+        if let Some(b) = lists.pages.fresh(&key, mark) {
+            return Ok(b);
+        }
+        Ok(lists.pages.keep(key.clone(), mark, build().await?))
     };
     let mut p = build().await?;
     let span = Duration::from_secs(q.wait.unwrap_or(0));
@@ -250,7 +325,7 @@ where
     // Set after each build only: changes the watch does not follow must not keep putting the
     // recheck off.
     let mut recheck = tokio::time::Instant::now() + Duration::from_secs(1);
-    while names_exactly(headers, &p.etag) && tokio::time::Instant::now() < deadline {
+    while names_exactly(headers, &p.page.etag) && tokio::time::Instant::now() < deadline {
         tokio::select! {
             r = rx.changed() => {
                 if r.is_err() {
@@ -268,14 +343,37 @@ where
         p = build().await?;
         recheck = tokio::time::Instant::now() + Duration::from_secs(1);
     }
-    Ok(respond(headers, p))
+    Ok(respond(headers, &p))
 }
 
-fn respond(headers: &HeaderMap, p: Page) -> Response {
+/// Whether the client takes a gzip body (`Accept-Encoding`, a `q` of 0 refusing it).
+fn takes_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or_default();
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q == 0.0)
+            });
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+        })
+}
+
+fn respond(headers: &HeaderMap, b: &Built) -> Response {
+    let p = &b.page;
     let etag = HeaderValue::from_str(&p.etag).expect("an ETag is ASCII");
     if holds(headers, &p.etag) {
         return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
     }
+    // The kept page's own gzip form, compressed once for every reader that takes it.
+    let gzip = takes_gzip(headers).then(|| b.gzip()).flatten();
+    let body = gzip.clone().unwrap_or_else(|| p.body.clone());
     let mut r = (
         [
             (
@@ -284,11 +382,16 @@ fn respond(headers: &HeaderMap, p: Page) -> Response {
             ),
             (header::ETAG, etag),
         ],
-        p.body,
+        body,
     )
         .into_response();
-    if let Some(n) = p.next.and_then(|n| HeaderValue::from_str(&n).ok()) {
-        r.headers_mut().insert(NEXT_CURSOR, n);
+    let h = r.headers_mut();
+    h.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    if gzip.is_some() {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    if let Some(n) = p.next.as_ref().and_then(|n| HeaderValue::from_str(n).ok()) {
+        h.insert(NEXT_CURSOR, n);
     }
     r
 }
@@ -326,7 +429,7 @@ mod tests {
         q.cursor = Some("zz".into());
         assert!(page(items(&keys), &q).is_err());
         q.cursor = Some("7a7a".into()); // "zz": past the end, an empty last page
-        assert_eq!(page(items(&keys), &q).unwrap().body, b"[]");
+        assert_eq!(&page(items(&keys), &q).unwrap().body[..], b"[]");
     }
 
     #[test]
@@ -372,7 +475,13 @@ mod tests {
         });
         let start = tokio::time::Instant::now();
         let sem = tokio::sync::Semaphore::new(1);
-        let r = answer(&sem, &changes, Watches::Events, None, &headers, &q, build)
+        let pages = Pages::default();
+        let lists = Lists {
+            builders: &sem,
+            pages: &pages,
+            changes: &changes,
+        };
+        let r = answer(lists, Watches::Events, None, &headers, &q, build)
             .await
             .unwrap();
         noise.abort();
@@ -383,6 +492,97 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
+    }
+
+    /// Readers of an unchanged list share one build: a 304 and a second 200 build nothing,
+    /// a counted change builds again, and a gzip reader gets the kept page compressed.
+    #[tokio::test(start_paused = true)]
+    async fn an_unchanged_list_is_built_once_for_every_reader_and_gzip_is_the_kept_page() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let changes = Changes::default();
+        let builds = AtomicUsize::new(0);
+        let body = format!("[{}]", vec!["\"some node's item\""; 100].join(","));
+        let build = || {
+            builds.fetch_add(1, Ordering::SeqCst);
+            let keys: Vec<String> = (0..100).map(|_| "some node's item".to_string()).collect();
+            async move {
+                let items = keys
+                    .into_iter()
+                    .map(|k| Item {
+                        json: format!("\"{k}\"").into_bytes().into(),
+                        key: k,
+                    })
+                    .collect();
+                page(items, &ListQuery::default())
+            }
+        };
+        let (sem, pages) = (tokio::sync::Semaphore::new(1), Pages::default());
+        let lists = || Lists {
+            builders: &sem,
+            pages: &pages,
+            changes: &changes,
+        };
+        let q = ListQuery::default();
+        let ask = |h: HeaderMap| {
+            let lists = lists();
+            let q = &q;
+            async move {
+                answer(lists, Watches::Events, None, &h, q, build)
+                    .await
+                    .unwrap()
+            }
+        };
+        let first = ask(HeaderMap::new()).await;
+        let etag = first.headers()[header::ETAG].clone();
+        let mut held = HeaderMap::new();
+        held.insert(header::IF_NONE_MATCH, etag.clone());
+        assert_eq!(ask(held.clone()).await.status(), StatusCode::NOT_MODIFIED);
+        let mut gz = HeaderMap::new();
+        gz.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("br, gzip;q=0.8"),
+        );
+        let zipped = ask(gz).await;
+        assert_eq!(zipped.headers()[header::CONTENT_ENCODING], "gzip");
+        assert_eq!(zipped.headers()[header::ETAG], etag, "the same page");
+        let bytes = axum::body::to_bytes(zipped.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let mut back = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut back)
+            .unwrap();
+        assert_eq!(back, body);
+        assert_eq!(
+            builds.load(Ordering::SeqCst),
+            1,
+            "one build for three readers"
+        );
+        changes.events_changed();
+        assert_eq!(
+            ask(held).await.status(),
+            StatusCode::NOT_MODIFIED,
+            "same content"
+        );
+        assert_eq!(
+            builds.load(Ordering::SeqCst),
+            2,
+            "a counted change builds again"
+        );
+    }
+
+    #[test]
+    fn gzip_is_taken_unless_refused() {
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static(v));
+            takes_gzip(&h)
+        };
+        assert!(with("gzip"));
+        assert!(with("deflate, GZIP;q=0.5"));
+        assert!(with("*"));
+        assert!(!with("gzip;q=0"));
+        assert!(!with("identity"));
+        assert!(!takes_gzip(&HeaderMap::new()));
     }
 
     #[test]

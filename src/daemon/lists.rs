@@ -37,8 +37,7 @@ pub(super) async fn status(
     one_of("status", q.status.as_deref(), &REPAIR_STATUSES)?;
     one_of("action", q.action.as_deref(), &ACTIONS)?;
     listing::answer(
-        &s.builders,
-        s.store.changes(),
+        s.lists(),
         Watches::Events,
         conn.as_deref(),
         &headers,
@@ -76,7 +75,7 @@ async fn status_page(s: &ApiState, q: &ListQuery) -> Result<Page, ApiError> {
                 json: f.json.clone(),
             }),
     );
-    listing::page(items, q)
+    listing::page_apart(items, q).await
 }
 
 pub(super) async fn fences(
@@ -88,8 +87,7 @@ pub(super) async fn fences(
     q.check(&["action"])?;
     one_of("status", q.status.as_deref(), &FENCE_STATUSES)?;
     listing::answer(
-        &s.builders,
-        s.store.changes(),
+        s.lists(),
         Watches::Events,
         conn.as_deref(),
         &headers,
@@ -100,19 +98,16 @@ pub(super) async fn fences(
                 .recent(usize::MAX)
                 .await
                 .map_err(|e| flows_error(&s, e))?;
-            let mut items = Vec::new();
-            for f in flows.iter().filter(|f| {
-                q.node_ok(&f.node) && q.status_ok(f.status.as_str()) && q.since_ok(f.updated)
-            }) {
+            let step = crate::clock::wall_step_ns();
+            let shown = flows
+                .iter()
+                .filter(|f| {
+                    q.node_ok(&f.node) && q.status_ok(f.status.as_str()) && q.since_ok(f.updated)
+                })
                 // Newest first, as before paging: the key runs backwards in time.
-                items.push(Item {
-                    key: time_key(!f.created, &f.id),
-                    json: serde_json::to_vec(&views::Fence::of(f, crate::clock::wall_step_ns()))
-                        .map_err(internal)?
-                        .into(),
-                });
-            }
-            listing::page(items, &q)
+                .map(|f| (time_key(!f.created, &f.id), views::Fence::of(f, step)))
+                .collect();
+            listing::page_of(shown, &q).await
         },
     )
     .await
@@ -127,8 +122,7 @@ pub(super) async fn nodes(
     q.check(&["action", "since"])?;
     one_of("status", q.status.as_deref(), &NODE_STATES)?;
     listing::answer(
-        &s.builders,
-        s.store.changes(),
+        s.lists(),
         Watches::Nodes,
         conn.as_deref(),
         &headers,
@@ -181,10 +175,7 @@ async fn nodes_page(s: &ApiState, q: &ListQuery) -> Result<Page, ApiError> {
         if row.is_some() {
             v.heard(heard.get(&n.name), s.seqs.get(&n.name));
         }
-        items.push(Item {
-            key: n.name.clone(),
-            json: serde_json::to_vec(&v).map_err(internal)?.into(),
-        });
+        items.push((n.name.clone(), v));
     }
-    listing::page(items, q)
+    listing::page_of(items, q).await
 }

@@ -13,6 +13,7 @@ mod listing;
 mod lists;
 pub mod lock;
 pub mod maintenance;
+mod pages;
 mod reload;
 mod status_cache;
 mod ui;

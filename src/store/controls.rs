@@ -44,6 +44,8 @@ impl Store {
             None => tx.execute("DELETE FROM controls WHERE name=?1", [name])?,
         };
         tx.commit()?;
+        // Operators' controls (maintenance, the fencing pause) show in the lists.
+        self.changes.nodes_changed();
         Ok(before)
     }
 

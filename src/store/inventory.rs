@@ -20,6 +20,8 @@ impl Store {
             "INSERT OR IGNORE INTO inventory_tags (node, tag, created_ns) VALUES (?1, ?2, ?3)",
             params![node, tag, now],
         )?;
+        // Tags and offline flags show in `/1/nodes`: its readers see them at once.
+        self.changes.nodes_changed();
         Ok(())
     }
 
@@ -29,6 +31,7 @@ impl Store {
             "DELETE FROM inventory_tags WHERE node=?1 AND tag=?2",
             params![node, tag],
         )?;
+        self.changes.nodes_changed();
         Ok(n > 0)
     }
 
@@ -42,6 +45,7 @@ impl Store {
         } else {
             c.execute("DELETE FROM inventory_offline WHERE node=?1", [node])?;
         }
+        self.changes.nodes_changed();
         Ok(())
     }
 

@@ -1,0 +1,145 @@
+//! List pages as the API last sent them, shared by every reader until the list changes: each
+//! with the store's change count it reflects, its ETag and, once a reader asks for it, its gzip
+//! form. A reader of an unchanged list then costs a lookup, a 304 a comparison, and a gzip
+//! answer a copy of bytes compressed once.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use tokio::time::Instant;
+
+use crate::sync::LockExt;
+
+/// How long a page is served again while the store counts no change of what it shows. What a
+/// list shows that the store does not count (another replica's writes, the nodes' peers, the
+/// cluster's objects) reaches readers within this; a watch's recheck waits as long.
+pub const MAX_AGE: Duration = Duration::from_secs(1);
+/// Pages kept at once; beyond, those older than [`MAX_AGE`] go first, then all the others.
+const KEPT: usize = 256;
+/// Smaller bodies go as they are: compressing them would save little.
+const GZIP_FROM: usize = 1024;
+
+/// A page of a list as the API sends it.
+pub struct Page {
+    pub body: Bytes,
+    pub next: Option<String>,
+    pub etag: String,
+}
+
+/// A page as built, shared by the readers of one list, one query, one count of changes.
+pub struct Built {
+    pub page: Page,
+    mark: (u64, u64),
+    at: Instant,
+    gzip: OnceLock<Option<Bytes>>,
+}
+
+impl Built {
+    /// The body gzip-compressed, built by the first reader that asks: `None` for a body too
+    /// small to be worth it.
+    pub fn gzip(&self) -> Option<Bytes> {
+        self.gzip
+            .get_or_init(|| {
+                if self.page.body.len() < GZIP_FROM {
+                    return None;
+                }
+                let mut z = flate2::write::GzEncoder::new(
+                    Vec::with_capacity(self.page.body.len() / 8),
+                    flate2::Compression::fast(),
+                );
+                z.write_all(&self.page.body).ok()?;
+                z.finish().ok().map(Bytes::from)
+            })
+            .clone()
+    }
+}
+
+/// The pages kept, by list and query.
+#[derive(Default)]
+pub struct Pages {
+    kept: Mutex<HashMap<String, Arc<Built>>>,
+}
+
+impl Pages {
+    /// The page kept for `key` if it reflects the change count `mark` and is younger than
+    /// [`MAX_AGE`].
+    pub fn fresh(&self, key: &str, mark: (u64, u64)) -> Option<Arc<Built>> {
+        let kept = self.kept.lock_unpoisoned();
+        kept.get(key)
+            .filter(|b| b.mark == mark && b.at.elapsed() < MAX_AGE)
+            .cloned()
+    }
+
+    /// Keeps `page`, built for `key` when the store's count was `mark` (read before building:
+    /// a change while building leaves the older count, so the next reader builds again).
+    pub fn keep(&self, key: String, mark: (u64, u64), page: Page) -> Arc<Built> {
+        let built = Arc::new(Built {
+            page,
+            mark,
+            at: Instant::now(),
+            gzip: OnceLock::new(),
+        });
+        let mut kept = self.kept.lock_unpoisoned();
+        if kept.len() >= KEPT && !kept.contains_key(&key) {
+            kept.retain(|_, b| b.at.elapsed() < MAX_AGE);
+            if kept.len() >= KEPT {
+                kept.clear();
+            }
+        }
+        kept.insert(key, built.clone());
+        built
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(body: &[u8]) -> Page {
+        Page {
+            body: Bytes::copy_from_slice(body),
+            next: None,
+            etag: "\"e\"".into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_page_is_shared_until_a_change_or_its_age_and_the_kept_ones_are_bounded() {
+        let pages = Pages::default();
+        let a = pages.keep("status?".into(), (1, 0), page(b"[]"));
+        assert!(Arc::ptr_eq(&pages.fresh("status?", (1, 0)).unwrap(), &a));
+        assert!(pages.fresh("status?", (2, 0)).is_none(), "a counted change");
+        assert!(
+            pages.fresh("status?node=n1", (1, 0)).is_none(),
+            "another query"
+        );
+        tokio::time::advance(MAX_AGE).await;
+        assert!(pages.fresh("status?", (1, 0)).is_none(), "too old");
+        for i in 0..KEPT + 10 {
+            pages.keep(format!("q{i}"), (1, 0), page(b"[]"));
+        }
+        let kept = pages.kept.lock_unpoisoned().len();
+        assert!(kept <= KEPT, "{kept}");
+        assert!(pages.fresh(&format!("q{}", KEPT + 9), (1, 0)).is_some());
+    }
+
+    #[test]
+    fn a_large_body_is_compressed_once_and_a_small_one_not_at_all() {
+        use std::io::Read;
+        let pages = Pages::default();
+        let body = "[".to_string() + &"{\"node\":\"n1\"},".repeat(200) + "{}]";
+        let b = pages.keep("k".into(), (0, 0), page(body.as_bytes()));
+        let z = b.gzip().expect("compressed");
+        assert!(z.len() < body.len() / 4, "{} of {}", z.len(), body.len());
+        assert_eq!(z, b.gzip().unwrap(), "the same bytes, kept");
+        let mut back = String::new();
+        flate2::read::GzDecoder::new(&z[..])
+            .read_to_string(&mut back)
+            .unwrap();
+        assert_eq!(back, body);
+        assert!(pages.keep("s".into(), (0, 0), page(b"[]")).gzip().is_none());
+    }
+}
