@@ -19,6 +19,8 @@ pub struct Claim {
     pub ttl: Duration,
     /// The claim key's revision, which recording the end compares.
     pub rev: i64,
+    /// Who claimed it (unique per runner).
+    pub holder: String,
 }
 
 /// What a store that shares claims must do. Errors are the store's own words, for the log.
@@ -190,7 +192,8 @@ mod tests {
     struct Shared {
         /// The claim: its lease, revision and when it lapses.
         claim: Option<(i64, i64, Instant)>,
-        end: Option<Vec<u8>>,
+        /// The end, and who recorded it.
+        end: Option<(String, Vec<u8>)>,
         rev: i64,
         leases: i64,
     }
@@ -242,13 +245,14 @@ mod tests {
     #[async_trait::async_trait]
     impl ClaimStore for Link {
         async fn ended(&self, _key: &str) -> Result<Option<Vec<u8>>, String> {
-            self.around(|s| s.end.clone()).await
+            self.around(|s| s.end.as_ref().map(|(_, e)| e.clone()))
+                .await
         }
 
         async fn claim(
             &self,
             _key: &str,
-            _holder: &str,
+            holder: &str,
             ttl: Duration,
         ) -> Result<Option<Claim>, String> {
             self.around(|s| {
@@ -262,6 +266,7 @@ mod tests {
                     lease: s.leases,
                     ttl,
                     rev: s.rev,
+                    holder: holder.to_string(),
                 })
             })
             .await
@@ -282,11 +287,14 @@ mod tests {
             self.around(|s| {
                 if s.claim.is_some_and(|(l, r, _)| l == c.lease && r == c.rev) {
                     s.claim = None;
-                    s.end = Some(end.to_vec());
+                    s.end = Some((c.holder.clone(), end.to_vec()));
                     true
                 } else {
-                    // The etcd store reads back a finish sent again after it landed.
-                    s.end.as_deref() == Some(end)
+                    // The etcd store reads back a finish sent again after it landed: its
+                    // own end, not another runner's however alike.
+                    s.end
+                        .as_ref()
+                        .is_some_and(|(h, e)| *h == c.holder && e == end)
                 }
             })
             .await
@@ -367,7 +375,7 @@ mod tests {
                 }
             });
             let ends = futures::future::join_all(tasks).await;
-            let end = shared.lock_unpoisoned().end.clone();
+            let end = shared.lock_unpoisoned().end.clone().map(|(_, e)| e);
             (ends, runs, end)
         })
     }

@@ -581,6 +581,10 @@ async fn job_claims_lapse_with_their_runner_and_keep_the_end() {
         "a lapsed runner records no end"
     );
     assert!(claims.finish("e1-1", &b, b"b's end").await.unwrap());
+    assert!(
+        !claims.finish("e1-1", &a, b"b's end").await.unwrap(),
+        "another runner's end, however alike, is not taken for this one's"
+    );
     assert_eq!(
         claims.ended("e1-1").await.unwrap().as_deref(),
         Some(&b"b's end"[..])

@@ -68,7 +68,7 @@ use super::Kv;
 impl ClaimStore for EtcdClaims {
     async fn ended(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
         let got = self.kv.get(&self.end_key(key)).await.map_err(said)?;
-        Ok(got.map(|(_, v)| v))
+        Ok(got.map(|(_, v)| end_of(&v).to_vec()))
     }
 
     async fn claim(&self, key: &str, holder: &str, ttl: Duration) -> Result<Option<Claim>, String> {
@@ -90,6 +90,7 @@ impl ClaimStore for EtcdClaims {
                 lease,
                 ttl: granted,
                 rev,
+                holder: holder.to_string(),
             })),
             None => {
                 self.revoke(lease).await;
@@ -121,9 +122,12 @@ impl ClaimStore for EtcdClaims {
     async fn finish(&self, key: &str, claim: &Claim, end: &[u8]) -> Result<bool, String> {
         let (kept, _) = self.grant(END_KEPT).await.map_err(said)?;
         let (ck, ek) = (self.claim_key(key), self.end_key(key));
+        // The end names the runner that recorded it: another runner's end, however alike
+        // (the same hook, the same output), is never taken for this one's.
+        let value = [claim.holder.as_bytes(), b"\n", end].concat();
         let when = vec![Cond::ModRev(ck.clone(), claim.rev)];
         let ops = vec![
-            Op::PutLeased(ek.clone(), end.to_vec(), kept),
+            Op::PutLeased(ek.clone(), value.clone(), kept),
             Op::Delete(ck),
         ];
         let done = match self.kv.txn(when, ops).await.map_err(said)? {
@@ -134,7 +138,7 @@ impl ClaimStore for EtcdClaims {
                 .get(&ek)
                 .await
                 .map_err(said)?
-                .is_some_and(|(_, v)| v == end),
+                .is_some_and(|(_, v)| v == value),
         };
         if done {
             self.revoke(claim.lease).await;
@@ -148,6 +152,14 @@ impl ClaimStore for EtcdClaims {
         let got = self.kv.get(&self.claim_key(key)).await.map_err(said)?;
         Ok(got.map(|(_, v)| String::from_utf8_lossy(&v).into_owned()))
     }
+}
+
+/// The end a runner recorded, without the line naming the runner.
+fn end_of(value: &[u8]) -> &[u8] {
+    value
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(value, |i| &value[i + 1..])
 }
 
 /// Connects a job runner to etcd from the store's settings in its job's spec.
