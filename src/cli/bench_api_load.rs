@@ -1,6 +1,7 @@
-//! `maintd bench api`, continued: the answers a crowd of readers should find cheap (a 304 of
-//! the full dump, its gzip form, an empty filtered node list), and what must stay quick while
-//! 50 readers pull a full list as fast as they can (a watcher seeing a change, `/metrics`).
+//! `maintd bench api`'s clients: readers in closed and open loops with their figures, watchers
+//! answered by signed cancels, the answers a crowd of readers should find cheap (a 304 of the
+//! full dump, its gzip form, an empty filtered node list), and what must stay quick while 50
+//! readers pull a full list as fast as they can (a watcher seeing a change, `/metrics`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,8 +10,10 @@ use std::time::{Duration, Instant};
 use reqwest::header::{ACCEPT_ENCODING, ETAG, HeaderMap, HeaderValue, IF_NONE_MATCH};
 
 use super::bench::BenchError;
-use super::bench_api::{WATCHES, closed_loop_with, gather, get_body_with, pct, watch_delays};
 use crate::report::Key;
+
+/// Watches measured, each answered by one cancel.
+pub(super) const WATCHES: usize = 20;
 
 /// Readers of a full list while the quick answers are measured.
 const CROWD: usize = 50;
@@ -104,7 +107,7 @@ pub(super) async fn under_load(
 }
 
 /// `/metrics` scraped [`SCRAPES`] times a second for `secs`, each on its own (open loop).
-async fn scrape(client: reqwest::Client, url: String, secs: Duration) -> super::bench_api::Figures {
+async fn scrape(client: reqwest::Client, url: String, secs: Duration) -> Figures {
     let start = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_secs(1) / SCRAPES);
     let mut tasks = Vec::new();
@@ -120,4 +123,156 @@ async fn scrape(client: reqwest::Client, url: String, secs: Duration) -> super::
         }));
     }
     gather(tasks, start).await
+}
+
+pub(super) struct Figures {
+    latencies_ms: Vec<f64>,
+    errors: usize,
+    elapsed: Duration,
+}
+
+impl Figures {
+    pub(super) fn print(mut self, what: &str, clients: &str) {
+        self.latencies_ms.sort_by(f64::total_cmp);
+        out!(
+            "{:<28} {:>7} {:>9.0} {:>9.2} {:>9.2} {:>8}",
+            what,
+            clients,
+            self.latencies_ms.len() as f64 / self.elapsed.as_secs_f64(),
+            pct(&self.latencies_ms, 0.5),
+            pct(&self.latencies_ms, 0.99),
+            self.errors
+        );
+    }
+}
+
+pub(super) fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `closed_loop`, each request carrying `headers` (a 304 counts as an answer).
+pub(super) async fn closed_loop_with(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &reqwest::header::HeaderMap,
+    n: usize,
+    secs: Duration,
+) -> Figures {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (client, url, headers) = (client.clone(), url.to_string(), headers.clone());
+            tokio::spawn(async move {
+                let (mut lat, mut errors) = (Vec::new(), 0);
+                while start.elapsed() < secs {
+                    let t = Instant::now();
+                    match get_body_with(&client, &url, &headers).await {
+                        Ok(()) => lat.push(t.elapsed().as_secs_f64() * 1e3),
+                        Err(()) => errors += 1,
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    gather(tasks, start).await
+}
+
+pub(super) async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<(Vec<f64>, usize)>>,
+    start: Instant,
+) -> Figures {
+    let mut f = Figures {
+        latencies_ms: Vec::new(),
+        errors: 0,
+        elapsed: Duration::ZERO,
+    };
+    for t in tasks {
+        let (lat, errors) = t.await.unwrap_or_default();
+        f.latencies_ms.extend(lat);
+        f.errors += errors;
+    }
+    f.elapsed = start.elapsed();
+    f
+}
+
+/// A GET with `headers`, its body read whole; a 304 is an answer too.
+pub(super) async fn get_body_with(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &reqwest::header::HeaderMap,
+) -> Result<(), ()> {
+    let r = client
+        .get(url)
+        .headers(headers.clone())
+        .send()
+        .await
+        .map_err(|_| ())?;
+    if !r.status().is_success() && r.status() != reqwest::StatusCode::NOT_MODIFIED {
+        return Err(());
+    }
+    r.bytes().await.map(drop).map_err(|_| ())
+}
+
+/// For each of up to [`WATCHES`] waiting events: a watcher holds `/1/status?node=` with the
+/// page's ETag, the event is canceled with a signed request, and the delays from sending the
+/// cancel to its own answer and to the watcher's are recorded (the first, apart: how long the
+/// write took; the watcher cannot see a change before it is written).
+pub(super) async fn watch_delays(
+    client: &reqwest::Client,
+    base: &str,
+    key: &Key,
+    waiting: &[(String, uuid::Uuid)],
+) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
+    let (mut canceled_after, mut seen_after) = (Vec::new(), Vec::new());
+    for (node, id) in waiting.iter().take(WATCHES) {
+        let url = format!("{base}/1/status?node={node}");
+        let r = client.get(&url).send().await?;
+        let etag = r
+            .headers()
+            .get(ETAG)
+            .cloned()
+            .ok_or_else(|| BenchError::Api("/1/status has no ETag".into()))?;
+        let watcher = {
+            let client = client.clone();
+            let url = format!("{url}&wait=30");
+            tokio::spawn(async move {
+                let r = client.get(&url).header(IF_NONE_MATCH, etag).send().await;
+                (Instant::now(), r.map(|r| r.status()))
+            })
+        };
+        // Long enough for the watch to be held before the change.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = Instant::now();
+        let path = format!("/1/events/{id}/cancel");
+        let c = crate::http::send_signed(
+            client,
+            key,
+            crate::report::DAEMON_TARGET,
+            reqwest::Method::POST,
+            base,
+            &path,
+            None,
+        )
+        .await?;
+        let canceled = Instant::now();
+        if !c.status().is_success() {
+            let why = c.text().await.unwrap_or_default();
+            return Err(BenchError::Api(format!("cancel of {id} refused: {why}")));
+        }
+        let (answered, status) = watcher.await?;
+        let status = status?;
+        if status != reqwest::StatusCode::OK {
+            return Err(BenchError::Api(format!(
+                "the watcher got {status}, not the changed page"
+            )));
+        }
+        let ms = |t: Instant| t.saturating_duration_since(sent).as_secs_f64() * 1e3;
+        canceled_after.push(ms(canceled));
+        seen_after.push(ms(answered));
+    }
+    Ok((canceled_after, seen_after))
 }
