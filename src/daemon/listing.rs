@@ -374,6 +374,7 @@ fn respond(headers: &HeaderMap, b: &Built) -> Response {
     // The kept page's own gzip form, compressed once for every reader that takes it.
     let gzip = takes_gzip(headers).then(|| b.gzip()).flatten();
     let body = gzip.clone().unwrap_or_else(|| p.body.clone());
+    let body = axum::body::Body::new(super::pages::Paced::new(body));
     let mut r = (
         [
             (

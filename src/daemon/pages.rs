@@ -57,6 +57,59 @@ impl Built {
     }
 }
 
+/// A body sent in slices of [`SLICE`], the connection yielding to the API's other tasks
+/// between two: however many readers pull large pages, a signed change, a watch's answer or a
+/// scrape waits for one slice each, not for whole pages. Its exact length is known, so the
+/// answer still carries `Content-Length`.
+pub struct Paced {
+    rest: Bytes,
+    yielded: bool,
+}
+
+/// What a connection writes before it lets the others run.
+pub const SLICE: usize = 64 * 1024;
+
+impl Paced {
+    pub fn new(body: Bytes) -> Paced {
+        Paced {
+            rest: body,
+            yielded: true,
+        }
+    }
+}
+
+impl hyper::body::Body for Paced {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        use std::task::Poll;
+        if self.rest.is_empty() {
+            return Poll::Ready(None);
+        }
+        if !self.yielded {
+            self.yielded = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.yielded = false;
+        let n = SLICE.min(self.rest.len());
+        let slice = self.rest.split_to(n);
+        Poll::Ready(Some(Ok(hyper::body::Frame::data(slice))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.rest.len() as u64)
+    }
+}
+
 /// The pages kept, by list and query.
 #[derive(Default)]
 pub struct Pages {
@@ -124,6 +177,27 @@ mod tests {
         let kept = pages.kept.lock_unpoisoned().len();
         assert!(kept <= KEPT, "{kept}");
         assert!(pages.fresh(&format!("q{}", KEPT + 9), (1, 0)).is_some());
+    }
+
+    /// A paced body gives its bytes whole, in slices, yielding between two, with its exact
+    /// length known from the start.
+    #[tokio::test]
+    async fn a_paced_body_is_sent_whole_in_slices_with_its_length() {
+        use http_body_util::BodyExt;
+        use hyper::body::Body;
+        let body: Vec<u8> = (0..SLICE * 3 + 17).map(|i| (i % 251) as u8).collect();
+        let mut paced = Paced::new(Bytes::from(body.clone()));
+        assert_eq!(paced.size_hint().exact(), Some(body.len() as u64));
+        let (mut got, mut frames) = (Vec::new(), 0);
+        while let Some(f) = paced.frame().await {
+            let data = f.unwrap().into_data().unwrap();
+            assert!(data.len() <= SLICE);
+            got.extend_from_slice(&data);
+            frames += 1;
+        }
+        assert_eq!(got, body);
+        assert_eq!(frames, 4);
+        assert!(paced.is_end_stream());
     }
 
     #[test]
