@@ -104,7 +104,9 @@ where
     // The claim lapses `ttl` after the store last renewed it, which is after the renewal was
     // sent: measured from the send, the hook is stopped with a third of it to spare.
     let margin = claim.ttl / 3;
-    let every = claim.ttl / 4;
+    // A floor, so that a store granting no time at all is not asked again in a busy loop
+    // (the hook is then stopped at once: there is no claim to run it under).
+    let every = (claim.ttl / 4).max(Duration::from_millis(50));
     let mut renewed = sent;
     let mut next_try = sent + every;
     let mut hook = std::pin::pin!(hook);
