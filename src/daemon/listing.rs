@@ -252,13 +252,6 @@ impl Watches {
     fn moved(self, a: Generation, b: Generation) -> bool {
         self.mark(a) != self.mark(b)
     }
-
-    fn name(self) -> &'static str {
-        match self {
-            Watches::Events => "events",
-            Watches::Nodes => "nodes",
-        }
-    }
 }
 
 /// Where a list's pages are built and kept: the builders' permits, the pages kept, and the
@@ -269,9 +262,9 @@ pub struct Lists<'a> {
     pub changes: &'a Changes,
 }
 
-/// Answers a list request: 200 with the page, or 304 when the client holds it already. A page
-/// is built once per counted change of what it shows (`list`, the part of the count it
-/// follows), and at most [`super::pages::MAX_AGE`] apart for what the store does not count;
+/// Answers a request for `list`: 200 with the page, or 304 when the client holds it already.
+/// A page is built once per counted change of what it shows (`watches`, the part of the count
+/// it follows), and at most [`super::pages::MAX_AGE`] apart for what the store does not count;
 /// every reader meanwhile gets the page kept. With `wait`, a request that holds the current
 /// version is kept open until the page changes (a change counted by the store, or one seen by
 /// a recheck each second for what the store does not count) or the wait ends with 304. A held
@@ -279,6 +272,7 @@ pub struct Lists<'a> {
 /// extends it), and answers at once when the daemon stops.
 pub async fn answer<F, Fut>(
     lists: Lists<'_>,
+    list: &'static str,
     watches: Watches,
     conn: Option<&ConnActivity>,
     headers: &HeaderMap,
@@ -291,7 +285,8 @@ where
 {
     let mut rx = lists.changes.subscribe();
     let mut seen = *rx.borrow_and_update();
-    let key = q.page_key(watches.name());
+    // The list's own name: lists that follow the same changes never share a page.
+    let key = q.page_key(list);
     let build = || async {
         // Read before the page is built: a change meanwhile leaves the older count, and the
         // next reader builds again.
@@ -482,7 +477,7 @@ mod tests {
             pages: &pages,
             changes: &changes,
         };
-        let r = answer(lists, Watches::Events, None, &headers, &q, build)
+        let r = answer(lists, "status", Watches::Events, None, &headers, &q, build)
             .await
             .unwrap();
         noise.abort();
@@ -528,7 +523,7 @@ mod tests {
             let lists = lists();
             let q = &q;
             async move {
-                answer(lists, Watches::Events, None, &h, q, build)
+                answer(lists, "status", Watches::Events, None, &h, q, build)
                     .await
                     .unwrap()
             }
@@ -569,6 +564,23 @@ mod tests {
             2,
             "a counted change builds again"
         );
+        // Another list that follows the same changes has pages of its own.
+        let other = || async { page(items(&["f"]), &ListQuery::default()) };
+        let r = answer(
+            lists(),
+            "fences",
+            Watches::Events,
+            None,
+            &HeaderMap::new(),
+            &q,
+            other,
+        )
+        .await
+        .unwrap();
+        let bytes = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(&bytes[..], br#"["f"]"#, "never the status list's page");
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub(super) async fn status(
     one_of("action", q.action.as_deref(), &ACTIONS)?;
     listing::answer(
         s.lists(),
+        "status",
         Watches::Events,
         conn.as_deref(),
         &headers,
@@ -88,6 +89,7 @@ pub(super) async fn fences(
     one_of("status", q.status.as_deref(), &FENCE_STATUSES)?;
     listing::answer(
         s.lists(),
+        "fences",
         Watches::Events,
         conn.as_deref(),
         &headers,
@@ -123,6 +125,7 @@ pub(super) async fn nodes(
     one_of("status", q.status.as_deref(), &NODE_STATES)?;
     listing::answer(
         s.lists(),
+        "nodes",
         Watches::Nodes,
         conn.as_deref(),
         &headers,
