@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{Cond, EtcdError, EtcdKv, Op, StoreConfig};
+use super::{Cond, EtcdError, EtcdKv, Kv, Op, StoreConfig, as_sent};
 pub use crate::exec::claimed::{Claim, ClaimStore};
 use crate::exec::jobs::ClaimsFrom;
 
@@ -62,8 +62,6 @@ impl EtcdClaims {
     }
 }
 
-use super::Kv;
-
 #[async_trait::async_trait]
 impl ClaimStore for EtcdClaims {
     async fn ended(&self, key: &str) -> Result<Option<Vec<u8>>, String> {
@@ -75,15 +73,15 @@ impl ClaimStore for EtcdClaims {
         let (lease, granted) = self.grant(ttl).await.map_err(said)?;
         let (claim, end) = (self.claim_key(key), self.end_key(key));
         let when = vec![Cond::Absent(claim.clone()), Cond::Absent(end)];
-        let put = Op::PutLeased(claim.clone(), holder.as_bytes().to_vec(), lease);
-        let claimed = match self.kv.txn(when, vec![put]).await.map_err(said)? {
+        let puts = vec![Op::PutLeased(claim, holder.as_bytes().to_vec(), lease)];
+        let claimed = match self.kv.txn(when, puts.clone()).await.map_err(said)? {
             Some(rev) => Some(rev),
             // Sent again after its answer was lost, a claim that landed conflicts with
             // itself: it is this runner's if the key names it (its holder is unique).
-            None => match self.kv.get(&claim).await.map_err(said)? {
-                Some((rev, v)) if v == holder.as_bytes() => Some(rev),
-                _ => None,
-            },
+            None => as_sent(&self.kv, &puts)
+                .await
+                .map_err(said)?
+                .and_then(|revs| revs.first().copied()),
         };
         match claimed {
             Some(rev) => Ok(Some(Claim {
@@ -126,19 +124,12 @@ impl ClaimStore for EtcdClaims {
         // (the same hook, the same output), is never taken for this one's.
         let value = [claim.holder.as_bytes(), b"\n", end].concat();
         let when = vec![Cond::ModRev(ck.clone(), claim.rev)];
-        let ops = vec![
-            Op::PutLeased(ek.clone(), value.clone(), kept),
-            Op::Delete(ck),
-        ];
-        let done = match self.kv.txn(when, ops).await.map_err(said)? {
+        let ops = vec![Op::PutLeased(ek, value, kept), Op::Delete(ck)];
+        let done = match self.kv.txn(when, ops.clone()).await.map_err(said)? {
             Some(_) => true,
-            // A finish that landed and was sent again: the end is there as sent.
-            None => self
-                .kv
-                .get(&ek)
-                .await
-                .map_err(said)?
-                .is_some_and(|(_, v)| v == value),
+            // A finish that landed and was sent again: the end is there as sent, and the
+            // claim gone.
+            None => as_sent(&self.kv, &ops).await.map_err(said)?.is_some(),
         };
         if done {
             self.revoke(claim.lease).await;

@@ -86,22 +86,10 @@ impl EtcdFlows {
         }
         // A write whose answer was lost and that was sent again to another member conflicts
         // with itself: it landed if what it wrote is there.
-        self.landed(&ops).await
-    }
-
-    /// Whether every write of `ops` is what the keys hold now.
-    async fn landed(&self, ops: &[Op]) -> Result<bool> {
-        for op in ops {
-            let (key, want) = match op {
-                Op::Put(k, v) | Op::PutLeased(k, v, _) => (k, Some(v.as_slice())),
-                Op::Delete(k) => (k, None),
-            };
-            let have = self.etcd.kv.get(key).await.map_err(remote)?;
-            if have.as_ref().map(|(_, v)| v.as_slice()) != want {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        Ok(super::as_sent(self.etcd.kv.as_ref(), &ops)
+            .await
+            .map_err(remote)?
+            .is_some())
     }
 
     async fn read(&self, id: &Uuid) -> Result<Option<Flow>> {

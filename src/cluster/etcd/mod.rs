@@ -231,6 +231,25 @@ impl Kv for EtcdKv {
     }
 }
 
+/// Whether every write of `ops` is what the keys hold now: each key's revision if so (0 for
+/// a key deleted). A write whose answer was lost and that was sent again to another member
+/// conflicts with itself; this tells it from a write that did not land.
+async fn as_sent(kv: &dyn Kv, ops: &[Op]) -> Result<Option<Vec<i64>>, EtcdError> {
+    let mut revs = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (key, want) = match op {
+            Op::Put(k, v) | Op::PutLeased(k, v, _) => (k, Some(v.as_slice())),
+            Op::Delete(k) => (k, None),
+        };
+        let have = kv.get(key).await?;
+        if have.as_ref().map(|(_, v)| v.as_slice()) != want {
+            return Ok(None);
+        }
+        revs.push(have.map_or(0, |(r, _)| r));
+    }
+    Ok(Some(revs))
+}
+
 /// Who leads and what it shares, on etcd.
 pub struct Etcd {
     kv: Box<dyn Kv>,
@@ -347,34 +366,21 @@ impl Etcd {
             .and_then(|(rev, v)| v.holder.map(|h| (h, rev))))
     }
 
-    /// Whether a lease write that met a conflict had landed itself (its answer lost, and sent
-    /// again to another member): its revision if so. A renewal landed if the token still holds
-    /// (no one else took the lease, so the leader key moved by this replica's hand) and the
-    /// key says what was sent; a taking landed if the leader and term keys were written at
-    /// one revision with what was sent.
+    /// Whether a lease write that met a conflict had landed itself: its revision if so. A
+    /// renewal landed if the token still holds (no one else took the lease, so the leader key
+    /// moved by this replica's hand) and the key says what was sent; a taking landed if the
+    /// leader and term keys hold what was sent, both written at one revision.
     async fn lease_landed(&self, taking: bool, puts: &[Op]) -> Result<Option<i64>, EtcdError> {
-        let sent = |key: &str| {
-            puts.iter().find_map(|op| match op {
-                Op::Put(k, v) if k == key => Some(v.clone()),
-                _ => None,
-            })
-        };
         if !taking && !self.confirm_token().await? {
             return Ok(None);
         }
-        let Some((rev, value)) = self.get(&self.leader).await? else {
+        let Some(revs) = as_sent(self.kv.as_ref(), puts).await? else {
             return Ok(None);
         };
-        if Some(value) != sent(&self.leader) {
-            return Ok(None);
-        }
-        if taking {
-            let term = self.get(&self.term).await?;
-            if term.map(|(r, v)| (r, Some(v))) != Some((rev, sent(&self.term))) {
-                return Ok(None);
-            }
-        }
-        Ok(Some(rev))
+        Ok(revs
+            .first()
+            .copied()
+            .filter(|r| revs.iter().all(|x| x == r)))
     }
 
     /// Asks etcd whether this replica still holds the lease it took: a transaction that
@@ -466,16 +472,15 @@ impl Coordination for Etcd {
         };
         let when = vec![mine, Self::revision(version, &self.state)?];
         let puts = vec![Op::Put(self.state.clone(), data.as_bytes().to_vec())];
-        if let Some(rev) = self.kv.txn(when, puts).await? {
+        if let Some(rev) = self.kv.txn(when, puts.clone()).await? {
             return Ok(Some(rev.to_string()));
         }
         // A write whose answer was lost and that was sent again conflicts with itself: it is
         // ours if the token still holds and the state is what was sent.
         if self.confirm_token().await?
-            && let Some((rev, stored)) = self.kv.get(&self.state).await?
-            && stored == data.as_bytes()
+            && let Some(revs) = as_sent(self.kv.as_ref(), &puts).await?
         {
-            return Ok(Some(rev.to_string()));
+            return Ok(revs.first().map(|r| r.to_string()));
         }
         Ok(None)
     }
