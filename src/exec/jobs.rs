@@ -317,8 +317,9 @@ pub async fn run_job_main(dir: &Path, claims: &dyn ClaimsFrom) -> std::io::Resul
     write_atomic(&dir.join(RESULT), &serde_json::to_vec(&result)?)
 }
 
-/// Runs `hook` for `job` once across the daemons sharing the store `cfg`: adopts the end a
-/// runner elsewhere recorded, waits while one holds the job, else claims it and runs it here.
+/// Runs `hook` for `job` once across the daemons sharing the store `settings` name: adopts
+/// the end a runner elsewhere recorded, waits while one holds the job, else claims it and runs
+/// it here.
 async fn claimed_run(
     claims: &dyn ClaimsFrom,
     settings: &serde_json::Value,
