@@ -19,6 +19,10 @@ use crate::sync::LockExt;
 pub const MAX_AGE: Duration = Duration::from_secs(1);
 /// Pages kept at once; beyond, those older than [`MAX_AGE`] go first, then all the others.
 const KEPT: usize = 256;
+/// The bytes the kept pages may hold (bodies, and their gzip forms counted as a body again):
+/// a client asking for many distinct large pages within a second (another `since`, another
+/// cursor) evicts pages, it never makes the daemon hold more than this.
+const KEPT_BYTES: usize = 64 << 20;
 /// Smaller bodies go as they are: compressing them would save little.
 const GZIP_FROM: usize = 1024;
 
@@ -38,6 +42,11 @@ pub struct Built {
 }
 
 impl Built {
+    /// What it holds, its gzip form counted as a body again whether built yet or not.
+    fn weight(&self) -> usize {
+        2 * self.page.body.len()
+    }
+
     /// The body gzip-compressed, built by the first reader that asks: `None` for a body too
     /// small to be worth it.
     pub fn gzip(&self) -> Option<Bytes> {
@@ -135,10 +144,19 @@ impl Pages {
             at: Instant::now(),
             gzip: OnceLock::new(),
         });
+        let size = built.weight();
+        if size > KEPT_BYTES {
+            // Sent once, never kept: larger than every kept page together may be.
+            return built;
+        }
         let mut kept = self.kept.lock_unpoisoned();
-        if kept.len() >= KEPT && !kept.contains_key(&key) {
+        kept.remove(&key);
+        let full = |k: &HashMap<String, Arc<Built>>| {
+            k.len() >= KEPT || k.values().map(|b| b.weight()).sum::<usize>() + size > KEPT_BYTES
+        };
+        if full(&kept) {
             kept.retain(|_, b| b.at.elapsed() < MAX_AGE);
-            if kept.len() >= KEPT {
+            if full(&kept) {
                 kept.clear();
             }
         }
@@ -177,6 +195,32 @@ mod tests {
         let kept = pages.kept.lock_unpoisoned().len();
         assert!(kept <= KEPT, "{kept}");
         assert!(pages.fresh(&format!("q{}", KEPT + 9), (1, 0)).is_some());
+    }
+
+    /// Many distinct large pages within a second (a client varying `since`) never hold more
+    /// than the byte bound; a page larger than the bound is sent, never kept.
+    #[test]
+    fn the_kept_pages_hold_at_most_their_byte_bound() {
+        let pages = Pages::default();
+        let big = vec![b' '; 4 << 20];
+        for i in 0..40 {
+            let b = pages.keep(format!("since={i}"), (1, 0), page(&big));
+            assert_eq!(b.page.body.len(), big.len(), "every reader gets its page");
+            let held: usize = pages
+                .kept
+                .lock_unpoisoned()
+                .values()
+                .map(|b| b.weight())
+                .sum();
+            assert!(held <= KEPT_BYTES, "{held} bytes kept");
+        }
+        assert!(
+            pages.fresh("since=39", (1, 0)).is_some(),
+            "the newest is kept"
+        );
+        let huge = vec![b' '; KEPT_BYTES];
+        pages.keep("huge".into(), (1, 0), page(&huge));
+        assert!(pages.fresh("huge", (1, 0)).is_none());
     }
 
     /// A paced body gives its bytes whole, in slices, yielding between two, with its exact
