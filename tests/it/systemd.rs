@@ -88,7 +88,8 @@ async fn the_daemon_is_ready_once_it_serves_feeds_the_watchdog_and_says_it_stops
     let start = Instant::now();
     let mut fed = 0;
     while fed < 3 {
-        let m = next(&sock, WAIT).expect("the watchdog is fed");
+        let m = next(&sock, WAIT)
+            .unwrap_or_else(|| panic!("the watchdog is not fed; daemon log:\n{}", c.daemon_log()));
         assert_eq!(m, "WATCHDOG=1");
         fed += 1;
     }
