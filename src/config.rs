@@ -11,6 +11,7 @@ use crate::http::listener::ListenerLimits;
 use crate::node::{NodeConfig, collector_address};
 
 mod collector;
+mod daemon_defaults;
 pub use collector::{CollectorConfig, HeartbeatConfig, WatchdogConfig};
 
 pub const DEFAULT_CONFIG: &str = "/etc/maintd/maintd.toml";
@@ -144,6 +145,9 @@ pub struct DaemonConfig {
     /// Serve plain HTTP on an address other than loopback: without TLS such a listener is
     /// refused unless this says so.
     pub plain_http: bool,
+    /// A second listener serving only `/metrics` and `/1/health`, on a thread of its own: a
+    /// scraper or a health check is answered at once however many readers the API has.
+    pub metrics_listen: Option<SocketAddr>,
     /// A key per node, derived from a secret only the master holds: `[daemon.node-keys]`.
     pub node_keys: crate::report::keyring::NodeKeysConfig,
 }
@@ -167,41 +171,6 @@ impl Default for ClusterConfig {
         ClusterConfig {
             key_file: "/etc/maintd/cluster.key".into(),
             backend: Backend::Inventory,
-        }
-    }
-}
-
-impl Default for DaemonConfig {
-    fn default() -> Self {
-        DaemonConfig {
-            // Loopback: a listener others can reach needs TLS (or plain-http = true).
-            listen: SocketAddr::from(([127, 0, 0, 1], DAEMON_PORT)),
-            state_dir: "/var/lib/maintd".into(),
-            db: None,
-            poll_interval: Duration::from_secs(5),
-            poll_timeout: Duration::from_secs(2),
-            poll_concurrency: 512,
-            poll_connections: 4096,
-            poll_udp: true,
-            report_window: Duration::from_secs(30),
-            max_report_bytes: 256 * 1024,
-            request_window: Duration::from_secs(60),
-            repair_dir: "/etc/maintd/repair.d".into(),
-            hook_timeout: Duration::from_secs(600),
-            hook_env: BTreeMap::new(),
-            live_repair_timeout: Duration::from_secs(600),
-            stall_after: Duration::from_secs(60),
-            operators: BTreeMap::new(),
-            anonymous_read: true,
-            tls_cert_file: None,
-            tls_key_file: None,
-            plain_http: false,
-            node_keys: Default::default(),
-            limits: ListenerLimits {
-                max_connections: 1024,
-                max_connections_per_ip: 256,
-                ..ListenerLimits::default()
-            },
         }
     }
 }
@@ -325,6 +294,12 @@ impl Config {
                 ));
             }
             _ => {}
+        }
+        if d.metrics_listen == Some(d.listen) {
+            return bad(format!(
+                "daemon.metrics-listen {} is daemon.listen: give the metrics listener an address of its own, or leave it out (the API serves /metrics too)",
+                d.listen
+            ));
         }
         for (name, o) in &d.operators {
             if !crate::report::operator::valid_operator_name(name) {
@@ -769,6 +744,15 @@ mod tests {
         let half = format!("{open}tls-cert-file = \"/c.pem\"\n");
         assert!(err(&half).contains("go together"), "{}", err(&half));
         assert!(Config::parse("[daemon]\nlisten = \"[::1]:1816\"\n").is_ok());
+        // The metrics listener has an address of its own, and needs no TLS: it serves no
+        // command and nothing secret.
+        let same = "[daemon]\nmetrics-listen = \"127.0.0.1:1816\"\n";
+        assert!(err(same).contains("daemon.metrics-listen"), "{}", err(same));
+        let lane = "[daemon]\nmetrics-listen = \"0.0.0.0:9816\"\n";
+        assert_eq!(
+            Config::parse(lane).unwrap().daemon.metrics_listen,
+            Some("0.0.0.0:9816".parse().unwrap())
+        );
     }
 
     /// Setting one key of a `[*.limits]` table changes that key only: every other key keeps

@@ -45,6 +45,10 @@ pub async fn api(
         .local_addr()?
         .port();
     let base = format!("http://127.0.0.1:{port}");
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let lane = format!("http://127.0.0.1:{metrics_port}");
     // Live collectors that report what each node's waiting event says, so the daemon polls
     // and verifies a whole fleet while the events stay as written.
     let exe = std::env::current_exe()?;
@@ -56,7 +60,8 @@ pub async fn api(
         !collectors_share,
     )
     .await?;
-    let daemon = start_daemon(dir.path(), &key_file, &state, port, &addrs).await?;
+    let ports = (port, metrics_port);
+    let daemon = start_daemon(dir.path(), &key_file, &state, ports, &addrs).await?;
     let client = crate::http::client_builder().build()?;
     if let Err(e) = settle(&client, &base).await {
         let log = std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
@@ -143,7 +148,7 @@ pub async fn api(
     );
     super::bench_api_load::cheap_answers(&client, &base, secs).await?;
     let rest = waiting.get(WATCHES..).unwrap_or_default();
-    super::bench_api_load::under_load(&client, &base, &key, rest, secs).await?;
+    super::bench_api_load::under_load(&client, (&base, &lane), &key, rest, secs).await?;
     drop(daemon);
     Ok(())
 }
@@ -191,11 +196,11 @@ async fn start_daemon(
     dir: &Path,
     key_file: &Path,
     state: &Path,
-    port: u16,
+    (port, metrics_port): (u16, u16),
     collectors: &[String],
 ) -> Result<tokio::process::Child, BenchError> {
     let mut toml = format!(
-        "[cluster]\nkey-file = \"{}\"\n[daemon]\nlisten = \"127.0.0.1:{port}\"\nstate-dir = \"{}\"\nrepair-dir = \"{}\"\npoll-interval = \"2s\"\n[actions]\nevacuate = false\nevacuate-failover = false\n",
+        "[cluster]\nkey-file = \"{}\"\n[daemon]\nlisten = \"127.0.0.1:{port}\"\nmetrics-listen = \"127.0.0.1:{metrics_port}\"\nstate-dir = \"{}\"\nrepair-dir = \"{}\"\npoll-interval = \"2s\"\n[actions]\nevacuate = false\nevacuate-failover = false\n",
         key_file.display(),
         state.display(),
         dir.join("repair.d").display(),

@@ -58,10 +58,11 @@ pub(super) async fn cheap_answers(
 }
 
 /// While [`CROWD`] readers pull the full `/1/status`, then the full `/1/nodes`: how soon a
-/// waiting watcher sees a signed cancel, and how long `/metrics` takes at [`SCRAPES`] a second.
+/// waiting watcher sees a signed cancel, and how long `/metrics` takes at [`SCRAPES`] a second,
+/// on the API's port and on the metrics listener (`lane`).
 pub(super) async fn under_load(
     client: &reqwest::Client,
-    base: &str,
+    (base, lane): (&str, &str),
     key: &Key,
     waiting: &[(String, uuid::Uuid)],
     secs: Duration,
@@ -80,9 +81,11 @@ pub(super) async fn under_load(
             .collect();
         tokio::time::sleep(Duration::from_secs(2)).await;
         let scrapes = tokio::spawn(scrape(client.clone(), format!("{base}/metrics"), secs));
+        let lane_scrapes = tokio::spawn(scrape(client.clone(), format!("{lane}/metrics"), secs));
         let batch = waiting.get(k * WATCHES..).unwrap_or_default();
         let (mut answered, mut seen) = watch_delays(client, base, key, batch).await?;
         let scrapes = scrapes.await?;
+        let lane_scrapes = lane_scrapes.await?;
         stop.store(true, Ordering::Relaxed);
         for reader in crowd {
             reader.await?;
@@ -100,6 +103,10 @@ pub(super) async fn under_load(
         );
         scrapes.print(
             &format!("/metrics ({CROWD} on {list})"),
+            &format!("{SCRAPES}/s"),
+        );
+        lane_scrapes.print(
+            &format!("metrics-listen ({CROWD} on {list})"),
             &format!("{SCRAPES}/s"),
         );
     }

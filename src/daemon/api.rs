@@ -21,6 +21,18 @@ use crate::views;
 pub use super::api_state::ApiState;
 use super::api_state::{S, db_error, flows_error, internal, require_leader};
 
+/// What the metrics listener serves (`daemon.metrics-listen`): `/metrics` and `/1/health`, the
+/// same handlers as the API's, nothing else.
+pub fn metrics_router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/1/health", get(health))
+        .fallback(crate::http::not_found_fallback)
+        .method_not_allowed_fallback(crate::http::method_not_allowed)
+        .with_state(state)
+        .layer(middleware::map_response(crate::http::json_errors))
+}
+
 pub fn router(state: Arc<ApiState>) -> Router {
     // Every signed route of the daemon takes no body.
     let auth = SignedAuth {

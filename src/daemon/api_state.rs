@@ -44,6 +44,8 @@ pub struct ApiState {
     pub refused: crate::http::Refused,
     /// The repair events as `/1/status` last built them.
     pub status_cache: super::status_cache::StatusCache,
+    /// The nodes `/1/nodes` lists, indexed by name and state.
+    pub node_index: super::node_index::NodeIndexCache,
     /// Lists built at once: a crowd of readers queues here, and `/metrics`, `/1/health` and
     /// the signed changes are answered beside it.
     pub builders: tokio::sync::Semaphore,
@@ -107,6 +109,7 @@ impl ApiState {
             refused,
             fencer: parts.fencer.clone(),
             status_cache: Default::default(),
+            node_index: Default::default(),
             builders: tokio::sync::Semaphore::new(LIST_BUILDERS),
             pages: Default::default(),
         }

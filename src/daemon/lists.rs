@@ -2,8 +2,6 @@
 //! and watches, and the built repair events kept until the store counts a change: a dump of
 //! ten thousand events is then a copy, not ten thousand rows read and serialized again.
 
-use std::collections::HashMap;
-
 use axum::extract::{Extension, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -135,26 +133,27 @@ pub(super) async fn nodes(
     .await
 }
 
+/// The nodes the query picks, from the index: a filter or a page that shows few nodes reads
+/// and builds only those (one past the limit, so the page knows whether another follows).
 async fn nodes_page(s: &ApiState, q: &ListQuery) -> Result<Page, ApiError> {
-    let rows = s.store.nodes().map_err(|e| db_error(&s.store, e))?;
-    let rows: HashMap<&str, &crate::store::NodeRow> =
-        rows.iter().map(|r| (r.name.as_str(), r)).collect();
+    let index = s.node_index.get(&s.store, s.members.get()).await?;
+    let after = q.after()?;
+    let take = q.limit.map_or(usize::MAX, |l| l.saturating_add(1));
+    let picked = index.pick(
+        q.node.as_deref(),
+        q.status.as_deref(),
+        after.as_deref(),
+        take,
+    );
+    if picked.is_empty() {
+        return listing::page(Vec::new(), q);
+    }
     let offline = s.cluster.jobs.offline_nodes().await.map_err(internal)?;
     let mut tags = s.cluster.jobs.tags().await.map_err(internal)?;
-    let heard = s.heard.all();
     let now = crate::clock::steady_ns();
     let maintenance = super::maintenance::operators(s)?;
-    let mut items = Vec::new();
-    for n in s.members.get().iter().filter(|n| q.node_ok(&n.name)) {
-        let row = rows.get(n.name.as_str()).copied();
-        let reachable = row.is_some_and(|r| r.reachable);
-        if !q.status_ok(if reachable {
-            "reachable"
-        } else {
-            "unreachable"
-        }) {
-            continue;
-        }
+    let mut items = Vec::with_capacity(picked.len());
+    for (n, row) in picked {
         let node_tags = tags.remove(&n.name).unwrap_or_default();
         let in_maintenance = maintenance
             .get(&n.name)
@@ -176,7 +175,7 @@ async fn nodes_page(s: &ApiState, q: &ListQuery) -> Result<Page, ApiError> {
             .and_then(|p| p.clock_offset(&n.name))
             .map(|o| o / 1_000_000);
         if row.is_some() {
-            v.heard(heard.get(&n.name), s.seqs.get(&n.name));
+            v.heard(s.heard.get(&n.name).as_ref(), s.seqs.get(&n.name));
         }
         items.push((n.name.clone(), v));
     }

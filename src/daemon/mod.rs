@@ -13,6 +13,7 @@ mod listing;
 mod lists;
 pub mod lock;
 pub mod maintenance;
+mod node_index;
 mod pages;
 mod reload;
 mod status_cache;
@@ -210,7 +211,15 @@ async fn run_with(
     info!(listen = %cfg.daemon.listen, nodes = names.len(), db = %cfg.db_path().display(), "daemon started");
     let mut running = parts.spawn();
     reload::on_sighup(keys)?;
-    let app = api::router(Arc::new(api));
+    let api = Arc::new(api);
+    if let Some(addr) = cfg.daemon.metrics_listen {
+        let metrics = crate::http::bind(addr).await.map_err(DaemonError::Listen)?;
+        let (limits, stopping) = (cfg.daemon.limits, running.stopping());
+        let app = api::metrics_router(api.clone());
+        serve_metrics(metrics, app, limits, listener_metrics.clone(), stopping)?;
+        info!(listen = %addr, "metrics listener started");
+    }
+    let app = api::router(api);
     let (limits, stopping) = (cfg.daemon.limits, running.stopping());
     let mut server = serve_apart(listener, app, limits, listener_metrics, tls, stopping)?;
     let status = format!(
@@ -401,4 +410,36 @@ fn serve_apart(
         })
         .map_err(DaemonError::Serve)?;
     Ok(rx)
+}
+
+/// Serves `/metrics` and `/1/health` on a thread of their own, at the poller's priority: a
+/// scrape or a health check never queues behind the API's readers. It stops with the daemon;
+/// a listener that fails is logged, the daemon carries on (the API serves both too).
+fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: crate::http::listener::ListenerLimits,
+    metrics: crate::http::listener::ListenerMetrics,
+    stopping: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    let listener = listener.into_std().map_err(DaemonError::Serve)?;
+    std::thread::Builder::new()
+        .name("maintd-metrics".into())
+        .spawn(move || {
+            let served = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .and_then(|rt| {
+                    rt.block_on(async move {
+                        let listener = tokio::net::TcpListener::from_std(listener)?;
+                        crate::http::listener::serve(listener, app, limits, metrics, None, stopping)
+                            .await
+                    })
+                });
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the metrics listener stopped");
+            }
+        })
+        .map_err(DaemonError::Serve)?;
+    Ok(())
 }

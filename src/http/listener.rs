@@ -44,7 +44,7 @@ impl ListenerMetrics {
         let m = ListenerMetrics::default();
         reg.register(
             "maintd_http_connections",
-            "Open connections of the API listener",
+            "Open connections of the API listener (and of the metrics listener, when there is one)",
             m.open.clone(),
         );
         reg.register(

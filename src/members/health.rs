@@ -85,6 +85,11 @@ impl NodeHealth {
         }
     }
 
+    /// What the poller knows of `node`, if it heard of it.
+    pub fn get(&self, node: &str) -> Option<Health> {
+        self.0.lock_unpoisoned().get(node).copied()
+    }
+
     pub fn all(&self) -> std::collections::BTreeMap<String, Health> {
         self.0.lock_unpoisoned().clone()
     }

@@ -182,6 +182,8 @@ impl Store {
             .flatten();
         tx.execute("UPDATE nodes SET last_seq=NULL WHERE name=?1", [node])?;
         tx.commit()?;
+        // `/1/nodes` shows the sequence: its kept pages and index follow the count.
+        self.changes.nodes_changed();
         Ok(prev.and_then(|s| u64::try_from(s).ok()))
     }
 }

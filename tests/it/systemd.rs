@@ -56,11 +56,53 @@ fn the_units_pass_systemd_analyze_verify() {
     }
 }
 
+/// What the kernel says of process `pid` and of each of its threads (state, where it waits), to
+/// tell a stopped or killed daemon from a stuck one.
+fn process_state(pid: u32) -> String {
+    let read = |p: String| std::fs::read_to_string(p).unwrap_or_default();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("process {pid} is gone");
+    };
+    let mut said = vec![format!("process {pid}")];
+    for t in tasks.flatten() {
+        let dir = t.path().display().to_string();
+        let stat = read(format!("{dir}/stat"));
+        // After the command's closing parenthesis: the state letter.
+        let state = stat.rsplit_once(") ").map_or("?", |(_, r)| &r[..1]);
+        let name = read(format!("{dir}/comm"));
+        let wchan = read(format!("{dir}/wchan"));
+        said.push(format!("{} {state} {wchan}", name.trim()));
+    }
+    said.join("; ")
+}
+
 /// The next notification within `patience`, without the newline that may end its last line.
+/// A read interrupted by a signal is read again: a socket timeout makes `recv` fail with EINTR
+/// even under `SA_RESTART`, and every child of this test binary that exits (another test's
+/// daemon, a `kill` command) raises SIGCHLD, which tokio's process support handles.
 fn next(sock: &UnixDatagram, patience: Duration) -> Option<String> {
-    sock.set_read_timeout(Some(patience)).unwrap();
+    let deadline = Instant::now() + patience;
     let mut buf = [0u8; 1024];
-    let n = sock.recv(&mut buf).ok()?;
+    let n = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        sock.set_read_timeout(Some(left)).unwrap();
+        match sock.recv(&mut buf) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return None;
+            }
+            Err(e) => panic!("reading the notification socket: {e}"),
+        }
+    };
     let m = String::from_utf8_lossy(&buf[..n]);
     Some(m.strip_suffix('\n').unwrap_or(&m).to_string())
 }
@@ -88,8 +130,13 @@ async fn the_daemon_is_ready_once_it_serves_feeds_the_watchdog_and_says_it_stops
     let start = Instant::now();
     let mut fed = 0;
     while fed < 3 {
-        let m = next(&sock, WAIT)
-            .unwrap_or_else(|| panic!("the watchdog is not fed; daemon log:\n{}", c.daemon_log()));
+        let Some(m) = next(&sock, WAIT) else {
+            panic!(
+                "the watchdog is not fed; the daemon: {}; its log:\n{}",
+                process_state(c.daemon.as_ref().unwrap().child.id()),
+                c.daemon_log()
+            )
+        };
         assert_eq!(m, "WATCHDOG=1");
         fed += 1;
     }
