@@ -146,7 +146,7 @@ pub async fn api(
         pct(&answered, 0.5),
         answered.last().copied().unwrap_or(f64::NAN),
     );
-    super::bench_api_load::cheap_answers(&client, &base, secs).await?;
+    super::bench_api_load::cheap_answers(&client, &base, nodes, secs).await?;
     let rest = waiting.get(WATCHES..).unwrap_or_default();
     super::bench_api_load::under_load(&client, (&base, &lane), &key, rest, secs).await?;
     drop(daemon);

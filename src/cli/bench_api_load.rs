@@ -21,10 +21,12 @@ const CROWD: usize = 50;
 const SCRAPES: u32 = 10;
 
 /// 304s of the full `/1/status`, its gzip form, and an empty filtered `/1/nodes`, with 1 and
-/// 10 clients each.
+/// 10 clients each; then that filter and a page of 50 nodes asked after a new cursor each time
+/// (of `nodes` named `sim<i>`), so that each is built.
 pub(super) async fn cheap_answers(
     client: &reqwest::Client,
     base: &str,
+    nodes: usize,
     secs: Duration,
 ) -> Result<(), BenchError> {
     let status = format!("{base}/1/status");
@@ -50,6 +52,35 @@ pub(super) async fn cheap_answers(
     for (what, url, headers) in cases {
         for n in [1, 10] {
             closed_loop_with(client, url, headers, n, secs)
+                .await
+                .print(what, &n.to_string());
+        }
+    }
+    // The same filter, and a page of 50, each request after another node (a cursor no other
+    // request gave): never a page kept, always picked from the index and built.
+    let after = move |i: u64| {
+        let name = format!("sim{}", i % nodes.max(1) as u64);
+        name.bytes().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let fresh: [(&str, UrlOf); 2] = [
+        (
+            "  same, a new cursor each",
+            Arc::new({
+                let base = base.to_string();
+                move |i| format!("{base}/1/nodes?status=unreachable&cursor={}", after(i))
+            }),
+        ),
+        (
+            "/1/nodes?limit=50, new cursor",
+            Arc::new({
+                let base = base.to_string();
+                move |i| format!("{base}/1/nodes?limit=50&cursor={}", after(i))
+            }),
+        ),
+    ];
+    for (what, url_of) in fresh {
+        for n in [1, 10] {
+            closed_loop_of(client, url_of.clone(), &HeaderMap::new(), n, secs)
                 .await
                 .print(what, &n.to_string());
         }
@@ -168,13 +199,32 @@ pub(super) async fn closed_loop_with(
     n: usize,
     secs: Duration,
 ) -> Figures {
+    let url = url.to_string();
+    closed_loop_of(client, Arc::new(move |_| url.clone()), headers, n, secs).await
+}
+
+/// The URL of the `i`th request of a closed loop.
+type UrlOf = Arc<dyn Fn(u64) -> String + Send + Sync>;
+
+/// As [`closed_loop_with`], each request to the URL `url_of` gives for its number: distinct
+/// pages, so that none is answered from the pages kept.
+async fn closed_loop_of(
+    client: &reqwest::Client,
+    url_of: UrlOf,
+    headers: &reqwest::header::HeaderMap,
+    n: usize,
+    secs: Duration,
+) -> Figures {
     let start = Instant::now();
+    let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let tasks: Vec<_> = (0..n)
         .map(|_| {
-            let (client, url, headers) = (client.clone(), url.to_string(), headers.clone());
+            let (client, headers) = (client.clone(), headers.clone());
+            let (url_of, count) = (url_of.clone(), count.clone());
             tokio::spawn(async move {
                 let (mut lat, mut errors) = (Vec::new(), 0);
                 while start.elapsed() < secs {
+                    let url = url_of(count.fetch_add(1, Ordering::Relaxed));
                     let t = Instant::now();
                     match get_body_with(&client, &url, &headers).await {
                         Ok(()) => lat.push(t.elapsed().as_secs_f64() * 1e3),
