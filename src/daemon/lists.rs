@@ -52,7 +52,7 @@ async fn status_page(s: &ApiState, q: &ListQuery) -> Result<Page, ApiError> {
         .get(&s.store, q.node.as_deref())
         .map_err(|e| db_error(&s.store, e))?;
     let mut items: Vec<Item> = built
-        .of(q.node.as_deref())
+        .of(q.node.as_deref(), q.status.as_deref())
         .filter(|e| q.event_ok(&e.node, e.status, e.action, e.updated))
         .map(|e| Item {
             key: e.key.clone(),

@@ -24,26 +24,44 @@ pub(super) struct Built {
     pub(super) json: Arc<[u8]>,
 }
 
-/// Built repair events, with where each node's are among them.
+/// Built repair events, with where each node's and each status's are among them.
 pub(super) struct BuiltEvents {
     all: Vec<Built>,
     /// A node's positions in `all`, in order: one node's events out of ten thousand are
     /// picked, not found by comparing every event's node.
     by_node: HashMap<String, Vec<usize>>,
+    /// Likewise a repair status's (the few failed events among thousands completed).
+    by_status: HashMap<&'static str, Vec<usize>>,
 }
 
 impl BuiltEvents {
     fn new(all: Vec<Built>) -> BuiltEvents {
         let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut by_status: HashMap<&'static str, Vec<usize>> = HashMap::new();
         for (i, b) in all.iter().enumerate() {
             by_node.entry(b.node.clone()).or_default().push(i);
+            by_status.entry(b.status).or_default().push(i);
         }
-        BuiltEvents { all, by_node }
+        BuiltEvents {
+            all,
+            by_node,
+            by_status,
+        }
     }
 
-    /// Every event, or only `node`'s, in order.
-    pub(super) fn of<'a>(&'a self, node: Option<&str>) -> impl Iterator<Item = &'a Built> + 'a {
-        let picked = node.map(|n| self.by_node.get(n).map_or(&[][..], Vec::as_slice));
+    /// Every event, or only `node`'s, or only those in `status`, in order: the smaller of the
+    /// two indexes is walked (the caller still checks every filter).
+    pub(super) fn of<'a>(
+        &'a self,
+        node: Option<&str>,
+        status: Option<&str>,
+    ) -> impl Iterator<Item = &'a Built> + 'a {
+        let of_node = node.map(|n| self.by_node.get(n).map_or(&[][..], Vec::as_slice));
+        let of_status = status.map(|s| self.by_status.get(s).map_or(&[][..], Vec::as_slice));
+        let picked = match (of_node, of_status) {
+            (Some(a), Some(b)) => Some(if a.len() <= b.len() { a } else { b }),
+            (a, b) => a.or(b),
+        };
         let (all, some) = match picked {
             None => (Some(self.all.iter()), None),
             Some(ix) => (None, Some(ix.iter().map(|&i| &self.all[i]))),
@@ -139,5 +157,48 @@ impl StatusCache {
             })
             .collect();
         Ok(BuiltEvents::new(built))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever index is walked, the events picked are those of the whole list that pass the
+    /// node and status filters, in the list's order.
+    #[test]
+    fn the_indexes_pick_what_filtering_every_event_would() {
+        let statuses = ["pending", "failed", "completed"];
+        let all: Vec<Built> = (0..60)
+            .map(|i| Built {
+                key: format!("{i:03}"),
+                node: format!("n{}", i % 7),
+                status: statuses[(i * i) % 3],
+                action: "evacuate",
+                updated: i as i64,
+                json: Arc::from(&b"{}"[..]),
+            })
+            .collect();
+        let b = BuiltEvents::new(all);
+        for node in [None, Some("n0"), Some("n3"), Some("n9")] {
+            for status in [None, Some("pending"), Some("failed"), Some("noted")] {
+                let want: Vec<&str> = b
+                    .all
+                    .iter()
+                    .filter(|e| node.is_none_or(|n| e.node == n))
+                    .filter(|e| status.is_none_or(|s| e.status == s))
+                    .map(|e| e.key.as_str())
+                    .collect();
+                let got: Vec<&str> = b
+                    .of(node, status)
+                    .filter(|e| node.is_none_or(|n| e.node == n))
+                    .filter(|e| status.is_none_or(|s| e.status == s))
+                    .map(|e| e.key.as_str())
+                    .collect();
+                assert_eq!(got, want, "{node:?} {status:?}");
+            }
+        }
+        // The smaller index is walked: one node's events in one status.
+        assert!(b.of(Some("n3"), Some("failed")).count() <= b.by_node["n3"].len());
     }
 }
