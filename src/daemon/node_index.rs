@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::api_state::db_error;
 use crate::http::ApiError;
 use crate::node::NodeConfig;
 use crate::store::{NodeRow, Store};
@@ -102,7 +101,8 @@ impl NodeIndexCache {
         })
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| db_error(store, e))?;
+        // As every handler says a database error: the database named, then what failed.
+        .map_err(|e| ApiError::internal(format!("{}: {e}", store.path())))?;
         *self.0.lock_unpoisoned() = Some((generation, index.clone()));
         Ok(index)
     }
