@@ -381,21 +381,60 @@ fn serve_apart(
     tls: Option<crate::http::tls::ServerTls>,
     stopping: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>, DaemonError> {
+    let thread = ("maintd-api", Some(API_NICENESS));
+    serve_on(thread, listener, app, (limits, metrics), tls, stopping)
+}
+
+/// Serves `/metrics` and `/1/health` on a thread of their own, at the poller's priority: a
+/// scrape or a health check never queues behind the API's readers. It stops with the daemon;
+/// a listener that fails is logged, the daemon carries on (the API serves both too).
+fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: crate::http::listener::ListenerLimits,
+    metrics: crate::http::listener::ListenerMetrics,
+    stopping: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    let thread = ("maintd-metrics", None);
+    let served = serve_on(thread, listener, app, (limits, metrics), None, stopping)?;
+    tokio::spawn(async move {
+        if let Ok(Err(e)) = served.await {
+            tracing::error!(error = %e, "the metrics listener stopped");
+        }
+    });
+    Ok(())
+}
+
+/// Serves `app` on a runtime of one thread of its own, named `name` and reniced by `nice` when
+/// given; the receiver gets how serving ended.
+fn serve_on(
+    (name, nice): (&'static str, Option<i32>),
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    (limits, metrics): (
+        crate::http::listener::ListenerLimits,
+        crate::http::listener::ListenerMetrics,
+    ),
+    tls: Option<crate::http::tls::ServerTls>,
+    stopping: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>, DaemonError> {
     let listener = listener.into_std().map_err(DaemonError::Serve)?;
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
-        .name("maintd-api".into())
+        .name(name.into())
         .spawn(move || {
-            let lower = || {
-                // Per thread on Linux: only this runtime's thread is reniced.
-                let me = rustix::thread::gettid();
-                if let Err(e) = rustix::process::setpriority_process(Some(me), API_NICENESS) {
-                    tracing::warn!(error = %e, "cannot lower the API thread's priority");
+            let lower = move || {
+                // Per thread on Linux: only this runtime's threads are reniced.
+                if let Some(n) = nice
+                    && let Err(e) =
+                        rustix::process::setpriority_process(Some(rustix::thread::gettid()), n)
+                {
+                    tracing::warn!(error = %e, thread = name, "cannot lower the thread's priority");
                 }
             };
             let served = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
-                .thread_name("maintd-api")
+                .thread_name(name)
                 .on_thread_start(lower)
                 .enable_all()
                 .build()
@@ -410,36 +449,4 @@ fn serve_apart(
         })
         .map_err(DaemonError::Serve)?;
     Ok(rx)
-}
-
-/// Serves `/metrics` and `/1/health` on a thread of their own, at the poller's priority: a
-/// scrape or a health check never queues behind the API's readers. It stops with the daemon;
-/// a listener that fails is logged, the daemon carries on (the API serves both too).
-fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    limits: crate::http::listener::ListenerLimits,
-    metrics: crate::http::listener::ListenerMetrics,
-    stopping: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), DaemonError> {
-    let listener = listener.into_std().map_err(DaemonError::Serve)?;
-    std::thread::Builder::new()
-        .name("maintd-metrics".into())
-        .spawn(move || {
-            let served = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .and_then(|rt| {
-                    rt.block_on(async move {
-                        let listener = tokio::net::TcpListener::from_std(listener)?;
-                        crate::http::listener::serve(listener, app, limits, metrics, None, stopping)
-                            .await
-                    })
-                });
-            if let Err(e) = served {
-                tracing::error!(error = %e, "the metrics listener stopped");
-            }
-        })
-        .map_err(DaemonError::Serve)?;
-    Ok(())
 }

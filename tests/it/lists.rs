@@ -251,29 +251,23 @@ async fn the_metrics_listener_serves_metrics_and_health_and_nothing_else() {
     let port = free_port();
     c.extra_daemon_toml = format!("metrics-listen = \"127.0.0.1:{port}\"\n");
     c.start().await;
-    let lane = format!("http://127.0.0.1:{port}");
-    let scrape = c
-        .client
-        .get(format!("{lane}/metrics"))
-        .send()
-        .await
-        .unwrap();
+    let lane = |path: &str| {
+        c.client
+            .get(format!("http://127.0.0.1:{port}{path}"))
+            .send()
+    };
+    let scrape = lane("/metrics").await.unwrap();
     assert_eq!(scrape.status(), 200);
     let text = scrape.text().await.unwrap();
     assert!(text.contains("maintd_http_connections "), "{text}");
     assert!(text.contains("maintd_poll_"), "{text}");
-    let health = c
-        .client
-        .get(format!("{lane}/1/health"))
-        .send()
-        .await
-        .unwrap();
+    let health = lane("/1/health").await.unwrap();
     assert_eq!(health.status(), 200);
     let verdict: Value = health.json().await.unwrap();
     let (_, api_verdict) = c.get("/1/health").await;
     assert_eq!(verdict["ok"], api_verdict["ok"], "{verdict} {api_verdict}");
     for path in ["/1/status", "/1/nodes", "/"] {
-        let r = c.client.get(format!("{lane}{path}")).send().await.unwrap();
+        let r = lane(path).await.unwrap();
         assert_eq!(r.status(), 404, "{path}");
         let e: Value = r.json().await.unwrap();
         assert!(e["error"].is_string(), "{path}: {e}");
