@@ -72,9 +72,14 @@ impl NodeIndex {
     }
 }
 
-/// The index as last built, for the store's count of node changes and the membership it read.
+/// The index as last built, for the store's count of node changes and the membership it read;
+/// one build at a time, so that readers arriving together after a change wait for one read of
+/// every node's row instead of each making their own.
 #[derive(Default)]
-pub struct NodeIndexCache(Mutex<Option<(u64, Arc<NodeIndex>)>>);
+pub struct NodeIndexCache {
+    kept: Mutex<Option<(u64, Arc<NodeIndex>)>>,
+    building: tokio::sync::Mutex<()>,
+}
 
 impl NodeIndexCache {
     /// The index of `members` and the poll records as they are now: kept while neither
@@ -84,14 +89,22 @@ impl NodeIndexCache {
         store: &Arc<Store>,
         members: Arc<Vec<NodeConfig>>,
     ) -> Result<Arc<NodeIndex>, ApiError> {
+        let current = |generation: u64| {
+            self.kept
+                .lock_unpoisoned()
+                .as_ref()
+                .filter(|(g, index)| *g == generation && Arc::ptr_eq(&index.members, &members))
+                .map(|(_, index)| index.clone())
+        };
         // Read before the rows: a change while reading leaves the old count, so the next
         // request reads again.
+        if let Some(index) = current(store.changes().now().nodes) {
+            return Ok(index);
+        }
+        let _one = self.building.lock().await;
         let generation = store.changes().now().nodes;
-        if let Some((g, index)) = self.0.lock_unpoisoned().as_ref()
-            && *g == generation
-            && Arc::ptr_eq(&index.members, &members)
-        {
-            return Ok(index.clone());
+        if let Some(index) = current(generation) {
+            return Ok(index);
         }
         let reader = store.clone();
         let index = tokio::task::spawn_blocking(move || {
@@ -103,7 +116,7 @@ impl NodeIndexCache {
         .map_err(|e| ApiError::internal(e.to_string()))?
         // As every handler says a database error: the database named, then what failed.
         .map_err(|e| ApiError::internal(format!("{}: {e}", store.path())))?;
-        *self.0.lock_unpoisoned() = Some((generation, index.clone()));
+        *self.kept.lock_unpoisoned() = Some((generation, index.clone()));
         Ok(index)
     }
 }
@@ -198,5 +211,44 @@ mod tests {
         let picked = ix.pick(Some("n2"), None, None, 5);
         assert_eq!(picked[0].1.map(|r| r.reachable), Some(false));
         assert!(ix.pick(Some("n0"), None, None, 5)[0].1.is_none());
+    }
+
+    /// The index is read once per counted change of the polls or of the membership: readers
+    /// in between share it, and each change is seen by the next reader.
+    #[tokio::test]
+    async fn the_index_is_read_again_only_after_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("s.db")).unwrap());
+        let cache = NodeIndexCache::default();
+        let members = Arc::new(vec![member("a"), member("b")]);
+        let first = cache.get(&store, members.clone()).await.unwrap();
+        assert!(first.pick(None, Some("reachable"), None, 9).is_empty());
+        let again = cache.get(&store, members.clone()).await.unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "no change: the same index");
+        let answered = crate::store::NodeUpdate {
+            name: "b".into(),
+            answered: true,
+            error: None,
+            seq: None,
+            report: None,
+            diagnosed_ns: None,
+            diagnose_error: None,
+            rejection: None,
+            boot: None,
+        };
+        store.record_polls(&[answered], 1).unwrap();
+        let polled = cache.get(&store, members.clone()).await.unwrap();
+        assert_eq!(names(&polled.pick(None, Some("reachable"), None, 9)), ["b"]);
+        assert_eq!(
+            names(&polled.pick(None, Some("unreachable"), None, 9)),
+            ["a"]
+        );
+        let fewer = Arc::new(vec![member("b")]);
+        let now = cache.get(&store, fewer).await.unwrap();
+        assert_eq!(
+            names(&now.pick(None, None, None, 9)),
+            ["b"],
+            "a new membership"
+        );
     }
 }
