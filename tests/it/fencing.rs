@@ -166,6 +166,14 @@ async fn ipmi_power_off_with_ifmib_isolation_then_recovery_powers_on_and_unisola
         metrics.contains("maintd_fence_stage_seconds_count{stage=\"power-off\"} 1"),
         "{metrics}"
     );
+    // The adaptive detector's wait for a node that kept answering: past its probe interval,
+    // within the bound.
+    let wait: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("maintd_probe_suspect_after_seconds{node=\"node2\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no detector wait for node2: {metrics}"));
+    assert!((0.2..=30.0).contains(&wait), "{wait}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

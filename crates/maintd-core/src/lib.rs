@@ -28,6 +28,7 @@ pub mod repair {
 /// (`watchers`, `opinion`), when a node counts as partitioned from the master (`partitions`), self-fencing's rules and the proof of a reset (`selffence`), drills
 /// (`drill`) and the probe's patience (`rtt`).
 pub mod fencing {
+    pub mod detector;
     pub mod drill;
     pub mod machine;
     pub mod opinion;

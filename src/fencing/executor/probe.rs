@@ -16,6 +16,7 @@ use crate::fencing::peering::VIEW_BODY_CAP;
 use crate::metrics::{NodeLabel, ReasonLabel};
 use crate::node::NodeConfig;
 use crate::sync::LockExt;
+use maintd_core::fencing::detector::{Detector, DetectorSettings};
 use maintd_core::fencing::rtt::RttEstimate;
 use maintd_core::verdict::Nanos;
 
@@ -55,11 +56,13 @@ impl Seen {
     }
 }
 
-/// What the probe learnt of one collector: its answers, and its round-trip estimate.
+/// What the probe learnt of one collector: its answers, its round-trip estimate, and the
+/// spacing of its answers (the adaptive failure detector).
 #[derive(Debug, Clone, Default)]
 struct Probed {
     seen: Seen,
     rtt: RttEstimate,
+    detector: Detector,
 }
 
 /// What every probe of one cycle shares.
@@ -228,13 +231,23 @@ impl Fencer {
         // Read after the answer: the view was taken before this moment.
         let (received_at, wall_received) = (clock.now(), clock.wall());
         let rtt = Duration::from_nanos(received_at.saturating_sub(sent_at).max(0) as u64);
-        self.probes
-            .nodes
-            .lock_unpoisoned()
-            .entry(node.name.clone())
-            .or_default()
-            .rtt
-            .observe(rtt);
+        let suspect_after = {
+            let mut nodes = self.probes.nodes.lock_unpoisoned();
+            let p = nodes.entry(node.name.clone()).or_default();
+            p.rtt.observe(rtt);
+            // On the steady clock, at its arrival: a late answer counts late.
+            p.detector.heard(received_at);
+            p.detector.suspect_after(&DetectorSettings::default())
+        };
+        if let Some(after) = suspect_after {
+            metrics
+                .probe
+                .probe_suspect_after_seconds
+                .get_or_create(&NodeLabel {
+                    node: node.name.clone(),
+                })
+                .set(after.as_secs_f64());
+        }
         // A collector that answers is alive whatever its view says: a view that fails to
         // verify (a wrong key, say) must not make a running node look dead.
         let wall_mid = wall_sent + (wall_received - wall_sent) / 2;
