@@ -120,6 +120,9 @@ metric_set! {
         /// The liveness probe's current patience per node.
         probe_timeout_seconds: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
             => ("maintd_probe_timeout_seconds", "How long the liveness probe waits for each collector (adapted to its round trips)"),
+        /// Silences the adaptive failure detector would have suspected (once per silence).
+        probe_suspicions: Counter = Counter::default()
+            => ("maintd_probe_suspicions", "Collector silences that lasted past the adaptive failure detector's wait (once per silence); shown, not yet used to decide"),
         /// The adaptive failure detector's wait per node, observed beside the grace.
         probe_suspect_after_seconds: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
             => ("maintd_probe_suspect_after_seconds", "How long after a collector's last answer the adaptive failure detector would suspect it (phi accrual over the spacing of its answers); shown, not yet used to decide"),

@@ -6,6 +6,7 @@
 //! fence agents, HTTP) is proven by the tests under `tests/` instead.
 
 mod clocks;
+mod detector;
 mod fakes;
 mod latency;
 mod plans;

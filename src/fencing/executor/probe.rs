@@ -63,6 +63,8 @@ struct Probed {
     seen: Seen,
     rtt: RttEstimate,
     detector: Detector,
+    /// The detector has suspected the node during its current silence (counted once).
+    suspected: bool,
 }
 
 /// What every probe of one cycle shares.
@@ -289,10 +291,20 @@ impl Fencer {
     /// Records one probe's outcome; returns whether the collector's liveness changed (it came
     /// to count as silent, or answered after being silent), which the fencer acts on at once.
     fn record(&self, node: &str, ok: bool, sent_at: Nanos) -> bool {
+        let now = self.shared.clock.now();
         let mut nodes = self.probes.nodes.lock_unpoisoned();
         let p = nodes.entry(node.to_string()).or_default();
-        if !ok {
+        if ok {
+            p.suspected = false;
+        } else {
             p.rtt.missed();
+            // Counted once per silence: how often the detector would have suspected a node,
+            // to weigh against the fences that followed (or did not).
+            let due = p.detector.suspected_at(&DetectorSettings::default());
+            if !p.suspected && due.is_some_and(|at| at <= now) {
+                p.suspected = true;
+                self.metrics.probe.probe_suspicions.inc();
+            }
         }
         let was_silent = p.seen.misses >= self.settings.misses;
         let silent = p.seen.probed(ok, sent_at, self.settings.misses);
