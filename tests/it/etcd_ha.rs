@@ -250,9 +250,12 @@ async fn fault_mid_fence(fault: Fault) {
         None
     })
     .await;
+    // Within a few leases: the lease lapses, and the next leader is not waiting on anything
+    // else (its figure is printed below; how fast is a benchmark's, not this test's, to judge:
+    // on a loaded machine etcd's own election after the cut adds seconds).
     let took = struck.elapsed();
     assert!(
-        took < Duration::from_secs(LEASE_S + 2),
+        took < Duration::from_secs(4 * LEASE_S),
         "{fault:?}: the next leader took {took:?} with a {LEASE_S} s lease"
     );
     ha.talk_to(n);
