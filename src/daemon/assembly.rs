@@ -336,7 +336,7 @@ mod tests {
             .collect();
         let distinct: std::collections::BTreeSet<&&str> = names.iter().collect();
         assert_eq!(distinct.len(), names.len(), "{names:?}");
-        assert_eq!(names.len(), 40, "{names:?}");
+        assert_eq!(names.len(), 42, "{names:?}");
         assert!(names.iter().all(|n| n.starts_with("maintd_")), "{names:?}");
         assert!(text.contains("maintd_fence_returns_total 1"), "{text}");
         assert!(text.contains("maintd_reports_accepted_total 2"), "{text}");

@@ -122,10 +122,10 @@ metric_set! {
             => ("maintd_probe_timeout_seconds", "How long the liveness probe waits for each collector (adapted to its round trips)"),
         /// Silences the adaptive failure detector would have suspected (once per silence).
         probe_suspicions: Counter = Counter::default()
-            => ("maintd_probe_suspicions", "Collector silences that lasted past the adaptive failure detector's wait (once per silence); shown, not yet used to decide"),
-        /// The adaptive failure detector's wait per node, observed beside the grace.
+            => ("maintd_probe_suspicions", "Collector silences that lasted past the adaptive failure detector's wait (once per silence)"),
+        /// The adaptive failure detector's wait per node, which may stretch the grace.
         probe_suspect_after_seconds: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
-            => ("maintd_probe_suspect_after_seconds", "How long after a collector's last answer the adaptive failure detector would suspect it (phi accrual over the spacing of its answers); shown, not yet used to decide"),
+            => ("maintd_probe_suspect_after_seconds", "How long after a collector's last answer the adaptive failure detector suspects it (phi accrual over the spacing of its answers); a silent node is fenced only once this and the grace have passed"),
         /// How far each node's wall clock is from the master's, from the probe's round trip.
         node_clock_offset_seconds: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default()
             => ("maintd_node_clock_offset_seconds", "How far each node's wall clock is from the master's (positive: ahead), from the liveness probe's round trip; shown, never used to judge a node"),

@@ -255,7 +255,8 @@ impl Fencer {
                 let probed = self.probes.liveness(&n.name, self.settings.misses);
                 let rule_since = fence_rules.get(&n.name).map(|f| f.since);
                 let h = healthy.get(&n.name).copied().unwrap_or_default();
-                let l = merge_liveness(probed, rule_since, (h.healthy_at, h.boot));
+                let mut l = merge_liveness(probed, rule_since, (h.healthy_at, h.boot));
+                l.suspected_at = self.probes.suspected_at(&n.name);
                 (n.name.clone(), l)
             })
             .collect();

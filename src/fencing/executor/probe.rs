@@ -99,6 +99,15 @@ impl Probes {
             .liveness(misses)
     }
 
+    /// When the adaptive failure detector suspects `node` if it stays silent.
+    pub(super) fn suspected_at(&self, node: &str) -> Option<Nanos> {
+        let nodes = self.nodes.lock_unpoisoned();
+        nodes
+            .get(node)?
+            .detector
+            .suspected_at(&DetectorSettings::default())
+    }
+
     pub(super) fn set_marked(&self, nodes: Vec<String>) {
         *self.marked.lock_unpoisoned() = nodes;
     }

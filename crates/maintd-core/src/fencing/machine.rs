@@ -100,6 +100,11 @@ pub struct Liveness {
     pub condition_fence: bool,
     /// The boot the node's latest verified report named.
     pub boot: Option<BootSeen>,
+    /// When the adaptive failure detector suspects the node if it stays silent (steady clock,
+    /// from the spacing of its answers): a silent collector is a candidate only once the
+    /// grace has passed **and** this moment has, so a jittery or lossy link stretches the wait
+    /// past the grace, never shortens it. `None` before the detector knows the link.
+    pub suspected_at: Option<Nanos>,
 }
 
 /// What the master last heard of a node's boot, from its signed reports.
@@ -321,6 +326,7 @@ pub fn merge_liveness(
         probe_silent: !answers,
         condition_fence: fence_rule_since.is_some(),
         boot,
+        suspected_at: None,
     }
 }
 

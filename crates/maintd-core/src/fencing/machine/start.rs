@@ -149,6 +149,9 @@ pub(super) fn start_flows(
         .liveness
         .iter()
         .filter(|(n, l)| !l.reachable && s.plans.contains_key(*n))
+        // The grace is the floor; a silent collector's detector may stretch it (a node-condition
+        // rule decides on its own, whatever the probe says).
+        .filter(|(_, l)| l.condition_fence || l.suspected_at.is_none_or(|at| now >= at))
         .filter_map(|(n, l)| l.unreachable_since.map(|t| (n, t)))
         .filter(|(_, since)| now.saturating_sub(*since) >= p.grace)
         .collect();
@@ -190,9 +193,10 @@ pub(super) fn start_flows(
                 }
             ),
             None => format!(
-                "collector silent for {:.1} s (grace {:.1} s){}",
+                "collector silent for {:.1} s (grace {:.1} s{}){}",
                 now.saturating_sub(since) as f64 / 1e9,
                 p.grace as f64 / 1e9,
+                stretched(since, l.suspected_at, p.grace),
                 agreement(&agreed)
             ),
         };
@@ -236,4 +240,15 @@ fn agreement(agreed: &[PeerWitness]) -> String {
         })
         .collect();
     format!("; lost by its watchers {}", each.join(", "))
+}
+
+/// What the flow's note says of the detector when it waited past the grace: how long.
+fn stretched(since: Nanos, suspected_at: Option<Nanos>, grace: Nanos) -> String {
+    match suspected_at {
+        Some(at) if at.saturating_sub(since) > grace => format!(
+            ", stretched to {:.1} s by the link's jitter and loss",
+            at.saturating_sub(since) as f64 / 1e9
+        ),
+        _ => String::new(),
+    }
 }

@@ -52,6 +52,7 @@ fn up() -> Liveness {
         probe_silent: false,
         condition_fence: false,
         boot: None,
+        suspected_at: None,
     }
 }
 
@@ -85,6 +86,7 @@ fn down(since: Nanos) -> Liveness {
         probe_silent: true,
         condition_fence: false,
         boot: None,
+        suspected_at: None,
     }
 }
 
@@ -180,6 +182,46 @@ fn a_silent_node_becomes_a_candidate_only_after_the_grace() {
     let mut s = state();
     s.liveness.insert("n7".into(), down(T0));
     assert!(decide_fencing(&s, T0 + 60 * S).is_empty());
+}
+
+/// The grace is a floor: a detector that learnt a jittery link waits longer, and the flow says
+/// so; one that suspects sooner than the grace changes nothing; a node-condition rule does not
+/// wait for it.
+#[test]
+fn the_detector_stretches_the_grace_and_never_shortens_it() {
+    let mut s = state();
+    let stretched = Liveness {
+        suspected_at: Some(T0 + 8 * S),
+        ..down(T0)
+    };
+    s.liveness.insert("n1".into(), stretched);
+    assert!(decide_fencing(&s, T0 + 5 * S).is_empty());
+    assert!(decide_fencing(&s, T0 + 8 * S - 1).is_empty());
+    let a = decide_fencing(&s, T0 + 8 * S);
+    let f = &started(&a)[0];
+    assert_eq!((f.node.as_str(), f.detected), ("n1", T0));
+    assert!(
+        f.history[0].note.contains("stretched to 8.0 s"),
+        "{:?}",
+        f.history[0].note
+    );
+    let early = Liveness {
+        suspected_at: Some(T0 + S),
+        ..down(T0)
+    };
+    s.liveness.insert("n1".into(), early);
+    assert!(
+        decide_fencing(&s, T0 + 4 * S).is_empty(),
+        "never before the grace"
+    );
+    assert_eq!(started(&decide_fencing(&s, T0 + 5 * S)).len(), 1);
+    let rule = Liveness {
+        condition_fence: true,
+        suspected_at: Some(T0 + 60 * S),
+        ..down(T0)
+    };
+    s.liveness.insert("n1".into(), rule);
+    assert_eq!(started(&decide_fencing(&s, T0 + 5 * S)).len(), 1);
 }
 
 #[test]
@@ -561,6 +603,7 @@ fn a_condition_fence_recovers_only_once_the_condition_clears_and_says_which_rule
             probe_silent: false,
             condition_fence: true,
             boot: None,
+            suspected_at: None,
         },
     );
     s.rules.insert("n2".into(), "Ready=Unknown for 5s".into());
@@ -988,6 +1031,7 @@ mod second_opinion {
                 probe_silent: false,
                 condition_fence: true,
                 boot: None,
+                suspected_at: None,
             },
         );
         s.rules.insert("n2".into(), "Ready=Unknown for 5s".into());
