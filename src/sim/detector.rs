@@ -10,17 +10,22 @@ use super::*;
 
 const MIN: Duration = Duration::from_secs(60);
 
-/// Over five minutes of five healthy nodes on `link`: the probe's silences and the detector's
-/// suspicions. Nothing is fenced.
-async fn healthy(link: Option<Impairment>, seed: u64) -> (u64, u64) {
-    let sim = Sim::start(SimOptions {
-        nodes: 5,
+/// `nodes` nodes with the default fencing (no readiness checks).
+fn fenced_sim(nodes: usize) -> Sim {
+    Sim::start(SimOptions {
+        nodes,
         fencing: Some(FencingConfig {
             check_interval: Duration::ZERO,
             ..FencingConfig::default()
         }),
         ..SimOptions::default()
-    });
+    })
+}
+
+/// Over five minutes of five healthy nodes on `link`: the probe's silences and the detector's
+/// suspicions. Nothing is fenced.
+async fn healthy(link: Option<Impairment>, seed: u64) -> (u64, u64) {
+    let sim = fenced_sim(5);
     if let Some(l) = link {
         sim.collectors.impair(l, seed);
     }
@@ -60,14 +65,7 @@ async fn the_detector_suspects_no_node_on_a_steady_link_and_says_what_loss_costs
 #[tokio::test(start_paused = true)]
 async fn on_a_steady_link_the_detector_suspects_a_hung_node_before_the_probe_and_the_grace() {
     // Four nodes: one silent is under the storm threshold (30 %).
-    let sim = Sim::start(SimOptions {
-        nodes: 4,
-        fencing: Some(FencingConfig {
-            check_interval: Duration::ZERO,
-            ..FencingConfig::default()
-        }),
-        ..SimOptions::default()
-    });
+    let sim = fenced_sim(4);
     sim.run_for(MIN).await;
     let node = node_name(1);
     let hung = sim.elapsed_s();
