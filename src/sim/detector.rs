@@ -97,3 +97,39 @@ async fn on_a_steady_link_the_detector_suspects_a_hung_node_before_the_probe_and
     assert!(suspected <= silent && silent < fenced);
     sim.stop().await;
 }
+
+/// A node back from an outage (a hang of half a minute, fencing paused) is suspected as soon
+/// as before when it hangs again: the outage's gap is no sample of its link. Taken as one, it
+/// would stretch the next wait to the detector's bound.
+#[tokio::test(start_paused = true)]
+async fn a_node_back_from_an_outage_is_suspected_as_soon_as_before() {
+    let sim = Sim::start(SimOptions {
+        nodes: 4,
+        fencing: Some(FencingConfig {
+            check_interval: Duration::ZERO,
+            paused: true,
+            ..FencingConfig::default()
+        }),
+        ..SimOptions::default()
+    });
+    sim.run_for(MIN).await;
+    let node = node_name(1);
+    let probe = &sim.metrics.fencing.probe;
+    let mut took = Vec::new();
+    for _ in 0..2 {
+        let (before, hung) = (probe.probe_suspicions.get(), sim.elapsed_s());
+        sim.collectors.silence(&node);
+        let at = sim
+            .until("the detector's suspicion", MIN, |_| {
+                (probe.probe_suspicions.get() > before).then(|| sim.elapsed_s())
+            })
+            .await;
+        took.push(at - hung);
+        sim.run_for(Duration::from_secs(30)).await;
+        sim.collectors.answer_again(&node);
+        sim.run_for(MIN).await;
+    }
+    assert!(took[1] <= took[0] + 1.0, "suspected after {took:?}");
+    assert!(sim.flows().is_empty(), "fencing is paused");
+    sim.stop().await;
+}

@@ -319,6 +319,7 @@ impl Fencer {
         let silent = p.seen.probed(ok, sent_at, self.settings.misses);
         if silent {
             self.metrics.probe.probe_silences.inc();
+            p.detector.outage();
         }
         silent || (ok && was_silent)
     }

@@ -51,6 +51,10 @@ pub struct Detector {
     intervals: VecDeque<f64>,
     /// When the latest answer arrived.
     last: Option<Nanos>,
+    /// The probe counted the node silent since the latest answer: the gap the next answer
+    /// closes is an outage (a death, a reboot, a fence and its return), not the link's own
+    /// spacing, and is not taken as an interval.
+    outage: bool,
 }
 
 /// `P(X > mean + y * deviation)` for a normal `X`: the logistic approximation phi-accrual
@@ -65,6 +69,10 @@ impl Detector {
     pub fn heard(&mut self, at: Nanos) {
         match self.last {
             Some(last) if at <= last => {}
+            Some(_) if self.outage => {
+                self.outage = false;
+                self.last = Some(at);
+            }
             Some(last) => {
                 if self.intervals.len() == WINDOW {
                     self.intervals.pop_front();
@@ -73,6 +81,14 @@ impl Detector {
                 self.last = Some(at);
             }
             None => self.last = Some(at),
+        }
+    }
+
+    /// The probe counted the node silent: the gap up to its next answer is not a sample of
+    /// the link. The wait while silent still counts from the latest answer.
+    pub fn outage(&mut self) {
+        if self.last.is_some() {
+            self.outage = true;
         }
     }
 
@@ -200,6 +216,26 @@ mod tests {
         );
         let awful = fed(&[100, 20_000, 100, 40_000, 100, 60_000]);
         assert_eq!(awful.suspect_after(&s), Some(s.max_wait));
+    }
+
+    /// A node that was silent (dead, rebooted, fenced and back) does not come back with a
+    /// stretched wait: the outage's gap is no interval of its link.
+    #[test]
+    fn an_outage_is_no_sample_of_the_link() {
+        let s = DetectorSettings::default();
+        let mut d = fed(&[1000; 20]);
+        let before = d.suspect_after(&s);
+        let last = d.last().unwrap();
+        d.outage();
+        assert_eq!(
+            d.suspected_at(&s),
+            Some(last + before.unwrap().as_nanos() as Nanos)
+        );
+        d.heard(last + 40_000 * MS);
+        assert_eq!(d.suspect_after(&s), before, "the gap was not taken");
+        d.heard(last + 41_000 * MS);
+        assert_eq!(d.intervals.len(), 21);
+        assert_eq!(d.suspect_after(&s), before);
     }
 
     #[test]
