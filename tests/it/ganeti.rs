@@ -319,7 +319,9 @@ async fn a_failed_job_fails_the_event_and_a_restarted_daemon_adopts_its_job() {
         g.instances().contains("d1 node2 running"),
         "the job was still waiting"
     );
-    g.start(&mut c, port, Some(fwd)).await;
+    // Held to the end: dropping the forwarder stops it, and a request that needs a new
+    // connection is then refused.
+    let _fwd = g.start(&mut c, port, Some(fwd)).await;
     let done = c.wait_status("node2", "completed").await;
     assert_eq!(done["id"], again["id"]);
     assert!(g.instances().contains("d1 node1 running"));

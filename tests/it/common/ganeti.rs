@@ -274,6 +274,7 @@ impl Ganeti {
 
     /// Starts the collectors (when not running) and the daemon of `c` inside the namespace,
     /// and points `c` at the daemon's API through a forward (returned: it stops when dropped).
+    #[must_use = "the forwarder stops when dropped: hold it while the daemon is talked to"]
     pub async fn start(
         &self,
         c: &mut super::Cluster,
